@@ -1,0 +1,86 @@
+"""durafn: durable scheduled functions for Python, in the style of Convex.
+
+Register ``query``, ``mutation`` and ``action`` functions on an :class:`App`; schedule them
+with ``ctx.scheduler.run_after`` / ``run_at``; run an executor to execute what is due.
+"""
+
+import logging
+
+from ._app import DEFAULT_URL, App
+from ._clock import Clock, SystemClock
+from ._context import ActionCtx, MutationCtx, QueryCtx, SystemTable
+from ._errors import (
+    ArgumentError,
+    CancelOwnRunError,
+    DatabaseError,
+    DurafnError,
+    ExecutorShutdownError,
+    FunctionTimeoutError,
+    NotFoundError,
+    ReadOnlyError,
+    RegistrationError,
+    SchedulingError,
+    SchedulingLimitError,
+    SchemaError,
+    UnknownFunctionError,
+)
+from ._executor import Executor, ExecutorConfig, RunawayError
+from ._registry import ActionRef, FunctionRef, MutationRef, QueryRef, SchedulableRef
+from ._scheduler import Scheduler
+from ._store import SCHEMA_VERSION, metadata, scheduled_functions
+from ._types import (
+    CancelResult,
+    ErrorInfo,
+    FunctionKind,
+    Page,
+    ScheduledFunction,
+    ScheduledFunctionId,
+    State,
+)
+
+__version__ = "0.1.0"
+
+logging.getLogger("durafn").addHandler(logging.NullHandler())
+
+__all__ = [
+    "DEFAULT_URL",
+    "SCHEMA_VERSION",
+    "ActionCtx",
+    "ActionRef",
+    "App",
+    "ArgumentError",
+    "CancelOwnRunError",
+    "CancelResult",
+    "Clock",
+    "DatabaseError",
+    "DurafnError",
+    "ErrorInfo",
+    "Executor",
+    "ExecutorConfig",
+    "ExecutorShutdownError",
+    "FunctionKind",
+    "FunctionRef",
+    "FunctionTimeoutError",
+    "MutationCtx",
+    "MutationRef",
+    "NotFoundError",
+    "Page",
+    "QueryCtx",
+    "QueryRef",
+    "ReadOnlyError",
+    "RegistrationError",
+    "RunawayError",
+    "SchedulableRef",
+    "ScheduledFunction",
+    "ScheduledFunctionId",
+    "Scheduler",
+    "SchedulingError",
+    "SchedulingLimitError",
+    "SchemaError",
+    "State",
+    "SystemClock",
+    "SystemTable",
+    "UnknownFunctionError",
+    "metadata",
+    "scheduled_functions",
+]

@@ -1,0 +1,249 @@
+"""``App``: the registry of functions, the database, the clock, and the ways in."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime
+from typing import Any, Concatenate, ParamSpec, TypeVar, overload
+
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
+
+from ._clock import Clock, SystemClock
+from ._context import ActionCtx, MutationCtx, QueryCtx, SystemTable
+from ._errors import ArgumentError
+from ._executor import Executor, ExecutorConfig
+from ._invoke import Invoker, Timeouts
+from ._registry import ActionRef, FunctionRef, MutationRef, QueryRef, Registry
+from ._runtime import Backoff, Limits, Runtime
+from ._scheduler import DirectWriter, JoinedWriter, Scheduler
+from ._store import driver_for_url
+from ._store.sqlite import SQLiteDriver
+from ._types import CancelResult, Page, ScheduledFunction, ScheduledFunctionId, State
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+DEFAULT_URL = "sqlite+aiosqlite:///durafn.sqlite3"
+"""Used when no URL is given and ``DURAFN_DATABASE_URL`` is unset: a file in the cwd."""
+
+
+class App:
+    """A durafn application: register functions on it, run them, schedule them.
+
+    ``App()`` uses a SQLite file (``DURAFN_DATABASE_URL`` or ``./durafn.sqlite3``);
+    ``App("postgresql+asyncpg://...")`` uses PostgreSQL. Nothing connects until first use.
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        clock: Clock | None = None,
+        mutation_timeout: float = 5.0,
+        action_timeout: float = 600.0,
+        query_timeout: float = 30.0,
+        max_scheduled_per_run: int = 1000,
+        max_scheduled_args_bytes: int = 8 * 1024 * 1024,
+        auto_migrate: bool | None = None,
+        direct_retries: int = 8,
+    ) -> None:
+        driver = driver_for_url(url or os.environ.get("DURAFN_DATABASE_URL") or DEFAULT_URL)
+        for name, value in (
+            ("mutation_timeout", mutation_timeout),
+            ("action_timeout", action_timeout),
+            ("query_timeout", query_timeout),
+            ("max_scheduled_per_run", max_scheduled_per_run),
+            ("max_scheduled_args_bytes", max_scheduled_args_bytes),
+        ):
+            if not value > 0:
+                raise ArgumentError(f"{name} must be positive, not {value!r}")
+        self._rt = Runtime(
+            registry=Registry(),
+            driver=driver,
+            clock=clock or SystemClock(),
+            limits=Limits(max_scheduled_per_run, max_scheduled_args_bytes),
+            backoff=Backoff(),
+            direct_retries=direct_retries,
+            # SQLite is embedded: create the tables on first use. PostgreSQL is shared:
+            # schema changes are an explicit, deliberate step (`durafn migrate`).
+            auto_migrate=isinstance(driver, SQLiteDriver) if auto_migrate is None else auto_migrate,
+        )
+        self._invoker = Invoker(self._rt, Timeouts(mutation_timeout, action_timeout, query_timeout))
+
+    def __repr__(self) -> str:
+        return f"<durafn.App {self._rt.driver.url.render_as_string()!r}>"
+
+    # -- registration ------------------------------------------------------------------
+
+    @overload
+    def query(self, fn: Callable[Concatenate[QueryCtx, P], Awaitable[R]], /) -> QueryRef[P, R]: ...
+
+    @overload
+    def query(
+        self, *, name: str | None = None, timeout: float | None = None
+    ) -> Callable[[Callable[Concatenate[QueryCtx, P], Awaitable[R]]], QueryRef[P, R]]: ...
+
+    def query(self, fn: Any = None, /, *, name: str | None = None, timeout: float | None = None) -> Any:
+        """Register a read-only function: ``async def f(ctx: QueryCtx, ...)``."""
+        return self._register(QueryRef, (QueryCtx,), fn, name, timeout)
+
+    @overload
+    def mutation(
+        self, fn: Callable[Concatenate[MutationCtx, P], Awaitable[R]], /
+    ) -> MutationRef[P, R]: ...
+
+    @overload
+    def mutation(
+        self, *, name: str | None = None, timeout: float | None = None
+    ) -> Callable[[Callable[Concatenate[MutationCtx, P], Awaitable[R]]], MutationRef[P, R]]: ...
+
+    def mutation(self, fn: Any = None, /, *, name: str | None = None, timeout: float | None = None) -> Any:
+        """Register a transactional function: ``async def f(ctx: MutationCtx, ...)``.
+
+        Scheduled, it runs exactly once; ``timeout`` (seconds) overrides the app default.
+        """
+        return self._register(MutationRef, (MutationCtx,), fn, name, timeout)
+
+    @overload
+    def action(self, fn: Callable[Concatenate[ActionCtx, P], Awaitable[R]], /) -> ActionRef[P, R]: ...
+
+    @overload
+    def action(
+        self, *, name: str | None = None, timeout: float | None = None
+    ) -> Callable[[Callable[Concatenate[ActionCtx, P], Awaitable[R]]], ActionRef[P, R]]: ...
+
+    def action(self, fn: Any = None, /, *, name: str | None = None, timeout: float | None = None) -> Any:
+        """Register a side-effecting function: ``async def f(ctx: ActionCtx, ...)``.
+
+        Scheduled, it runs at most once and is never retried by durafn.
+        """
+        return self._register(ActionRef, (ActionCtx,), fn, name, timeout)
+
+    def _register(
+        self,
+        cls: type[FunctionRef[Any, Any]],
+        ctx_types: tuple[type, ...],
+        fn: Any,
+        name: str | None,
+        timeout: float | None,
+    ) -> Any:
+        def decorate(f: Callable[..., Awaitable[Any]]) -> FunctionRef[Any, Any]:
+            ref = cls(f, name=name, timeout=timeout, ctx_types=ctx_types)
+            self._rt.registry.add(ref)
+            return ref
+
+        return decorate if fn is None else decorate(fn)
+
+    def functions(self) -> list[str]:
+        """The durable names registered on this app."""
+        return self._rt.registry.names()
+
+    # -- running directly --------------------------------------------------------------
+
+    async def run_query(self, fn: QueryRef[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
+        """Run a query now, in a read-only transaction."""
+        return await self._invoker.query(fn, args, kwargs)
+
+    async def run_mutation(self, fn: MutationRef[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
+        """Run a mutation now, in its own transaction; what it schedules commits with it.
+
+        Transient database faults re-run it (at most one run commits); an exception from
+        the mutation rolls it back and is re-raised unchanged.
+        """
+        return await self._invoker.mutation(fn, args, kwargs)
+
+    async def run_action(self, fn: ActionRef[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
+        """Run an action now, in this process."""
+        return await self._invoker.action(fn, args, kwargs)
+
+    # -- scheduling from outside -------------------------------------------------------
+
+    def scheduler(self, within: AsyncSession | AsyncConnection | None = None) -> Scheduler:
+        """A scheduler for code outside durafn.
+
+        With a session or connection, rows are written in *its* transaction and commit
+        (or roll back) with your own writes. Without one, each call commits on its own.
+        Limits count per scheduler object.
+        """
+        if within is None:
+            return Scheduler(self._rt, DirectWriter(self._rt, check_parent=None))
+        if not isinstance(within, AsyncSession | AsyncConnection):
+            raise ArgumentError(
+                f"app.scheduler() takes an AsyncSession or AsyncConnection, not {type(within).__name__}"
+            )
+        return Scheduler(self._rt, JoinedWriter(self._rt, within))
+
+    async def cancel(self, id: ScheduledFunctionId | str) -> CancelResult:
+        """Cancel a scheduled function (see ``Scheduler.cancel``)."""
+        return await self.scheduler().cancel(id)
+
+    # -- reading -----------------------------------------------------------------------
+
+    async def get(self, id: ScheduledFunctionId | str) -> ScheduledFunction | None:
+        """The ``_scheduled_functions`` row with this id, or None."""
+        return await SystemTable(self._rt, None).get(id)
+
+    async def list(
+        self,
+        *,
+        state: State | Sequence[State] | None = None,
+        name: str | None = None,
+        scheduled_after: datetime | None = None,
+        scheduled_before: datetime | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> Page:
+        """Rows in ``scheduled_time`` order, filtered and paginated (``next_cursor``)."""
+        return await SystemTable(self._rt, None).list(
+            state=state,
+            name=name,
+            scheduled_after=scheduled_after,
+            scheduled_before=scheduled_before,
+            limit=limit,
+            cursor=cursor,
+        )
+
+    # -- executor and lifecycle --------------------------------------------------------
+
+    def executor(self, **config: Any) -> Executor:
+        """An executor (see ``ExecutorConfig`` for the options); ``async with`` it to run."""
+        return Executor(self._rt, self._invoker, ExecutorConfig(**config))
+
+    def run_executor(self, **config: Any) -> Executor:
+        """``async with app.run_executor(concurrency=...):`` runs due work in the background."""
+        return self.executor(**config)
+
+    async def migrate(self) -> int:
+        """Create or upgrade the system tables; returns the schema version."""
+
+        async def _migrate(conn: AsyncConnection) -> int:
+            return await self._rt.driver.migrate(conn, self._rt.clock.now())
+
+        version = await self._rt.transaction(_migrate, ready=False, doing="migrating")
+        self._rt._ready = True
+        return version
+
+    @property
+    def engine(self) -> AsyncEngine:
+        """The app's SQLAlchemy engine: use it for your own sessions and tables."""
+        return self._rt.engine
+
+    @property
+    def clock(self) -> Clock:
+        return self._rt.clock
+
+    @property
+    def dialect(self) -> str:
+        """"SQLite" or "PostgreSQL"."""
+        return self._rt.driver.name
+
+    async def aclose(self) -> None:
+        """Close the connection pool."""
+        await self._rt.dispose()
+
+    async def __aenter__(self) -> App:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()

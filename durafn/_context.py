@@ -1,0 +1,171 @@
+"""The ``ctx`` each kind of function receives.
+
+* ``QueryCtx``: a read-only session and the system table.
+* ``MutationCtx``: a session inside the mutation's one transaction, and a scheduler whose
+  rows commit with it.
+* ``ActionCtx``: no transaction; ``run_query`` / ``run_mutation`` / ``run_action`` and a
+  scheduler, each call committing on its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, NoReturn, ParamSpec, TypeVar
+
+from sqlalchemy import event
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+
+from ._clock import from_datetime, to_datetime
+from ._errors import ReadOnlyError
+from ._registry import ActionRef, MutationRef, QueryRef
+from ._runtime import Runtime
+from ._scheduler import Scheduler
+from ._types import Page, ScheduledFunction, ScheduledFunctionId, State
+
+if TYPE_CHECKING:
+    from ._invoke import Invoker
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class SystemTable:
+    """Reads ``_scheduled_functions`` (``ctx.system``, and ``app.get`` / ``app.list``)."""
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        conn: AsyncConnection | None,
+        before_read: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        self._rt = runtime
+        self._conn = conn
+        self._before_read = before_read
+
+    async def get(self, id: ScheduledFunctionId | str) -> ScheduledFunction | None:
+        """The row with this id, or None if there is none (or it was removed by retention)."""
+
+        async def _read(conn: AsyncConnection) -> ScheduledFunction | None:
+            return await self._rt.driver.get(conn, str(id))
+
+        return await self._run(_read)
+
+    async def list(
+        self,
+        *,
+        state: State | Sequence[State] | None = None,
+        name: str | None = None,
+        scheduled_after: datetime | None = None,
+        scheduled_before: datetime | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> Page:
+        """Rows in ``scheduled_time`` order, filtered; follow ``next_cursor`` for more."""
+        if limit < 1 or limit > 10_000:
+            from ._errors import ArgumentError
+
+            raise ArgumentError(f"limit must be between 1 and 10000, not {limit}")
+        states = [state] if isinstance(state, State | str) else list(state) if state else None
+
+        async def _read(conn: AsyncConnection) -> Page:
+            return await self._rt.driver.list(
+                conn,
+                states=[State(s) for s in states] if states else None,
+                name=name,
+                after=from_datetime(scheduled_after) if scheduled_after else None,
+                before=from_datetime(scheduled_before) if scheduled_before else None,
+                limit=limit,
+                cursor=cursor,
+            )
+
+        return await self._run(_read)
+
+    async def _run(self, read: Callable[[AsyncConnection], Awaitable[R]]) -> R:
+        if self._conn is None:
+            return await self._rt.transaction(read, read_only=True, doing="reading _scheduled_functions")
+        if self._before_read is not None:
+            await self._before_read()
+        return await read(self._conn)
+
+
+class _BaseCtx:
+    def __init__(self, runtime: Runtime, run_id: ScheduledFunctionId | None) -> None:
+        self._rt = runtime
+        self.run_id = run_id
+        """The scheduled run this code belongs to; None when called directly from outside."""
+
+    def now(self) -> datetime:
+        """The runtime clock's current time (the fake clock in tests)."""
+        return to_datetime(self._rt.clock.now())
+
+
+class QueryCtx(_BaseCtx):
+    """What a query receives: read-only access to user tables and the system table."""
+
+    def __init__(self, runtime: Runtime, db: AsyncSession, system: SystemTable) -> None:
+        super().__init__(runtime, None)
+        self.db = db
+        """A read-only ``AsyncSession``: a write raises ReadOnlyError."""
+        self.system = system
+
+    @property
+    def scheduler(self) -> NoReturn:
+        raise ReadOnlyError("queries are read-only and cannot schedule; schedule from a mutation")
+
+
+class MutationCtx(_BaseCtx):
+    """What a mutation receives: one transaction for its writes and what it schedules."""
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        db: AsyncSession,
+        scheduler: Scheduler,
+        system: SystemTable,
+        run_id: ScheduledFunctionId | None,
+    ) -> None:
+        super().__init__(runtime, run_id)
+        self.db = db
+        """An ``AsyncSession`` inside the mutation's transaction; do not commit it yourself."""
+        self.scheduler = scheduler
+        self.system = system
+
+
+class ActionCtx(_BaseCtx):
+    """What an action receives: no transaction; each call below commits on its own."""
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        invoker: Invoker,
+        scheduler: Scheduler,
+        run_id: ScheduledFunctionId | None,
+    ) -> None:
+        super().__init__(runtime, run_id)
+        self._invoker = invoker
+        self.scheduler = scheduler
+        self.system = SystemTable(runtime, None)
+
+    async def run_query(self, fn: QueryRef[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
+        """Run a query in its own read-only transaction."""
+        return await self._invoker.query(fn, args, kwargs)
+
+    async def run_mutation(self, fn: MutationRef[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
+        """Run a mutation in its own transaction, committed before this returns."""
+        return await self._invoker.mutation(fn, args, kwargs, parent_id=self.run_id)
+
+    async def run_action(self, fn: ActionRef[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
+        """Run another action inline, in this process."""
+        return await self._invoker.action(fn, args, kwargs, run_id=self.run_id)
+
+
+def read_only_session(conn: AsyncConnection) -> AsyncSession:
+    """A session that refuses to flush, over a connection whose transaction refuses writes."""
+    session = AsyncSession(bind=conn)
+
+    def _refuse(*_: Any) -> None:
+        raise ReadOnlyError("a query cannot write to the database; do the write in a mutation")
+
+    event.listen(session.sync_session, "before_flush", _refuse)
+    return session

@@ -1,0 +1,101 @@
+"""The exceptions durafn raises.
+
+Every error durafn raises itself is a :class:`DurafnError`; each one also subclasses the
+builtin a caller would naturally catch, so ``except LookupError`` finds an unknown id::
+
+    DurafnError
+    ├── RegistrationError (TypeError)      a function cannot be registered as written
+    ├── UnknownFunctionError (LookupError) no function has that durable name
+    ├── ArgumentError (ValueError)         arguments fail validation or cannot be stored
+    ├── SchedulingError (ValueError)       a bad time, delay, or place to schedule from
+    │   ├── SchedulingLimitError           too many functions / too many bytes in one run
+    │   └── CancelOwnRunError              a mutation tried to cancel its own run
+    ├── NotFoundError (LookupError)        no scheduled function has that id
+    ├── ReadOnlyError                      a query tried to write
+    ├── FunctionTimeoutError (TimeoutError) a function outlived its time limit
+    ├── ExecutorShutdownError              an action was cut short by the executor stopping
+    ├── SchemaError                        the system tables are missing or too new
+    └── DatabaseError                      the database failed and retrying did not help
+
+A failure raised *by a user's function* is never wrapped: the executor records its type and
+message on the function's row, and ``app.run_mutation`` re-raises it unchanged.
+"""
+
+from __future__ import annotations
+
+
+class DurafnError(Exception):
+    """Base class of every error durafn raises itself."""
+
+
+class RegistrationError(DurafnError, TypeError):
+    """A function cannot be registered: it is not async, lacks ``ctx``, or its name is taken."""
+
+
+class UnknownFunctionError(DurafnError, LookupError):
+    """No function is registered under the durable name."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(
+            f"no function is registered as {name!r}; register it with @app.mutation or "
+            "@app.action (check the module is imported and the name is spelled as stored)"
+        )
+        self.name = name
+
+
+class ArgumentError(DurafnError, ValueError):
+    """Arguments do not match the function's signature, or cannot be stored as JSON."""
+
+
+class SchedulingError(DurafnError, ValueError):
+    """A schedule request is invalid: bad delay or time, wrong kind of function or context."""
+
+
+class SchedulingLimitError(SchedulingError):
+    """One function execution scheduled more functions, or more argument bytes, than allowed.
+
+    In a mutation this aborts the whole mutation even if the user code catches it.
+    """
+
+
+class CancelOwnRunError(SchedulingError):
+    """A mutation tried to cancel the scheduled run it is executing in."""
+
+
+class NotFoundError(DurafnError, LookupError):
+    """No scheduled function has the given id (it may have been removed by retention)."""
+
+    def __init__(self, id: str) -> None:
+        super().__init__(
+            f"no scheduled function has id {id!r}; finished rows are removed after the "
+            "retention period"
+        )
+        self.id = id
+
+
+class ReadOnlyError(DurafnError):
+    """A query (read-only) tried to write to the database or to schedule a function."""
+
+
+class FunctionTimeoutError(DurafnError, TimeoutError):
+    """A function ran longer than its time limit and was stopped (and, if a mutation, rolled back)."""
+
+
+class ExecutorShutdownError(DurafnError):
+    """An action was still running when its executor stopped after the grace period."""
+
+
+class SchemaError(DurafnError):
+    """The durafn system tables are missing, or were created by a newer durafn."""
+
+
+class DatabaseError(DurafnError):
+    """The database failed in a way durafn could not recover from by retrying.
+
+    ``transient`` tells whether the cause was the kind of fault that usually passes
+    (a lost connection, a lock timeout): retrying later may succeed.
+    """
+
+    def __init__(self, message: str, *, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient

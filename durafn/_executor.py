@@ -1,0 +1,592 @@
+"""The executor: claim what is due, run it, record how it ended.
+
+Mutations (exactly once). A *lane* opens one transaction, locks up to ``batch_size`` due
+rows (``FOR UPDATE SKIP LOCKED`` on PostgreSQL; SQLite's ``BEGIN IMMEDIATE`` makes the
+transaction the only writer), runs each mutation on that connection, writes every row's
+Success/Failed with one guarded UPDATE and commits once. Each mutation's effects and its
+row's move out of Pending are in the same commit, so a crash anywhere before COMMIT leaves
+the rows Pending with no effects, and a crash after leaves them finished: never twice.
+
+Group commit is the point: one COMMIT (one fsync) per batch instead of per mutation. It
+runs *optimistically*, without savepoints, because a SAVEPOINT/RELEASE pair costs two round
+trips per mutation on PostgreSQL. If one mutation raises, the batch is rolled back
+(nothing of it was visible to anyone) and re-run with a savepoint around each mutation, so
+the failing one is rolled back alone and recorded Failed while its neighbours commit.
+
+Actions (at most once). The claim commits the move to InProgress *before* any action
+starts; a finisher task writes outcomes in batches with ``WHERE state = 'InProgress'``, so a
+cancel that landed meanwhile is never overwritten and nothing is ever started twice.
+
+Internal faults (lost connection, deadlock, "database is locked") roll the batch back and
+retry it after a capped, jittered backoff; they never turn a row Failed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import anyio
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+
+from ._context import MutationCtx, SystemTable
+from ._errors import DatabaseError, DurafnError, ExecutorShutdownError, FunctionTimeoutError
+from ._invoke import Invoker, call_with_timeout
+from ._registry import ActionRef, FunctionRef, MutationRef
+from ._runtime import Runtime, one_line
+from ._scheduler import BufferedWriter, Scheduler
+from ._store import Claimed, Outcome
+from ._store.sqlite import READ_ONLY_OPTION
+from ._types import FunctionKind, ScheduledFunction, ScheduledFunctionId, State
+
+logger = logging.getLogger("durafn.executor")
+T = TypeVar("T")
+
+_MAX_ERROR_MESSAGE = 8000
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutorConfig:
+    """How an executor runs. Every field has a production default."""
+
+    concurrency: int = 10
+    """Actions running at once (mutation lanes are at most this many, too)."""
+    batch_size: int = 64
+    """Mutations committed together in one transaction."""
+    mutation_lanes: int | None = None
+    """Mutation transactions at once; default min(concurrency, what the engine benefits from)."""
+    poll_interval: float | None = None
+    """Fallback poll for work no signal announced (another process on SQLite, a lost
+    NOTIFY on PostgreSQL); default 0.5s on SQLite, 5s on PostgreSQL."""
+    retention: float = 7 * 86400.0
+    """Seconds finished rows are kept after ``completed_time``."""
+    retention_interval: float = 60.0
+    retention_batch: int = 1000
+    grace_period: float = 10.0
+    """On stop, how long running actions may take to finish before they are cancelled."""
+    worker_id: str | None = None
+
+    def __post_init__(self) -> None:
+        from ._errors import ArgumentError
+
+        for name in ("concurrency", "batch_size", "retention_batch"):
+            if getattr(self, name) < 1:
+                raise ArgumentError(f"{name} must be at least 1, not {getattr(self, name)}")
+        for name in ("retention", "retention_interval", "grace_period"):
+            if not getattr(self, name) >= 0:
+                raise ArgumentError(f"{name} must be a non-negative number of seconds")
+
+
+class RunawayError(DurafnError, RuntimeError):
+    """``run_until_idle`` found work still due after its round limit: a function keeps
+    scheduling itself with no delay."""
+
+
+class _Signal:
+    """A broadcast wake-up: ``current()`` returns an event set by the next ``fire()``.
+
+    Capture the event *before* looking for work, wait on it after: a fire in between is
+    then never lost.
+    """
+
+    def __init__(self) -> None:
+        self._event: anyio.Event | None = None
+
+    def current(self) -> anyio.Event:
+        if self._event is None:
+            self._event = anyio.Event()
+        return self._event
+
+    def fire(self) -> None:
+        if self._event is not None:
+            self._event.set()
+            self._event = None
+
+
+class _BatchRestart(Exception):
+    """A mutation raised in an optimistic batch: re-run the batch with savepoints."""
+
+
+@dataclass
+class _Timeout(Exception):
+    row: Claimed
+    error: FunctionTimeoutError
+
+
+def _error_fields(exc: BaseException) -> tuple[str, str]:
+    cls = type(exc)
+    name = cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+    message = str(exc)
+    if len(message) > _MAX_ERROR_MESSAGE:
+        message = message[:_MAX_ERROR_MESSAGE] + "…"
+    return name, message
+
+
+def _failed(id: ScheduledFunctionId, exc: BaseException) -> Outcome:
+    error_type, message = _error_fields(exc)
+    return Outcome(id, State.FAILED, error_type=error_type, error_message=message)
+
+
+class Executor:
+    """Runs due scheduled functions. Use ``async with app.run_executor():`` to run it in
+    the background, or ``await executor.run_until_idle()`` to run what is due now."""
+
+    def __init__(self, runtime: Runtime, invoker: Invoker, config: ExecutorConfig) -> None:
+        self._rt = runtime
+        self._invoker = invoker
+        self.config = config
+        self.worker_id = config.worker_id or f"{socket.gethostname()}:{os.getpid()}:{os.urandom(3).hex()}"
+        driver = runtime.driver
+        self._lanes = config.mutation_lanes or min(config.concurrency, driver.max_mutation_lanes)
+        self._poll = config.poll_interval if config.poll_interval is not None else driver.default_poll_interval
+        self._work = _Signal()  # new or earlier work may be due
+        self._progress = _Signal()  # some row finished
+        self._slot_freed = _Signal()
+        self._stopping: anyio.Event | None = None  # created when started
+        self._running_actions = 0
+        self._savepoint_batches = 0
+        self._outcomes: list[Outcome] = []
+        self._outcomes_ready = _Signal()
+        self.stats: dict[str, int] = {"mutations": 0, "actions": 0, "failed": 0, "retries": 0}
+
+    # -- public ------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Executor:
+        self._exit_stack = self._running()
+        return await self._exit_stack.__aenter__()
+
+    async def __aexit__(self, *exc_info: Any) -> bool | None:
+        return await self._exit_stack.__aexit__(*exc_info)
+
+    async def run_until_idle(self, *, max_rounds: int = 100) -> int:
+        """Run everything due now, including what that schedules due now; return the count.
+
+        Deterministic: returns once nothing is due at the clock's current time and every
+        action it started has finished and been recorded. Raises RunawayError after
+        ``max_rounds`` rounds that each still found work.
+        """
+        await self._rt.ensure_ready()
+        total = 0
+        for _ in range(max_rounds):
+            ran = 0
+            while (n := await self._mutation_batch_retrying()) > 0:
+                ran += n
+            while True:
+                rows = await self._claim_actions(self.config.concurrency)
+                if not rows:
+                    break
+                outcomes: list[Outcome] = []
+                async with anyio.create_task_group() as tg:
+                    for row in rows:
+                        tg.start_soon(self._collect_action, row, outcomes)
+                await self._write_outcomes(outcomes)
+                ran += len(rows)
+            if ran == 0:
+                return total
+            total += ran
+        raise RunawayError(
+            f"work was still due after {max_rounds} rounds ({total} functions run): a "
+            "function probably schedules itself with no delay"
+        )
+
+    async def run_maintenance(self) -> int:
+        """Delete finished rows older than the retention period; returns how many."""
+        await self._rt.ensure_ready()
+        cutoff = self._rt.clock.now() - self.config.retention
+        deleted = 0
+        while True:
+
+            async def _delete(conn: AsyncConnection) -> int:
+                return await self._rt.driver.delete_finished(conn, cutoff, self.config.retention_batch)
+
+            n = await self._rt.transaction(_delete, doing="deleting expired rows")
+            deleted += n
+            if n < self.config.retention_batch:
+                break
+            await anyio.sleep(0)  # let the executor's other tasks in between batches
+        if deleted:
+            logger.debug("retention deleted %d finished rows", deleted)
+        return deleted
+
+    async def next_due(self) -> float | None:
+        """The earliest time (epoch seconds) any Pending row becomes due, or None."""
+        await self._rt.ensure_ready()
+        times = [
+            await self._read(lambda conn, k=kind: self._rt.driver.next_due(conn, k))
+            for kind in (FunctionKind.MUTATION, FunctionKind.ACTION)
+        ]
+        due = [t for t in times if t is not None]
+        return min(due) if due else None
+
+    async def wait_for(self, id: ScheduledFunctionId | str, *, timeout: float = 30.0) -> ScheduledFunction:
+        """Wait (signal-driven, no polling loop) until the row has finished; return it."""
+        with anyio.fail_after(timeout):
+            while True:
+                progress = self._progress.current()
+                row = await SystemTable(self._rt, None).get(id)
+                if row is None:
+                    from ._errors import NotFoundError
+
+                    raise NotFoundError(str(id))
+                if row.state.finished:
+                    return row
+                await progress.wait()
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def _running(self) -> AsyncIterator[Executor]:
+        await self._rt.ensure_ready()
+        self._stopping = anyio.Event()
+        self._rt._wake_listeners.add(self._on_wake)
+        try:
+            async with anyio.create_task_group() as outer:
+                outer.start_soon(self._finisher_loop)
+                async with anyio.create_task_group() as actions:
+                    self._actions_tg = actions
+                    async with anyio.create_task_group() as loops, self._rt.driver.listen(
+                        self._rt.engine, self._on_wake_optional
+                    ):
+                        for _ in range(self._lanes):
+                            loops.start_soon(self._mutation_lane)
+                        loops.start_soon(self._action_dispatcher)
+                        loops.start_soon(self._maintenance_loop)
+                        try:
+                            yield self
+                        finally:
+                            self._stopping.set()
+                            self._work.fire()
+                    # Claiming has stopped; running actions get the grace period.
+                    with anyio.move_on_after(self.config.grace_period):
+                        while self._running_actions:
+                            await self._slot_freed.current().wait()
+                    actions.cancel_scope.cancel()
+                await self._flush_outcomes()
+                outer.cancel_scope.cancel()
+        finally:
+            self._rt._wake_listeners.discard(self._on_wake)
+
+    def _on_wake(self, _due: float) -> None:
+        self._work.fire()
+
+    def _on_wake_optional(self, _due: float | None) -> None:
+        self._work.fire()
+
+    async def _idle_wait(self, kind: FunctionKind, signal: anyio.Event) -> None:
+        """Sleep until the next row of ``kind`` is due, new work is signalled, or the poll."""
+        assert self._stopping is not None
+        if self._stopping.is_set():
+            return
+        next_due = await self._read(lambda conn: self._rt.driver.next_due(conn, kind))
+        deadline = self._rt.clock.now() + self._poll
+        if next_due is not None:
+            deadline = min(deadline, next_due)
+        await _first_of(signal.wait, lambda: self._rt.clock.sleep_until(deadline))
+
+    async def _read(self, body: Callable[[AsyncConnection], Awaitable[T]]) -> T:
+        async with self._rt.engine.connect() as conn:
+            await conn.execution_options(**{READ_ONLY_OPTION: True})
+            async with conn.begin():
+                return await body(conn)
+
+    # -- mutations ---------------------------------------------------------------------
+
+    async def _mutation_lane(self) -> None:
+        assert self._stopping is not None
+        while not self._stopping.is_set():
+            signal = self._work.current()
+            if await self._mutation_batch_retrying() == 0:
+                await self._idle_wait(FunctionKind.MUTATION, signal)
+
+    async def _mutation_batch_retrying(self) -> int:
+        """One batch, retried through internal faults; returns how many rows it finished."""
+        failures = 0
+        while True:
+            savepoints = self._savepoint_batches > 0
+            claimed: list[Claimed] = []
+            try:
+                n = await self._mutation_batch(savepoints, claimed)
+                if savepoints:
+                    self._savepoint_batches -= 1
+                return n
+            except _BatchRestart:
+                self._savepoint_batches = 2
+            except _Timeout as timeout:
+                await self._fail_alone(timeout.row, timeout.error)
+                return 1
+            except Exception as exc:
+                if isinstance(exc, DurafnError) or not self._rt.driver.is_transient(exc):
+                    raise
+                delay = self._rt.backoff.delay(failures)
+                failures += 1
+                self.stats["retries"] += 1
+                logger.warning(
+                    "mutation batch of %d rolled back by a database fault (%s); retrying in %.2fs",
+                    len(claimed), one_line(exc), delay,
+                )
+                await self._postpone(claimed, delay)
+                await anyio.sleep(delay)
+
+    async def _mutation_batch(self, savepoints: bool, claimed: list[Claimed]) -> int:
+        rt = self._rt
+        driver = rt.driver
+        async with rt.engine.connect() as conn:
+            await conn.begin()
+            rows = await driver.claim_mutations(conn, rt.clock.now(), self.config.batch_size)
+            if not rows:
+                await conn.rollback()
+                return 0
+            claimed.extend(rows)
+            session = AsyncSession(bind=conn, expire_on_commit=False, autoflush=True)
+            outcomes: list[Outcome] = []
+            wake_at: float | None = None
+            try:
+                for row in rows:
+                    outcome, due = await self._run_mutation(conn, session, row, savepoints)
+                    outcomes.append(outcome)
+                    if due is not None:
+                        wake_at = due if wake_at is None else min(wake_at, due)
+            except _Timeout:
+                # The cancelled mutation may have been cut off mid-statement: do not trust
+                # the connection with anything more.
+                await conn.invalidate()
+                raise
+            finally:
+                await session.close()
+            written = await driver.finish_pending(conn, rt.clock.now(), outcomes)
+            if written != len(outcomes):  # pragma: no cover - rows are locked by us
+                raise DatabaseError(
+                    f"{len(outcomes) - written} claimed mutations changed state under the executor"
+                )
+            await conn.commit()
+        for o in outcomes:
+            failed = o.state is State.FAILED
+            self.stats["failed" if failed else "mutations"] += 1
+            if failed:
+                logger.warning("mutation %s failed: %s: %s", o.id, o.error_type, o.error_message)
+            else:
+                logger.debug("mutation %s -> Success", o.id)
+        if wake_at is not None:
+            rt.wake(wake_at)
+        self._progress.fire()
+        return len(outcomes)
+
+    async def _run_mutation(
+        self, conn: AsyncConnection, session: AsyncSession, row: Claimed, savepoints: bool
+    ) -> tuple[Outcome, float | None]:
+        rt = self._rt
+        try:
+            ref = self._resolve(row, MutationRef)
+            values = ref.decode_args(row.args)
+        except DurafnError as exc:
+            return _failed(row.id, exc), None
+        writer = BufferedWriter(rt, conn, check_parent=None)
+        scheduler = Scheduler(rt, writer, parent_id=row.id, own_run_id=row.id)
+        ctx = MutationCtx(rt, session, scheduler, SystemTable(rt, conn, writer.flush), row.id)
+        savepoint = await session.begin_nested() if savepoints else None
+        try:
+            result = await call_with_timeout(ref, ctx, values, self._invoker.timeouts.for_(ref))
+            if scheduler.limit_error is not None:
+                raise scheduler.limit_error
+            encoded = ref.encode_result(result)
+            await session.flush()
+            await writer.flush()
+        except FunctionTimeoutError as exc:
+            raise _Timeout(row, exc) from None
+        except Exception as exc:
+            if rt.driver.is_transient(exc, raised_by_user=True):
+                raise
+            if savepoint is None:
+                raise _BatchRestart() from exc
+            await savepoint.rollback()
+            session.expunge_all()
+            writer.discard()
+            return _failed(row.id, exc), None
+        if savepoint is not None:
+            await savepoint.commit()
+        session.expunge_all()
+        return Outcome(row.id, State.SUCCESS, result=encoded), writer.min_due
+
+    async def _fail_alone(self, row: Claimed, exc: BaseException) -> None:
+        """Record one mutation Failed in its own transaction (after its batch rolled back)."""
+        outcome = _failed(row.id, exc)
+
+        async def _write(conn: AsyncConnection) -> int:
+            return await self._rt.driver.finish_pending(conn, self._rt.clock.now(), [outcome])
+
+        if await self._rt.transaction(_write, doing="recording a failure"):
+            self.stats["failed"] += 1
+            logger.warning("mutation %s failed: %s: %s", row.id, outcome.error_type, outcome.error_message)
+        self._progress.fire()
+
+    async def _postpone(self, rows: list[Claimed], delay: float) -> None:
+        if not rows:
+            return
+        until = self._rt.clock.now() + delay
+
+        async def _write(conn: AsyncConnection) -> None:
+            await self._rt.driver.postpone(conn, [r.id for r in rows], until)
+
+        try:
+            await self._rt.transaction(_write, doing="postponing a retried batch")
+        except Exception as exc:  # the database may still be away; the retry will tell
+            logger.info("could not record the retry (%s)", one_line(exc))
+
+    # -- actions -----------------------------------------------------------------------
+
+    async def _claim_actions(self, limit: int) -> list[Claimed]:
+        now = self._rt.clock.now()
+
+        async def _claim(conn: AsyncConnection) -> list[Claimed]:
+            return await self._rt.driver.claim_actions(conn, now, limit, self.worker_id)
+
+        rows = await self._rt.transaction(_claim, doing="claiming actions")
+        for row in rows:
+            logger.debug("action %s (%s) -> InProgress", row.id, row.name)
+        return rows
+
+    async def _action_dispatcher(self) -> None:
+        assert self._stopping is not None
+        failures = 0
+        while not self._stopping.is_set():
+            signal = self._work.current()
+            free = self.config.concurrency - self._running_actions
+            if free <= 0:
+                await _first_of(self._slot_freed.current().wait, self._stopping.wait)
+                continue
+            try:
+                rows = await self._claim_actions(free)
+                failures = 0
+            except DatabaseError as exc:
+                delay = self._rt.backoff.delay(failures)
+                failures += 1
+                logger.warning("claiming actions failed (%s); retrying in %.2fs", exc, delay)
+                await anyio.sleep(delay)
+                continue
+            for row in rows:
+                self._running_actions += 1
+                self._actions_tg.start_soon(self._action_task, row)
+            if not rows:
+                await self._idle_wait(FunctionKind.ACTION, signal)
+
+    async def _action_task(self, row: Claimed) -> None:
+        try:
+            outcome = await self._run_action(row)
+        finally:
+            self._running_actions -= 1
+            self._slot_freed.fire()
+        self._outcomes.append(outcome)
+        self._outcomes_ready.fire()
+
+    async def _collect_action(self, row: Claimed, into: list[Outcome]) -> None:
+        into.append(await self._run_action(row))
+
+    async def _run_action(self, row: Claimed) -> Outcome:
+        try:
+            ref = self._resolve(row, ActionRef)
+            values = ref.decode_args(row.args)
+            ctx = self._invoker.action_ctx(row.id)
+            result = await call_with_timeout(ref, ctx, values, self._invoker.timeouts.for_(ref))
+            return Outcome(row.id, State.SUCCESS, result=ref.encode_result(result))
+        except anyio.get_cancelled_exc_class():
+            # Only the executor's stop cancels an action. Record it, shielded from the
+            # cancellation, and never run it again.
+            self._outcomes.append(
+                _failed(
+                    row.id,
+                    ExecutorShutdownError(
+                        "the executor stopped while this action was running (after its grace "
+                        "period); it was cancelled and will not be retried"
+                    ),
+                )
+            )
+            raise
+        except Exception as exc:
+            return _failed(row.id, exc)
+
+    async def _finisher_loop(self) -> None:
+        while True:
+            ready = self._outcomes_ready.current()
+            if not self._outcomes:
+                await ready.wait()
+            await self._flush_outcomes()
+
+    async def _flush_outcomes(self) -> None:
+        with anyio.CancelScope(shield=True):
+            while self._outcomes:
+                batch, self._outcomes = self._outcomes, []
+                await self._write_outcomes(batch)
+
+    async def _write_outcomes(self, outcomes: list[Outcome]) -> None:
+        """InProgress -> Success/Failed for a batch, retried until the database takes it."""
+        if not outcomes:
+            return
+        failures = 0
+        while True:
+
+            async def _write(conn: AsyncConnection) -> int:
+                return await self._rt.driver.finish_in_progress(conn, self._rt.clock.now(), outcomes)
+
+            try:
+                written = await self._rt.transaction(_write, doing="recording action outcomes")
+                break
+            except DatabaseError as exc:
+                if not exc.transient:
+                    raise
+                delay = self._rt.backoff.delay(failures)
+                failures += 1
+                logger.warning("recording %d action outcomes failed (%s); retrying in %.2fs", len(outcomes), exc, delay)
+                await anyio.sleep(delay)
+        if written < len(outcomes):
+            logger.info(
+                "%d finished actions had been cancelled meanwhile; they stay Canceled",
+                len(outcomes) - written,
+            )
+        for o in outcomes:
+            failed = o.state is State.FAILED
+            self.stats["failed" if failed else "actions"] += 1
+            if failed:
+                logger.warning("action %s failed: %s: %s", o.id, o.error_type, o.error_message)
+            else:
+                logger.debug("action %s -> Success", o.id)
+        self._progress.fire()
+
+    # -- maintenance -------------------------------------------------------------------
+
+    async def _maintenance_loop(self) -> None:
+        assert self._stopping is not None
+        while not self._stopping.is_set():
+            try:
+                await self.run_maintenance()
+            except DatabaseError as exc:
+                logger.warning("retention pass failed (%s); trying again next interval", exc)
+            deadline = self._rt.clock.now() + self.config.retention_interval
+            await _first_of(self._stopping.wait, lambda: self._rt.clock.sleep_until(deadline))
+
+    # -- helpers -----------------------------------------------------------------------
+
+    def _resolve(self, row: Claimed, kind: type[FunctionRef[Any, Any]]) -> Any:
+        ref = self._rt.registry.get(row.name)
+        if not isinstance(ref, kind):
+            from ._errors import UnknownFunctionError
+
+            raise UnknownFunctionError(row.name)
+        return ref
+
+
+async def _first_of(*waiters: Callable[[], Awaitable[Any]]) -> None:
+    """Return as soon as any of the awaitables completes; cancel the others."""
+    async with anyio.create_task_group() as tg:
+
+        async def _run(waiter: Callable[[], Awaitable[Any]]) -> None:
+            await waiter()
+            tg.cancel_scope.cancel()
+
+        for waiter in waiters:
+            tg.start_soon(_run, waiter)
+

@@ -1,0 +1,132 @@
+"""Running a function directly (``app.run_*`` and ``ctx.run_*``), not from a scheduled row."""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+import anyio
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+
+from ._context import ActionCtx, MutationCtx, QueryCtx, SystemTable, read_only_session
+from ._errors import FunctionTimeoutError
+from ._registry import ActionRef, FunctionRef, MutationRef, QueryRef
+from ._runtime import Runtime
+from ._scheduler import BufferedWriter, DirectWriter, Scheduler
+from ._types import ScheduledFunctionId
+
+R = TypeVar("R")
+
+
+class Timeouts:
+    """Default time limits per kind; a function's own ``timeout=`` wins."""
+
+    def __init__(self, mutation: float, action: float, query: float) -> None:
+        self.mutation = mutation
+        self.action = action
+        self.query = query
+
+    def for_(self, ref: FunctionRef[Any, Any]) -> float:
+        if ref.timeout is not None:
+            return ref.timeout
+        return float(getattr(self, ref.kind.value))
+
+
+async def call_with_timeout(ref: FunctionRef[Any, R], ctx: Any, values: dict[str, Any], timeout: float) -> R:
+    """Await the user's function; past ``timeout`` seconds, cancel it and raise."""
+    try:
+        with anyio.fail_after(timeout):
+            return await ref.fn(ctx, **values)
+    except TimeoutError as exc:
+        if isinstance(exc, FunctionTimeoutError):
+            raise
+        raise FunctionTimeoutError(
+            f"{ref.kind} {ref.name!r} ran longer than its time limit of {timeout:g}s and was "
+            "stopped; raise the limit with timeout=... on its decorator"
+        ) from None
+
+
+class Invoker:
+    def __init__(self, runtime: Runtime, timeouts: Timeouts) -> None:
+        self._rt = runtime
+        self.timeouts = timeouts
+
+    async def query(self, ref: QueryRef[Any, R], args: tuple[Any, ...], kwargs: dict[str, Any]) -> R:
+        ref = self._check(ref, QueryRef)
+        values = ref.validate_call(args, kwargs)
+        timeout = self.timeouts.for_(ref)
+
+        async def _body(conn: AsyncConnection) -> R:
+            session = read_only_session(conn)
+            try:
+                ctx = QueryCtx(self._rt, session, SystemTable(self._rt, conn))
+                return await call_with_timeout(ref, ctx, values, timeout)
+            finally:
+                await session.close()
+
+        return await self._rt.transaction(_body, read_only=True, doing=f"running query {ref.name!r}")
+
+    async def mutation(
+        self,
+        ref: MutationRef[Any, R],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        parent_id: ScheduledFunctionId | None = None,
+    ) -> R:
+        ref = self._check(ref, MutationRef)
+        values = ref.validate_call(args, kwargs)
+        timeout = self.timeouts.for_(ref)
+        woken: list[float] = []
+
+        async def _body(conn: AsyncConnection) -> R:
+            woken.clear()
+            session = AsyncSession(bind=conn, expire_on_commit=False)
+            writer = BufferedWriter(self._rt, conn, check_parent=parent_id)
+            scheduler = Scheduler(self._rt, writer, parent_id=parent_id)
+            ctx = MutationCtx(
+                self._rt, session, scheduler, SystemTable(self._rt, conn, writer.flush), parent_id
+            )
+            try:
+                result = await call_with_timeout(ref, ctx, values, timeout)
+                if scheduler.limit_error is not None:
+                    raise scheduler.limit_error
+                await session.flush()
+                await writer.flush()
+            finally:
+                await session.close()
+            if writer.min_due is not None:
+                woken.append(writer.min_due)
+            return result
+
+        result = await self._rt.transaction(_body, doing=f"running mutation {ref.name!r}")
+        for due in woken:
+            self._rt.wake(due)
+        return result
+
+    async def action(
+        self,
+        ref: ActionRef[Any, R],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        run_id: ScheduledFunctionId | None = None,
+    ) -> R:
+        ref = self._check(ref, ActionRef)
+        values = ref.validate_call(args, kwargs)
+        await self._rt.ensure_ready()
+        ctx = self.action_ctx(run_id)
+        return await call_with_timeout(ref, ctx, values, self.timeouts.for_(ref))
+
+    def action_ctx(self, run_id: ScheduledFunctionId | None) -> ActionCtx:
+        scheduler = Scheduler(self._rt, DirectWriter(self._rt, check_parent=run_id), parent_id=run_id)
+        return ActionCtx(self._rt, self, scheduler, run_id)
+
+    def _check(self, ref: Any, kind: type[Any]) -> Any:
+        resolved = self._rt.registry.resolve(ref)
+        if not isinstance(resolved, kind):
+            from ._errors import SchedulingError
+
+            raise SchedulingError(
+                f"{resolved.name!r} is a {resolved.kind}, not a {kind.__name__.removesuffix('Ref').lower()}"
+            )
+        return resolved

@@ -1,0 +1,238 @@
+"""Typed references to registered functions, and the registry of durable names.
+
+A ``FunctionRef[P, R]`` keeps the parameters ``P`` of the user's function (without ``ctx``)
+so that ``scheduler.run_after(5, destruct, message_id=1)`` is checked by mypy, and it owns a
+pydantic adapter built from the type hints so the same call is validated at run time,
+*when scheduled*, not days later when the row runs.
+"""
+
+from __future__ import annotations
+
+import inspect
+import typing
+from collections.abc import Awaitable, Callable
+from typing import Any, Generic, ParamSpec, TypeVar, cast
+
+import pydantic
+import typing_extensions
+from pydantic import ConfigDict, TypeAdapter
+
+from ._errors import ArgumentError, RegistrationError, UnknownFunctionError
+from ._types import FunctionKind
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+_ARGS_CONFIG = ConfigDict(extra="forbid", arbitrary_types_allowed=False)
+
+
+class FunctionRef(Generic[P, R]):
+    """A registered function: its durable name, kind, and argument/result codecs.
+
+    Returned by ``@app.query``, ``@app.mutation`` and ``@app.action``; pass it to the
+    scheduler or to ``app.run_*``. The durable name is stored in rows: renaming it orphans
+    rows already scheduled under the old name.
+    """
+
+    kind: FunctionKind
+
+    def __init__(
+        self,
+        fn: Callable[..., Awaitable[R]],
+        *,
+        name: str | None,
+        timeout: float | None,
+        ctx_types: tuple[type, ...],
+    ) -> None:
+        if not inspect.iscoroutinefunction(fn):
+            raise RegistrationError(
+                f"{_describe(fn)} must be declared with 'async def' to be a durafn {self.kind}"
+            )
+        if name is not None and (not isinstance(name, str) or not name.strip()):
+            raise RegistrationError(f"the durable name of {_describe(fn)} must be a non-empty string")
+        if timeout is not None and not (timeout > 0):
+            raise RegistrationError(f"the timeout of {_describe(fn)} must be a positive number of seconds")
+        self.fn = fn
+        self.name: str = name or f"{fn.__module__}:{fn.__qualname__}"
+        self.timeout = timeout
+        self.__doc__ = fn.__doc__
+        self.__wrapped__ = fn
+        self._signature, self._params = _parse_signature(fn, self.kind, ctx_types)
+        try:
+            hints = typing.get_type_hints(fn, include_extras=True)
+        except Exception as exc:  # NameError for unresolvable forward references, mostly
+            raise RegistrationError(
+                f"cannot resolve the type hints of {_describe(fn)}: {exc}; define the types "
+                "it names at module level"
+            ) from exc
+        fields = {p.name: hints.get(p.name, Any) for p in self._params}
+        # A TypedDict, not a pydantic model: parameter names such as ``json`` or ``copy``
+        # would collide with BaseModel attributes, and a dict maps straight onto **kwargs.
+        typed_dict: Any = cast(Any, typing_extensions.TypedDict)(f"{self.name}:args", fields)
+        typed_dict.__pydantic_config__ = _ARGS_CONFIG
+        try:
+            self._args_adapter: TypeAdapter[dict[str, Any]] = TypeAdapter(typed_dict)
+            self._result_adapter: TypeAdapter[Any] = TypeAdapter(hints.get("return", Any))
+        except pydantic.PydanticSchemaGenerationError as exc:
+            raise RegistrationError(
+                f"{_describe(fn)} takes or returns a type that cannot be stored as JSON: {exc}"
+            ) from exc
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r}>"
+
+    def validate_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        """Validate a direct call's arguments; returns them by name, defaults filled in."""
+        try:
+            bound = self._signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise ArgumentError(f"bad arguments for {self.name!r}: {exc}") from None
+        bound.apply_defaults()
+        try:
+            return self._args_adapter.validate_python(bound.arguments)
+        except pydantic.ValidationError as exc:
+            raise ArgumentError(f"invalid arguments for {self.name!r}: {exc}") from None
+
+    def encode_args(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        """Validate a call's arguments and return their JSON text (defaults filled in)."""
+        value = self.validate_call(args, kwargs)
+        try:
+            return self._args_adapter.dump_json(value).decode()
+        except pydantic.PydanticSerializationError as exc:
+            raise ArgumentError(
+                f"arguments for {self.name!r} cannot be stored as JSON: {exc}; annotate the "
+                "parameter with a JSON-serialisable type (pydantic models, datetimes, ...)"
+            ) from None
+
+    def decode_args(self, text: str) -> dict[str, Any]:
+        """Validate stored arguments back into Python values for a run."""
+        try:
+            return self._args_adapter.validate_json(text)
+        except pydantic.ValidationError as exc:
+            raise ArgumentError(
+                f"stored arguments no longer match {self.name!r}: {exc}"
+            ) from None
+
+    def encode_result(self, value: object) -> str | None:
+        if value is None:
+            return None
+        try:
+            return self._result_adapter.dump_json(value).decode()
+        except pydantic.PydanticSerializationError as exc:
+            raise ArgumentError(
+                f"the return value of {self.name!r} cannot be stored as JSON: {exc}"
+            ) from None
+
+
+class QueryRef(FunctionRef[P, R]):
+    """A registered query: read-only."""
+
+    kind = FunctionKind.QUERY
+
+
+class SchedulableRef(FunctionRef[P, R]):
+    """A function that can be scheduled: a mutation or an action."""
+
+
+class MutationRef(SchedulableRef[P, R]):
+    """A registered mutation: runs in one transaction, exactly once when scheduled."""
+
+    kind = FunctionKind.MUTATION
+
+
+class ActionRef(SchedulableRef[P, R]):
+    """A registered action: runs outside a transaction, at most once when scheduled."""
+
+    kind = FunctionKind.ACTION
+
+
+class Registry:
+    """Durable name -> function. One per app."""
+
+    def __init__(self) -> None:
+        self._by_name: dict[str, FunctionRef[Any, Any]] = {}
+
+    def add(self, ref: FunctionRef[Any, Any]) -> None:
+        existing = self._by_name.get(ref.name)
+        if existing is not None:
+            raise RegistrationError(
+                f"the durable name {ref.name!r} is already registered (by "
+                f"{_describe(existing.fn)}); pass name=... to give one of them another name"
+            )
+        self._by_name[ref.name] = ref
+
+    def get(self, name: str) -> FunctionRef[Any, Any]:
+        try:
+            return self._by_name[name]
+        except KeyError:
+            raise UnknownFunctionError(name) from None
+
+    def resolve(self, fn: FunctionRef[Any, Any] | str) -> FunctionRef[Any, Any]:
+        """The registered function for a reference or a durable name."""
+        if isinstance(fn, str):
+            return self.get(fn)
+        if not isinstance(fn, FunctionRef):
+            raise UnknownFunctionError(repr(fn))
+        if self._by_name.get(fn.name) is not fn:
+            raise UnknownFunctionError(fn.name)
+        return fn
+
+    def names(self) -> list[str]:
+        return sorted(self._by_name)
+
+
+def _describe(fn: object) -> str:
+    module = getattr(fn, "__module__", "?")
+    qualname = getattr(fn, "__qualname__", repr(fn))
+    return f"{module}.{qualname}"
+
+
+def _parse_signature(
+    fn: Callable[..., Any], kind: FunctionKind, ctx_types: tuple[type, ...]
+) -> tuple[inspect.Signature, list[inspect.Parameter]]:
+    signature = inspect.signature(fn)
+    params = list(signature.parameters.values())
+    ctx_name = ctx_types[0].__name__ if ctx_types else "ctx"
+    if not params or params[0].kind not in (
+        inspect.Parameter.POSITIONAL_ONLY,
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+    ):
+        raise RegistrationError(
+            f"{_describe(fn)} must take the context as its first parameter: "
+            f"async def {fn.__name__}(ctx: {ctx_name}, ...)"
+        )
+    first = params[0]
+    annotation = first.annotation
+    if isinstance(annotation, str):
+        annotation = annotation.rsplit(".", 1)[-1]
+        wrong_ctx = annotation.endswith("Ctx") and annotation not in {t.__name__ for t in ctx_types}
+        names_ctx = first.name == "ctx" or annotation in {t.__name__ for t in ctx_types}
+    else:
+        is_ctx_class = isinstance(annotation, type) and annotation.__name__.endswith("Ctx")
+        wrong_ctx = is_ctx_class and not issubclass(annotation, ctx_types)
+        names_ctx = first.name == "ctx" or (
+            isinstance(annotation, type) and issubclass(annotation, ctx_types)
+        )
+    if wrong_ctx:
+        raise RegistrationError(
+            f"{_describe(fn)} is registered as a {kind} but its context is annotated "
+            f"{first.annotation!r}; a {kind} receives a {ctx_name}"
+        )
+    if not names_ctx:
+        raise RegistrationError(
+            f"{_describe(fn)} must take the context as its first parameter, named 'ctx' or "
+            f"annotated {ctx_name}; found {first.name!r}"
+        )
+    rest = params[1:]
+    for p in rest:
+        if p.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+            raise RegistrationError(
+                f"{_describe(fn)} takes *{p.name}; durable functions need named parameters "
+                "so their arguments can be stored and validated"
+            )
+        if p.kind is inspect.Parameter.POSITIONAL_ONLY:
+            raise RegistrationError(
+                f"{_describe(fn)}: parameter {p.name!r} is positional-only; arguments are "
+                "stored by name, so make it a normal parameter"
+            )
+    return signature.replace(parameters=rest), rest

@@ -1,0 +1,158 @@
+"""What every layer above the store shares: registry, driver, engine, clock, settings.
+
+``Runtime`` also owns the one transaction helper, so that retry-on-transient-fault and the
+translation of driver errors happen in one place.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import anyio
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from ._clock import Clock
+from ._errors import DatabaseError, DurafnError
+from ._registry import Registry
+from ._store import Driver
+from ._store.sqlite import READ_ONLY_OPTION
+
+T = TypeVar("T")
+logger = logging.getLogger("durafn")
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Per function execution (one mutation, one action, one outside scheduler)."""
+
+    max_scheduled: int = 1000
+    max_args_bytes: int = 8 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """Capped exponential backoff with full jitter, for internal (transient) faults."""
+
+    base: float = 0.05
+    cap: float = 5.0
+
+    def delay(self, attempt: int) -> float:
+        return random.uniform(0, min(self.cap, self.base * 2 ** min(attempt, 16)))
+
+
+@dataclass(eq=False)
+class Runtime:
+    registry: Registry
+    driver: Driver
+    clock: Clock
+    limits: Limits
+    backoff: Backoff
+    direct_retries: int
+    """How often ``app.run_*`` retries a transient fault before raising DatabaseError."""
+    _engine: AsyncEngine | None = None
+    _ready: bool = False
+    _ready_lock: anyio.Lock | None = None
+    auto_migrate: bool = True
+    _wake_listeners: set[Callable[[float], None]] = field(default_factory=set)
+
+    @property
+    def engine(self) -> AsyncEngine:
+        if self._engine is None:
+            self._engine = self.driver.create_engine()
+        return self._engine
+
+    async def ensure_ready(self) -> None:
+        """Create (SQLite) or check (PostgreSQL) the system tables, once per process."""
+        if self._ready:
+            return
+        if self._ready_lock is None:
+            self._ready_lock = anyio.Lock()
+        async with self._ready_lock:
+            if self._ready:
+                return
+
+            async def _prepare(conn: AsyncConnection) -> None:
+                if self.auto_migrate:
+                    await self.driver.migrate(conn, self.clock.now())
+                else:
+                    await self.driver.check_schema(conn)
+
+            await self.transaction(_prepare, ready=False)
+            self._ready = True
+
+    async def dispose(self) -> None:
+        if self._engine is not None:
+            await self._engine.dispose()
+            self._engine = None
+        self._ready = False
+
+    # -- wake-ups ------------------------------------------------------------------------
+
+    def wake(self, due_at: float) -> None:
+        """Tell this process's executors that a row is due at ``due_at`` (after commit)."""
+        for listener in list(self._wake_listeners):
+            listener(due_at)
+
+    # -- transactions --------------------------------------------------------------------
+
+    async def transaction(
+        self,
+        body: Callable[[AsyncConnection], Awaitable[T]],
+        *,
+        read_only: bool = False,
+        ready: bool = True,
+        doing: str = "running a transaction",
+    ) -> T:
+        """Run ``body`` in one transaction, retrying it whole on transient faults.
+
+        ``body`` may run more than once, but at most one run commits. A commit whose
+        outcome is unknown (the connection died during COMMIT) is not retried: it raises
+        DatabaseError, because re-running could apply the body twice.
+        """
+        if ready:
+            await self.ensure_ready()
+        attempt = 0
+        while True:
+            committing = False
+            try:
+                async with self.engine.connect() as conn:
+                    if read_only:
+                        await conn.execution_options(**{READ_ONLY_OPTION: True})
+                    await conn.begin()
+                    if read_only:
+                        async with self.driver.read_only(conn):
+                            value = await body(conn)
+                    else:
+                        value = await body(conn)
+                    committing = True
+                    await conn.commit()
+                    return value
+            except DurafnError:
+                raise
+            except Exception as exc:
+                translated = self.driver.translate(exc)
+                if translated is not None:
+                    raise translated from exc
+                if not self.driver.is_transient(exc):
+                    raise
+                if committing and self.driver.commit_outcome_unknown(exc):
+                    raise DatabaseError(
+                        f"the connection to {self.driver.name} failed during COMMIT, so "
+                        f"whether it took effect is unknown: {exc}",
+                        transient=True,
+                    ) from exc
+                if attempt >= self.direct_retries:
+                    raise self.driver.wrap(exc, doing) from exc
+                delay = self.backoff.delay(attempt)
+                logger.info("transient database fault while %s (%s); retry in %.2fs", doing, one_line(exc), delay)
+                attempt += 1
+                await anyio.sleep(delay)
+
+
+def one_line(exc: BaseException) -> str:
+    text = str(getattr(exc, "orig", None) or exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -1,0 +1,339 @@
+"""``ctx.scheduler``: run_after, run_at and cancel, validated when called.
+
+Where the rows go depends on who schedules, so the scheduler writes through one of three
+writers:
+
+* a mutation buffers its rows and writes them in one multi-row INSERT just before its
+  transaction commits (or earlier, when it cancels or reads the system table): atomic with
+  the mutation, and one round trip for a thousand rows;
+* an action commits each call at once, so the row survives the action failing later;
+* code outside durafn writes through its own session or connection, committing with it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any, ParamSpec, Protocol, overload
+
+from sqlalchemy import event
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+
+from ._errors import (
+    CancelOwnRunError,
+    NotFoundError,
+    SchedulingError,
+    SchedulingLimitError,
+)
+from ._registry import SchedulableRef
+from ._runtime import Runtime
+from ._store import new_id
+from ._types import CancelResult, ScheduledFunctionId, State
+
+P = ParamSpec("P")
+
+MAX_HORIZON = 5 * 365.25 * 86400.0
+"""How far ahead a function may be scheduled: 5 years."""
+
+
+class _Writer(Protocol):
+    async def add(self, row: dict[str, Any]) -> None: ...
+
+    async def cancel(self, id: ScheduledFunctionId, now: float) -> State | None: ...
+
+
+class Scheduler:
+    """Schedules and cancels functions. Reach it as ``ctx.scheduler`` or ``app.scheduler(...)``."""
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        writer: _Writer,
+        *,
+        parent_id: ScheduledFunctionId | None = None,
+        own_run_id: ScheduledFunctionId | None = None,
+    ) -> None:
+        self._rt = runtime
+        self._writer = writer
+        self._parent_id = parent_id
+        self._own_run_id = own_run_id
+        self._count = 0
+        self._bytes = 0
+        self.limit_error: SchedulingLimitError | None = None
+        """Set once a limit was exceeded: the enclosing mutation must then fail."""
+
+    @overload
+    async def run_after(
+        self,
+        delay: float | timedelta,
+        fn: SchedulableRef[P, Any],
+        /,
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> ScheduledFunctionId: ...
+
+    @overload
+    async def run_after(
+        self, delay: float | timedelta, fn: str, /, *args: Any, **kwargs: Any
+    ) -> ScheduledFunctionId: ...
+
+    async def run_after(
+        self, delay: float | timedelta, fn: SchedulableRef[Any, Any] | str, /, *args: Any, **kwargs: Any
+    ) -> ScheduledFunctionId:
+        """Schedule ``fn(*args, **kwargs)`` to run ``delay`` seconds (or a timedelta) from now.
+
+        A delay of 0 queues it to run as soon as the current transaction commits.
+        """
+        now = self._rt.clock.now()
+        return await self._schedule(now + _delay_seconds(delay), now, fn, args, kwargs)
+
+    @overload
+    async def run_at(
+        self, when: datetime | float, fn: SchedulableRef[P, Any], /, *args: P.args, **kwargs: P.kwargs
+    ) -> ScheduledFunctionId: ...
+
+    @overload
+    async def run_at(
+        self, when: datetime | float, fn: str, /, *args: Any, **kwargs: Any
+    ) -> ScheduledFunctionId: ...
+
+    async def run_at(
+        self, when: datetime | float, fn: SchedulableRef[Any, Any] | str, /, *args: Any, **kwargs: Any
+    ) -> ScheduledFunctionId:
+        """Schedule ``fn`` at an aware ``datetime`` or epoch seconds.
+
+        A time in the past runs as soon as possible; the row keeps the time asked for.
+        """
+        now = self._rt.clock.now()
+        return await self._schedule(_when_seconds(when, now), now, fn, args, kwargs)
+
+    async def cancel(self, id: ScheduledFunctionId | str) -> CancelResult:
+        """Cancel a scheduled function.
+
+        Pending: it never runs. InProgress (an action): it keeps running, but its result is
+        not recorded over Canceled, and what it scheduled and has not started is cancelled
+        too, transitively. Already finished: nothing changes and ``canceled`` is False.
+        """
+        target = ScheduledFunctionId(str(id))
+        if self._own_run_id is not None and target == self._own_run_id:
+            raise CancelOwnRunError(
+                f"a mutation cannot cancel its own run ({target}); raise an exception to "
+                "abort it instead"
+            )
+        previous = await self._writer.cancel(target, self._rt.clock.now())
+        if previous is None:
+            raise NotFoundError(target)
+        return CancelResult(id=target, canceled=not previous.finished, previous_state=previous)
+
+    async def _schedule(
+        self,
+        due: float,
+        now: float,
+        fn: SchedulableRef[Any, Any] | str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> ScheduledFunctionId:
+        if due - now > MAX_HORIZON:
+            raise SchedulingError(
+                f"cannot schedule more than 5 years ahead ({(due - now) / 86400:.0f} days asked)"
+            )
+        ref = self._rt.registry.resolve(fn)
+        if not isinstance(ref, SchedulableRef):
+            raise SchedulingError(
+                f"{ref.name!r} is a {ref.kind}; only mutations and actions can be scheduled"
+            )
+        args_json = ref.encode_args(args, kwargs)
+        size = len(args_json.encode())
+        limits = self._rt.limits
+        if self._count + 1 > limits.max_scheduled:
+            self._limit(f"one function execution may schedule at most {limits.max_scheduled} functions")
+        if self._bytes + size > limits.max_args_bytes:
+            self._limit(
+                f"one function execution may schedule at most {limits.max_args_bytes} bytes of "
+                f"arguments; this call would bring it to {self._bytes + size}"
+            )
+        self._count += 1
+        self._bytes += size
+        id = new_id(now)
+        await self._writer.add(
+            {
+                "id": id,
+                "name": ref.name,
+                "kind": ref.kind.value,
+                "args": args_json,
+                "state": State.PENDING.value,
+                "scheduled_time": due,
+                "available_at": due,
+                "completed_time": None,
+                "parent_id": self._parent_id,
+            }
+        )
+        return id
+
+    def _limit(self, message: str) -> None:
+        self.limit_error = SchedulingLimitError(
+            f"{message}; split the work across several runs (the limit is set by "
+            "App(max_scheduled_per_run=..., max_scheduled_args_bytes=...))"
+        )
+        raise self.limit_error
+
+
+def _delay_seconds(delay: object) -> float:
+    if isinstance(delay, timedelta):
+        seconds = delay.total_seconds()
+    elif isinstance(delay, int | float) and not isinstance(delay, bool):
+        seconds = float(delay)
+    else:
+        raise SchedulingError(f"delay must be seconds (a number) or a timedelta, not {delay!r}")
+    if not math.isfinite(seconds):
+        raise SchedulingError(f"delay must be a finite number of seconds, not {delay!r}")
+    if seconds < 0:
+        raise SchedulingError(f"delay must not be negative ({seconds}s); use run_at for a past time")
+    return seconds
+
+
+def _when_seconds(when: object, now: float) -> float:
+    if isinstance(when, datetime):
+        if when.tzinfo is None or when.utcoffset() is None:
+            raise SchedulingError(
+                f"run_at needs an aware datetime, got naive {when.isoformat()}; "
+                "use datetime.now(UTC) or attach a tzinfo"
+            )
+        return when.timestamp()
+    if isinstance(when, int | float) and not isinstance(when, bool):
+        if not math.isfinite(when):
+            raise SchedulingError(f"run_at time must be finite, not {when!r}")
+        return float(when)
+    raise SchedulingError(f"run_at takes an aware datetime or epoch seconds, not {when!r}")
+
+
+def _first_pending_due(rows: list[dict[str, Any]]) -> float | None:
+    due = [r["available_at"] for r in rows if r["state"] == State.PENDING.value]
+    return min(due) if due else None
+
+
+class BufferedWriter:
+    """A mutation's rows: held until flushed into the mutation's own transaction."""
+
+    FLUSH_AT = 1000
+
+    def __init__(
+        self, runtime: Runtime, conn: AsyncConnection, check_parent: ScheduledFunctionId | None
+    ) -> None:
+        self._rt = runtime
+        self._conn = conn
+        self._check_parent = check_parent
+        self._rows: list[dict[str, Any]] = []
+        self.min_due: float | None = None
+        """Earliest Pending row written: wake executors for it once committed."""
+
+    async def add(self, row: dict[str, Any]) -> None:
+        self._rows.append(row)
+        if len(self._rows) >= self.FLUSH_AT:
+            await self.flush()
+
+    async def flush(self) -> None:
+        if not self._rows:
+            return
+        rows, self._rows = self._rows, []
+        await _write(self._rt, self._conn, rows, self._check_parent)
+        due = _first_pending_due(rows)
+        if due is not None:
+            if self.min_due is None or due < self.min_due:
+                await self._rt.driver.notify(self._conn, due)
+            self.min_due = due if self.min_due is None else min(self.min_due, due)
+
+    def discard(self) -> None:
+        self._rows.clear()
+        self.min_due = None
+
+    async def cancel(self, id: ScheduledFunctionId, now: float) -> State | None:
+        await self.flush()
+        return await self._rt.driver.cancel(self._conn, id, now)
+
+
+async def _write(
+    rt: Runtime,
+    conn: AsyncConnection,
+    rows: list[dict[str, Any]],
+    check_parent: ScheduledFunctionId | None,
+) -> None:
+    if check_parent is not None:
+        # The parent is an action that may be cancelled while it runs: what it schedules
+        # after that is written Canceled, never left to run.
+        parent_state = await rt.driver.lock_for_share(conn, check_parent)
+        if parent_state is State.CANCELED:
+            now = rt.clock.now()
+            for row in rows:
+                row["state"] = State.CANCELED.value
+                row["completed_time"] = now
+    await rt.driver.insert_rows(conn, rows)
+
+
+class DirectWriter:
+    """An action's rows: each call commits on its own, at once."""
+
+    def __init__(self, runtime: Runtime, check_parent: ScheduledFunctionId | None) -> None:
+        self._rt = runtime
+        self._check_parent = check_parent
+
+    async def add(self, row: dict[str, Any]) -> None:
+        rt = self._rt
+
+        async def _body(conn: AsyncConnection) -> None:
+            try:
+                await _write(rt, conn, [row], self._check_parent)
+            except sa_exc.IntegrityError:
+                # A retry after a COMMIT whose outcome was unknown: the id is ours, so if
+                # the row exists the first attempt did commit.
+                if await rt.driver.get(conn, row["id"]) is None:
+                    raise
+            if row["state"] == State.PENDING.value:
+                await rt.driver.notify(conn, row["available_at"])
+
+        await rt.transaction(_body, doing="scheduling a function")
+        if row["state"] == State.PENDING.value:
+            rt.wake(row["available_at"])
+
+    async def cancel(self, id: ScheduledFunctionId, now: float) -> State | None:
+        async def _body(conn: AsyncConnection) -> State | None:
+            return await self._rt.driver.cancel(conn, id, now)
+
+        return await self._rt.transaction(_body, doing="cancelling a scheduled function")
+
+
+class JoinedWriter:
+    """Rows written at once through a caller's session or connection; they commit with it."""
+
+    def __init__(self, runtime: Runtime, target: AsyncSession | AsyncConnection) -> None:
+        self._rt = runtime
+        self._target = target
+        self._min_due: float | None = None
+
+    async def _conn(self) -> AsyncConnection:
+        if isinstance(self._target, AsyncSession):
+            return await self._target.connection()
+        return self._target
+
+    async def add(self, row: dict[str, Any]) -> None:
+        conn = await self._conn()
+        await _write(self._rt, conn, [row], None)
+        due: float = row["available_at"]
+        if self._min_due is not None and self._min_due <= due:
+            return
+        await self._rt.driver.notify(conn, due)
+        if self._min_due is None:
+            self._after_commit(lambda: self._rt.wake(self._min_due or 0.0))
+        self._min_due = due
+
+    def _after_commit(self, callback: Callable[[], None]) -> None:
+        # In-process executors wake at once; other processes learn by NOTIFY or the poll.
+        if isinstance(self._target, AsyncSession):
+            event.listen(self._target.sync_session, "after_commit", lambda _s: callback(), once=True)
+        else:
+            event.listen(self._target.sync_connection, "commit", lambda _c: callback(), once=True)
+
+    async def cancel(self, id: ScheduledFunctionId, now: float) -> State | None:
+        return await self._rt.driver.cancel(await self._conn(), id, now)

@@ -1,0 +1,51 @@
+"""The only package that knows SQL and which database it talks to."""
+
+from __future__ import annotations
+
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError as _SAArgumentError
+
+from .._errors import DatabaseError
+from ._driver import Claimed, Driver, Outcome, new_id
+from ._tables import SCHEMA_VERSION, metadata, scheduled_functions, schema_version
+from .postgres import PostgresDriver
+from .sqlite import SQLiteDriver
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "Claimed",
+    "Driver",
+    "Outcome",
+    "driver_for_url",
+    "metadata",
+    "new_id",
+    "normalize_url",
+    "scheduled_functions",
+    "schema_version",
+]
+
+
+def normalize_url(url: str | URL) -> URL:
+    """Accept plain ``sqlite:///`` and ``postgresql://`` URLs and pick the async driver."""
+    try:
+        parsed = make_url(url)
+    except _SAArgumentError:
+        raise DatabaseError(
+            f"{str(url)!r} is not a database URL; use sqlite+aiosqlite:///path.db or "
+            "postgresql+asyncpg://user@host/dbname"
+        ) from None
+    backend = parsed.get_backend_name()
+    if backend == "sqlite":
+        return parsed.set(drivername="sqlite+aiosqlite")
+    if backend in ("postgresql", "postgres"):
+        return parsed.set(drivername="postgresql+asyncpg")
+    raise DatabaseError(
+        f"durafn runs on SQLite or PostgreSQL, not {backend!r} (from {parsed.render_as_string()!r})"
+    )
+
+
+def driver_for_url(url: str | URL) -> Driver:
+    parsed = normalize_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        return SQLiteDriver(parsed)
+    return PostgresDriver(parsed)

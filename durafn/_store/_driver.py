@@ -1,0 +1,463 @@
+"""The store seam: every SQL statement the runtime issues, dialect-neutral where it can be.
+
+``Driver`` holds the statements both engines share (SQLAlchemy Core, so they stay readable
+and reviewable); ``SQLiteDriver`` and ``PostgresDriver`` override only what differs: how
+an engine is built, how rows are locked, how other processes are woken, and which errors
+are transient. The executor and the contexts never ask which database they are on.
+
+Every state change is an UPDATE guarded by the state it expects, and its row count is
+checked by the caller: a lost race is explicit, never a row moved backwards.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from sqlalchemy import (
+    CursorResult,
+    Row,
+    and_,
+    bindparam,
+    delete,
+    func,
+    insert,
+    or_,
+    select,
+    update,
+)
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import URL
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from .._clock import to_datetime
+from .._errors import ArgumentError, DatabaseError, SchemaError
+from .._types import (
+    ErrorInfo,
+    FunctionKind,
+    Page,
+    ScheduledFunction,
+    ScheduledFunctionId,
+    State,
+)
+from ._tables import SCHEMA_VERSION, metadata, schema_version, sf
+
+_FINISHED = (State.SUCCESS.value, State.FAILED.value, State.CANCELED.value)
+_RUNNABLE = (State.PENDING.value, State.IN_PROGRESS.value)
+
+
+def new_id(now: float) -> ScheduledFunctionId:
+    """A UUIDv7-style id: 48 bits of milliseconds then 74 random bits.
+
+    Generated here rather than by the database so that ``run_after`` inside a mutation can
+    return the id at once and the rows be written in one multi-row INSERT at commit.
+    Time-ordered ids keep the primary-key index append-mostly.
+    """
+    ms = int(now * 1000) & ((1 << 48) - 1)
+    rand = int.from_bytes(os.urandom(10), "big")
+    value = (ms << 80) | rand
+    value = (value & ~(0xF << 76)) | (0x7 << 76)
+    value = (value & ~(0x3 << 62)) | (0x2 << 62)
+    return ScheduledFunctionId(str(uuid.UUID(int=value)))
+
+
+@dataclass(slots=True)
+class Claimed:
+    """A row the executor is about to run."""
+
+    id: ScheduledFunctionId
+    name: str
+    args: str
+    attempts: int
+    parent_id: ScheduledFunctionId | None
+    available_at: float
+
+
+@dataclass(slots=True)
+class Outcome:
+    """How a run ended, ready to be written back."""
+
+    id: ScheduledFunctionId
+    state: State
+    result: str | None = None
+    error_type: str | None = None
+    error_message: str | None = None
+
+
+_CLAIM_COLUMNS = (sf.c.id, sf.c.name, sf.c.args, sf.c.attempts, sf.c.parent_id, sf.c.available_at)
+
+
+def _claimed(rows: Iterable[Row[Any]]) -> list[Claimed]:
+    out = [Claimed(*row) for row in rows]
+    out.sort(key=lambda c: (c.available_at, c.id))
+    return out
+
+
+class Driver:
+    """Dialect-neutral statements. Subclasses set the class attributes and override hooks."""
+
+    name: ClassVar[str]
+    max_mutation_lanes: ClassVar[int]
+    """How many mutation batches may usefully run at once (SQLite has one writer)."""
+    default_poll_interval: ClassVar[float]
+    """Fallback poll for work scheduled by other processes that no signal announced."""
+
+    def __init__(self, url: URL) -> None:
+        self.url = url
+
+    # -- engine and errors ---------------------------------------------------------------
+
+    def create_engine(self) -> AsyncEngine:
+        raise NotImplementedError
+
+    def is_transient(self, exc: BaseException, *, raised_by_user: bool = False) -> bool:
+        """True for faults that retrying the whole transaction can cure.
+
+        ``raised_by_user``: the exception came out of a user's function, where a bare
+        OSError is the user's own (a missing file), not a database fault.
+        """
+        if isinstance(exc, sa_exc.DBAPIError):
+            return bool(exc.connection_invalidated) or self._transient_dbapi(exc)
+        return not raised_by_user and isinstance(exc, OSError)
+
+    def _transient_dbapi(self, exc: sa_exc.DBAPIError) -> bool:
+        return False
+
+    def commit_outcome_unknown(self, exc: BaseException) -> bool:
+        """True if a COMMIT that raised ``exc`` may nonetheless have taken effect."""
+        return False
+
+    def translate(self, exc: BaseException) -> BaseException | None:
+        """A durafn error for a driver error users could cause (writing in a query)."""
+        return None
+
+    def wrap(self, exc: BaseException, doing: str) -> DatabaseError:
+        transient = self.is_transient(exc)
+        detail = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+        return DatabaseError(
+            f"database error while {doing} on {self.name}: {detail}", transient=transient
+        )
+
+    # -- transactions --------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def read_only(self, conn: AsyncConnection) -> AsyncIterator[None]:
+        """Make the transaction just begun on ``conn`` refuse writes."""
+        yield
+
+    async def lock_for_share(self, conn: AsyncConnection, id: ScheduledFunctionId) -> State | None:
+        """Read a row's state, holding it against a concurrent cancel until commit."""
+        value = (await conn.execute(select(sf.c.state).where(sf.c.id == id))).scalar()
+        return State(value) if value is not None else None
+
+    async def notify(self, conn: AsyncConnection, due_at: float) -> None:
+        """Tell executors in other processes, on commit, that work is due at ``due_at``."""
+
+    @asynccontextmanager
+    async def listen(
+        self, engine: AsyncEngine, on_wake: Callable[[float | None], None]
+    ) -> AsyncIterator[bool]:
+        """Deliver other processes' wake-ups to ``on_wake``; yields whether it can."""
+        yield False
+
+    # -- schema --------------------------------------------------------------------------
+
+    async def _lock_schema(self, conn: AsyncConnection) -> None:
+        """Serialise concurrent migrations."""
+
+    async def migrate(self, conn: AsyncConnection, now: float) -> int:
+        """Create or upgrade the system tables; returns the version now in place."""
+        await self._lock_schema(conn)
+        await conn.run_sync(lambda c: schema_version.create(c, checkfirst=True))
+        current = await self._current_version(conn)
+        if current is not None and current > SCHEMA_VERSION:
+            raise _too_new(current)
+        if current is None:
+            await conn.run_sync(lambda c: metadata.create_all(c, checkfirst=True))
+            await conn.execute(insert(schema_version).values(version=SCHEMA_VERSION, applied_at=now))
+        return SCHEMA_VERSION
+
+    async def check_schema(self, conn: AsyncConnection) -> None:
+        try:
+            current = await self._current_version(conn)
+        except sa_exc.DBAPIError as exc:
+            if self.is_transient(exc):
+                raise
+            current = None
+        if current is None:
+            raise SchemaError(
+                "the durafn system tables do not exist in this database; run "
+                "`durafn migrate --url ...` or `await app.migrate()` first"
+            )
+        if current > SCHEMA_VERSION:
+            raise _too_new(current)
+        if current < SCHEMA_VERSION:
+            raise SchemaError(
+                f"the durafn system tables are at version {current}, this durafn needs "
+                f"{SCHEMA_VERSION}; run `durafn migrate`"
+            )
+
+    async def _current_version(self, conn: AsyncConnection) -> int | None:
+        return (await conn.execute(select(func.max(schema_version.c.version)))).scalar()
+
+    # -- scheduling ----------------------------------------------------------------------
+
+    async def insert_rows(self, conn: AsyncConnection, rows: Sequence[dict[str, Any]]) -> None:
+        # One executemany: SQLAlchemy sends it as multi-row INSERTs / a pipelined batch.
+        await conn.execute(insert(sf), list(rows))
+
+    async def cancel(
+        self, conn: AsyncConnection, id: ScheduledFunctionId, now: float
+    ) -> State | None:
+        """Cancel one row (and, if it was running, its unfinished descendants).
+
+        Returns the state the row had, or None if there is no such row.
+        """
+        row = (
+            await conn.execute(select(sf.c.state).where(sf.c.id == id).with_for_update())
+        ).first()
+        if row is None:
+            return None
+        previous = State(row[0])
+        if previous.finished:
+            return previous
+        result = await conn.execute(
+            update(sf)
+            .where(sf.c.id == id, sf.c.state == previous.value)
+            .values(state=State.CANCELED.value, completed_time=now)
+        )
+        assert isinstance(result, CursorResult)
+        if result.rowcount != 1:  # pragma: no cover - the row lock above prevents it
+            raise DatabaseError(f"scheduled function {id} changed state while being cancelled")
+        if previous is State.IN_PROGRESS:
+            await self.cancel_descendants(conn, id, now)
+        return previous
+
+    async def cancel_descendants(
+        self, conn: AsyncConnection, root: ScheduledFunctionId, now: float
+    ) -> int:
+        # Walks the whole subtree (through finished rows too: a finished child's own
+        # children may still be Pending) via ix_scheduled_functions_parent.
+        tree = select(sf.c.id).where(sf.c.parent_id == root).cte("tree", recursive=True)
+        tree = tree.union_all(select(sf.c.id).join(tree, sf.c.parent_id == tree.c.id))
+        result = await conn.execute(
+            update(sf)
+            .where(sf.c.id.in_(select(tree.c.id)), sf.c.state.in_(_RUNNABLE))
+            .values(state=State.CANCELED.value, completed_time=now)
+        )
+        assert isinstance(result, CursorResult)
+        return result.rowcount
+
+    # -- executor: mutations -------------------------------------------------------------
+
+    def _due(self, kind: FunctionKind, now: float, limit: int) -> Any:
+        # ix_scheduled_functions_due: (kind, available_at, id) WHERE state = 'Pending'.
+        return (
+            select(*_CLAIM_COLUMNS)
+            .where(sf.c.state == State.PENDING.value, sf.c.kind == kind.value, sf.c.available_at <= now)
+            .order_by(sf.c.available_at, sf.c.id)
+            .limit(limit)
+        )
+
+    async def claim_mutations(self, conn: AsyncConnection, now: float, limit: int) -> list[Claimed]:
+        """Select due mutations inside the batch transaction, locked until it ends."""
+        rows = await conn.execute(self._due(FunctionKind.MUTATION, now, limit).with_for_update(skip_locked=True))
+        return _claimed(rows)
+
+    async def finish_pending(self, conn: AsyncConnection, now: float, outcomes: Sequence[Outcome]) -> int:
+        """Pending -> Success/Failed for mutations run in this transaction; returns the count."""
+        return await self._finish(conn, now, outcomes, State.PENDING)
+
+    async def _finish(
+        self, conn: AsyncConnection, now: float, outcomes: Sequence[Outcome], expected: State
+    ) -> int:
+        # A mutation's run is counted as it finishes (its start was never committed); an
+        # action's was counted when it was claimed.
+        if not outcomes:
+            return 0
+        stmt = (
+            update(sf)
+            .where(sf.c.id == bindparam("b_id"), sf.c.state == expected.value)
+            .values(
+                attempts=sf.c.attempts + (1 if expected is State.PENDING else 0),
+                state=bindparam("b_state"),
+                completed_time=now,
+                result=bindparam("b_result"),
+                error_type=bindparam("b_error_type"),
+                error_message=bindparam("b_error_message"),
+            )
+        )
+        result = await conn.execute(
+            stmt,
+            [
+                {
+                    "b_id": o.id,
+                    "b_state": o.state.value,
+                    "b_result": o.result,
+                    "b_error_type": o.error_type,
+                    "b_error_message": o.error_message,
+                }
+                for o in outcomes
+            ],
+        )
+        assert isinstance(result, CursorResult)
+        return result.rowcount
+
+    async def postpone(
+        self, conn: AsyncConnection, ids: Sequence[ScheduledFunctionId], until: float
+    ) -> None:
+        """Count an internal retry and hold the rows back until ``until``."""
+        await conn.execute(
+            update(sf)
+            .where(sf.c.id.in_(ids), sf.c.state == State.PENDING.value)
+            .values(attempts=sf.c.attempts + 1, available_at=until)
+        )
+
+    # -- executor: actions ---------------------------------------------------------------
+
+    async def claim_actions(
+        self, conn: AsyncConnection, now: float, limit: int, worker_id: str
+    ) -> list[Claimed]:
+        """Pending -> InProgress for up to ``limit`` due actions; commit before running them."""
+        due = self._due(FunctionKind.ACTION, now, limit).with_only_columns(sf.c.id)
+        rows = await conn.execute(
+            update(sf)
+            .where(sf.c.id.in_(due.with_for_update(skip_locked=True).scalar_subquery()))
+            .where(sf.c.state == State.PENDING.value)
+            .values(
+                state=State.IN_PROGRESS.value,
+                started_time=now,
+                worker_id=worker_id,
+                attempts=sf.c.attempts + 1,
+            )
+            .returning(*_CLAIM_COLUMNS)
+        )
+        return _claimed(rows)
+
+    async def finish_in_progress(
+        self, conn: AsyncConnection, now: float, outcomes: Sequence[Outcome]
+    ) -> int:
+        """InProgress -> Success/Failed. A row cancelled meanwhile stays Canceled."""
+        return await self._finish(conn, now, outcomes, State.IN_PROGRESS)
+
+    async def next_due(self, conn: AsyncConnection, kind: FunctionKind) -> float | None:
+        # The first entry of ix_scheduled_functions_due for this kind: O(log n).
+        stmt = (
+            select(sf.c.available_at)
+            .where(sf.c.state == State.PENDING.value, sf.c.kind == kind.value)
+            .order_by(sf.c.available_at)
+            .limit(1)
+        )
+        return (await conn.execute(stmt)).scalar()
+
+    # -- retention -----------------------------------------------------------------------
+
+    async def delete_finished(self, conn: AsyncConnection, cutoff: float, limit: int) -> int:
+        # ix_scheduled_functions_completed; bounded so one call never holds locks for long.
+        doomed = (
+            select(sf.c.id)
+            .where(sf.c.completed_time < cutoff, sf.c.state.in_(_FINISHED))
+            .order_by(sf.c.completed_time)
+            .limit(limit)
+        )
+        result = await conn.execute(delete(sf).where(sf.c.id.in_(doomed.scalar_subquery())))
+        assert isinstance(result, CursorResult)
+        return result.rowcount
+
+    # -- reading -------------------------------------------------------------------------
+
+    async def get(self, conn: AsyncConnection, id: str) -> ScheduledFunction | None:
+        try:
+            uuid.UUID(id)
+        except (ValueError, TypeError, AttributeError):
+            return None
+        row = (await conn.execute(select(sf).where(sf.c.id == id))).first()
+        return _to_model(row) if row is not None else None
+
+    async def list(
+        self,
+        conn: AsyncConnection,
+        *,
+        states: Sequence[State] | None,
+        name: str | None,
+        after: float | None,
+        before: float | None,
+        limit: int,
+        cursor: str | None,
+    ) -> Page:
+        stmt = select(sf).order_by(sf.c.scheduled_time, sf.c.id).limit(limit + 1)
+        if states:
+            stmt = stmt.where(sf.c.state.in_([State(s).value for s in states]))
+        if name is not None:
+            stmt = stmt.where(sf.c.name == name)
+        if after is not None:
+            stmt = stmt.where(sf.c.scheduled_time >= after)
+        if before is not None:
+            stmt = stmt.where(sf.c.scheduled_time < before)
+        if cursor is not None:
+            at, last_id = _decode_cursor(cursor)
+            stmt = stmt.where(
+                or_(sf.c.scheduled_time > at, and_(sf.c.scheduled_time == at, sf.c.id > last_id))
+            )
+        rows = list(await conn.execute(stmt))
+        items = [_to_model(r) for r in rows[:limit]]
+        next_cursor = None
+        if len(rows) > limit:
+            last = rows[limit - 1]
+            next_cursor = _encode_cursor(last.scheduled_time, last.id)
+        return Page(items=items, next_cursor=next_cursor)
+
+    async def count_by_state(self, conn: AsyncConnection) -> dict[State, int]:
+        rows = await conn.execute(select(sf.c.state, func.count()).group_by(sf.c.state))
+        return {State(s): n for s, n in rows}
+
+
+def _too_new(version: int) -> SchemaError:
+    return SchemaError(
+        f"the durafn system tables are at version {version}, newer than this durafn "
+        f"understands ({SCHEMA_VERSION}); upgrade durafn before running it on this database"
+    )
+
+
+def _to_model(row: Row[Any]) -> ScheduledFunction:
+    m = row._mapping
+    error = None
+    if m["error_type"] is not None:
+        error = ErrorInfo(type=m["error_type"], message=m["error_message"] or "")
+    return ScheduledFunction(
+        id=ScheduledFunctionId(str(m["id"])),
+        name=m["name"],
+        kind=FunctionKind(m["kind"]),
+        args=json.loads(m["args"]),
+        state=State(m["state"]),
+        scheduled_time=to_datetime(m["scheduled_time"]),
+        started_time=to_datetime(m["started_time"]) if m["started_time"] is not None else None,
+        completed_time=to_datetime(m["completed_time"])
+        if m["completed_time"] is not None
+        else None,
+        error=error,
+        result=json.loads(m["result"]) if m["result"] is not None else None,
+        parent_id=ScheduledFunctionId(str(m["parent_id"])) if m["parent_id"] else None,
+        attempts=m["attempts"],
+    )
+
+
+def _encode_cursor(at: float, id: object) -> str:
+    raw = json.dumps([at, str(id)]).encode()
+    return base64.urlsafe_b64encode(raw).decode()
+
+
+def _decode_cursor(cursor: str) -> tuple[float, str]:
+    try:
+        at, last_id = json.loads(base64.urlsafe_b64decode(cursor.encode()))
+        return float(at), str(uuid.UUID(last_id))
+    except Exception:
+        raise ArgumentError(f"{cursor!r} is not a cursor returned by list()") from None
+
+

@@ -1,0 +1,96 @@
+"""The system tables, as SQLAlchemy ``MetaData`` so users can add them to Alembic.
+
+Each hot query names the index it relies on; keep the two in step.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    CheckConstraint,
+    Column,
+    Double,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    Uuid,
+)
+
+SCHEMA_VERSION = 1
+"""Bump with a new step in ``_driver.MIGRATIONS`` whenever the tables change."""
+
+metadata = MetaData()
+
+# Native uuid on PostgreSQL (16 bytes, cheap to compare); readable text on SQLite.
+_ID = Uuid(as_uuid=False).with_variant(String(36), "sqlite")
+
+scheduled_functions = Table(
+    "_scheduled_functions",
+    metadata,
+    Column("id", _ID, primary_key=True),
+    Column("name", Text, nullable=False),
+    Column("kind", String(16), nullable=False),
+    Column("args", Text, nullable=False),
+    Column("state", String(16), nullable=False),
+    # Times are float seconds since the epoch: exact to the microsecond for centuries,
+    # equally cheap to compare on both engines, and free of time-zone conversions.
+    Column("scheduled_time", Double, nullable=False),
+    # When the row may next be claimed: scheduled_time, pushed back by internal retries.
+    Column("available_at", Double, nullable=False),
+    Column("started_time", Double),
+    Column("completed_time", Double),
+    Column("parent_id", _ID),
+    Column("attempts", Integer, nullable=False, server_default="0"),
+    Column("error_type", Text),
+    Column("error_message", Text),
+    Column("result", Text),
+    Column("worker_id", Text),
+    # Reserved for priorities, serial queues, dedupe keys and retry policies (next issue);
+    # present now so that adding them is not a table rewrite.
+    Column("priority", Integer, nullable=False, server_default="0"),
+    Column("queue_name", Text),
+    Column("job_key", Text),
+    Column("max_attempts", Integer),
+    CheckConstraint(
+        "state IN ('Pending', 'InProgress', 'Success', 'Failed', 'Canceled')",
+        name="ck_scheduled_functions_state",
+    ),
+    CheckConstraint("kind IN ('mutation', 'action')", name="ck_scheduled_functions_kind"),
+)
+sf = scheduled_functions
+
+# Claims and "when is the next row due": only Pending rows are in it, so the index stays
+# as small as the backlog of unstarted work however many finished rows await retention.
+Index(
+    "ix_scheduled_functions_due",
+    sf.c.kind,
+    sf.c.available_at,
+    sf.c.id,
+    postgresql_where=sf.c.state == "Pending",
+    sqlite_where=sf.c.state == "Pending",
+)
+# Transitive cancel walks children by parent.
+Index(
+    "ix_scheduled_functions_parent",
+    sf.c.parent_id,
+    postgresql_where=sf.c.parent_id.is_not(None),
+    sqlite_where=sf.c.parent_id.is_not(None),
+)
+# Retention deletes the oldest finished rows first.
+Index(
+    "ix_scheduled_functions_completed",
+    sf.c.completed_time,
+    postgresql_where=sf.c.completed_time.is_not(None),
+    sqlite_where=sf.c.completed_time.is_not(None),
+)
+# Listing in time order, keyset-paginated.
+Index("ix_scheduled_functions_scheduled", sf.c.scheduled_time, sf.c.id)
+
+schema_version = Table(
+    "_durafn_schema",
+    metadata,
+    Column("version", Integer, primary_key=True),
+    Column("applied_at", Double, nullable=False),
+)

@@ -1,0 +1,176 @@
+"""PostgreSQL: many executors in many processes share one database.
+
+Claims use ``FOR UPDATE SKIP LOCKED`` (in the shared statements), cross-process wake-ups use
+LISTEN/NOTIFY, and batch completions use ``unnest`` so one statement finishes a whole batch
+with an exact row count (asyncpg's executemany reports none).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, ClassVar
+
+import anyio
+import asyncpg
+from sqlalchemy import CursorResult, text
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+
+from .._errors import ReadOnlyError
+from .._types import ScheduledFunctionId, State
+from ._driver import Driver, Outcome
+
+logger = logging.getLogger("durafn.store")
+
+CHANNEL = "durafn_wakeup"
+
+# sqlstates worth a retry of the whole transaction: connection exceptions (08), serialization
+# failure and deadlock (40001, 40P01), lock timeout (55P03), server going away (57P0x),
+# too many connections (53300).
+_TRANSIENT_SQLSTATES = {"40001", "40P01", "55P03", "57P01", "57P02", "57P03", "53300"}
+
+_FINISH_SQL = text(
+    """
+    UPDATE _scheduled_functions AS sf
+       SET state = v.state,
+           completed_time = :now,
+           result = v.result,
+           error_type = v.error_type,
+           error_message = v.error_message
+           , attempts = sf.attempts + :counted
+      FROM unnest(CAST(:ids AS uuid[]), CAST(:states AS text[]), CAST(:results AS text[]),
+                  CAST(:error_types AS text[]), CAST(:error_messages AS text[]))
+           AS v(id, state, result, error_type, error_message)
+     WHERE sf.id = v.id
+       AND sf.state = :expected
+    """
+)
+
+
+def _sqlstate(exc: BaseException) -> str | None:
+    for candidate in (exc, getattr(exc, "orig", None), getattr(getattr(exc, "orig", None), "__cause__", None)):
+        state = getattr(candidate, "sqlstate", None)
+        if isinstance(state, str):
+            return state
+    return None
+
+
+class PostgresDriver(Driver):
+    name: ClassVar[str] = "PostgreSQL"
+    max_mutation_lanes: ClassVar[int] = 4
+    default_poll_interval: ClassVar[float] = 5.0
+
+    def create_engine(self) -> AsyncEngine:
+        return create_async_engine(self.url, pool_size=10, max_overflow=10)
+
+    def _transient_dbapi(self, exc: sa_exc.DBAPIError) -> bool:
+        state = _sqlstate(exc)
+        if state is not None and (state.startswith("08") or state in _TRANSIENT_SQLSTATES):
+            return True
+        orig = getattr(exc, "orig", None)
+        cause = getattr(orig, "__cause__", None)
+        return isinstance(cause, asyncpg.exceptions.ConnectionDoesNotExistError | asyncpg.exceptions.InterfaceError)
+
+    def commit_outcome_unknown(self, exc: BaseException) -> bool:
+        # A serialization failure or deadlock at COMMIT is a definite rollback; a dropped
+        # connection leaves the server's decision unknown to us.
+        return self.is_transient(exc) and _sqlstate(exc) not in {"40001", "40P01"}
+
+    def translate(self, exc: BaseException) -> BaseException | None:
+        if _sqlstate(exc) == "25006":  # read_only_sql_transaction
+            return ReadOnlyError("a query cannot write to the database; do the write in a mutation")
+        return None
+
+    @asynccontextmanager
+    async def read_only(self, conn: AsyncConnection) -> AsyncIterator[None]:
+        await conn.exec_driver_sql("SET TRANSACTION READ ONLY")
+        yield
+
+    async def lock_for_share(self, conn: AsyncConnection, id: ScheduledFunctionId) -> State | None:
+        # FOR SHARE makes a concurrent cancel of the parent wait for our commit, so its
+        # descendant sweep sees the row we are about to insert; or, if the cancel won,
+        # we see Canceled and write the new row Canceled.
+        value = (
+            await conn.execute(
+                text("SELECT state FROM _scheduled_functions WHERE id = CAST(:id AS uuid) FOR SHARE"),
+                {"id": id},
+            )
+        ).scalar()
+        return State(value) if value is not None else None
+
+    async def notify(self, conn: AsyncConnection, due_at: float) -> None:
+        # Delivered at commit, never for a rolled-back transaction.
+        await conn.execute(text("SELECT pg_notify(:channel, :payload)"), {"channel": CHANNEL, "payload": repr(due_at)})
+
+    async def _lock_schema(self, conn: AsyncConnection) -> None:
+        await conn.execute(text("SELECT pg_advisory_xact_lock(hashtext('durafn.migrate'))"))
+
+    async def _finish(
+        self, conn: AsyncConnection, now: float, outcomes: Sequence[Outcome], expected: State
+    ) -> int:
+        if not outcomes:
+            return 0
+        result = await conn.execute(
+            _FINISH_SQL,
+            {
+                "now": now,
+                "expected": expected.value,
+                "counted": 1 if expected is State.PENDING else 0,
+                "ids": [o.id for o in outcomes],
+                "states": [o.state.value for o in outcomes],
+                "results": [o.result for o in outcomes],
+                "error_types": [o.error_type for o in outcomes],
+                "error_messages": [o.error_message for o in outcomes],
+            },
+        )
+        assert isinstance(result, CursorResult)
+        return result.rowcount
+
+    @asynccontextmanager
+    async def listen(
+        self, engine: AsyncEngine, on_wake: Callable[[float | None], None]
+    ) -> AsyncIterator[bool]:
+        """A dedicated asyncpg connection LISTENing, reconnected with backoff if it drops."""
+
+        def _callback(_conn: Any, _pid: int, _channel: str, payload: str) -> None:
+            try:
+                on_wake(float(payload))
+            except ValueError:
+                on_wake(None)
+
+        dsn = self.url.set(drivername="postgresql").render_as_string(hide_password=False)
+
+        async def _keep_listening() -> None:
+            delay = 0.1
+            while True:
+                lost = anyio.Event()
+                try:
+                    conn = await asyncpg.connect(dsn)
+                except (OSError, asyncpg.PostgresError) as exc:
+                    logger.warning("LISTEN connection failed (%s); retrying in %.1fs", exc, delay)
+                    await anyio.sleep(delay)
+                    delay = min(delay * 2, 5.0)
+                    continue
+                try:
+                    conn.add_termination_listener(lambda _c: lost.set())
+                    await conn.add_listener(CHANNEL, _callback)
+                    delay = 0.1
+                    # Work may have been scheduled while we were not listening.
+                    on_wake(None)
+                    await lost.wait()
+                    logger.warning("LISTEN connection lost; reconnecting")
+                finally:
+                    with anyio.CancelScope(shield=True):
+                        try:
+                            await conn.close(timeout=1)
+                        except Exception:
+                            conn.terminate()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_keep_listening)
+            try:
+                yield True
+            finally:
+                tg.cancel_scope.cancel()

@@ -1,0 +1,91 @@
+"""Value types shared by every layer: states, ids and the typed view of a row."""
+
+from __future__ import annotations
+
+import enum
+from datetime import datetime
+from typing import Any, NewType
+
+from pydantic import BaseModel, ConfigDict
+
+ScheduledFunctionId = NewType("ScheduledFunctionId", str)
+"""The id of a row of ``_scheduled_functions``: a time-ordered UUID in text form."""
+
+
+class State(enum.StrEnum):
+    """The state of a scheduled function, as stored (the names Convex uses)."""
+
+    PENDING = "Pending"
+    IN_PROGRESS = "InProgress"
+    SUCCESS = "Success"
+    FAILED = "Failed"
+    CANCELED = "Canceled"
+
+    @property
+    def finished(self) -> bool:
+        return self in FINISHED_STATES
+
+
+FINISHED_STATES = frozenset({State.SUCCESS, State.FAILED, State.CANCELED})
+
+
+class FunctionKind(enum.StrEnum):
+    QUERY = "query"
+    MUTATION = "mutation"
+    ACTION = "action"
+
+
+class ErrorInfo(BaseModel):
+    """What a Failed row records of the error: its qualified type name and its message."""
+
+    model_config = ConfigDict(frozen=True)
+
+    type: str
+    message: str
+
+
+class ScheduledFunction(BaseModel):
+    """One row of ``_scheduled_functions``, as returned by ``get`` and ``list``."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: ScheduledFunctionId
+    name: str
+    kind: FunctionKind
+    args: dict[str, Any]
+    state: State
+    scheduled_time: datetime
+    """The time the function was asked to run at (kept as asked, even if in the past)."""
+    started_time: datetime | None
+    """When an action was moved to InProgress (None for mutations and unstarted rows)."""
+    completed_time: datetime | None
+    """When the row reached Success, Failed or Canceled."""
+    error: ErrorInfo | None
+    result: Any
+    """The function's return value (JSON form) when Success."""
+    parent_id: ScheduledFunctionId | None
+    """The scheduled run that scheduled this one, if any."""
+    attempts: int
+    """How many times the executor started this row (internal retries included)."""
+
+
+class Page(BaseModel):
+    """One page of a listing; pass ``next_cursor`` back to get the next one."""
+
+    model_config = ConfigDict(frozen=True)
+
+    items: list[ScheduledFunction]
+    next_cursor: str | None
+
+
+class CancelResult(BaseModel):
+    """What ``cancel`` did: ``canceled`` is False when the row had already finished."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: ScheduledFunctionId
+    canceled: bool
+    previous_state: State
+
+    def __bool__(self) -> bool:
+        return self.canceled
