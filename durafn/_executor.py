@@ -163,23 +163,20 @@ class Executor:
     async def __aexit__(self, *exc_info: Any) -> bool | None:
         return await self._exit_stack.__aexit__(*exc_info)
 
-    async def run_until_idle(self, *, max_rounds: int = 100) -> int:
+    async def run_until_idle(self, *, max_rounds: int = 1000) -> int:
         """Run everything due now, including what that schedules due now; return the count.
 
         Deterministic: returns once nothing is due at the clock's current time and every
-        action it started has finished and been recorded. Raises RunawayError after
-        ``max_rounds`` rounds that each still found work.
+        action it started has finished and been recorded. A round is one mutation batch
+        plus one claim of actions; after ``max_rounds`` rounds that all found work it raises
+        RunawayError (a function that keeps scheduling itself with no delay).
         """
         await self._rt.ensure_ready()
         total = 0
         for _ in range(max_rounds):
-            ran = 0
-            while (n := await self._mutation_batch_retrying()) > 0:
-                ran += n
-            while True:
-                rows = await self._claim_actions(self.config.concurrency)
-                if not rows:
-                    break
+            ran = await self._mutation_batch_retrying()
+            rows = await self._claim_actions(self.config.concurrency)
+            if rows:
                 outcomes: list[Outcome] = []
                 async with anyio.create_task_group() as tg:
                     for row in rows:
@@ -329,7 +326,7 @@ class Executor:
                     "mutation batch of %d rolled back by a database fault (%s); retrying in %.2fs",
                     len(claimed), one_line(exc), delay,
                 )
-                await self._postpone(claimed, delay)
+                await self._count_retry(claimed)
                 await anyio.sleep(delay)
 
     async def _mutation_batch(self, savepoints: bool, claimed: list[Claimed]) -> int:
@@ -424,18 +421,19 @@ class Executor:
             logger.warning("mutation %s failed: %s: %s", row.id, outcome.error_type, outcome.error_message)
         self._progress.fire()
 
-    async def _postpone(self, rows: list[Claimed], delay: float) -> None:
+    async def _count_retry(self, rows: list[Claimed]) -> None:
+        # The backoff itself is the lane's sleep (real time): the rows stay due, so another
+        # executor may take them meanwhile, and a fake clock does not strand them.
         if not rows:
             return
-        until = self._rt.clock.now() + delay
 
         async def _write(conn: AsyncConnection) -> None:
-            await self._rt.driver.postpone(conn, [r.id for r in rows], until)
+            await self._rt.driver.count_retry(conn, [r.id for r in rows])
 
         try:
-            await self._rt.transaction(_write, doing="postponing a retried batch")
+            await self._rt.transaction(_write, doing="counting a retried batch")
         except Exception as exc:  # the database may still be away; the retry will tell
-            logger.info("could not record the retry (%s)", one_line(exc))
+            logger.info("could not count the retry (%s)", one_line(exc))
 
     # -- actions -----------------------------------------------------------------------
 

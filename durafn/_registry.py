@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Generic, ParamSpec, TypeVar, cast
 
 import pydantic
+import pydantic_core
 import typing_extensions
 from pydantic import ConfigDict, TypeAdapter
 
@@ -91,14 +92,14 @@ class FunctionRef(Generic[P, R]):
         try:
             return self._args_adapter.validate_python(bound.arguments)
         except pydantic.ValidationError as exc:
-            raise ArgumentError(f"invalid arguments for {self.name!r}: {exc}") from None
+            raise ArgumentError(f"invalid arguments for {self.name!r}: {_problems(exc)}") from None
 
     def encode_args(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
         """Validate a call's arguments and return their JSON text (defaults filled in)."""
         value = self.validate_call(args, kwargs)
         try:
             return self._args_adapter.dump_json(value).decode()
-        except pydantic.PydanticSerializationError as exc:
+        except pydantic_core.PydanticSerializationError as exc:
             raise ArgumentError(
                 f"arguments for {self.name!r} cannot be stored as JSON: {exc}; annotate the "
                 "parameter with a JSON-serialisable type (pydantic models, datetimes, ...)"
@@ -110,7 +111,7 @@ class FunctionRef(Generic[P, R]):
             return self._args_adapter.validate_json(text)
         except pydantic.ValidationError as exc:
             raise ArgumentError(
-                f"stored arguments no longer match {self.name!r}: {exc}"
+                f"stored arguments no longer match {self.name!r}: {_problems(exc)}"
             ) from None
 
     def encode_result(self, value: object) -> str | None:
@@ -118,7 +119,7 @@ class FunctionRef(Generic[P, R]):
             return None
         try:
             return self._result_adapter.dump_json(value).decode()
-        except pydantic.PydanticSerializationError as exc:
+        except pydantic_core.PydanticSerializationError as exc:
             raise ArgumentError(
                 f"the return value of {self.name!r} cannot be stored as JSON: {exc}"
             ) from None
@@ -179,6 +180,16 @@ class Registry:
 
     def names(self) -> list[str]:
         return sorted(self._by_name)
+
+
+def _problems(exc: pydantic.ValidationError) -> str:
+    """Pydantic's errors as one line: ``n: Input should be a valid integer (got 'x')``."""
+    parts = []
+    for err in exc.errors(include_url=False):
+        where = ".".join(str(p) for p in err["loc"]) or "arguments"
+        got = f" (got {err['input']!r})" if err["type"] != "missing" else ""
+        parts.append(f"{where}: {err['msg']}{got}")
+    return "; ".join(parts)
 
 
 def _describe(fn: object) -> str:

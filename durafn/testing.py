@@ -10,9 +10,11 @@ from datetime import UTC, datetime, timedelta
 
 import anyio
 
+from ._app import App
 from ._executor import Executor, RunawayError
+from ._types import ScheduledFunction, State
 
-__all__ = ["FakeClock", "RunawayError", "finish_all"]
+__all__ = ["FakeClock", "RunawayError", "all_rows", "finish_all", "states"]
 
 DEFAULT_START = datetime(2030, 1, 1, tzinfo=UTC)
 
@@ -75,3 +77,20 @@ async def finish_all(executor: Executor, clock: FakeClock, *, max_steps: int = 1
     )
 
 
+
+
+async def all_rows(app: App) -> list[ScheduledFunction]:
+    """Every row of ``_scheduled_functions`` in ``scheduled_time`` order (all pages)."""
+    rows: list[ScheduledFunction] = []
+    cursor: str | None = None
+    while True:
+        page = await app.list(limit=1000, cursor=cursor)
+        rows.extend(page.items)
+        if page.next_cursor is None:
+            return rows
+        cursor = page.next_cursor
+
+
+async def states(app: App) -> dict[str, State]:
+    """Durable name -> state for apps whose test schedules each name once; handy in asserts."""
+    return {row.name: row.state for row in await all_rows(app)}

@@ -52,18 +52,38 @@ _FINISHED = (State.SUCCESS.value, State.FAILED.value, State.CANCELED.value)
 _RUNNABLE = (State.PENDING.value, State.IN_PROGRESS.value)
 
 
+_last_ms = -1
+_seq = 0
+
+
 def new_id(now: float) -> ScheduledFunctionId:
-    """A UUIDv7-style id: 48 bits of milliseconds then 74 random bits.
+    """A UUIDv7 (RFC 9562, with a 30-bit counter after the milliseconds).
 
     Generated here rather than by the database so that ``run_after`` inside a mutation can
-    return the id at once and the rows be written in one multi-row INSERT at commit.
-    Time-ordered ids keep the primary-key index append-mostly.
+    return the id at once and the rows be written in one multi-row INSERT at commit. The
+    counter keeps ids from one process strictly increasing even within one millisecond (or
+    under a fake clock that stands still), so ``ORDER BY scheduled_time, id`` is the order
+    of scheduling; 44 random bits keep processes apart.
     """
-    ms = int(now * 1000) & ((1 << 48) - 1)
-    rand = int.from_bytes(os.urandom(10), "big")
-    value = (ms << 80) | rand
-    value = (value & ~(0xF << 76)) | (0x7 << 76)
-    value = (value & ~(0x3 << 62)) | (0x2 << 62)
+    global _last_ms, _seq
+    ms = int(now * 1000)
+    if ms <= _last_ms:
+        ms = _last_ms
+        _seq += 1
+        if _seq >= 1 << 30:
+            ms, _seq = ms + 1, 0
+    else:
+        _seq = 0
+    _last_ms = ms
+    rand = int.from_bytes(os.urandom(6), "big") >> 4  # 44 bits
+    value = (
+        ((ms & ((1 << 48) - 1)) << 80)
+        | (0x7 << 76)
+        | ((_seq >> 18) << 64)
+        | (0x2 << 62)
+        | ((_seq & ((1 << 18) - 1)) << 44)
+        | rand
+    )
     return ScheduledFunctionId(str(uuid.UUID(int=value)))
 
 
@@ -309,14 +329,12 @@ class Driver:
         assert isinstance(result, CursorResult)
         return result.rowcount
 
-    async def postpone(
-        self, conn: AsyncConnection, ids: Sequence[ScheduledFunctionId], until: float
-    ) -> None:
-        """Count an internal retry and hold the rows back until ``until``."""
+    async def count_retry(self, conn: AsyncConnection, ids: Sequence[ScheduledFunctionId]) -> None:
+        """Count an internal retry on rows whose batch was rolled back by a fault."""
         await conn.execute(
             update(sf)
             .where(sf.c.id.in_(ids), sf.c.state == State.PENDING.value)
-            .values(attempts=sf.c.attempts + 1, available_at=until)
+            .values(attempts=sf.c.attempts + 1)
         )
 
     # -- executor: actions ---------------------------------------------------------------
@@ -325,11 +343,19 @@ class Driver:
         self, conn: AsyncConnection, now: float, limit: int, worker_id: str
     ) -> list[Claimed]:
         """Pending -> InProgress for up to ``limit`` due actions; commit before running them."""
-        due = self._due(FunctionKind.ACTION, now, limit).with_only_columns(sf.c.id)
+        # A MATERIALIZED CTE, not ``id IN (SELECT ... LIMIT n)``: PostgreSQL may re-run an
+        # IN-subquery per row and so claim more than ``limit`` rows (caught by
+        # test_actions_run_concurrently_up_to_the_limit).
+        due = (
+            self._due(FunctionKind.ACTION, now, limit)
+            .with_only_columns(sf.c.id)
+            .with_for_update(skip_locked=True)
+            .cte("due")
+            .prefix_with("MATERIALIZED")
+        )
         rows = await conn.execute(
             update(sf)
-            .where(sf.c.id.in_(due.with_for_update(skip_locked=True).scalar_subquery()))
-            .where(sf.c.state == State.PENDING.value)
+            .where(sf.c.id == due.c.id, sf.c.state == State.PENDING.value)
             .values(
                 state=State.IN_PROGRESS.value,
                 started_time=now,

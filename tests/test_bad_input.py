@@ -1,0 +1,256 @@
+"""Every bad input gets its typed error, and nothing is written.
+
+The ``# type: ignore[...]`` comments are assertions too: mypy --strict runs with
+warn_unused_ignores, so if a wrong call here stopped being a type error, `make test` fails.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+from sqlalchemy import insert
+
+import durafn
+from durafn import MutationCtx, QueryCtx
+from durafn.testing import FakeClock, all_rows
+
+from .helpers import count
+from .models import Message
+
+pytestmark = pytest.mark.anyio
+
+
+class Address(BaseModel):
+    city: str
+    zip: str
+
+
+async def assert_nothing_written(app: durafn.App) -> None:
+    assert await all_rows(app) == []
+    assert await count(app, Message) == 0
+
+
+async def test_bad_arguments_fail_when_scheduled(app: durafn.App, clock: FakeClock) -> None:
+    @app.mutation
+    async def target(ctx: MutationCtx, n: int, address: Address) -> None:
+        pass
+
+    good = Address(city="Oslo", zip="0150")
+    sched = app.scheduler()
+    with pytest.raises(durafn.ArgumentError, match="invalid arguments .*: n: Input should be a valid integer"):
+        await sched.run_after(1, target, n="not a number", address=good)  # type: ignore[arg-type]
+    with pytest.raises(durafn.ArgumentError, match="missing a required argument: 'address'"):
+        await sched.run_after(1, target, n=1)  # type: ignore[call-arg]
+    with pytest.raises(durafn.ArgumentError, match="unexpected keyword argument 'extra'"):
+        await sched.run_after(1, target, n=1, address=good, extra=2)  # type: ignore[call-arg]
+    with pytest.raises(durafn.ArgumentError, match="address.city: Field required"):
+        await sched.run_after(1, target, n=1, address={"zip": "1"})  # type: ignore[arg-type]
+    await assert_nothing_written(app)
+
+
+async def test_unstorable_argument(app: durafn.App) -> None:
+    @app.mutation
+    async def takes_anything(ctx: MutationCtx, thing: Any) -> None:
+        pass
+
+    with pytest.raises(durafn.ArgumentError, match="cannot be stored as JSON"):
+        await app.scheduler().run_after(0, takes_anything, thing=object())
+    await assert_nothing_written(app)
+
+
+async def test_arguments_round_trip(app: durafn.App, clock: FakeClock) -> None:
+    seen: list[tuple[datetime, Address, list[int]]] = []
+
+    @app.mutation
+    async def target(ctx: MutationCtx, when: datetime, address: Address, ns: list[int]) -> Address:
+        seen.append((when, address, ns))
+        return address
+
+    when = datetime(2031, 5, 6, 7, 8, 9, 123456, tzinfo=UTC)
+    sid = await app.scheduler().run_after(0, target, when, Address(city="Oslo", zip="0150"), ns=[1, 2])
+    await app.executor().run_until_idle()
+    assert seen == [(when, Address(city="Oslo", zip="0150"), [1, 2])]
+    row = await app.get(sid)
+    assert row is not None
+    assert row.result == {"city": "Oslo", "zip": "0150"}
+
+
+async def test_unknown_function(app: durafn.App) -> None:
+    other = durafn.App("sqlite+aiosqlite:///unused.sqlite3")
+
+    @other.mutation
+    async def elsewhere(ctx: MutationCtx) -> None:
+        pass
+
+    with pytest.raises(durafn.UnknownFunctionError, match="no function is registered as 'nope'"):
+        await app.scheduler().run_after(0, "nope")
+    with pytest.raises(durafn.UnknownFunctionError):
+        await app.scheduler().run_after(0, elsewhere)  # registered on another app
+    await assert_nothing_written(app)
+
+
+@pytest.mark.parametrize(
+    ("method", "when", "match"),
+    [
+        ("run_after", -1, "must not be negative"),
+        ("run_after", math.nan, "finite"),
+        ("run_after", math.inf, "finite"),
+        ("run_after", True, "seconds"),
+        ("run_after", "5", "seconds"),
+        ("run_after", timedelta(days=5 * 366), "5 years"),
+        ("run_at", datetime(2030, 1, 1), "naive"),
+        ("run_at", math.inf, "finite"),
+        ("run_at", "tomorrow", "aware datetime or epoch"),
+        ("run_at", datetime(2040, 1, 1, tzinfo=UTC), "5 years"),
+    ],
+)
+async def test_bad_times(app: durafn.App, method: str, when: Any, match: str) -> None:
+    @app.mutation
+    async def noop(ctx: MutationCtx) -> None:
+        pass
+
+    with pytest.raises(durafn.SchedulingError, match=match):
+        await getattr(app.scheduler(), method)(when, noop)
+    await assert_nothing_written(app)
+
+
+async def test_past_run_at_runs_at_once_and_keeps_its_time(app: durafn.App, clock: FakeClock) -> None:
+    @app.mutation
+    async def noop(ctx: MutationCtx) -> None:
+        pass
+
+    past = clock.datetime() - timedelta(days=3)
+    sid = await app.scheduler().run_at(past, noop)
+    assert await app.executor().run_until_idle() == 1
+    row = await app.get(sid)
+    assert row is not None
+    assert row.state is durafn.State.SUCCESS
+    assert row.scheduled_time == past
+
+
+async def test_queries_cannot_write_or_schedule(app: durafn.App) -> None:
+    @app.mutation
+    async def noop(ctx: MutationCtx) -> None:
+        pass
+
+    @app.query
+    async def schedules(ctx: QueryCtx) -> None:
+        await ctx.scheduler.run_after(0, noop)
+
+    @app.query
+    async def orm_write(ctx: QueryCtx) -> None:
+        ctx.db.add(Message(body="x", author="y"))
+        await ctx.db.flush()
+
+    @app.query
+    async def sql_write(ctx: QueryCtx) -> None:
+        await ctx.db.execute(insert(Message).values(body="x", author="y"))
+
+    for query in (schedules, orm_write, sql_write):
+        with pytest.raises(durafn.ReadOnlyError):
+            await app.run_query(query)
+    with pytest.raises(durafn.SchedulingError, match="only mutations and actions"):
+        await app.scheduler().run_after(0, schedules)  # type: ignore[arg-type]
+    await assert_nothing_written(app)
+
+
+async def test_schedule_count_limit_aborts_the_whole_mutation(app: durafn.App) -> None:
+    @app.mutation
+    async def noop(ctx: MutationCtx, i: int) -> None:
+        pass
+
+    @app.mutation
+    async def too_many(ctx: MutationCtx, swallow: bool) -> None:
+        ctx.db.add(Message(body="x", author="y"))
+        try:
+            for i in range(1001):
+                await ctx.scheduler.run_after(0, noop, i=i)
+        except durafn.SchedulingLimitError:
+            if not swallow:
+                raise
+
+    for swallow in (False, True):  # catching the error does not save the mutation
+        with pytest.raises(durafn.SchedulingLimitError, match="at most 1000 functions"):
+            await app.run_mutation(too_many, swallow)
+    await assert_nothing_written(app)
+
+
+async def test_schedule_bytes_limit(db_url: str, clock: FakeClock) -> None:
+    app = durafn.App(db_url, clock=clock, max_scheduled_args_bytes=1000)
+    await app.migrate()
+    try:
+
+        @app.mutation
+        async def takes(ctx: MutationCtx, blob: str) -> None:
+            pass
+
+        @app.mutation
+        async def big(ctx: MutationCtx) -> None:
+            await ctx.scheduler.run_after(0, takes, blob="x" * 600)
+            await ctx.scheduler.run_after(0, takes, blob="x" * 600)
+
+        sid = await app.scheduler().run_after(0, big)
+        await app.executor().run_until_idle()
+        rows = await all_rows(app)
+        assert [r.id for r in rows] == [sid]  # nothing big scheduled was kept
+        assert rows[0].state is durafn.State.FAILED
+        assert rows[0].error is not None
+        assert "at most 1000 bytes" in rows[0].error.message
+    finally:
+        await app.aclose()
+
+
+def test_registration_errors() -> None:
+    app = durafn.App("sqlite+aiosqlite:///unused.sqlite3")
+
+    def not_async(ctx: MutationCtx) -> None:
+        pass
+
+    async def no_ctx() -> None:
+        pass
+
+    async def no_ctx_but_args(body: str) -> None:
+        pass
+
+    async def wrong_ctx(ctx: QueryCtx) -> None:
+        pass
+
+    async def star_args(ctx: MutationCtx, *args: int) -> None:
+        pass
+
+    async def unresolvable(ctx: MutationCtx, x: NotDefinedAnywhere) -> None:  # type: ignore[name-defined]  # noqa: F821
+        pass
+
+    cases: list[tuple[Any, str]] = [
+        (not_async, "async def"),
+        (no_ctx, "first parameter"),
+        (no_ctx_but_args, "first parameter"),
+        (wrong_ctx, "receives a MutationCtx"),
+        (star_args, r"\*args"),
+        (unresolvable, "cannot resolve the type hints"),
+    ]
+    for fn, match in cases:
+        with pytest.raises(durafn.RegistrationError, match=match):
+            app.mutation(fn)
+
+    async def fine(ctx: MutationCtx) -> None:
+        pass
+
+    ref = app.mutation(fine)
+    assert ref.name == f"{__name__}:test_registration_errors.<locals>.fine"
+    with pytest.raises(durafn.RegistrationError, match="already registered"):
+        app.mutation(name=ref.name)(fine)
+    assert app.functions() == [ref.name]
+
+
+def test_bad_urls() -> None:
+    with pytest.raises(durafn.DatabaseError, match="not a database URL"):
+        durafn.App("::nonsense::")
+    with pytest.raises(durafn.DatabaseError, match="SQLite or PostgreSQL"):
+        durafn.App("mysql://localhost/db")
+    with pytest.raises(durafn.SchemaError, match="SQLite \\*file\\*"):
+        _ = durafn.App("sqlite://").engine

@@ -1,0 +1,378 @@
+"""The executor: ordering, group commit that isolates failures, time limits, internal
+retries through real database faults, and wake-ups without polling."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import anyio
+import pytest
+from sqlalchemy import select, text, update
+
+import durafn
+from durafn import ActionCtx, MutationCtx, State
+from durafn.testing import FakeClock, all_rows, finish_all
+
+from .helpers import count, counter
+from .models import Counter, Effect
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_due_rows_run_in_scheduled_time_order(app: durafn.App, clock: FakeClock) -> None:
+    order: list[int] = []
+
+    @app.mutation
+    async def work(ctx: MutationCtx, n: int) -> None:
+        order.append(n)
+
+    sched = app.scheduler()
+    for n, delay in [(3, 30), (1, 10), (4, 40), (2, 20)]:
+        await sched.run_after(delay, work, n=n)
+    clock.advance(100)
+    await app.executor(batch_size=3).run_until_idle()
+    assert order == [1, 2, 3, 4]
+
+
+async def test_a_failing_mutation_does_not_take_its_batch_down(app: durafn.App) -> None:
+    runs: list[int] = []
+
+    @app.mutation
+    async def apply(ctx: MutationCtx, n: int) -> int:
+        runs.append(n)
+        ctx.db.add(Effect(key=f"e{n}"))
+        await ctx.db.flush()
+        if n == 5:
+            raise ValueError("five is right out")
+        return n * 10
+
+    ids = [await app.scheduler().run_after(0, apply, n=n) for n in range(10)]
+    executor = app.executor(batch_size=64)
+    assert await executor.run_until_idle() == 10
+    rows = {r.id: r for r in await all_rows(app)}
+    for n, sid in enumerate(ids):
+        if n == 5:
+            assert rows[sid].state is State.FAILED
+            assert rows[sid].error == durafn.ErrorInfo(type="ValueError", message="five is right out")
+        else:
+            assert rows[sid].state is State.SUCCESS
+            assert rows[sid].result == n * 10
+    # Every successful mutation's effect is applied once; the failing one's is rolled back.
+    async with app.engine.connect() as conn:
+        keys = sorted((await conn.execute(select(Effect.key))).scalars())
+    assert keys == sorted(f"e{n}" for n in range(10) if n != 5)
+    # The optimistic batch was re-run with savepoints: the failing mutation's Failed record
+    # comes from a run whose neighbours committed.
+    assert runs.count(5) == 2
+
+
+async def test_integrity_error_in_user_code_is_a_user_failure(app: durafn.App) -> None:
+    @app.mutation
+    async def insert_key(ctx: MutationCtx, key: str) -> None:
+        ctx.db.add(Effect(key=key))
+
+    first = await app.scheduler().run_after(0, insert_key, key="same")
+    second = await app.scheduler().run_after(0, insert_key, key="same")
+    await app.executor().run_until_idle()
+    a, b = await app.get(first), await app.get(second)
+    assert a is not None and b is not None
+    assert a.state is State.SUCCESS
+    assert b.state is State.FAILED
+    assert b.error is not None and "IntegrityError" in b.error.type
+    assert await count(app, Effect) == 1
+
+
+async def test_mutation_time_limit(db_url: str, clock: FakeClock) -> None:
+    app = durafn.App(db_url, clock=clock, mutation_timeout=0.05)
+    await app.migrate()
+    try:
+
+        @app.mutation
+        async def bump(ctx: MutationCtx, n: int) -> None:
+            ctx.db.add(Effect(key=f"bump{n}"))
+
+        @app.mutation
+        async def hangs(ctx: MutationCtx) -> None:
+            ctx.db.add(Effect(key="hang"))
+            await ctx.db.flush()
+            await anyio.Event().wait()
+
+        async with app.engine.begin() as conn:
+            from .models import Base
+
+            await conn.run_sync(Base.metadata.create_all)
+        await app.scheduler().run_after(0, bump, n=1)
+        hang_id = await app.scheduler().run_after(0, hangs)
+        await app.scheduler().run_after(0, bump, n=2)
+        await app.executor().run_until_idle()
+        row = await app.get(hang_id)
+        assert row is not None
+        assert row.state is State.FAILED
+        assert row.error is not None
+        assert row.error.type == "durafn._errors.FunctionTimeoutError"
+        assert "time limit of 0.05s" in row.error.message
+        async with app.engine.connect() as conn:
+            keys = sorted((await conn.execute(select(Effect.key))).scalars())
+        assert keys == ["bump1", "bump2"]
+    finally:
+        await app.aclose()
+
+
+async def test_action_time_limit_and_per_function_override(app: durafn.App) -> None:
+    @app.action(timeout=0.05)
+    async def slow(ctx: ActionCtx) -> None:
+        await anyio.Event().wait()
+
+    sid = await app.scheduler().run_after(0, slow)
+    await app.executor().run_until_idle()
+    row = await app.get(sid)
+    assert row is not None
+    assert row.state is State.FAILED
+    assert row.error is not None and row.error.type == "durafn._errors.FunctionTimeoutError"
+    assert row.attempts == 1
+
+
+async def test_rows_whose_function_is_gone_fail_clearly(app: durafn.App, db_url: str, clock: FakeClock) -> None:
+    @app.mutation(name="renamed_later")
+    async def old(ctx: MutationCtx, n: int) -> None:
+        pass
+
+    @app.action(name="action_renamed_later")
+    async def old_action(ctx: ActionCtx) -> None:
+        pass
+
+    m = await app.scheduler().run_after(0, old, n=1)
+    a = await app.scheduler().run_after(0, old_action)
+    newer = durafn.App(db_url, clock=clock)  # the next deploy: the functions are gone
+
+    @newer.mutation(name="other")
+    async def other(ctx: MutationCtx) -> None:
+        pass
+
+    try:
+        await newer.executor().run_until_idle()
+        for sid in (m, a):
+            row = await newer.get(sid)
+            assert row is not None
+            assert row.state is State.FAILED
+            assert row.error is not None
+            assert row.error.type == "durafn._errors.UnknownFunctionError"
+            assert "no function is registered" in row.error.message
+    finally:
+        await newer.aclose()
+
+
+async def test_stored_arguments_that_no_longer_validate(app: durafn.App, db_url: str, clock: FakeClock) -> None:
+    @app.mutation(name="evolving")
+    async def v1(ctx: MutationCtx, n: int) -> None:
+        pass
+
+    sid = await app.scheduler().run_after(0, v1, n=1)
+    v2_app = durafn.App(db_url, clock=clock)
+
+    @v2_app.mutation(name="evolving")
+    async def v2(ctx: MutationCtx, n: int, required_now: str) -> None:
+        pass
+
+    try:
+        await v2_app.executor().run_until_idle()
+        row = await v2_app.get(sid)
+        assert row is not None and row.state is State.FAILED
+        assert row.error is not None and "required_now: Field required" in row.error.message
+    finally:
+        await v2_app.aclose()
+
+
+async def test_actions_run_concurrently_up_to_the_limit(app: durafn.App) -> None:
+    running = 0
+    peak = 0
+    gate = anyio.Event()
+    started = 0
+
+    @app.action
+    async def act(ctx: ActionCtx, n: int) -> int:
+        nonlocal running, peak, started
+        running += 1
+        started += 1
+        peak = max(peak, running)
+        if started >= 3:
+            gate.set()
+        await gate.wait()
+        running -= 1
+        return n
+
+    for n in range(7):
+        await app.scheduler().run_after(0, act, n=n)
+    await app.executor(concurrency=3).run_until_idle()
+    assert peak == 3
+    assert {r.state for r in await all_rows(app)} == {State.SUCCESS}
+
+
+async def test_background_executor_wakes_at_once_on_new_work(app: durafn.App, clock: FakeClock) -> None:
+    """With the poll an hour away and the fake clock still, only the wake signal can run it."""
+
+    @app.mutation
+    async def bump(ctx: MutationCtx) -> None:
+        await ctx.db.merge(Counter(name="c", value=await _current(ctx) + 1))
+
+    @app.mutation
+    async def schedule_bump(ctx: MutationCtx) -> str:
+        return await ctx.scheduler.run_after(0, bump)
+
+    async with app.run_executor(poll_interval=3600) as executor:
+        sid = await app.run_mutation(schedule_bump)
+        row = await executor.wait_for(sid, timeout=10)
+        assert row.state is State.SUCCESS
+        # A row due later: the executor sleeps until the (fake) clock reaches it.
+        later = await app.scheduler().run_after(30, bump)
+        clock.advance(29)
+        await anyio.sleep(0.01)
+        assert (await app.get(later)).state is State.PENDING  # type: ignore[union-attr]
+        clock.advance(1)
+        assert (await executor.wait_for(later, timeout=10)).state is State.SUCCESS
+    assert await counter(app) == 2
+
+
+async def _current(ctx: MutationCtx) -> int:
+    value = (await ctx.db.execute(select(Counter.value).where(Counter.name == "c"))).scalar()
+    return int(value or 0)
+
+
+async def test_work_scheduled_by_another_process_is_found(app: durafn.App, db_url: str, clock: FakeClock, engine_name: str) -> None:
+    """Another App (its own engine, as another process would have) schedules work. On
+    PostgreSQL LISTEN/NOTIFY wakes the executor; on SQLite the (clock-driven) poll finds it."""
+
+    @app.mutation(name="shared:noop")
+    async def noop(ctx: MutationCtx) -> None:
+        pass
+
+    other = durafn.App(db_url, clock=clock)
+    other.mutation(name="shared:noop")(noop.fn)
+    try:
+        async with app.run_executor(poll_interval=5) as executor:
+            await anyio.sleep(0.05)  # let the executor settle into its idle wait
+            sid = await other.scheduler().run_after(0, "shared:noop")
+            if engine_name == "sqlite":
+                clock.advance(5)
+            row = await executor.wait_for(sid, timeout=10)
+            assert row.state is State.SUCCESS
+    finally:
+        await other.aclose()
+
+
+async def test_internal_fault_is_retried_without_double_effects(app: durafn.App, engine_name: str, db_url: str) -> None:
+    """A real fault mid-batch: on PostgreSQL the mutation's own connection is terminated by
+    the server; on SQLite another connection holds the write lock past the busy timeout.
+    The batch is retried, nothing is recorded Failed, and each effect is applied once."""
+    attempts = 0
+
+    @app.mutation
+    async def apply(ctx: MutationCtx, key: str) -> None:
+        nonlocal attempts
+        attempts += 1
+        ctx.db.add(Effect(key=key))
+        await ctx.db.flush()
+        if engine_name == "postgres" and attempts == 1:
+            await ctx.db.execute(text("SELECT pg_terminate_backend(pg_backend_pid())"))
+
+    for key in ("a", "b", "c"):
+        await app.scheduler().run_after(0, apply, key=key)
+
+    executor = app.executor()
+    if engine_name == "sqlite":
+        app._rt.driver.busy_timeout = 0.05  # type: ignore[attr-defined]
+        await app.aclose()  # rebuild the engine with the short timeout
+        await app.migrate()
+        path = Path(db_url.split("///", 1)[1])
+        blocker = sqlite3.connect(path, isolation_level=None)
+        blocker.execute("BEGIN IMMEDIATE")
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(executor.run_until_idle)
+            while executor.stats["retries"] < 2:
+                await anyio.sleep(0.01)
+            blocker.execute("COMMIT")
+        blocker.close()
+    else:
+        await executor.run_until_idle()
+
+    assert executor.stats["retries"] >= 1
+    rows = await all_rows(app)
+    assert {r.state for r in rows} == {State.SUCCESS}
+    assert await count(app, Effect) == 3
+    if engine_name == "postgres":
+        # The fault struck after the claim: the rolled-back attempt is counted on the rows.
+        # (On SQLite it struck at BEGIN, before any row was claimed.)
+        assert max(r.attempts for r in rows) == 2
+
+
+async def test_run_until_idle_stops_runaway_self_scheduling(app: durafn.App, clock: FakeClock) -> None:
+    @app.mutation
+    async def forever(ctx: MutationCtx) -> None:
+        await ctx.scheduler.run_after(0, forever)
+
+    @app.mutation
+    async def every_minute(ctx: MutationCtx) -> None:
+        await ctx.scheduler.run_after(60, every_minute)
+
+    await app.scheduler().run_after(0, forever)
+    with pytest.raises(durafn.RunawayError):
+        await app.executor().run_until_idle(max_rounds=5)
+    await app.cancel((await app.list(state=State.PENDING)).items[0].id)
+    await app.scheduler().run_after(0, every_minute)
+    with pytest.raises(durafn.RunawayError):
+        await finish_all(app.executor(), clock, max_steps=5)
+
+
+async def test_finish_all_advances_the_clock(app: durafn.App, clock: FakeClock) -> None:
+    @app.mutation
+    async def countdown(ctx: MutationCtx, n: int) -> None:
+        if n:
+            await ctx.scheduler.run_after(3600, countdown, n=n - 1)
+
+    start = clock.now()
+    await app.scheduler().run_after(0, countdown, n=3)
+    assert await finish_all(app.executor(), clock) == 4
+    assert clock.now() == start + 3 * 3600
+    assert {r.state for r in await all_rows(app)} == {State.SUCCESS}
+
+
+async def test_executor_stop_cancels_actions_after_grace(app: durafn.App) -> None:
+    started = anyio.Event()
+
+    @app.action
+    async def stuck(ctx: ActionCtx) -> None:
+        started.set()
+        await anyio.Event().wait()
+
+    sid = await app.scheduler().run_after(0, stuck)
+    async with app.run_executor(grace_period=0.05):
+        await started.wait()
+    row = await app.get(sid)
+    assert row is not None
+    assert row.state is State.FAILED
+    assert row.error is not None and row.error.type == "durafn._errors.ExecutorShutdownError"
+
+
+async def test_guarded_finish_does_not_overwrite_a_concurrent_change(app: durafn.App) -> None:
+    """A row moved out of InProgress behind the executor's back keeps its new state."""
+    release = anyio.Event()
+    started = anyio.Event()
+
+    @app.action
+    async def act(ctx: ActionCtx) -> str:
+        started.set()
+        await release.wait()
+        return "late"
+
+    sid = await app.scheduler().run_after(0, act)
+    async with app.run_executor() as executor:
+        await started.wait()
+        async with app.engine.begin() as conn:
+            sf = durafn.scheduled_functions
+            await conn.execute(update(sf).where(sf.c.id == sid).values(state="Failed", error_type="X", error_message="set by hand"))
+        release.set()
+        await anyio.sleep(0)
+        row = await executor.wait_for(sid)
+    assert row.state is State.FAILED
+    assert row.result is None
