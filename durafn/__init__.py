@@ -43,8 +43,6 @@ __version__ = "0.1.0"
 logging.getLogger("durafn").addHandler(logging.NullHandler())
 
 __all__ = [
-    "DEFAULT_URL",
-    "SCHEMA_VERSION",
     "ActionCtx",
     "ActionRef",
     "App",
@@ -52,6 +50,7 @@ __all__ = [
     "CancelOwnRunError",
     "CancelResult",
     "Clock",
+    "DEFAULT_URL",
     "DatabaseError",
     "DurafnError",
     "ErrorInfo",
@@ -70,6 +69,7 @@ __all__ = [
     "ReadOnlyError",
     "RegistrationError",
     "RunawayError",
+    "SCHEMA_VERSION",
     "SchedulableRef",
     "ScheduledFunction",
     "ScheduledFunctionId",

@@ -84,7 +84,9 @@ class App:
         self, *, name: str | None = None, timeout: float | None = None
     ) -> Callable[[Callable[Concatenate[QueryCtx, P], Awaitable[R]]], QueryRef[P, R]]: ...
 
-    def query(self, fn: Any = None, /, *, name: str | None = None, timeout: float | None = None) -> Any:
+    def query(
+        self, fn: Any = None, /, *, name: str | None = None, timeout: float | None = None
+    ) -> Any:
         """Register a read-only function: ``async def f(ctx: QueryCtx, ...)``."""
         return self._register(QueryRef, (QueryCtx,), fn, name, timeout)
 
@@ -98,7 +100,9 @@ class App:
         self, *, name: str | None = None, timeout: float | None = None
     ) -> Callable[[Callable[Concatenate[MutationCtx, P], Awaitable[R]]], MutationRef[P, R]]: ...
 
-    def mutation(self, fn: Any = None, /, *, name: str | None = None, timeout: float | None = None) -> Any:
+    def mutation(
+        self, fn: Any = None, /, *, name: str | None = None, timeout: float | None = None
+    ) -> Any:
         """Register a transactional function: ``async def f(ctx: MutationCtx, ...)``.
 
         Scheduled, it runs exactly once; ``timeout`` (seconds) overrides the app default.
@@ -106,14 +110,18 @@ class App:
         return self._register(MutationRef, (MutationCtx,), fn, name, timeout)
 
     @overload
-    def action(self, fn: Callable[Concatenate[ActionCtx, P], Awaitable[R]], /) -> ActionRef[P, R]: ...
+    def action(
+        self, fn: Callable[Concatenate[ActionCtx, P], Awaitable[R]], /
+    ) -> ActionRef[P, R]: ...
 
     @overload
     def action(
         self, *, name: str | None = None, timeout: float | None = None
     ) -> Callable[[Callable[Concatenate[ActionCtx, P], Awaitable[R]]], ActionRef[P, R]]: ...
 
-    def action(self, fn: Any = None, /, *, name: str | None = None, timeout: float | None = None) -> Any:
+    def action(
+        self, fn: Any = None, /, *, name: str | None = None, timeout: float | None = None
+    ) -> Any:
         """Register a side-effecting function: ``async def f(ctx: ActionCtx, ...)``.
 
         Scheduled, it runs at most once and is never retried by durafn.
@@ -170,7 +178,8 @@ class App:
             return Scheduler(self._rt, DirectWriter(self._rt, check_parent=None))
         if not isinstance(within, AsyncSession | AsyncConnection):
             raise ArgumentError(
-                f"app.scheduler() takes an AsyncSession or AsyncConnection, not {type(within).__name__}"
+                "app.scheduler() takes an AsyncSession or AsyncConnection, not "
+                f"{type(within).__name__}"
             )
         return Scheduler(self._rt, JoinedWriter(self._rt, within))
 
@@ -235,7 +244,7 @@ class App:
 
     @property
     def dialect(self) -> str:
-        """"SQLite" or "PostgreSQL"."""
+        """ "SQLite" or "PostgreSQL"."""
         return self._rt.driver.name
 
     async def aclose(self) -> None:

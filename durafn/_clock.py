@@ -31,9 +31,11 @@ class SystemClock:
     """The real wall clock."""
 
     def now(self) -> float:
+        """``time.time()``."""
         return time.time()
 
     async def sleep_until(self, deadline: float) -> None:
+        """Sleep (anyio) until the wall clock reaches ``deadline``."""
         delay = deadline - time.time()
         if delay > 0:
             await anyio.sleep(delay)

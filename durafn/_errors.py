@@ -78,7 +78,7 @@ class ReadOnlyError(DurafnError):
 
 
 class FunctionTimeoutError(DurafnError, TimeoutError):
-    """A function ran longer than its time limit and was stopped (and, if a mutation, rolled back)."""
+    """A function ran past its time limit and was stopped (a mutation is also rolled back)."""
 
 
 class ExecutorShutdownError(DurafnError):

@@ -23,6 +23,7 @@ retry it after a capped, jittered backoff; they never turn a row Failed.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
@@ -32,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import anyio
+import anyio.lowlevel
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from ._context import MutationCtx, SystemTable
@@ -120,7 +122,9 @@ class _Timeout(Exception):
 
 def _error_fields(exc: BaseException) -> tuple[str, str]:
     cls = type(exc)
-    name = cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+    name = (
+        cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+    )
     message = str(exc)
     if len(message) > _MAX_ERROR_MESSAGE:
         message = message[:_MAX_ERROR_MESSAGE] + "…"
@@ -140,10 +144,16 @@ class Executor:
         self._rt = runtime
         self._invoker = invoker
         self.config = config
-        self.worker_id = config.worker_id or f"{socket.gethostname()}:{os.getpid()}:{os.urandom(3).hex()}"
+        self.worker_id = (
+            config.worker_id or f"{socket.gethostname()}:{os.getpid()}:{os.urandom(3).hex()}"
+        )
         driver = runtime.driver
         self._lanes = config.mutation_lanes or min(config.concurrency, driver.max_mutation_lanes)
-        self._poll = config.poll_interval if config.poll_interval is not None else driver.default_poll_interval
+        self._poll = (
+            config.poll_interval
+            if config.poll_interval is not None
+            else driver.default_poll_interval
+        )
         self._work = _Signal()  # new or earlier work may be due
         self._progress = _Signal()  # some row finished
         self._slot_freed = _Signal()
@@ -199,13 +209,15 @@ class Executor:
         while True:
 
             async def _delete(conn: AsyncConnection) -> int:
-                return await self._rt.driver.delete_finished(conn, cutoff, self.config.retention_batch)
+                return await self._rt.driver.delete_finished(
+                    conn, cutoff, self.config.retention_batch
+                )
 
             n = await self._rt.transaction(_delete, doing="deleting expired rows")
             deleted += n
             if n < self.config.retention_batch:
                 break
-            await anyio.sleep(0)  # let the executor's other tasks in between batches
+            await anyio.lowlevel.checkpoint()  # let the executor's other tasks in between batches
         if deleted:
             logger.debug("retention deleted %d finished rows", deleted)
         return deleted
@@ -220,7 +232,9 @@ class Executor:
         due = [t for t in times if t is not None]
         return min(due) if due else None
 
-    async def wait_for(self, id: ScheduledFunctionId | str, *, timeout: float = 30.0) -> ScheduledFunction:
+    async def wait_for(
+        self, id: ScheduledFunctionId | str, *, timeout: float = 30.0
+    ) -> ScheduledFunction:
         """Wait (signal-driven, no polling loop) until the row has finished; return it."""
         with anyio.fail_after(timeout):
             while True:
@@ -246,8 +260,9 @@ class Executor:
                 outer.start_soon(self._finisher_loop)
                 async with anyio.create_task_group() as actions:
                     self._actions_tg = actions
-                    async with anyio.create_task_group() as loops, self._rt.driver.listen(
-                        self._rt.engine, self._on_wake_optional
+                    async with (
+                        anyio.create_task_group() as loops,
+                        self._rt.driver.listen(self._rt.engine, self._on_wake_optional),
                     ):
                         for _ in range(self._lanes):
                             loops.start_soon(self._mutation_lane)
@@ -283,7 +298,7 @@ class Executor:
         deadline = self._rt.clock.now() + self._poll
         if next_due is not None:
             deadline = min(deadline, next_due)
-        await _first_of(signal.wait, lambda: self._rt.clock.sleep_until(deadline))
+        await _first_of(signal.wait, functools.partial(self._rt.clock.sleep_until, deadline))
 
     async def _read(self, body: Callable[[AsyncConnection], Awaitable[T]]) -> T:
         async with self._rt.engine.connect() as conn:
@@ -324,7 +339,9 @@ class Executor:
                 self.stats["retries"] += 1
                 logger.warning(
                     "mutation batch of %d rolled back by a database fault (%s); retrying in %.2fs",
-                    len(claimed), one_line(exc), delay,
+                    len(claimed),
+                    one_line(exc),
+                    delay,
                 )
                 await self._count_retry(claimed)
                 await anyio.sleep(delay)
@@ -418,7 +435,9 @@ class Executor:
 
         if await self._rt.transaction(_write, doing="recording a failure"):
             self.stats["failed"] += 1
-            logger.warning("mutation %s failed: %s: %s", row.id, outcome.error_type, outcome.error_message)
+            logger.warning(
+                "mutation %s failed: %s: %s", row.id, outcome.error_type, outcome.error_message
+            )
         self._progress.fire()
 
     async def _count_retry(self, rows: list[Claimed]) -> None:
@@ -528,7 +547,9 @@ class Executor:
         while True:
 
             async def _write(conn: AsyncConnection) -> int:
-                return await self._rt.driver.finish_in_progress(conn, self._rt.clock.now(), outcomes)
+                return await self._rt.driver.finish_in_progress(
+                    conn, self._rt.clock.now(), outcomes
+                )
 
             try:
                 written = await self._rt.transaction(_write, doing="recording action outcomes")
@@ -538,7 +559,12 @@ class Executor:
                     raise
                 delay = self._rt.backoff.delay(failures)
                 failures += 1
-                logger.warning("recording %d action outcomes failed (%s); retrying in %.2fs", len(outcomes), exc, delay)
+                logger.warning(
+                    "recording %d action outcomes failed (%s); retrying in %.2fs",
+                    len(outcomes),
+                    exc,
+                    delay,
+                )
                 await anyio.sleep(delay)
         if written < len(outcomes):
             logger.info(
@@ -559,12 +585,16 @@ class Executor:
     async def _maintenance_loop(self) -> None:
         assert self._stopping is not None
         while not self._stopping.is_set():
+            # The interval runs from the start of a pass, so time that passes during it
+            # (a real backlog, or a fake clock advanced meanwhile) is not lost.
+            deadline = self._rt.clock.now() + self.config.retention_interval
             try:
                 await self.run_maintenance()
             except DatabaseError as exc:
                 logger.warning("retention pass failed (%s); trying again next interval", exc)
-            deadline = self._rt.clock.now() + self.config.retention_interval
-            await _first_of(self._stopping.wait, lambda: self._rt.clock.sleep_until(deadline))
+            await _first_of(
+                self._stopping.wait, functools.partial(self._rt.clock.sleep_until, deadline)
+            )
 
     # -- helpers -----------------------------------------------------------------------
 
@@ -587,4 +617,3 @@ async def _first_of(*waiters: Callable[[], Awaitable[Any]]) -> None:
 
         for waiter in waiters:
             tg.start_soon(_run, waiter)
-

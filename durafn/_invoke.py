@@ -8,7 +8,7 @@ import anyio
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from ._context import ActionCtx, MutationCtx, QueryCtx, SystemTable, read_only_session
-from ._errors import FunctionTimeoutError
+from ._errors import ArgumentError, FunctionTimeoutError
 from ._registry import ActionRef, FunctionRef, MutationRef, QueryRef
 from ._runtime import Runtime
 from ._scheduler import BufferedWriter, DirectWriter, Scheduler
@@ -31,7 +31,9 @@ class Timeouts:
         return float(getattr(self, ref.kind.value))
 
 
-async def call_with_timeout(ref: FunctionRef[Any, R], ctx: Any, values: dict[str, Any], timeout: float) -> R:
+async def call_with_timeout(
+    ref: FunctionRef[Any, R], ctx: Any, values: dict[str, Any], timeout: float
+) -> R:
     """Await the user's function; past ``timeout`` seconds, cancel it and raise."""
     try:
         with anyio.fail_after(timeout):
@@ -50,7 +52,9 @@ class Invoker:
         self._rt = runtime
         self.timeouts = timeouts
 
-    async def query(self, ref: QueryRef[Any, R], args: tuple[Any, ...], kwargs: dict[str, Any]) -> R:
+    async def query(
+        self, ref: QueryRef[Any, R], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> R:
         ref = self._check(ref, QueryRef)
         values = ref.validate_call(args, kwargs)
         timeout = self.timeouts.for_(ref)
@@ -63,7 +67,9 @@ class Invoker:
             finally:
                 await session.close()
 
-        return await self._rt.transaction(_body, read_only=True, doing=f"running query {ref.name!r}")
+        return await self._rt.transaction(
+            _body, read_only=True, doing=f"running query {ref.name!r}"
+        )
 
     async def mutation(
         self,
@@ -118,15 +124,17 @@ class Invoker:
         return await call_with_timeout(ref, ctx, values, self.timeouts.for_(ref))
 
     def action_ctx(self, run_id: ScheduledFunctionId | None) -> ActionCtx:
-        scheduler = Scheduler(self._rt, DirectWriter(self._rt, check_parent=run_id), parent_id=run_id)
+        scheduler = Scheduler(
+            self._rt, DirectWriter(self._rt, check_parent=run_id), parent_id=run_id
+        )
         return ActionCtx(self._rt, self, scheduler, run_id)
 
     def _check(self, ref: Any, kind: type[Any]) -> Any:
         resolved = self._rt.registry.resolve(ref)
         if not isinstance(resolved, kind):
-            from ._errors import SchedulingError
-
-            raise SchedulingError(
-                f"{resolved.name!r} is a {resolved.kind}, not a {kind.__name__.removesuffix('Ref').lower()}"
+            wanted = kind.__name__.removesuffix("Ref").lower()
+            raise ArgumentError(
+                f"{resolved.name!r} is a {resolved.kind}, not a {wanted}; call it with "
+                f"run_{resolved.kind}"
             )
         return resolved

@@ -50,9 +50,13 @@ class FunctionRef(Generic[P, R]):
                 f"{_describe(fn)} must be declared with 'async def' to be a durafn {self.kind}"
             )
         if name is not None and (not isinstance(name, str) or not name.strip()):
-            raise RegistrationError(f"the durable name of {_describe(fn)} must be a non-empty string")
+            raise RegistrationError(
+                f"the durable name of {_describe(fn)} must be a non-empty string"
+            )
         if timeout is not None and not (timeout > 0):
-            raise RegistrationError(f"the timeout of {_describe(fn)} must be a positive number of seconds")
+            raise RegistrationError(
+                f"the timeout of {_describe(fn)} must be a positive number of seconds"
+            )
         self.fn = fn
         self.name: str = name or f"{fn.__module__}:{fn.__qualname__}"
         self.timeout = timeout

@@ -148,7 +148,12 @@ class Runtime:
                 if attempt >= self.direct_retries:
                     raise self.driver.wrap(exc, doing) from exc
                 delay = self.backoff.delay(attempt)
-                logger.info("transient database fault while %s (%s); retry in %.2fs", doing, one_line(exc), delay)
+                logger.info(
+                    "transient database fault while %s (%s); retry in %.2fs",
+                    doing,
+                    one_line(exc),
+                    delay,
+                )
                 attempt += 1
                 await anyio.sleep(delay)
 

@@ -80,7 +80,12 @@ class Scheduler:
     ) -> ScheduledFunctionId: ...
 
     async def run_after(
-        self, delay: float | timedelta, fn: SchedulableRef[Any, Any] | str, /, *args: Any, **kwargs: Any
+        self,
+        delay: float | timedelta,
+        fn: SchedulableRef[Any, Any] | str,
+        /,
+        *args: Any,
+        **kwargs: Any,
     ) -> ScheduledFunctionId:
         """Schedule ``fn(*args, **kwargs)`` to run ``delay`` seconds (or a timedelta) from now.
 
@@ -91,7 +96,12 @@ class Scheduler:
 
     @overload
     async def run_at(
-        self, when: datetime | float, fn: SchedulableRef[P, Any], /, *args: P.args, **kwargs: P.kwargs
+        self,
+        when: datetime | float,
+        fn: SchedulableRef[P, Any],
+        /,
+        *args: P.args,
+        **kwargs: P.kwargs,
     ) -> ScheduledFunctionId: ...
 
     @overload
@@ -100,7 +110,12 @@ class Scheduler:
     ) -> ScheduledFunctionId: ...
 
     async def run_at(
-        self, when: datetime | float, fn: SchedulableRef[Any, Any] | str, /, *args: Any, **kwargs: Any
+        self,
+        when: datetime | float,
+        fn: SchedulableRef[Any, Any] | str,
+        /,
+        *args: Any,
+        **kwargs: Any,
     ) -> ScheduledFunctionId:
         """Schedule ``fn`` at an aware ``datetime`` or epoch seconds.
 
@@ -148,7 +163,9 @@ class Scheduler:
         size = len(args_json.encode())
         limits = self._rt.limits
         if self._count + 1 > limits.max_scheduled:
-            self._limit(f"one function execution may schedule at most {limits.max_scheduled} functions")
+            self._limit(
+                f"one function execution may schedule at most {limits.max_scheduled} functions"
+            )
         if self._bytes + size > limits.max_args_bytes:
             self._limit(
                 f"one function execution may schedule at most {limits.max_args_bytes} bytes of "
@@ -190,7 +207,9 @@ def _delay_seconds(delay: object) -> float:
     if not math.isfinite(seconds):
         raise SchedulingError(f"delay must be a finite number of seconds, not {delay!r}")
     if seconds < 0:
-        raise SchedulingError(f"delay must not be negative ({seconds}s); use run_at for a past time")
+        raise SchedulingError(
+            f"delay must not be negative ({seconds}s); use run_at for a past time"
+        )
     return seconds
 
 
@@ -331,7 +350,9 @@ class JoinedWriter:
     def _after_commit(self, callback: Callable[[], None]) -> None:
         # In-process executors wake at once; other processes learn by NOTIFY or the poll.
         if isinstance(self._target, AsyncSession):
-            event.listen(self._target.sync_session, "after_commit", lambda _s: callback(), once=True)
+            event.listen(
+                self._target.sync_session, "after_commit", lambda _s: callback(), once=True
+            )
         else:
             event.listen(self._target.sync_connection, "commit", lambda _c: callback(), once=True)
 

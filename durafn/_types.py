@@ -30,6 +30,8 @@ FINISHED_STATES = frozenset({State.SUCCESS, State.FAILED, State.CANCELED})
 
 
 class FunctionKind(enum.StrEnum):
+    """What kind of function a row or reference is."""
+
     QUERY = "query"
     MUTATION = "mutation"
     ACTION = "action"

@@ -77,8 +77,6 @@ async def finish_all(executor: Executor, clock: FakeClock, *, max_steps: int = 1
     )
 
 
-
-
 async def all_rows(app: App) -> list[ScheduledFunction]:
     """Every row of ``_scheduled_functions`` in ``scheduled_time`` order (all pages)."""
     rows: list[ScheduledFunction] = []

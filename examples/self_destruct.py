@@ -105,7 +105,9 @@ async def main(url: str, out: list[str] | None = None) -> Demo:
     async with app.run_executor(concurrency=4) as executor:
         msg_id = await app.run_mutation(demo.send_expiring_message, "hello", author="ann")
         await demo.email_started.wait()
-        await print_rows(app, "scheduled: destruct is Pending, the e-mail action is InProgress", out)
+        await print_rows(
+            app, "scheduled: destruct is Pending, the e-mail action is InProgress", out
+        )
         demo.email_release.set()
 
         failing = await app.scheduler().run_after(0, demo.post_empty, author="bob")

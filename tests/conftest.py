@@ -19,7 +19,9 @@ from durafn.testing import FakeClock
 
 from .models import Base
 
-PG_ADMIN_DSN = os.environ.get("DURAFN_TEST_PG_ADMIN", "postgresql://postgres@127.0.0.1:5432/postgres")
+PG_ADMIN_DSN = os.environ.get(
+    "DURAFN_TEST_PG_ADMIN", "postgresql://postgres@127.0.0.1:5432/postgres"
+)
 PG_DATABASE = "durafn_test"
 PG_URL = f"postgresql+asyncpg://postgres@127.0.0.1:5432/{PG_DATABASE}"
 PG_DSN = f"postgresql://postgres@127.0.0.1:5432/{PG_DATABASE}"
@@ -38,7 +40,9 @@ def _check_postgres() -> str | None:
     async def _probe() -> None:
         conn = await asyncpg.connect(PG_ADMIN_DSN, timeout=5)
         try:
-            exists = await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", PG_DATABASE)
+            exists = await conn.fetchval(
+                "SELECT 1 FROM pg_database WHERE datname = $1", PG_DATABASE
+            )
             if not exists:
                 await conn.execute(f"CREATE DATABASE {PG_DATABASE}")
         finally:

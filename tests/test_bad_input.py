@@ -41,13 +41,15 @@ async def test_bad_arguments_fail_when_scheduled(app: durafn.App, clock: FakeClo
 
     good = Address(city="Oslo", zip="0150")
     sched = app.scheduler()
-    with pytest.raises(durafn.ArgumentError, match="invalid arguments .*: n: Input should be a valid integer"):
+    with pytest.raises(
+        durafn.ArgumentError, match=r"invalid arguments .*: n: Input should be a valid integer"
+    ):
         await sched.run_after(1, target, n="not a number", address=good)  # type: ignore[arg-type]
     with pytest.raises(durafn.ArgumentError, match="missing a required argument: 'address'"):
         await sched.run_after(1, target, n=1)  # type: ignore[call-arg]
-    with pytest.raises(durafn.ArgumentError, match="unexpected keyword argument 'extra'"):
+    with pytest.raises(durafn.ArgumentError, match=r"unexpected keyword argument 'extra'"):
         await sched.run_after(1, target, n=1, address=good, extra=2)  # type: ignore[call-arg]
-    with pytest.raises(durafn.ArgumentError, match="address.city: Field required"):
+    with pytest.raises(durafn.ArgumentError, match=r"address\.city: Field required"):
         await sched.run_after(1, target, n=1, address={"zip": "1"})  # type: ignore[arg-type]
     await assert_nothing_written(app)
 
@@ -71,7 +73,9 @@ async def test_arguments_round_trip(app: durafn.App, clock: FakeClock) -> None:
         return address
 
     when = datetime(2031, 5, 6, 7, 8, 9, 123456, tzinfo=UTC)
-    sid = await app.scheduler().run_after(0, target, when, Address(city="Oslo", zip="0150"), ns=[1, 2])
+    sid = await app.scheduler().run_after(
+        0, target, when, Address(city="Oslo", zip="0150"), ns=[1, 2]
+    )
     await app.executor().run_until_idle()
     assert seen == [(when, Address(city="Oslo", zip="0150"), [1, 2])]
     row = await app.get(sid)
@@ -118,7 +122,9 @@ async def test_bad_times(app: durafn.App, method: str, when: Any, match: str) ->
     await assert_nothing_written(app)
 
 
-async def test_past_run_at_runs_at_once_and_keeps_its_time(app: durafn.App, clock: FakeClock) -> None:
+async def test_past_run_at_runs_at_once_and_keeps_its_time(
+    app: durafn.App, clock: FakeClock
+) -> None:
     @app.mutation
     async def noop(ctx: MutationCtx) -> None:
         pass

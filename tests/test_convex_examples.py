@@ -100,7 +100,9 @@ async def test_scheduling_from_an_action_survives_its_failure(app: durafn.App) -
     assert await count(app, Effect) == 1
 
 
-async def test_status_is_read_back_from_queries_and_outside(app: durafn.App, clock: FakeClock) -> None:
+async def test_status_is_read_back_from_queries_and_outside(
+    app: durafn.App, clock: FakeClock
+) -> None:
     @app.mutation
     async def noop(ctx: MutationCtx) -> str:
         return "done"

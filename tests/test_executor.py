@@ -7,6 +7,7 @@ import sqlite3
 from pathlib import Path
 
 import anyio
+import anyio.lowlevel
 import pytest
 from sqlalchemy import select, text, update
 
@@ -54,7 +55,9 @@ async def test_a_failing_mutation_does_not_take_its_batch_down(app: durafn.App) 
     for n, sid in enumerate(ids):
         if n == 5:
             assert rows[sid].state is State.FAILED
-            assert rows[sid].error == durafn.ErrorInfo(type="ValueError", message="five is right out")
+            assert rows[sid].error == durafn.ErrorInfo(
+                type="ValueError", message="five is right out"
+            )
         else:
             assert rows[sid].state is State.SUCCESS
             assert rows[sid].result == n * 10
@@ -133,7 +136,9 @@ async def test_action_time_limit_and_per_function_override(app: durafn.App) -> N
     assert row.attempts == 1
 
 
-async def test_rows_whose_function_is_gone_fail_clearly(app: durafn.App, db_url: str, clock: FakeClock) -> None:
+async def test_rows_whose_function_is_gone_fail_clearly(
+    app: durafn.App, db_url: str, clock: FakeClock
+) -> None:
     @app.mutation(name="renamed_later")
     async def old(ctx: MutationCtx, n: int) -> None:
         pass
@@ -163,7 +168,9 @@ async def test_rows_whose_function_is_gone_fail_clearly(app: durafn.App, db_url:
         await newer.aclose()
 
 
-async def test_stored_arguments_that_no_longer_validate(app: durafn.App, db_url: str, clock: FakeClock) -> None:
+async def test_stored_arguments_that_no_longer_validate(
+    app: durafn.App, db_url: str, clock: FakeClock
+) -> None:
     @app.mutation(name="evolving")
     async def v1(ctx: MutationCtx, n: int) -> None:
         pass
@@ -209,7 +216,9 @@ async def test_actions_run_concurrently_up_to_the_limit(app: durafn.App) -> None
     assert {r.state for r in await all_rows(app)} == {State.SUCCESS}
 
 
-async def test_background_executor_wakes_at_once_on_new_work(app: durafn.App, clock: FakeClock) -> None:
+async def test_background_executor_wakes_at_once_on_new_work(
+    app: durafn.App, clock: FakeClock
+) -> None:
     """With the poll an hour away and the fake clock still, only the wake signal can run it."""
 
     @app.mutation
@@ -239,7 +248,9 @@ async def _current(ctx: MutationCtx) -> int:
     return int(value or 0)
 
 
-async def test_work_scheduled_by_another_process_is_found(app: durafn.App, db_url: str, clock: FakeClock, engine_name: str) -> None:
+async def test_work_scheduled_by_another_process_is_found(
+    app: durafn.App, db_url: str, clock: FakeClock, engine_name: str
+) -> None:
     """Another App (its own engine, as another process would have) schedules work. On
     PostgreSQL LISTEN/NOTIFY wakes the executor; on SQLite the (clock-driven) poll finds it."""
 
@@ -261,7 +272,9 @@ async def test_work_scheduled_by_another_process_is_found(app: durafn.App, db_ur
         await other.aclose()
 
 
-async def test_internal_fault_is_retried_without_double_effects(app: durafn.App, engine_name: str, db_url: str) -> None:
+async def test_internal_fault_is_retried_without_double_effects(
+    app: durafn.App, engine_name: str, db_url: str
+) -> None:
     """A real fault mid-batch: on PostgreSQL the mutation's own connection is terminated by
     the server; on SQLite another connection holds the write lock past the busy timeout.
     The batch is retried, nothing is recorded Failed, and each effect is applied once."""
@@ -289,7 +302,8 @@ async def test_internal_fault_is_retried_without_double_effects(app: durafn.App,
         blocker.execute("BEGIN IMMEDIATE")
         async with anyio.create_task_group() as tg:
             tg.start_soon(executor.run_until_idle)
-            while executor.stats["retries"] < 2:
+            # Hold the lock until the executor has hit it twice, then let it through.
+            while executor.stats["retries"] < 2:  # noqa: ASYNC110
                 await anyio.sleep(0.01)
             blocker.execute("COMMIT")
         blocker.close()
@@ -306,7 +320,9 @@ async def test_internal_fault_is_retried_without_double_effects(app: durafn.App,
         assert max(r.attempts for r in rows) == 2
 
 
-async def test_run_until_idle_stops_runaway_self_scheduling(app: durafn.App, clock: FakeClock) -> None:
+async def test_run_until_idle_stops_runaway_self_scheduling(
+    app: durafn.App, clock: FakeClock
+) -> None:
     @app.mutation
     async def forever(ctx: MutationCtx) -> None:
         await ctx.scheduler.run_after(0, forever)
@@ -370,9 +386,13 @@ async def test_guarded_finish_does_not_overwrite_a_concurrent_change(app: durafn
         await started.wait()
         async with app.engine.begin() as conn:
             sf = durafn.scheduled_functions
-            await conn.execute(update(sf).where(sf.c.id == sid).values(state="Failed", error_type="X", error_message="set by hand"))
+            await conn.execute(
+                update(sf)
+                .where(sf.c.id == sid)
+                .values(state="Failed", error_type="X", error_message="set by hand")
+            )
         release.set()
-        await anyio.sleep(0)
+        await anyio.lowlevel.checkpoint()
         row = await executor.wait_for(sid)
     assert row.state is State.FAILED
     assert row.result is None

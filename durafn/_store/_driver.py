@@ -200,7 +200,9 @@ class Driver:
             raise _too_new(current)
         if current is None:
             await conn.run_sync(lambda c: metadata.create_all(c, checkfirst=True))
-            await conn.execute(insert(schema_version).values(version=SCHEMA_VERSION, applied_at=now))
+            await conn.execute(
+                insert(schema_version).values(version=SCHEMA_VERSION, applied_at=now)
+            )
         return SCHEMA_VERSION
 
     async def check_schema(self, conn: AsyncConnection) -> None:
@@ -280,17 +282,23 @@ class Driver:
         # ix_scheduled_functions_due: (kind, available_at, id) WHERE state = 'Pending'.
         return (
             select(*_CLAIM_COLUMNS)
-            .where(sf.c.state == State.PENDING.value, sf.c.kind == kind.value, sf.c.available_at <= now)
+            .where(
+                sf.c.state == State.PENDING.value, sf.c.kind == kind.value, sf.c.available_at <= now
+            )
             .order_by(sf.c.available_at, sf.c.id)
             .limit(limit)
         )
 
     async def claim_mutations(self, conn: AsyncConnection, now: float, limit: int) -> list[Claimed]:
         """Select due mutations inside the batch transaction, locked until it ends."""
-        rows = await conn.execute(self._due(FunctionKind.MUTATION, now, limit).with_for_update(skip_locked=True))
+        rows = await conn.execute(
+            self._due(FunctionKind.MUTATION, now, limit).with_for_update(skip_locked=True)
+        )
         return _claimed(rows)
 
-    async def finish_pending(self, conn: AsyncConnection, now: float, outcomes: Sequence[Outcome]) -> int:
+    async def finish_pending(
+        self, conn: AsyncConnection, now: float, outcomes: Sequence[Outcome]
+    ) -> int:
         """Pending -> Success/Failed for mutations run in this transaction; returns the count."""
         return await self._finish(conn, now, outcomes, State.PENDING)
 
@@ -485,5 +493,3 @@ def _decode_cursor(cursor: str) -> tuple[float, str]:
         return float(at), str(uuid.UUID(last_id))
     except Exception:
         raise ArgumentError(f"{cursor!r} is not a cursor returned by list()") from None
-
-

@@ -50,7 +50,11 @@ _FINISH_SQL = text(
 
 
 def _sqlstate(exc: BaseException) -> str | None:
-    for candidate in (exc, getattr(exc, "orig", None), getattr(getattr(exc, "orig", None), "__cause__", None)):
+    for candidate in (
+        exc,
+        getattr(exc, "orig", None),
+        getattr(getattr(exc, "orig", None), "__cause__", None),
+    ):
         state = getattr(candidate, "sqlstate", None)
         if isinstance(state, str):
             return state
@@ -71,7 +75,10 @@ class PostgresDriver(Driver):
             return True
         orig = getattr(exc, "orig", None)
         cause = getattr(orig, "__cause__", None)
-        return isinstance(cause, asyncpg.exceptions.ConnectionDoesNotExistError | asyncpg.exceptions.InterfaceError)
+        return isinstance(
+            cause,
+            asyncpg.exceptions.ConnectionDoesNotExistError | asyncpg.exceptions.InterfaceError,
+        )
 
     def commit_outcome_unknown(self, exc: BaseException) -> bool:
         # A serialization failure or deadlock at COMMIT is a definite rollback; a dropped
@@ -94,7 +101,9 @@ class PostgresDriver(Driver):
         # we see Canceled and write the new row Canceled.
         value = (
             await conn.execute(
-                text("SELECT state FROM _scheduled_functions WHERE id = CAST(:id AS uuid) FOR SHARE"),
+                text(
+                    "SELECT state FROM _scheduled_functions WHERE id = CAST(:id AS uuid) FOR SHARE"
+                ),
                 {"id": id},
             )
         ).scalar()
@@ -102,7 +111,10 @@ class PostgresDriver(Driver):
 
     async def notify(self, conn: AsyncConnection, due_at: float) -> None:
         # Delivered at commit, never for a rolled-back transaction.
-        await conn.execute(text("SELECT pg_notify(:channel, :payload)"), {"channel": CHANNEL, "payload": repr(due_at)})
+        await conn.execute(
+            text("SELECT pg_notify(:channel, :payload)"),
+            {"channel": CHANNEL, "payload": repr(due_at)},
+        )
 
     async def _lock_schema(self, conn: AsyncConnection) -> None:
         await conn.execute(text("SELECT pg_advisory_xact_lock(hashtext('durafn.migrate'))"))
@@ -154,7 +166,7 @@ class PostgresDriver(Driver):
                     delay = min(delay * 2, 5.0)
                     continue
                 try:
-                    conn.add_termination_listener(lambda _c: lost.set())
+                    conn.add_termination_listener(lambda _c, lost=lost: lost.set())
                     await conn.add_listener(CHANNEL, _callback)
                     delay = 0.1
                     # Work may have been scheduled while we were not listening.

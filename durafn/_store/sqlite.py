@@ -67,7 +67,9 @@ class SQLiteDriver(Driver):
         return engine
 
     def _transient_dbapi(self, exc: sa_exc.DBAPIError) -> bool:
-        if isinstance(exc.orig, sqlite3.OperationalError) or isinstance(exc, sa_exc.OperationalError):
+        if isinstance(exc.orig, sqlite3.OperationalError) or isinstance(
+            exc, sa_exc.OperationalError
+        ):
             message = str(exc.orig).lower()
             return "locked" in message or "busy" in message
         return False
@@ -75,9 +77,7 @@ class SQLiteDriver(Driver):
     def translate(self, exc: BaseException) -> BaseException | None:
         orig = getattr(exc, "orig", exc)
         if "readonly" in str(orig).lower() or "read-only" in str(orig).lower():
-            return ReadOnlyError(
-                "a query cannot write to the database; do the write in a mutation"
-            )
+            return ReadOnlyError("a query cannot write to the database; do the write in a mutation")
         return None
 
     @asynccontextmanager

@@ -1,0 +1,1 @@
+"""durafn benchmarks: `python -m benchmarks` runs them all."""

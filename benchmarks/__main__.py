@@ -1,0 +1,3 @@
+from .throughput import cli
+
+cli()

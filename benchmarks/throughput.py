@@ -1,0 +1,130 @@
+"""First benchmark: drain rate of no-op scheduled mutations, and start lag on an idle executor.
+
+    python -m benchmarks.throughput [--engines sqlite,postgres] [--n 5000] [--lag-samples 300]
+
+Numbers come from the real system clock on this machine; nothing here is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import asyncpg
+from sqlalchemy import func, select
+
+import durafn
+from durafn import MutationCtx
+
+PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
+PG_DB = "durafn_bench"
+
+
+async def _fresh_postgres() -> str:
+    conn = await asyncpg.connect(PG_ADMIN)
+    try:
+        await conn.execute(f"DROP DATABASE IF EXISTS {PG_DB} WITH (FORCE)")
+        await conn.execute(f"CREATE DATABASE {PG_DB}")
+    finally:
+        await conn.close()
+    return f"postgresql+asyncpg://postgres@127.0.0.1:5432/{PG_DB}"
+
+
+def _build(url: str) -> tuple[durafn.App, Any, Any, list[float]]:
+    app = durafn.App(url)
+    lags: list[float] = []
+
+    @app.mutation(name="bench:noop")
+    async def noop(ctx: MutationCtx) -> None:
+        pass
+
+    @app.mutation(name="bench:probe")
+    async def probe(ctx: MutationCtx, due: float) -> None:
+        lags.append(time.time() - due)
+
+    @app.mutation(name="bench:fan_out")
+    async def fan_out(ctx: MutationCtx, n: int) -> None:
+        for _ in range(n):
+            await ctx.scheduler.run_after(0, noop)
+
+    return app, fan_out, probe, lags
+
+
+async def _pending(app: durafn.App) -> int:
+    sf = durafn.scheduled_functions
+    async with app.engine.connect() as conn:
+        query = select(func.count()).select_from(sf).where(sf.c.state == "Pending")
+        return int((await conn.execute(query)).scalar_one())
+
+
+async def drain(url: str, n: int) -> dict[str, float]:
+    app, fan_out, _, _ = _build(url)
+    await app.migrate()
+    t0 = time.perf_counter()
+    for start in range(0, n, 1000):
+        await app.run_mutation(fan_out, min(1000, n - start))
+    schedule_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    async with app.run_executor():
+        while await _pending(app):
+            await anyio.sleep(0.05)
+    drain_s = time.perf_counter() - t0
+    await app.aclose()
+    return {"scheduled_per_s": n / schedule_s, "drained_per_s": n / drain_s}
+
+
+async def start_lag(url: str, samples: int, *, ahead: float) -> dict[str, float]:
+    """Schedule one probe at a time, due ``ahead`` seconds out; lag = start - due."""
+    app, _, probe, lags = _build(url)
+    await app.migrate()
+    sched = app.scheduler()
+    async with app.run_executor() as executor:
+        for _ in range(samples):
+            due = time.time() + ahead
+            sid = await sched.run_at(due, probe, due=due)
+            await executor.wait_for(sid)
+    await app.aclose()
+    ms = sorted(x * 1000 for x in lags)
+    return {
+        "median_ms": statistics.median(ms),
+        "p99_ms": ms[min(len(ms) - 1, int(len(ms) * 0.99))],
+        "max_ms": ms[-1],
+    }
+
+
+async def main(engines: list[str], n: int, lag_samples: int) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for engine in engines:
+            def url_for(name: str, _engine: str = engine) -> str:
+                return f"sqlite+aiosqlite:///{Path(tmp) / name}.sqlite3"
+
+            async def url(name: str, _engine: str = engine) -> str:
+                return url_for(name) if _engine == "sqlite" else await _fresh_postgres()
+
+            results[engine] = {
+                "noop_mutations": await drain(await url("drain"), n),
+                "start_lag_due_now": await start_lag(await url("lag0"), lag_samples, ahead=0),
+                "start_lag_due_at_time": await start_lag(await url("lag1"), lag_samples, ahead=0.02),
+            }
+            print(engine, json.dumps(results[engine], indent=2))
+    return results
+
+
+def cli() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--engines", default="sqlite,postgres")
+    parser.add_argument("--n", type=int, default=5000)
+    parser.add_argument("--lag-samples", type=int, default=300)
+    args = parser.parse_args()
+    anyio.run(main, args.engines.split(","), args.n, args.lag_samples)
+
+
+if __name__ == "__main__":
+    cli()

@@ -1,0 +1,43 @@
+"""The app the crash test runs in a real subprocess (``python -m tests.crash_app URL``).
+
+Each mutation inserts a unique row and bumps a counter; a run applied twice would either
+violate the unique key or push the counter past the number of rows.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import anyio
+from sqlalchemy import update
+
+import durafn
+from durafn import MutationCtx
+
+from .models import Counter, Effect
+
+
+def build(url: str) -> tuple[durafn.App, durafn.MutationRef[[int], None]]:
+    app = durafn.App(url)
+
+    @app.mutation(name="crash:apply")
+    async def apply(ctx: MutationCtx, n: int) -> None:
+        ctx.db.add(Effect(key=f"n{n}"))
+        await ctx.db.execute(
+            update(Counter).where(Counter.name == "c").values(value=Counter.value + 1)
+        )
+        await ctx.db.flush()
+        # Stretch each run so that a kill lands inside an open batch transaction.
+        await anyio.sleep(0.003)
+
+    return app, apply
+
+
+async def _work(url: str) -> None:
+    app, _ = build(url)
+    async with app.run_executor(batch_size=16, poll_interval=0.05):
+        await anyio.sleep_forever()
+
+
+if __name__ == "__main__":
+    anyio.run(_work, sys.argv[1])

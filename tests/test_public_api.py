@@ -1,0 +1,38 @@
+"""The public surface is small, explicit and typed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import durafn
+import durafn.testing
+
+
+def test_all_is_exact_and_sorted() -> None:
+    public = {name for name in dir(durafn) if not name.startswith("_")}
+    modules = {"cli", "testing", "logging"}
+    assert set(durafn.__all__) == public - modules
+    assert list(durafn.__all__) == sorted(durafn.__all__)
+
+
+def test_every_public_name_is_documented() -> None:
+    for name in durafn.__all__:
+        obj = getattr(durafn, name)
+        if callable(obj) and not isinstance(obj, type(durafn.State.PENDING)):
+            assert obj.__doc__, f"durafn.{name} has no docstring"
+
+
+def test_package_is_typed() -> None:
+    assert (Path(durafn.__file__).parent / "py.typed").exists()
+
+
+def test_errors_subclass_the_builtins_callers_catch() -> None:
+    assert issubclass(durafn.NotFoundError, LookupError)
+    assert issubclass(durafn.UnknownFunctionError, LookupError)
+    assert issubclass(durafn.ArgumentError, ValueError)
+    assert issubclass(durafn.SchedulingLimitError, durafn.SchedulingError)
+    assert issubclass(durafn.FunctionTimeoutError, TimeoutError)
+    for name in durafn.__all__:
+        obj = getattr(durafn, name)
+        if isinstance(obj, type) and issubclass(obj, Exception):
+            assert issubclass(obj, durafn.DurafnError)

@@ -1,0 +1,87 @@
+"""Schema creation is versioned, refuses a newer schema, and is exposed as MetaData."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import insert, inspect
+
+import durafn
+from durafn._store import schema_version
+from durafn.testing import FakeClock
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_migrate_is_idempotent_and_versioned(db_url: str, clock: FakeClock) -> None:
+    app = durafn.App(db_url, clock=clock)
+    try:
+        assert await app.migrate() == durafn.SCHEMA_VERSION
+        assert await app.migrate() == durafn.SCHEMA_VERSION
+        async with app.engine.connect() as conn:
+            tables = await conn.run_sync(lambda c: set(inspect(c).get_table_names()))
+            indexes = await conn.run_sync(
+                lambda c: {i["name"] for i in inspect(c).get_indexes("_scheduled_functions")}
+            )
+        assert {"_scheduled_functions", "_durafn_schema"} <= tables
+        assert {
+            "ix_scheduled_functions_due",
+            "ix_scheduled_functions_parent",
+            "ix_scheduled_functions_completed",
+            "ix_scheduled_functions_scheduled",
+        } <= indexes
+    finally:
+        await app.aclose()
+
+
+async def test_refuses_a_newer_schema(db_url: str, clock: FakeClock) -> None:
+    app = durafn.App(db_url, clock=clock)
+    try:
+        await app.migrate()
+        async with app.engine.begin() as conn:
+            await conn.execute(
+                insert(schema_version).values(version=durafn.SCHEMA_VERSION + 1, applied_at=0)
+            )
+        with pytest.raises(durafn.SchemaError, match="newer than this durafn"):
+            await app.migrate()
+        fresh = durafn.App(db_url, clock=clock, auto_migrate=False)
+
+        @fresh.mutation
+        async def noop(ctx: durafn.MutationCtx) -> None:
+            pass
+
+        try:
+            with pytest.raises(durafn.SchemaError, match="newer"):
+                await fresh.run_mutation(noop)
+        finally:
+            await fresh.aclose()
+    finally:
+        await app.aclose()
+
+
+async def test_missing_tables_say_how_to_create_them(
+    db_url: str, clock: FakeClock, engine_name: str
+) -> None:
+    app = durafn.App(db_url, clock=clock, auto_migrate=False)
+
+    @app.mutation
+    async def noop(ctx: durafn.MutationCtx) -> None:
+        pass
+
+    try:
+        with pytest.raises(durafn.SchemaError, match="durafn migrate"):
+            await app.scheduler().run_after(0, noop)
+    finally:
+        await app.aclose()
+    if engine_name == "sqlite":
+        auto = durafn.App(db_url, clock=clock)  # SQLite's default: create on first use
+        auto.mutation(noop.fn)
+        try:
+            await auto.scheduler().run_after(0, noop.name)
+            assert len((await auto.list()).items) == 1
+        finally:
+            await auto.aclose()
+
+
+def test_metadata_is_exposed_for_alembic() -> None:
+    assert "_scheduled_functions" in durafn.metadata.tables
+    assert durafn.scheduled_functions is durafn.metadata.tables["_scheduled_functions"]
