@@ -77,7 +77,7 @@ class App:
     # -- registration ------------------------------------------------------------------
 
     @overload
-    def query(self, fn: Callable[Concatenate[QueryCtx, P], Awaitable[R]], /) -> QueryRef[P, R]: ...
+    def query(self, fn: Callable[Concatenate[QueryCtx, P], Awaitable[R]]) -> QueryRef[P, R]: ...
 
     @overload
     def query(
@@ -85,14 +85,14 @@ class App:
     ) -> Callable[[Callable[Concatenate[QueryCtx, P], Awaitable[R]]], QueryRef[P, R]]: ...
 
     def query(
-        self, fn: Any = None, /, *, name: str | None = None, timeout: float | None = None
+        self, fn: Any = None, *, name: str | None = None, timeout: float | None = None
     ) -> Any:
         """Register a read-only function: ``async def f(ctx: QueryCtx, ...)``."""
         return self._register(QueryRef, (QueryCtx,), fn, name, timeout)
 
     @overload
     def mutation(
-        self, fn: Callable[Concatenate[MutationCtx, P], Awaitable[R]], /
+        self, fn: Callable[Concatenate[MutationCtx, P], Awaitable[R]]
     ) -> MutationRef[P, R]: ...
 
     @overload
@@ -101,7 +101,7 @@ class App:
     ) -> Callable[[Callable[Concatenate[MutationCtx, P], Awaitable[R]]], MutationRef[P, R]]: ...
 
     def mutation(
-        self, fn: Any = None, /, *, name: str | None = None, timeout: float | None = None
+        self, fn: Any = None, *, name: str | None = None, timeout: float | None = None
     ) -> Any:
         """Register a transactional function: ``async def f(ctx: MutationCtx, ...)``.
 
@@ -110,9 +110,7 @@ class App:
         return self._register(MutationRef, (MutationCtx,), fn, name, timeout)
 
     @overload
-    def action(
-        self, fn: Callable[Concatenate[ActionCtx, P], Awaitable[R]], /
-    ) -> ActionRef[P, R]: ...
+    def action(self, fn: Callable[Concatenate[ActionCtx, P], Awaitable[R]]) -> ActionRef[P, R]: ...
 
     @overload
     def action(
@@ -120,7 +118,7 @@ class App:
     ) -> Callable[[Callable[Concatenate[ActionCtx, P], Awaitable[R]]], ActionRef[P, R]]: ...
 
     def action(
-        self, fn: Any = None, /, *, name: str | None = None, timeout: float | None = None
+        self, fn: Any = None, *, name: str | None = None, timeout: float | None = None
     ) -> Any:
         """Register a side-effecting function: ``async def f(ctx: ActionCtx, ...)``.
 

@@ -225,10 +225,9 @@ class Executor:
     async def next_due(self) -> float | None:
         """The earliest time (epoch seconds) any Pending row becomes due, or None."""
         await self._rt.ensure_ready()
-        times = [
-            await self._read(lambda conn, k=kind: self._rt.driver.next_due(conn, k))
-            for kind in (FunctionKind.MUTATION, FunctionKind.ACTION)
-        ]
+        times = []
+        for kind in (FunctionKind.MUTATION, FunctionKind.ACTION):
+            times.append(await self._read(functools.partial(self._rt.driver.next_due, kind=kind)))
         due = [t for t in times if t is not None]
         return min(due) if due else None
 

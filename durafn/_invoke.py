@@ -68,7 +68,7 @@ class Invoker:
                 await session.close()
 
         return await self._rt.transaction(
-            _body, read_only=True, doing=f"running query {ref.name!r}"
+            _body, read_only=True, doing=f"running query {ref.name!r}", user_code=True
         )
 
     async def mutation(
@@ -104,7 +104,9 @@ class Invoker:
                 woken.append(writer.min_due)
             return result
 
-        result = await self._rt.transaction(_body, doing=f"running mutation {ref.name!r}")
+        result = await self._rt.transaction(
+            _body, doing=f"running mutation {ref.name!r}", user_code=True
+        )
         for due in woken:
             self._rt.wake(due)
         return result

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 import anyio
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from ._clock import Clock
@@ -106,6 +107,7 @@ class Runtime:
         read_only: bool = False,
         ready: bool = True,
         doing: str = "running a transaction",
+        user_code: bool = False,
     ) -> T:
         """Run ``body`` in one transaction, retrying it whole on transient faults.
 
@@ -138,7 +140,11 @@ class Runtime:
                 if translated is not None:
                     raise translated from exc
                 if not self.driver.is_transient(exc):
-                    raise
+                    # A user's function may raise its own driver errors (an IntegrityError
+                    # it expects to catch); durafn's own statements never leak them raw.
+                    if user_code or not isinstance(exc, SQLAlchemyError):
+                        raise
+                    raise self.driver.wrap(exc, doing) from exc
                 if committing and self.driver.commit_outcome_unknown(exc):
                     raise DatabaseError(
                         f"the connection to {self.driver.name} failed during COMMIT, so "

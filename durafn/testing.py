@@ -29,7 +29,8 @@ class FakeClock:
     def now(self) -> float:
         return self._now
 
-    def datetime(self) -> datetime:
+    def now_datetime(self) -> datetime:
+        """The current fake time as an aware UTC datetime."""
         return datetime.fromtimestamp(self._now, tz=UTC)
 
     async def sleep_until(self, deadline: float) -> None:

@@ -44,13 +44,13 @@ async def test_bad_arguments_fail_when_scheduled(app: durafn.App, clock: FakeClo
     with pytest.raises(
         durafn.ArgumentError, match=r"invalid arguments .*: n: Input should be a valid integer"
     ):
-        await sched.run_after(1, target, n="not a number", address=good)  # type: ignore[arg-type]
+        await sched.run_after(1, target, n="not a number", address=good)  # type: ignore[call-overload]
     with pytest.raises(durafn.ArgumentError, match="missing a required argument: 'address'"):
-        await sched.run_after(1, target, n=1)  # type: ignore[call-arg]
+        await sched.run_after(1, target, n=1)  # type: ignore[call-overload]
     with pytest.raises(durafn.ArgumentError, match=r"unexpected keyword argument 'extra'"):
-        await sched.run_after(1, target, n=1, address=good, extra=2)  # type: ignore[call-arg]
+        await sched.run_after(1, target, n=1, address=good, extra=2)  # type: ignore[call-overload]
     with pytest.raises(durafn.ArgumentError, match=r"address\.city: Field required"):
-        await sched.run_after(1, target, n=1, address={"zip": "1"})  # type: ignore[arg-type]
+        await sched.run_after(1, target, n=1, address={"zip": "1"})  # type: ignore[call-overload]
     await assert_nothing_written(app)
 
 
@@ -129,7 +129,7 @@ async def test_past_run_at_runs_at_once_and_keeps_its_time(
     async def noop(ctx: MutationCtx) -> None:
         pass
 
-    past = clock.datetime() - timedelta(days=3)
+    past = clock.now_datetime() - timedelta(days=3)
     sid = await app.scheduler().run_at(past, noop)
     assert await app.executor().run_until_idle() == 1
     row = await app.get(sid)
@@ -160,7 +160,7 @@ async def test_queries_cannot_write_or_schedule(app: durafn.App) -> None:
         with pytest.raises(durafn.ReadOnlyError):
             await app.run_query(query)
     with pytest.raises(durafn.SchedulingError, match="only mutations and actions"):
-        await app.scheduler().run_after(0, schedules)  # type: ignore[arg-type]
+        await app.scheduler().run_after(0, schedules)  # type: ignore[call-overload]
     await assert_nothing_written(app)
 
 

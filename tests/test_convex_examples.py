@@ -39,7 +39,7 @@ async def test_self_destructing_message(app: durafn.App, clock: FakeClock) -> No
     assert row.name == destruct.name
     assert row.state is State.PENDING
     assert row.args == {"message_id": msg_id}
-    assert row.scheduled_time == clock.datetime() + timedelta(seconds=5)
+    assert row.scheduled_time == clock.now_datetime() + timedelta(seconds=5)
 
     executor = app.executor()
     assert await executor.run_until_idle() == 0  # not due yet
@@ -52,7 +52,7 @@ async def test_self_destructing_message(app: durafn.App, clock: FakeClock) -> No
     done = await app.get(row.id)
     assert done is not None
     assert done.state is State.SUCCESS
-    assert done.completed_time == clock.datetime()
+    assert done.completed_time == clock.now_datetime()
     assert done.attempts == 1
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import anyio
 import pytest
+from sqlalchemy import insert
 
 import durafn
 from durafn import State
@@ -35,7 +36,7 @@ async def test_exactly_once_under_kill_9(db_url: str, tmp_path: Path) -> None:
     await app.migrate()
     async with app.engine.begin() as conn:
         await conn.run_sync(Base.metadata.create_all)
-        await conn.execute(Counter.__table__.insert().values(name="c", value=0))
+        await conn.execute(insert(Counter).values(name="c", value=0))
     sched = app.scheduler()
     for n in range(TOTAL):
         await sched.run_after(0, apply, n)

@@ -16,7 +16,7 @@ from durafn.testing import FakeClock, all_rows
 pytestmark = pytest.mark.anyio
 
 
-async def _finished_and_unfinished(app: durafn.App) -> dict[str, str]:
+async def _finished_and_unfinished(app: durafn.App) -> dict[str, durafn.ScheduledFunctionId]:
     @app.mutation
     async def ok(ctx: MutationCtx) -> None:
         pass

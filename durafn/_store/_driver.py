@@ -226,7 +226,8 @@ class Driver:
             )
 
     async def _current_version(self, conn: AsyncConnection) -> int | None:
-        return (await conn.execute(select(func.max(schema_version.c.version)))).scalar()
+        version = (await conn.execute(select(func.max(schema_version.c.version)))).scalar()
+        return None if version is None else int(version)
 
     # -- scheduling ----------------------------------------------------------------------
 

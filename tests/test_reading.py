@@ -1,0 +1,90 @@
+"""Reading ``_scheduled_functions``: typed rows, filters, pagination, and scheduling
+through a caller's own connection."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+import durafn
+from durafn import MutationCtx, State
+from durafn.testing import FakeClock, all_rows
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_list_filters_and_paginates(app: durafn.App, clock: FakeClock) -> None:
+    @app.mutation(name="a")
+    async def a(ctx: MutationCtx, i: int) -> None:
+        pass
+
+    @app.mutation(name="b")
+    async def b(ctx: MutationCtx, i: int) -> None:
+        if i % 2:
+            raise ValueError(i)
+
+    start = clock.now_datetime()
+    for i in range(7):
+        await app.scheduler().run_after(i, a, i=i)
+        await app.scheduler().run_after(i, b, i=i)
+    clock.advance(3)
+    await app.executor().run_until_idle()  # runs a0..a3 and b0..b3 (b1, b3 fail)
+
+    seen: list[int] = []
+    cursor = None
+    while True:
+        page = await app.list(name="a", limit=3, cursor=cursor)
+        seen.extend(r.args["i"] for r in page.items)
+        if page.next_cursor is None:
+            break
+        cursor = page.next_cursor
+    assert seen == list(range(7))
+
+    failed = await app.list(state=State.FAILED)
+    assert [(r.name, r.args["i"]) for r in failed.items] == [("b", 1), ("b", 3)]
+    finished = await app.list(state=[State.SUCCESS, State.FAILED], name="b")
+    assert [r.args["i"] for r in finished.items] == [0, 1, 2, 3]
+    window = await app.list(
+        scheduled_after=start + timedelta(seconds=2), scheduled_before=start + timedelta(seconds=4)
+    )
+    assert sorted((r.name, r.args["i"]) for r in window.items) == [
+        ("a", 2),
+        ("a", 3),
+        ("b", 2),
+        ("b", 3),
+    ]
+    with pytest.raises(durafn.ArgumentError, match="not a cursor"):
+        await app.list(cursor="garbage")
+    with pytest.raises(durafn.ArgumentError, match="limit"):
+        await app.list(limit=0)
+
+
+async def test_schedule_through_a_callers_connection(app: durafn.App) -> None:
+    @app.mutation
+    async def noop(ctx: MutationCtx) -> None:
+        pass
+
+    async with app.engine.connect() as conn:
+        await conn.begin()
+        kept = await app.scheduler(conn).run_after(0, noop)
+        await conn.commit()
+        await conn.begin()
+        await app.scheduler(conn).run_after(0, noop)
+        await conn.rollback()
+    assert [r.id for r in await all_rows(app)] == [kept]
+
+
+async def test_database_failures_are_typed(engine_name: str, tmp_path: object) -> None:
+    url = (
+        "sqlite+aiosqlite:////nonexistent-dir/x.db"
+        if engine_name == "sqlite"
+        else "postgresql+asyncpg://postgres@127.0.0.1:1/nothing"
+    )
+    app = durafn.App(url, direct_retries=1)
+    try:
+        with pytest.raises(durafn.DatabaseError) as info:
+            await app.get("01a20000-0000-7000-8000-000000000000")
+        assert info.value.transient is (engine_name == "postgres")
+    finally:
+        await app.aclose()
