@@ -119,6 +119,75 @@ def _claimed(rows: Iterable[Row[Any]]) -> list[Claimed]:
     return out
 
 
+# The hot statements, built once: constructing a Core statement costs ~0.3 ms of Python,
+# as much as running it. Values arrive as bind parameters, "now" included (the clock).
+
+
+def _due(kind: FunctionKind) -> Any:
+    # ix_scheduled_functions_due: (kind, available_at, id) WHERE state = 'Pending'.
+    return (
+        select(*_CLAIM_COLUMNS)
+        .where(
+            sf.c.state == State.PENDING.value,
+            sf.c.kind == kind.value,
+            sf.c.available_at <= bindparam("now"),
+        )
+        .order_by(sf.c.available_at, sf.c.id)
+        .limit(bindparam("limit"))
+    )
+
+
+# FOR UPDATE SKIP LOCKED on PostgreSQL: concurrent lanes and executors take disjoint rows.
+# SQLite ignores the clause; its BEGIN IMMEDIATE already makes the batch the only writer.
+_CLAIM_MUTATIONS = _due(FunctionKind.MUTATION).with_for_update(skip_locked=True)
+
+# A MATERIALIZED CTE, not ``id IN (SELECT ... LIMIT n)``: PostgreSQL may re-run an
+# IN-subquery per row and so claim more than ``limit`` rows (caught by
+# test_actions_run_concurrently_up_to_the_limit).
+_DUE_ACTIONS = (
+    _due(FunctionKind.ACTION)
+    .with_only_columns(sf.c.id)
+    .with_for_update(skip_locked=True)
+    .cte("due")
+    .prefix_with("MATERIALIZED")
+)
+_CLAIM_ACTIONS = (
+    update(sf)
+    .where(sf.c.id == _DUE_ACTIONS.c.id, sf.c.state == State.PENDING.value)
+    .values(
+        state=State.IN_PROGRESS.value,
+        started_time=bindparam("now"),
+        worker_id=bindparam("worker_id"),
+        attempts=sf.c.attempts + 1,
+    )
+    .returning(*_CLAIM_COLUMNS)
+)
+
+# A mutation's run is counted as it finishes (its start was never committed); an action's
+# was counted when it was claimed: hence "counted".
+_FINISH_PLAIN = (
+    update(sf)
+    .where(sf.c.id.in_(bindparam("ids", expanding=True)), sf.c.state == bindparam("expected"))
+    .values(
+        state=State.SUCCESS.value,
+        completed_time=bindparam("now"),
+        attempts=sf.c.attempts + bindparam("counted"),
+    )
+)
+_FINISH_ONE = (
+    update(sf)
+    .where(sf.c.id == bindparam("b_id"), sf.c.state == bindparam("expected"))
+    .values(
+        state=bindparam("b_state"),
+        completed_time=bindparam("now"),
+        result=bindparam("b_result"),
+        error_type=bindparam("b_error_type"),
+        error_message=bindparam("b_error_message"),
+        attempts=sf.c.attempts + bindparam("counted"),
+    )
+)
+
+
 class Driver:
     """Dialect-neutral statements. Subclasses set the class attributes and override hooks."""
 
@@ -279,22 +348,9 @@ class Driver:
 
     # -- executor: mutations -------------------------------------------------------------
 
-    def _due(self, kind: FunctionKind, now: float, limit: int) -> Any:
-        # ix_scheduled_functions_due: (kind, available_at, id) WHERE state = 'Pending'.
-        return (
-            select(*_CLAIM_COLUMNS)
-            .where(
-                sf.c.state == State.PENDING.value, sf.c.kind == kind.value, sf.c.available_at <= now
-            )
-            .order_by(sf.c.available_at, sf.c.id)
-            .limit(limit)
-        )
-
     async def claim_mutations(self, conn: AsyncConnection, now: float, limit: int) -> list[Claimed]:
         """Select due mutations inside the batch transaction, locked until it ends."""
-        rows = await conn.execute(
-            self._due(FunctionKind.MUTATION, now, limit).with_for_update(skip_locked=True)
-        )
+        rows = await conn.execute(_CLAIM_MUTATIONS, {"now": now, "limit": limit})
         return _claimed(rows)
 
     async def finish_pending(
@@ -306,37 +362,45 @@ class Driver:
     async def _finish(
         self, conn: AsyncConnection, now: float, outcomes: Sequence[Outcome], expected: State
     ) -> int:
-        # A mutation's run is counted as it finishes (its start was never committed); an
-        # action's was counted when it was claimed.
-        if not outcomes:
-            return 0
-        stmt = (
-            update(sf)
-            .where(sf.c.id == bindparam("b_id"), sf.c.state == expected.value)
-            .values(
-                attempts=sf.c.attempts + (1 if expected is State.PENDING else 0),
-                state=bindparam("b_state"),
-                completed_time=now,
-                result=bindparam("b_result"),
-                error_type=bindparam("b_error_type"),
-                error_message=bindparam("b_error_message"),
-            )
-        )
-        result = await conn.execute(
-            stmt,
-            [
+        # The common outcome (Success, nothing returned) goes out as one UPDATE ... IN for
+        # the whole batch; only the others need a row each. On SQLite this took a 64-row
+        # batch's completion from ~3 ms (executemany) to well under 1 ms.
+        plain = [o.id for o in outcomes if o.state is State.SUCCESS and o.result is None]
+        other = [o for o in outcomes if not (o.state is State.SUCCESS and o.result is None)]
+        counted = 1 if expected is State.PENDING else 0
+        written = 0
+        for start in range(0, len(plain), 500):
+            result = await conn.execute(
+                _FINISH_PLAIN,
                 {
-                    "b_id": o.id,
-                    "b_state": o.state.value,
-                    "b_result": o.result,
-                    "b_error_type": o.error_type,
-                    "b_error_message": o.error_message,
-                }
-                for o in outcomes
-            ],
-        )
-        assert isinstance(result, CursorResult)
-        return result.rowcount
+                    "ids": plain[start : start + 500],
+                    "expected": expected.value,
+                    "now": now,
+                    "counted": counted,
+                },
+            )
+            assert isinstance(result, CursorResult)
+            written += result.rowcount
+        if other:
+            result = await conn.execute(
+                _FINISH_ONE,
+                [
+                    {
+                        "b_id": o.id,
+                        "b_state": o.state.value,
+                        "b_result": o.result,
+                        "b_error_type": o.error_type,
+                        "b_error_message": o.error_message,
+                        "expected": expected.value,
+                        "now": now,
+                        "counted": counted,
+                    }
+                    for o in other
+                ],
+            )
+            assert isinstance(result, CursorResult)
+            written += result.rowcount
+        return written
 
     async def count_retry(self, conn: AsyncConnection, ids: Sequence[ScheduledFunctionId]) -> None:
         """Count an internal retry on rows whose batch was rolled back by a fault."""
@@ -352,26 +416,8 @@ class Driver:
         self, conn: AsyncConnection, now: float, limit: int, worker_id: str
     ) -> list[Claimed]:
         """Pending -> InProgress for up to ``limit`` due actions; commit before running them."""
-        # A MATERIALIZED CTE, not ``id IN (SELECT ... LIMIT n)``: PostgreSQL may re-run an
-        # IN-subquery per row and so claim more than ``limit`` rows (caught by
-        # test_actions_run_concurrently_up_to_the_limit).
-        due = (
-            self._due(FunctionKind.ACTION, now, limit)
-            .with_only_columns(sf.c.id)
-            .with_for_update(skip_locked=True)
-            .cte("due")
-            .prefix_with("MATERIALIZED")
-        )
         rows = await conn.execute(
-            update(sf)
-            .where(sf.c.id == due.c.id, sf.c.state == State.PENDING.value)
-            .values(
-                state=State.IN_PROGRESS.value,
-                started_time=now,
-                worker_id=worker_id,
-                attempts=sf.c.attempts + 1,
-            )
-            .returning(*_CLAIM_COLUMNS)
+            _CLAIM_ACTIONS, {"now": now, "limit": limit, "worker_id": worker_id}
         )
         return _claimed(rows)
 
