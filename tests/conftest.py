@@ -95,6 +95,14 @@ def db_url(engine_name: str, tmp_path: Path) -> Iterator[str]:
 
 
 @pytest.fixture
+def postgres_url() -> str:
+    """For the few behaviours only PostgreSQL has (the test's marker says which)."""
+    require_postgres()
+    reset_postgres()
+    return PG_URL
+
+
+@pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()
 

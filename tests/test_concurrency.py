@@ -1,0 +1,153 @@
+"""Several executors on one database (each with its own engine, as separate processes
+would have), direct calls through faults, and the LISTEN connection recovering."""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from collections import Counter as Tally
+from pathlib import Path
+
+import anyio
+import anyio.lowlevel
+import pytest
+from sqlalchemy import text
+
+import durafn
+from durafn import ActionCtx, MutationCtx, State
+from durafn.testing import FakeClock, all_rows
+
+from .conftest import PG_DSN
+from .helpers import count
+from .models import Effect
+
+pytestmark = pytest.mark.anyio
+
+
+def _register(app: durafn.App, mutation_runs: Tally[int], action_runs: Tally[int]) -> None:
+    @app.mutation(name="many:apply")
+    async def apply(ctx: MutationCtx, n: int) -> None:
+        mutation_runs[n] += 1
+        ctx.db.add(Effect(key=f"m{n}"))
+
+    @app.action(name="many:act")
+    async def act(ctx: ActionCtx, n: int) -> None:
+        action_runs[n] += 1
+        await anyio.lowlevel.checkpoint()
+
+
+async def _unfinished(app: durafn.App) -> int:
+    page = await app.list(state=[State.PENDING, State.IN_PROGRESS], limit=1)
+    return len(page.items)
+
+
+async def test_each_row_runs_once_across_executors(
+    app: durafn.App, db_url: str, clock: FakeClock, engine_name: str
+) -> None:
+    mutation_runs: Tally[int] = Tally()
+    action_runs: Tally[int] = Tally()
+    _register(app, mutation_runs, action_runs)
+    second = durafn.App(db_url, clock=clock)
+    _register(second, mutation_runs, action_runs)
+    sched = app.scheduler()
+    for n in range(300):
+        await sched.run_after(0, "many:apply", n=n)
+    for n in range(60):
+        await sched.run_after(0, "many:act", n=n)
+    try:
+        async with (
+            app.run_executor(batch_size=8) as one,
+            second.run_executor(batch_size=8) as two,
+        ):
+            with anyio.fail_after(60):
+                # Completion of a whole backlog has no single signal: poll it.
+                while await _unfinished(app):  # noqa: ASYNC110
+                    await anyio.sleep(0.01)
+        assert mutation_runs == Tally(range(300))
+        assert action_runs == Tally(range(60))
+        assert {r.state for r in await all_rows(app)} == {State.SUCCESS}
+        assert await count(app, Effect) == 300
+        done = [ex.stats["mutations"] + ex.stats["actions"] for ex in (one, two)]
+        assert sum(done) == 360
+        if engine_name == "postgres":
+            assert min(done) > 0, f"one executor did all the work: {done}"
+    finally:
+        await second.aclose()
+
+
+async def test_direct_mutation_retries_a_dropped_connection(
+    app: durafn.App, engine_name: str, db_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    runs = 0
+
+    @app.mutation
+    async def apply(ctx: MutationCtx) -> str:
+        nonlocal runs
+        runs += 1
+        ctx.db.add(Effect(key="once"))
+        await ctx.db.flush()
+        if engine_name == "postgres" and runs == 1:
+            await ctx.db.execute(text("SELECT pg_terminate_backend(pg_backend_pid())"))
+        return "applied"
+
+    caplog.set_level(logging.INFO, logger="durafn")
+    if engine_name == "postgres":
+        assert await app.run_mutation(apply) == "applied"
+    else:
+        app._rt.driver.busy_timeout = 0.05  # type: ignore[attr-defined]
+        await app.aclose()
+        await app.migrate()
+        blocker = sqlite3.connect(Path(db_url.split("///", 1)[1]), isolation_level=None)
+        blocker.execute("BEGIN IMMEDIATE")
+        result: list[str] = []
+
+        async def _call() -> None:
+            result.append(await app.run_mutation(apply))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_call)
+            with anyio.fail_after(10):
+                while "transient database fault" not in caplog.text:  # noqa: ASYNC110
+                    await anyio.sleep(0.01)
+            blocker.execute("COMMIT")
+        blocker.close()
+        assert result == ["applied"]
+    assert "transient database fault" in caplog.text
+    assert await count(app, Effect) == 1
+
+
+@pytest.mark.postgres_only  # LISTEN/NOTIFY exists only on PostgreSQL; SQLite polls
+async def test_listen_connection_recovers(postgres_url: str, clock: FakeClock) -> None:
+    import asyncpg
+
+    app = durafn.App(postgres_url, clock=clock)
+    await app.migrate()
+
+    @app.mutation(name="listen:noop")
+    async def noop(ctx: MutationCtx) -> None:
+        pass
+
+    other = durafn.App(postgres_url, clock=clock)
+    other.mutation(name="listen:noop")(noop.fn)
+    admin = await asyncpg.connect(PG_DSN)
+    listening = (
+        "SELECT pid FROM pg_stat_activity WHERE query LIKE 'LISTEN%' "
+        "AND datname = current_database()"
+    )
+    try:
+        async with app.run_executor(poll_interval=3600) as executor:
+            with anyio.fail_after(10):
+                while not (pids := await admin.fetch(listening)):  # noqa: ASYNC110
+                    await anyio.sleep(0.01)
+            old = pids[0]["pid"]
+            await admin.execute("SELECT pg_terminate_backend($1)", old)
+            with anyio.fail_after(10):
+                # Wait for the executor to LISTEN again on a new connection.
+                while [r["pid"] for r in await admin.fetch(listening)] in ([], [old]):  # noqa: ASYNC110
+                    await anyio.sleep(0.01)
+            sid = await other.scheduler().run_after(0, "listen:noop")
+            assert (await executor.wait_for(sid, timeout=10)).state is State.SUCCESS
+    finally:
+        await admin.close()
+        await other.aclose()
+        await app.aclose()
