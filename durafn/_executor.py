@@ -28,7 +28,7 @@ import logging
 import math
 import os
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -163,7 +163,9 @@ class Executor:
             if config.poll_interval is not None
             else driver.default_poll_interval
         )
-        self._work = _Signal()  # new or earlier work may be due
+        # Per kind, so that new mutations do not send the action dispatcher into a claim
+        # transaction for nothing (on SQLite it would queue for the one write lock).
+        self._work = {kind: _Signal() for kind in (FunctionKind.MUTATION, FunctionKind.ACTION)}
         self._progress = _Signal()  # some row finished
         self._slot_freed = _Signal()
         self._stopping: anyio.Event | None = None  # created when started
@@ -271,7 +273,7 @@ class Executor:
                     self._actions_tg = actions
                     async with (
                         anyio.create_task_group() as loops,
-                        self._rt.driver.listen(self._rt.engine, self._on_wake_optional),
+                        self._rt.driver.listen(self._rt.engine, self._on_wake),
                     ):
                         for _ in range(self._lanes):
                             loops.start_soon(self._mutation_lane)
@@ -281,7 +283,7 @@ class Executor:
                             yield self
                         finally:
                             self._stopping.set()
-                            self._work.fire()
+                            self._on_wake(self._work)
                     # Claiming has stopped; running actions get the grace period.
                     with anyio.move_on_after(self.config.grace_period):
                         while self._running_actions:
@@ -292,11 +294,10 @@ class Executor:
         finally:
             self._rt._wake_listeners.discard(self._on_wake)
 
-    def _on_wake(self, _due: float) -> None:
-        self._work.fire()
-
-    def _on_wake_optional(self, _due: float | None) -> None:
-        self._work.fire()
+    def _on_wake(self, kinds: Collection[FunctionKind]) -> None:
+        for kind in kinds:
+            if (signal := self._work.get(kind)) is not None:
+                signal.fire()
 
     async def _idle_wait(self, kind: FunctionKind, signal: anyio.Event) -> None:
         """Sleep until the next row of ``kind`` is due, new work is signalled, or the poll."""
@@ -320,7 +321,7 @@ class Executor:
     async def _mutation_lane(self) -> None:
         assert self._stopping is not None
         while not self._stopping.is_set():
-            signal = self._work.current()
+            signal = self._work[FunctionKind.MUTATION].current()
             if await self._mutation_batch_retrying() == 0:
                 await self._idle_wait(FunctionKind.MUTATION, signal)
 
@@ -367,19 +368,18 @@ class Executor:
             claimed.extend(rows)
             session = AsyncSession(bind=conn, expire_on_commit=False, autoflush=True)
             outcomes: list[Outcome] = []
-            wake_at: float | None = None
+            woken: set[FunctionKind] = set()
             current = _Running()
             # One cancel scope for the whole batch, its deadline moved per mutation: a new
             # anyio scope per mutation cost ~25 us, a sixth of a no-op mutation on SQLite.
             with anyio.CancelScope() as limit:
                 try:
                     for row in rows:
-                        outcome, due = await self._run_mutation(
+                        outcome, kinds = await self._run_mutation(
                             conn, session, row, savepoints, limit, current
                         )
                         outcomes.append(outcome)
-                        if due is not None:
-                            wake_at = due if wake_at is None else min(wake_at, due)
+                        woken |= kinds
                 finally:
                     if not limit.cancel_called:
                         await session.close()
@@ -409,8 +409,7 @@ class Executor:
                 logger.warning("mutation %s failed: %s: %s", o.id, o.error_type, o.error_message)
             else:
                 logger.debug("mutation %s -> Success", o.id)
-        if wake_at is not None:
-            rt.wake(wake_at)
+        rt.wake(woken)
         self._progress.fire()
         return len(outcomes)
 
@@ -422,13 +421,13 @@ class Executor:
         savepoints: bool,
         limit: anyio.CancelScope,
         current: _Running,
-    ) -> tuple[Outcome, float | None]:
+    ) -> tuple[Outcome, set[FunctionKind]]:
         rt = self._rt
         try:
             ref = self._resolve(row, MutationRef)
             values = ref.decode_args(row.args)
         except DurafnError as exc:
-            return _failed(row.id, exc), None
+            return _failed(row.id, exc), set()
         writer = BufferedWriter(rt, conn, check_parent=None)
         scheduler = Scheduler(rt, writer, parent_id=row.id, own_run_id=row.id)
         ctx = MutationCtx(rt, session, scheduler, SystemTable(rt, conn, writer.flush), row.id)
@@ -454,12 +453,12 @@ class Executor:
             await savepoint.rollback()
             session.expunge_all()
             writer.discard()
-            return _failed(row.id, exc), None
+            return _failed(row.id, exc), set()
         if savepoint is not None:
             await savepoint.commit()
         if session.identity_map:
             session.expunge_all()
-        return Outcome(row.id, State.SUCCESS, result=encoded), writer.min_due
+        return Outcome(row.id, State.SUCCESS, result=encoded), writer.woken
 
     async def _fail_alone(self, row: Claimed, exc: BaseException) -> None:
         """Record one mutation Failed in its own transaction (after its batch rolled back)."""
@@ -506,7 +505,7 @@ class Executor:
         assert self._stopping is not None
         failures = 0
         while not self._stopping.is_set():
-            signal = self._work.current()
+            signal = self._work[FunctionKind.ACTION].current()
             free = self.config.concurrency - self._running_actions
             if free <= 0:
                 await _first_of(self._slot_freed.current().wait, self._stopping.wait)

@@ -12,7 +12,7 @@ from ._errors import ArgumentError, FunctionTimeoutError
 from ._registry import ActionRef, FunctionRef, MutationRef, QueryRef
 from ._runtime import Runtime
 from ._scheduler import BufferedWriter, DirectWriter, Scheduler
-from ._types import ScheduledFunctionId
+from ._types import FunctionKind, ScheduledFunctionId
 
 R = TypeVar("R")
 
@@ -82,7 +82,7 @@ class Invoker:
         ref = self._check(ref, MutationRef)
         values = ref.validate_call(args, kwargs)
         timeout = self.timeouts.for_(ref)
-        woken: list[float] = []
+        woken: set[FunctionKind] = set()
 
         async def _body(conn: AsyncConnection) -> R:
             woken.clear()
@@ -100,15 +100,13 @@ class Invoker:
                 await writer.flush()
             finally:
                 await session.close()
-            if writer.min_due is not None:
-                woken.append(writer.min_due)
+            woken.update(writer.woken)
             return result
 
         result = await self._rt.transaction(
             _body, doing=f"running mutation {ref.name!r}", user_code=True
         )
-        for due in woken:
-            self._rt.wake(due)
+        self._rt.wake(woken)
         return result
 
     async def action(

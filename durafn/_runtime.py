@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -21,6 +21,7 @@ from ._errors import DatabaseError, DurafnError
 from ._registry import Registry
 from ._store import Driver
 from ._store.sqlite import READ_ONLY_OPTION
+from ._types import FunctionKind
 
 T = TypeVar("T")
 logger = logging.getLogger("durafn")
@@ -58,7 +59,7 @@ class Runtime:
     _ready: bool = False
     _ready_lock: anyio.Lock | None = None
     auto_migrate: bool = True
-    _wake_listeners: set[Callable[[float], None]] = field(default_factory=set)
+    _wake_listeners: set[Callable[[Collection[FunctionKind]], None]] = field(default_factory=set)
 
     @property
     def engine(self) -> AsyncEngine:
@@ -93,10 +94,11 @@ class Runtime:
 
     # -- wake-ups ------------------------------------------------------------------------
 
-    def wake(self, due_at: float) -> None:
-        """Tell this process's executors that a row is due at ``due_at`` (after commit)."""
-        for listener in list(self._wake_listeners):
-            listener(due_at)
+    def wake(self, kinds: Collection[FunctionKind]) -> None:
+        """Tell this process's executors that rows of ``kinds`` were committed."""
+        if kinds:
+            for listener in list(self._wake_listeners):
+                listener(kinds)
 
     # -- transactions --------------------------------------------------------------------
 

@@ -30,7 +30,7 @@ from ._errors import (
 from ._registry import SchedulableRef
 from ._runtime import Runtime
 from ._store import new_id
-from ._types import CancelResult, ScheduledFunctionId, State
+from ._types import CancelResult, FunctionKind, ScheduledFunctionId, State
 
 P = ParamSpec("P")
 
@@ -228,9 +228,8 @@ def _when_seconds(when: object, now: float) -> float:
     raise SchedulingError(f"run_at takes an aware datetime or epoch seconds, not {when!r}")
 
 
-def _first_pending_due(rows: list[dict[str, Any]]) -> float | None:
-    due = [r["available_at"] for r in rows if r["state"] == State.PENDING.value]
-    return min(due) if due else None
+def _pending_kinds(rows: list[dict[str, Any]]) -> set[FunctionKind]:
+    return {FunctionKind(r["kind"]) for r in rows if r["state"] == State.PENDING.value}
 
 
 class BufferedWriter:
@@ -245,8 +244,8 @@ class BufferedWriter:
         self._conn = conn
         self._check_parent = check_parent
         self._rows: list[dict[str, Any]] = []
-        self.min_due: float | None = None
-        """Earliest Pending row written: wake executors for it once committed."""
+        self.woken: set[FunctionKind] = set()
+        """Kinds of Pending rows written: wake executors for them once committed."""
 
     async def add(self, row: dict[str, Any]) -> None:
         self._rows.append(row)
@@ -258,15 +257,14 @@ class BufferedWriter:
             return
         rows, self._rows = self._rows, []
         await _write(self._rt, self._conn, rows, self._check_parent)
-        due = _first_pending_due(rows)
-        if due is not None:
-            if self.min_due is None or due < self.min_due:
-                await self._rt.driver.notify(self._conn, due)
-            self.min_due = due if self.min_due is None else min(self.min_due, due)
+        new = _pending_kinds(rows) - self.woken
+        if new:  # one NOTIFY per kind per transaction is enough
+            await self._rt.driver.notify(self._conn, new)
+            self.woken |= new
 
     def discard(self) -> None:
         self._rows.clear()
-        self.min_due = None
+        self.woken.clear()
 
     async def cancel(self, id: ScheduledFunctionId, now: float) -> State | None:
         await self.flush()
@@ -301,7 +299,7 @@ class DirectWriter:
     async def add(self, row: dict[str, Any]) -> None:
         rt = self._rt
 
-        async def _body(conn: AsyncConnection) -> None:
+        async def _body(conn: AsyncConnection) -> set[FunctionKind]:
             try:
                 await _write(rt, conn, [row], self._check_parent)
             except sa_exc.IntegrityError:
@@ -309,12 +307,12 @@ class DirectWriter:
                 # the row exists the first attempt did commit.
                 if await rt.driver.get(conn, row["id"]) is None:
                     raise
-            if row["state"] == State.PENDING.value:
-                await rt.driver.notify(conn, row["available_at"])
+            kinds = _pending_kinds([row])
+            if kinds:
+                await rt.driver.notify(conn, kinds)
+            return kinds
 
-        await rt.transaction(_body, doing="scheduling a function")
-        if row["state"] == State.PENDING.value:
-            rt.wake(row["available_at"])
+        rt.wake(await rt.transaction(_body, doing="scheduling a function"))
 
     async def cancel(self, id: ScheduledFunctionId, now: float) -> State | None:
         async def _body(conn: AsyncConnection) -> State | None:
@@ -329,7 +327,7 @@ class JoinedWriter:
     def __init__(self, runtime: Runtime, target: AsyncSession | AsyncConnection) -> None:
         self._rt = runtime
         self._target = target
-        self._min_due: float | None = None
+        self._to_wake: set[FunctionKind] = set()
 
     async def _conn(self) -> AsyncConnection:
         if isinstance(self._target, AsyncSession):
@@ -339,13 +337,17 @@ class JoinedWriter:
     async def add(self, row: dict[str, Any]) -> None:
         conn = await self._conn()
         await _write(self._rt, conn, [row], None)
-        due: float = row["available_at"]
-        if self._min_due is not None and self._min_due <= due:
-            return
-        await self._rt.driver.notify(conn, due)
-        if self._min_due is None:
-            self._after_commit(lambda: self._rt.wake(self._min_due or 0.0))
-        self._min_due = due
+        kinds = _pending_kinds([row])
+        # The caller may reuse this scheduler across transactions, so notify every time
+        # (PostgreSQL folds identical notifications within one transaction).
+        await self._rt.driver.notify(conn, kinds)
+        if not self._to_wake:
+            self._after_commit(self._wake)
+        self._to_wake |= kinds
+
+    def _wake(self) -> None:
+        kinds, self._to_wake = self._to_wake, set()
+        self._rt.wake(kinds)
 
     def _after_commit(self, callback: Callable[[], None]) -> None:
         # In-process executors wake at once; other processes learn by NOTIFY or the poll.

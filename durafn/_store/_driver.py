@@ -15,7 +15,7 @@ import base64
 import json
 import os
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -245,12 +245,12 @@ class Driver:
         value = (await conn.execute(select(sf.c.state).where(sf.c.id == id))).scalar()
         return State(value) if value is not None else None
 
-    async def notify(self, conn: AsyncConnection, due_at: float) -> None:
-        """Tell executors in other processes, on commit, that work is due at ``due_at``."""
+    async def notify(self, conn: AsyncConnection, kinds: Collection[FunctionKind]) -> None:
+        """Tell executors in other processes, on commit, that rows of ``kinds`` were added."""
 
     @asynccontextmanager
     async def listen(
-        self, engine: AsyncEngine, on_wake: Callable[[float | None], None]
+        self, engine: AsyncEngine, on_wake: Callable[[Collection[FunctionKind]], None]
     ) -> AsyncIterator[bool]:
         """Deliver other processes' wake-ups to ``on_wake``; yields whether it can."""
         yield False

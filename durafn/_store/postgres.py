@@ -8,7 +8,7 @@ with an exact row count (asyncpg's executemany reports none).
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, ClassVar
 
@@ -19,12 +19,13 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from .._errors import ReadOnlyError
-from .._types import ScheduledFunctionId, State
+from .._types import FunctionKind, ScheduledFunctionId, State
 from ._driver import Driver, Outcome
 
 logger = logging.getLogger("durafn.store")
 
 CHANNEL = "durafn_wakeup"
+_ALL_KINDS = frozenset({FunctionKind.MUTATION, FunctionKind.ACTION})
 
 # sqlstates worth a retry of the whole transaction: connection exceptions (08), serialization
 # failure and deadlock (40001, 40P01), lock timeout (55P03), server going away (57P0x),
@@ -109,11 +110,11 @@ class PostgresDriver(Driver):
         ).scalar()
         return State(value) if value is not None else None
 
-    async def notify(self, conn: AsyncConnection, due_at: float) -> None:
+    async def notify(self, conn: AsyncConnection, kinds: Collection[FunctionKind]) -> None:
         # Delivered at commit, never for a rolled-back transaction.
         await conn.execute(
             text("SELECT pg_notify(:channel, :payload)"),
-            {"channel": CHANNEL, "payload": repr(due_at)},
+            {"channel": CHANNEL, "payload": ",".join(sorted(kinds))},
         )
 
     async def _lock_schema(self, conn: AsyncConnection) -> None:
@@ -142,15 +143,13 @@ class PostgresDriver(Driver):
 
     @asynccontextmanager
     async def listen(
-        self, engine: AsyncEngine, on_wake: Callable[[float | None], None]
+        self, engine: AsyncEngine, on_wake: Callable[[Collection[FunctionKind]], None]
     ) -> AsyncIterator[bool]:
         """A dedicated asyncpg connection LISTENing, reconnected with backoff if it drops."""
 
         def _callback(_conn: Any, _pid: int, _channel: str, payload: str) -> None:
-            try:
-                on_wake(float(payload))
-            except ValueError:
-                on_wake(None)
+            kinds = {k for k in _ALL_KINDS if k.value in payload.split(",")}
+            on_wake(kinds or _ALL_KINDS)
 
         dsn = self.url.set(drivername="postgresql").render_as_string(hide_password=False)
 
@@ -170,7 +169,7 @@ class PostgresDriver(Driver):
                     await conn.add_listener(CHANNEL, _callback)
                     delay = 0.1
                     # Work may have been scheduled while we were not listening.
-                    on_wake(None)
+                    on_wake(_ALL_KINDS)
                     await lost.wait()
                     logger.warning("LISTEN connection lost; reconnecting")
                 finally:
