@@ -30,7 +30,7 @@ import os
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import anyio
@@ -113,6 +113,15 @@ class _Signal:
 
 class _BatchRestart(Exception):
     """A mutation raised in an optimistic batch: re-run the batch with savepoints."""
+
+
+@dataclass(slots=True)
+class _Batch:
+    outcomes: list[Outcome] = field(default_factory=list)
+    written: int = 0
+    """How many of ``outcomes`` are already written to the database."""
+    cancelled: bool = False
+    """A mutation of this batch cancelled something: check rows before running them."""
 
 
 @dataclass(slots=True)
@@ -367,7 +376,8 @@ class Executor:
                 return 0
             claimed.extend(rows)
             session = AsyncSession(bind=conn, expire_on_commit=False, autoflush=True)
-            outcomes: list[Outcome] = []
+            batch = _Batch()
+            outcomes = batch.outcomes
             woken: set[FunctionKind] = set()
             current = _Running()
             # One cancel scope for the whole batch, its deadline moved per mutation: a new
@@ -375,8 +385,13 @@ class Executor:
             with anyio.CancelScope() as limit:
                 try:
                     for row in rows:
+                        if (
+                            batch.cancelled
+                            and await driver.state(conn, row.id) is not State.PENDING
+                        ):
+                            continue  # cancelled by an earlier mutation of this batch
                         outcome, kinds = await self._run_mutation(
-                            conn, session, row, savepoints, limit, current
+                            conn, session, row, savepoints, limit, current, batch
                         )
                         outcomes.append(outcome)
                         woken |= kinds
@@ -396,11 +411,7 @@ class Executor:
                         "timeout=... on its decorator"
                     ),
                 )
-            written = await driver.finish_pending(conn, rt.clock.now(), outcomes)
-            if written != len(outcomes):  # pragma: no cover - rows are locked by us
-                raise DatabaseError(
-                    f"{len(outcomes) - written} claimed mutations changed state under the executor"
-                )
+            await self._write_batch(conn, batch)
             await conn.commit()
         for o in outcomes:
             failed = o.state is State.FAILED
@@ -421,6 +432,7 @@ class Executor:
         savepoints: bool,
         limit: anyio.CancelScope,
         current: _Running,
+        batch: _Batch,
     ) -> tuple[Outcome, set[FunctionKind]]:
         rt = self._rt
         try:
@@ -428,10 +440,16 @@ class Executor:
             values = ref.decode_args(row.args)
         except DurafnError as exc:
             return _failed(row.id, exc), set()
-        writer = BufferedWriter(rt, conn, check_parent=None)
+        writer = BufferedWriter(
+            rt,
+            conn,
+            check_parent=None,
+            before_cancel=functools.partial(self._before_cancel, conn, batch),
+        )
         scheduler = Scheduler(rt, writer, parent_id=row.id, own_run_id=row.id)
         ctx = MutationCtx(rt, session, scheduler, SystemTable(rt, conn, writer.flush), row.id)
         savepoint = await session.begin_nested() if savepoints else None
+        mark = batch.written
         timeout = self._invoker.timeouts.for_(ref)
         current.row, current.timeout = row, timeout
         limit.deadline = anyio.current_time() + timeout
@@ -451,6 +469,7 @@ class Executor:
             if savepoint is None:
                 raise _BatchRestart() from exc
             await savepoint.rollback()
+            batch.written = mark  # outcomes it wrote early were rolled back with it
             session.expunge_all()
             writer.discard()
             return _failed(row.id, exc), set()
@@ -459,6 +478,25 @@ class Executor:
         if session.identity_map:
             session.expunge_all()
         return Outcome(row.id, State.SUCCESS, result=encoded), writer.woken
+
+    async def _before_cancel(self, conn: AsyncConnection, batch: _Batch) -> None:
+        await self._write_batch(conn, batch)
+        batch.cancelled = True
+
+    async def _write_batch(self, conn: AsyncConnection, batch: _Batch) -> None:
+        """Write the batch's outcomes not yet written.
+
+        Called at the end of a batch, and also before a mutation of the batch cancels a
+        row: then the rows the batch already ran must read as finished (as they would had
+        each mutation committed alone), and the batch must skip rows cancelled under it.
+        """
+        pending = batch.outcomes[batch.written :]
+        written = await self._rt.driver.finish_pending(conn, self._rt.clock.now(), pending)
+        if written != len(pending):  # pragma: no cover - the rows are locked by this batch
+            raise DatabaseError(
+                f"{len(pending) - written} claimed mutations changed state under the executor"
+            )
+        batch.written = len(batch.outcomes)
 
     async def _fail_alone(self, row: Claimed, exc: BaseException) -> None:
         """Record one mutation Failed in its own transaction (after its batch rolled back)."""

@@ -13,7 +13,7 @@ writers:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from typing import Any, ParamSpec, Protocol, overload
 
@@ -238,11 +238,16 @@ class BufferedWriter:
     FLUSH_AT = 1000
 
     def __init__(
-        self, runtime: Runtime, conn: AsyncConnection, check_parent: ScheduledFunctionId | None
+        self,
+        runtime: Runtime,
+        conn: AsyncConnection,
+        check_parent: ScheduledFunctionId | None,
+        before_cancel: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self._rt = runtime
         self._conn = conn
         self._check_parent = check_parent
+        self._before_cancel = before_cancel
         self._rows: list[dict[str, Any]] = []
         self.woken: set[FunctionKind] = set()
         """Kinds of Pending rows written: wake executors for them once committed."""
@@ -268,6 +273,8 @@ class BufferedWriter:
 
     async def cancel(self, id: ScheduledFunctionId, now: float) -> State | None:
         await self.flush()
+        if self._before_cancel is not None:
+            await self._before_cancel()
         return await self._rt.driver.cancel(self._conn, id, now)
 
 

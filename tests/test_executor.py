@@ -396,3 +396,51 @@ async def test_guarded_finish_does_not_overwrite_a_concurrent_change(app: durafn
         row = await executor.wait_for(sid)
     assert row.state is State.FAILED
     assert row.result is None
+
+
+@pytest.mark.parametrize("with_failure", [False, True], ids=["optimistic", "savepoints"])
+async def test_cancelling_a_row_of_the_same_batch(
+    app: durafn.App, clock: FakeClock, with_failure: bool
+) -> None:
+    """A mutation cancels rows its own batch has claimed. One the batch already ran reads
+    as finished (the cancel is a no-op, as if each had committed alone); one it has not run
+    yet is Canceled and skipped. With a failing mutation in the batch, the batch re-runs
+    with savepoints and the same holds."""
+    ran: list[str] = []
+
+    @app.mutation
+    async def victim(ctx: MutationCtx, tag: str) -> None:
+        ran.append(tag)
+
+    @app.mutation
+    async def canceller(ctx: MutationCtx, target: str) -> bool:
+        return (await ctx.scheduler.cancel(target)).canceled
+
+    @app.mutation
+    async def boom(ctx: MutationCtx) -> None:
+        raise ValueError("boom")
+
+    sched = app.scheduler()
+    if with_failure:
+        await sched.run_after(0.05, boom)
+    earlier = await sched.run_after(0.1, victim, tag="earlier")
+    later = await sched.run_after(0.3, victim, tag="later")
+    cancel_later = await sched.run_after(0.2, canceller, target=later)
+    cancel_earlier = await sched.run_after(0.2, canceller, target=earlier)
+    await sched.run_after(0.4, victim, tag="unrelated")
+    clock.advance(1)
+    await app.executor(batch_size=10).run_until_idle()
+
+    rows = {r.id: r for r in await all_rows(app)}
+    assert rows[earlier].state is State.SUCCESS
+    assert rows[cancel_earlier].result is False  # it had already run in this batch
+    assert rows[later].state is State.CANCELED
+    assert rows[cancel_later].result is True
+    assert {r.args["tag"]: r.state for r in rows.values() if r.name == victim.name} == {
+        "earlier": State.SUCCESS,
+        "later": State.CANCELED,
+        "unrelated": State.SUCCESS,
+    }
+    assert "later" not in ran
+    if not with_failure:
+        assert ran == ["earlier", "unrelated"]

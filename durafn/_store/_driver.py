@@ -242,6 +242,9 @@ class Driver:
 
     async def lock_for_share(self, conn: AsyncConnection, id: ScheduledFunctionId) -> State | None:
         """Read a row's state, holding it against a concurrent cancel until commit."""
+        return await self.state(conn, id)
+
+    async def state(self, conn: AsyncConnection, id: ScheduledFunctionId) -> State | None:
         value = (await conn.execute(select(sf.c.state).where(sf.c.id == id))).scalar()
         return State(value) if value is not None else None
 
