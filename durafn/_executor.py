@@ -413,15 +413,8 @@ class Executor:
                 )
             await self._write_batch(conn, batch)
             await conn.commit()
-        for o in outcomes:
-            failed = o.state is State.FAILED
-            self.stats["failed" if failed else "mutations"] += 1
-            if failed:
-                logger.warning("mutation %s failed: %s: %s", o.id, o.error_type, o.error_message)
-            else:
-                logger.debug("mutation %s -> Success", o.id)
+        self._record(FunctionKind.MUTATION, outcomes)
         rt.wake(woken)
-        self._progress.fire()
         return len(outcomes)
 
     async def _run_mutation(
@@ -506,11 +499,7 @@ class Executor:
             return await self._rt.driver.finish_pending(conn, self._rt.clock.now(), [outcome])
 
         if await self._rt.transaction(_write, doing="recording a failure"):
-            self.stats["failed"] += 1
-            logger.warning(
-                "mutation %s failed: %s: %s", row.id, outcome.error_type, outcome.error_message
-            )
-        self._progress.fire()
+            self._record(FunctionKind.MUTATION, [outcome])
 
     async def _count_retry(self, rows: list[Claimed]) -> None:
         # The backoff itself is the lane's sleep (real time): the rows stay due, so another
@@ -643,13 +632,17 @@ class Executor:
                 "%d finished actions had been cancelled meanwhile; they stay Canceled",
                 len(outcomes) - written,
             )
+        self._record(FunctionKind.ACTION, outcomes)
+
+    def _record(self, kind: FunctionKind, outcomes: list[Outcome]) -> None:
+        """Count and log committed outcomes (one line each), and wake ``wait_for``."""
         for o in outcomes:
-            failed = o.state is State.FAILED
-            self.stats["failed" if failed else "actions"] += 1
-            if failed:
-                logger.warning("action %s failed: %s: %s", o.id, o.error_type, o.error_message)
+            if o.state is State.FAILED:
+                self.stats["failed"] += 1
+                logger.warning("%s %s failed: %s: %s", kind, o.id, o.error_type, o.error_message)
             else:
-                logger.debug("action %s -> Success", o.id)
+                self.stats[f"{kind}s"] += 1
+                logger.debug("%s %s -> %s", kind, o.id, o.state)
         self._progress.fire()
 
     # -- maintenance -------------------------------------------------------------------

@@ -50,6 +50,30 @@ _FINISH_SQL = text(
 )
 
 
+_INSERT_SQL = text(
+    """
+    INSERT INTO _scheduled_functions
+        (id, name, kind, args, state, scheduled_time, available_at, completed_time, parent_id)
+    SELECT * FROM unnest(
+        CAST(:ids AS uuid[]), CAST(:names AS text[]), CAST(:kinds AS text[]),
+        CAST(:args AS text[]), CAST(:states AS text[]), CAST(:scheduled AS float8[]),
+        CAST(:available AS float8[]), CAST(:completed AS float8[]), CAST(:parents AS uuid[]))
+    """
+)
+
+_INSERT_COLUMNS = {
+    "ids": "id",
+    "names": "name",
+    "kinds": "kind",
+    "args": "args",
+    "states": "state",
+    "scheduled": "scheduled_time",
+    "available": "available_at",
+    "completed": "completed_time",
+    "parents": "parent_id",
+}
+
+
 def _sqlstate(exc: BaseException) -> str | None:
     for candidate in (
         exc,
@@ -119,6 +143,14 @@ class PostgresDriver(Driver):
 
     async def _lock_schema(self, conn: AsyncConnection) -> None:
         await conn.execute(text("SELECT pg_advisory_xact_lock(hashtext('durafn.migrate'))"))
+
+    async def insert_rows(self, conn: AsyncConnection, rows: Sequence[dict[str, Any]]) -> None:
+        # One statement with one array per column: a 1000-row schedule is one round trip
+        # and one parse (asyncpg's executemany took ~30 ms for 1000 rows here).
+        await conn.execute(
+            _INSERT_SQL,
+            {param: [row[column] for row in rows] for param, column in _INSERT_COLUMNS.items()},
+        )
 
     async def _finish(
         self, conn: AsyncConnection, now: float, outcomes: Sequence[Outcome], expected: State
