@@ -12,13 +12,20 @@ import anyio
 from sqlalchemy import update
 
 import durafn
-from durafn import MutationCtx
+from durafn import ActionCtx, MutationCtx
 
 from .models import Counter, Effect
 
 
 def build(url: str) -> tuple[durafn.App, durafn.MutationRef[[int], None]]:
     app = durafn.App(url)
+
+    @app.action(name="crash:act")
+    async def act(ctx: ActionCtx, n: int, path: str) -> None:
+        # A side effect outside the database: the file shows how often each action started.
+        async with await anyio.open_file(path, "a") as f:
+            await f.write(f"{n}\n")
+        await anyio.sleep(0.05)
 
     @app.mutation(name="crash:apply")
     async def apply(ctx: MutationCtx, n: int) -> None:
@@ -35,7 +42,7 @@ def build(url: str) -> tuple[durafn.App, durafn.MutationRef[[int], None]]:
 
 async def _work(url: str) -> None:
     app, _ = build(url)
-    async with app.run_executor(batch_size=16, poll_interval=0.05):
+    async with app.run_executor(batch_size=16, poll_interval=0.05, concurrency=8):
         await anyio.sleep_forever()
 
 

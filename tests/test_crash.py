@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 import signal
 import sys
+from collections import Counter as Tally
 from pathlib import Path
 
 import anyio
@@ -71,3 +72,57 @@ async def test_exactly_once_under_kill_9(db_url: str, tmp_path: Path) -> None:
     assert await counter(app) == TOTAL
     assert await count(app, Effect) == TOTAL
     await app.aclose()
+
+
+async def test_actions_run_at_most_once_under_kill_9(db_url: str, tmp_path: Path) -> None:
+    """Actions append to a file (a side effect no transaction can undo). Killed mid-run and
+    restarted, no action ever starts twice: the ones cut off stay InProgress (the worker
+    issue adds lost-worker rescue), every other one is Success, each with one line."""
+    app, _ = build(db_url)
+    await app.migrate()
+    effects = tmp_path / "effects.txt"
+    effects.touch()
+    sched = app.scheduler()
+    for n in range(60):
+        await sched.run_after(0, "crash:act", n=n, path=str(effects))
+
+    async def started() -> int:
+        return len(effects.read_text().split())
+
+    with (tmp_path / "worker.log").open("w") as log:
+        for round_ in range(3):
+            last = round_ == 2
+            # Actions cut off by an earlier kill stay InProgress and never start again.
+            orphaned = len((await app.list(state=State.IN_PROGRESS, limit=100)).items)
+            proc = await anyio.open_process(
+                [sys.executable, "-m", "tests.crash_app", db_url], cwd=ROOT, stdout=log, stderr=log
+            )
+            try:
+                with anyio.fail_after(60):
+                    # Side effects are only visible in the file and the table: poll them.
+                    while (
+                        await _succeeded(app) < 60 - orphaned
+                        if last
+                        else await started() < 10 * (round_ + 1) + 5
+                    ):
+                        assert proc.returncode is None, f"worker exited early; see {log.name}"
+                        await anyio.sleep(0.005)
+            finally:
+                proc.send_signal(signal.SIGKILL)
+                await proc.wait()
+
+    starts = Tally(int(x) for x in effects.read_text().split())
+    assert max(starts.values()) == 1, f"an action started twice: {starts.most_common(3)}"
+    rows = {r.args["n"]: r for r in await all_rows(app)}
+    lost = [n for n, r in rows.items() if r.state is State.IN_PROGRESS]
+    assert lost, "no kill landed while actions were running"
+    for n, row in rows.items():
+        assert row.state in (State.SUCCESS, State.IN_PROGRESS), (n, row.state)
+        assert row.attempts == 1
+        if row.state is State.SUCCESS:
+            assert starts[n] == 1
+    await app.aclose()
+
+
+async def _succeeded(app: durafn.App) -> int:
+    return len((await app.list(state=State.SUCCESS, limit=1000)).items)
