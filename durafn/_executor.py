@@ -308,12 +308,18 @@ class Executor:
             if (signal := self._work.get(kind)) is not None:
                 signal.fire()
 
-    async def _idle_wait(self, kind: FunctionKind, signal: anyio.Event) -> None:
-        """Sleep until the next row of ``kind`` is due, new work is signalled, or the poll."""
+    async def _idle_wait(self, kind: FunctionKind, signal: anyio.Event, claimed_at: float) -> None:
+        """Sleep until the next row of ``kind`` is due, new work is signalled, or the poll.
+
+        ``claimed_at`` is when the claim that found nothing ran: rows due by then are all
+        taken (locked by another lane or executor), so only later ones are waited for.
+        """
         assert self._stopping is not None
         if self._stopping.is_set():
             return
-        next_due = await self._read(lambda conn: self._rt.driver.next_due(conn, kind))
+        next_due = await self._read(
+            functools.partial(self._rt.driver.next_due, kind=kind, after=claimed_at)
+        )
         deadline = self._rt.clock.now() + self._poll
         if next_due is not None:
             deadline = min(deadline, next_due)
@@ -331,17 +337,21 @@ class Executor:
         assert self._stopping is not None
         while not self._stopping.is_set():
             signal = self._work[FunctionKind.MUTATION].current()
-            if await self._mutation_batch_retrying() == 0:
-                await self._idle_wait(FunctionKind.MUTATION, signal)
+            now = self._rt.clock.now()
+            if await self._mutation_batch_retrying(now) == 0:
+                await self._idle_wait(FunctionKind.MUTATION, signal, now)
 
-    async def _mutation_batch_retrying(self) -> int:
-        """One batch, retried through internal faults; returns how many rows it finished."""
+    async def _mutation_batch_retrying(self, now: float | None = None) -> int:
+        """One batch, retried through internal faults; returns how many rows it finished.
+
+        ``now`` is the time to claim at (default: the clock's now).
+        """
         failures = 0
         while True:
             savepoints = self._savepoint_batches > 0
             claimed: list[Claimed] = []
             try:
-                n = await self._mutation_batch(savepoints, claimed)
+                n = await self._mutation_batch(savepoints, claimed, now)
                 if savepoints:
                     self._savepoint_batches -= 1
                 return n
@@ -365,12 +375,15 @@ class Executor:
                 await self._count_retry(claimed)
                 await anyio.sleep(delay)
 
-    async def _mutation_batch(self, savepoints: bool, claimed: list[Claimed]) -> int:
+    async def _mutation_batch(
+        self, savepoints: bool, claimed: list[Claimed], now: float | None
+    ) -> int:
         rt = self._rt
         driver = rt.driver
         async with rt.engine.connect() as conn:
             await conn.begin()
-            rows = await driver.claim_mutations(conn, rt.clock.now(), self.config.batch_size)
+            claim_at = rt.clock.now() if now is None else now
+            rows = await driver.claim_mutations(conn, claim_at, self.config.batch_size)
             if not rows:
                 await conn.rollback()
                 return 0
@@ -517,8 +530,8 @@ class Executor:
 
     # -- actions -----------------------------------------------------------------------
 
-    async def _claim_actions(self, limit: int) -> list[Claimed]:
-        now = self._rt.clock.now()
+    async def _claim_actions(self, limit: int, now: float | None = None) -> list[Claimed]:
+        now = self._rt.clock.now() if now is None else now
 
         async def _claim(conn: AsyncConnection) -> list[Claimed]:
             return await self._rt.driver.claim_actions(conn, now, limit, self.worker_id)
@@ -537,8 +550,9 @@ class Executor:
             if free <= 0:
                 await _first_of(self._slot_freed.current().wait, self._stopping.wait)
                 continue
+            now = self._rt.clock.now()
             try:
-                rows = await self._claim_actions(free)
+                rows = await self._claim_actions(free, now)
                 failures = 0
             except DatabaseError as exc:
                 delay = self._rt.backoff.delay(failures)
@@ -550,7 +564,7 @@ class Executor:
                 self._running_actions += 1
                 self._actions_tg.start_soon(self._action_task, row)
             if not rows:
-                await self._idle_wait(FunctionKind.ACTION, signal)
+                await self._idle_wait(FunctionKind.ACTION, signal, now)
 
     async def _action_task(self, row: Claimed) -> None:
         try:

@@ -444,3 +444,34 @@ async def test_cancelling_a_row_of_the_same_batch(
     assert "later" not in ran
     if not with_failure:
         assert ran == ["earlier", "unrelated"]
+
+
+async def test_idle_lanes_do_not_spin_while_a_long_mutation_runs(app: durafn.App) -> None:
+    """A due row locked by another lane's long mutation is not work for an idle lane:
+    the idle lanes sleep instead of re-claiming in a loop."""
+    from sqlalchemy import event
+
+    started = anyio.Event()
+    release = anyio.Event()
+
+    @app.mutation(timeout=30)
+    async def slow(ctx: MutationCtx) -> None:
+        started.set()
+        await release.wait()
+
+    statements = 0
+
+    def _count(*_: object) -> None:
+        nonlocal statements
+        statements += 1
+
+    sid = await app.scheduler().run_after(0, slow)
+    async with app.run_executor(mutation_lanes=4, poll_interval=3600) as executor:
+        await started.wait()
+        await anyio.sleep(0.05)  # let the idle lanes settle
+        event.listen(app.engine.sync_engine, "before_cursor_execute", _count)
+        await anyio.sleep(0.2)  # a spinning lane would issue hundreds of statements here
+        event.remove(app.engine.sync_engine, "before_cursor_execute", _count)
+        release.set()
+        await executor.wait_for(sid)
+    assert statements <= 4

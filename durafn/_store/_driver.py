@@ -430,7 +430,14 @@ class Driver:
         """InProgress -> Success/Failed. A row cancelled meanwhile stays Canceled."""
         return await self._finish(conn, now, outcomes, State.IN_PROGRESS)
 
-    async def next_due(self, conn: AsyncConnection, kind: FunctionKind) -> float | None:
+    async def next_due(
+        self, conn: AsyncConnection, kind: FunctionKind, after: float | None = None
+    ) -> float | None:
+        """When the next Pending row of ``kind`` (due later than ``after``) becomes due.
+
+        ``after`` lets an idle executor skip rows that are due but locked by another lane
+        or executor: waiting for those would be a busy loop.
+        """
         # The first entry of ix_scheduled_functions_due for this kind: O(log n).
         stmt = (
             select(sf.c.available_at)
@@ -438,6 +445,8 @@ class Driver:
             .order_by(sf.c.available_at)
             .limit(1)
         )
+        if after is not None:
+            stmt = stmt.where(sf.c.available_at > after)
         return (await conn.execute(stmt)).scalar()
 
     # -- retention -----------------------------------------------------------------------
