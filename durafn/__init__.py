@@ -22,6 +22,7 @@ from ._errors import (
     SchedulingError,
     SchedulingLimitError,
     SchemaError,
+    TransactionError,
     UnknownFunctionError,
 )
 from ._executor import Executor, ExecutorConfig, RunawayError
@@ -80,6 +81,7 @@ __all__ = [
     "State",
     "SystemClock",
     "SystemTable",
+    "TransactionError",
     "UnknownFunctionError",
     "metadata",
     "scheduled_functions",

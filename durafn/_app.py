@@ -8,11 +8,12 @@ from datetime import datetime
 from typing import Any, Concatenate, ParamSpec, TypeVar, overload
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
+from typing_extensions import Unpack
 
 from ._clock import Clock, SystemClock
 from ._context import ActionCtx, MutationCtx, QueryCtx, SystemTable
 from ._errors import ArgumentError
-from ._executor import Executor, ExecutorConfig
+from ._executor import Executor, ExecutorOptions, make_config
 from ._invoke import Invoker, Timeouts
 from ._registry import ActionRef, FunctionRef, MutationRef, QueryRef, Registry
 from ._runtime import Backoff, Limits, Runtime
@@ -213,13 +214,13 @@ class App:
 
     # -- executor and lifecycle --------------------------------------------------------
 
-    def executor(self, **config: Any) -> Executor:
+    def executor(self, **options: Unpack[ExecutorOptions]) -> Executor:
         """An executor (see ``ExecutorConfig`` for the options); ``async with`` it to run."""
-        return Executor(self._rt, self._invoker, ExecutorConfig(**config))
+        return Executor(self._rt, self._invoker, make_config(options))
 
-    def run_executor(self, **config: Any) -> Executor:
+    def run_executor(self, **options: Unpack[ExecutorOptions]) -> Executor:
         """``async with app.run_executor(concurrency=...):`` runs due work in the background."""
-        return self.executor(**config)
+        return self.executor(**options)
 
     async def migrate(self) -> int:
         """Create or upgrade the system tables; returns the schema version."""

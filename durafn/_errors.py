@@ -12,6 +12,7 @@ builtin a caller would naturally catch, so ``except LookupError`` finds an unkno
     │   └── CancelOwnRunError              a mutation tried to cancel its own run
     ├── NotFoundError (LookupError)        no scheduled function has that id
     ├── ReadOnlyError                      a query tried to write
+    ├── TransactionError                   a mutation committed or rolled back ctx.db itself
     ├── FunctionTimeoutError (TimeoutError) a function outlived its time limit
     ├── ExecutorShutdownError              an action was cut short by the executor stopping
     ├── SchemaError                        the system tables are missing or too new
@@ -75,6 +76,11 @@ class NotFoundError(DurafnError, LookupError):
 
 class ReadOnlyError(DurafnError):
     """A query (read-only) tried to write to the database or to schedule a function."""
+
+
+class TransactionError(DurafnError):
+    """A mutation ended its own transaction (``ctx.db.rollback()``, or a failed flush it
+    caught). durafn owns the transaction: raise an exception to abort a mutation."""
 
 
 class FunctionTimeoutError(DurafnError, TimeoutError):

@@ -23,23 +23,33 @@ retry it after a capped, jittered backoff; they never turn a row Failed.
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import functools
 import logging
 import math
 import os
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeVar
 
 import anyio
 import anyio.lowlevel
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, AsyncTransaction
 
 from ._context import MutationCtx, SystemTable
-from ._errors import DatabaseError, DurafnError, ExecutorShutdownError, FunctionTimeoutError
-from ._invoke import Invoker, call_with_timeout
+from ._errors import (
+    ArgumentError,
+    DatabaseError,
+    DurafnError,
+    ExecutorShutdownError,
+    FunctionTimeoutError,
+    NotFoundError,
+    UnknownFunctionError,
+)
+from ._invoke import Invoker, call_with_timeout, check_transaction
 from ._registry import ActionRef, FunctionRef, MutationRef
 from ._runtime import Runtime, one_line
 from ._scheduler import BufferedWriter, Scheduler
@@ -75,14 +85,44 @@ class ExecutorConfig:
     worker_id: str | None = None
 
     def __post_init__(self) -> None:
-        from ._errors import ArgumentError
-
         for name in ("concurrency", "batch_size", "retention_batch"):
             if getattr(self, name) < 1:
                 raise ArgumentError(f"{name} must be at least 1, not {getattr(self, name)}")
         for name in ("retention", "retention_interval", "grace_period"):
             if not getattr(self, name) >= 0:
                 raise ArgumentError(f"{name} must be a non-negative number of seconds")
+        if self.mutation_lanes is not None and self.mutation_lanes < 1:
+            raise ArgumentError(f"mutation_lanes must be at least 1, not {self.mutation_lanes}")
+        if self.poll_interval is not None and not self.poll_interval > 0:
+            raise ArgumentError(
+                f"poll_interval must be a positive number of seconds, not {self.poll_interval}"
+            )
+
+
+class ExecutorOptions(TypedDict, total=False):
+    """The keyword arguments of ``app.executor()``: ``ExecutorConfig``'s fields, so that
+    mypy checks their names and types."""
+
+    concurrency: int
+    batch_size: int
+    mutation_lanes: int | None
+    poll_interval: float | None
+    retention: float
+    retention_interval: float
+    retention_batch: int
+    grace_period: float
+    worker_id: str | None
+
+
+def make_config(options: Mapping[str, Any]) -> ExecutorConfig:
+    """ExecutorConfig from keyword options, with a typed error for an unknown one."""
+    known = {f.name for f in dataclasses.fields(ExecutorConfig)}
+    if unknown := sorted(set(options) - known):
+        raise ArgumentError(
+            f"unknown executor option(s) {', '.join(unknown)}; the options are "
+            f"{', '.join(sorted(known))}"
+        )
+    return ExecutorConfig(**options)
 
 
 class RunawayError(DurafnError, RuntimeError):
@@ -115,6 +155,21 @@ class _BatchRestart(Exception):
     """A mutation raised in an optimistic batch: re-run the batch with savepoints."""
 
 
+class _Mode(enum.Enum):
+    """How carefully a mutation batch runs (see the module docstring)."""
+
+    OPTIMISTIC = "optimistic"  # one transaction, no savepoints: the fast path
+    SAVEPOINTS = "savepoints"  # a savepoint around each mutation, after one raised
+    ALONE = "alone"  # one row per transaction, after a failure no mutation owned
+
+
+_MODE_ORDER = [_Mode.OPTIMISTIC, _Mode.SAVEPOINTS, _Mode.ALONE]
+
+
+def _user_session(conn: AsyncConnection) -> AsyncSession:
+    return AsyncSession(bind=conn, expire_on_commit=False, join_transaction_mode="rollback_only")
+
+
 @dataclass(slots=True)
 class _Batch:
     outcomes: list[Outcome] = field(default_factory=list)
@@ -143,7 +198,8 @@ def _error_fields(exc: BaseException) -> tuple[str, str]:
     name = (
         cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
     )
-    message = str(exc)
+    # PostgreSQL text cannot hold NUL: a message with one must not make the row unwritable.
+    message = str(exc).replace("\x00", "\\x00")
     if len(message) > _MAX_ERROR_MESSAGE:
         message = message[:_MAX_ERROR_MESSAGE] + "…"
     return name, message
@@ -179,8 +235,9 @@ class Executor:
         self._slot_freed = _Signal()
         self._stopping: anyio.Event | None = None  # created when started
         self._running_actions = 0
-        self._running_mutation: tuple[Claimed, float] | None = None
-        self._savepoint_batches = 0
+        self._action_scopes: set[anyio.CancelScope] = set()
+        self._mode = _Mode.OPTIMISTIC
+        self._mode_batches = 0
         self._outcomes: list[Outcome] = []
         self._outcomes_ready = _Signal()
         self.stats: dict[str, int] = {"mutations": 0, "actions": 0, "failed": 0, "retries": 0}
@@ -212,7 +269,7 @@ class Executor:
                 async with anyio.create_task_group() as tg:
                     for row in rows:
                         tg.start_soon(self._collect_action, row, outcomes)
-                await self._write_outcomes(outcomes)
+                await _shielded(self._write_outcomes(outcomes))
                 ran += len(rows)
             if ran == 0:
                 return total
@@ -234,7 +291,7 @@ class Executor:
                     conn, cutoff, self.config.retention_batch
                 )
 
-            n = await self._rt.transaction(_delete, doing="deleting expired rows")
+            n = await _shielded(self._rt.transaction(_delete, doing="deleting expired rows"))
             deleted += n
             if n < self.config.retention_batch:
                 break
@@ -259,14 +316,15 @@ class Executor:
         with anyio.fail_after(timeout):
             while True:
                 progress = self._progress.current()
-                row = await SystemTable(self._rt, None).get(id)
+                row = await _shielded(SystemTable(self._rt, None).get(id))
                 if row is None:
-                    from ._errors import NotFoundError
-
                     raise NotFoundError(str(id))
                 if row.state.finished:
                     return row
-                await progress.wait()
+                # Rows finished by this executor signal at once; a cancel or another
+                # process does not, so look again every 100 ms as well.
+                with anyio.move_on_after(0.1):
+                    await progress.wait()
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -276,32 +334,38 @@ class Executor:
         self._stopping = anyio.Event()
         self._rt._wake_listeners.add(self._on_wake)
         try:
-            async with anyio.create_task_group() as outer:
-                outer.start_soon(self._finisher_loop)
-                async with anyio.create_task_group() as actions:
-                    self._actions_tg = actions
-                    async with (
-                        anyio.create_task_group() as loops,
-                        self._rt.driver.listen(self._rt.engine, self._on_wake),
-                    ):
-                        for _ in range(self._lanes):
-                            loops.start_soon(self._mutation_lane)
-                        loops.start_soon(self._action_dispatcher)
-                        loops.start_soon(self._maintenance_loop)
-                        try:
-                            yield self
-                        finally:
-                            self._stopping.set()
-                            self._on_wake(self._work)
-                    # Claiming has stopped; running actions get the grace period.
-                    with anyio.move_on_after(self.config.grace_period):
-                        while self._running_actions:
-                            await self._slot_freed.current().wait()
-                    actions.cancel_scope.cancel()
-                await self._flush_outcomes()
-                outer.cancel_scope.cancel()
+            async with anyio.create_task_group() as tg:
+                self._tg = tg
+                tg.start_soon(self._finisher_loop)
+                for _ in range(self._lanes):
+                    tg.start_soon(self._mutation_lane)
+                tg.start_soon(self._action_dispatcher)
+                tg.start_soon(self._maintenance_loop)
+                async with self._rt.driver.listen(self._rt.engine, self._on_wake):
+                    try:
+                        yield self
+                    finally:
+                        # Shielded: a stop caused by cancelling the host (Ctrl-C, a cancelled
+                        # task) still gives running actions their grace period and records
+                        # how every one of them ended.
+                        with anyio.CancelScope(shield=True):
+                            await self._stop_actions()
+                tg.cancel_scope.cancel()
         finally:
             self._rt._wake_listeners.discard(self._on_wake)
+
+    async def _stop_actions(self) -> None:
+        assert self._stopping is not None
+        self._stopping.set()
+        self._on_wake(self._work)
+        with anyio.move_on_after(self.config.grace_period):
+            while self._running_actions:
+                await self._slot_freed.current().wait()
+        for scope in list(self._action_scopes):
+            scope.cancel()  # each records itself Failed (ExecutorShutdownError)
+        while self._running_actions:
+            await self._slot_freed.current().wait()
+        await self._flush_outcomes()
 
     def _on_wake(self, kinds: Collection[FunctionKind]) -> None:
         for kind in kinds:
@@ -317,9 +381,18 @@ class Executor:
         assert self._stopping is not None
         if self._stopping.is_set():
             return
-        next_due = await self._read(
-            functools.partial(self._rt.driver.next_due, kind=kind, after=claimed_at)
-        )
+        try:
+            next_due = await _shielded(
+                self._read(functools.partial(self._rt.driver.next_due, kind=kind, after=claimed_at))
+            )
+        except Exception as exc:
+            if not self._rt.driver.is_transient(exc):
+                raise
+            # The database is away: the next claim will retry through the fault; wait a
+            # little first rather than spin.
+            logger.warning("looking for the next due %s failed (%s)", kind, one_line(exc))
+            await _first_of(signal.wait, functools.partial(anyio.sleep, min(self._poll, 1.0)))
+            return
         deadline = self._rt.clock.now() + self._poll
         if next_due is not None:
             deadline = min(deadline, next_due)
@@ -348,47 +421,75 @@ class Executor:
         """
         failures = 0
         while True:
-            savepoints = self._savepoint_batches > 0
+            mode = self._mode
             claimed: list[Claimed] = []
             try:
-                n = await self._mutation_batch(savepoints, claimed, now)
-                if savepoints:
-                    self._savepoint_batches -= 1
-                return n
+                n = await _shielded(self._mutation_batch(mode, claimed, now))
             except _BatchRestart:
-                self._savepoint_batches = 2
+                self._escalate(_Mode.SAVEPOINTS)
+                continue
             except _Timeout as timeout:
-                await self._fail_alone(timeout.row, timeout.error)
+                await _shielded(self._fail_alone(timeout.row, timeout.error))
                 return 1
             except Exception as exc:
-                if isinstance(exc, DurafnError) or not self._rt.driver.is_transient(exc):
+                if self._rt.driver.is_transient(exc):
+                    delay = self._rt.backoff.delay(failures)
+                    failures += 1
+                    self.stats["retries"] += 1
+                    logger.warning(
+                        "mutation batch of %d rolled back by a database fault (%s); retrying in "
+                        "%.2fs",
+                        len(claimed),
+                        one_line(exc),
+                        delay,
+                    )
+                    await _shielded(self._count_retry(claimed))
+                    await anyio.sleep(delay)
+                    continue
+                if not claimed or isinstance(exc, DurafnError):
                     raise
-                delay = self._rt.backoff.delay(failures)
-                failures += 1
-                self.stats["retries"] += 1
+                # A statement of the batch itself failed, not a mutation: typically user
+                # code left the transaction unusable (a database error it swallowed). Narrow
+                # it down: savepoints, then one row per transaction, then fail that row.
+                if mode is _Mode.ALONE:
+                    await _shielded(self._fail_alone(claimed[0], exc))
+                    return 1
                 logger.warning(
-                    "mutation batch of %d rolled back by a database fault (%s); retrying in %.2fs",
+                    "mutation batch of %d failed outside any mutation (%s); re-running it %s",
                     len(claimed),
                     one_line(exc),
-                    delay,
+                    "with savepoints" if mode is _Mode.OPTIMISTIC else "one row at a time",
                 )
-                await self._count_retry(claimed)
-                await anyio.sleep(delay)
+                self._escalate(_Mode.SAVEPOINTS if mode is _Mode.OPTIMISTIC else _Mode.ALONE)
+                continue
+            if mode is not _Mode.OPTIMISTIC and n:
+                self._mode_batches -= 1
+                if self._mode_batches <= 0:
+                    self._mode = _Mode.OPTIMISTIC
+            return n
 
-    async def _mutation_batch(
-        self, savepoints: bool, claimed: list[Claimed], now: float | None
-    ) -> int:
+    def _escalate(self, mode: _Mode) -> None:
+        """Run the next few batches more carefully (they revert to optimistic after)."""
+        if _MODE_ORDER.index(mode) > _MODE_ORDER.index(self._mode):
+            self._mode = mode
+        self._mode_batches = 2
+
+    async def _mutation_batch(self, mode: _Mode, claimed: list[Claimed], now: float | None) -> int:
         rt = self._rt
         driver = rt.driver
         async with rt.engine.connect() as conn:
-            await conn.begin()
+            root = await conn.begin()
             claim_at = rt.clock.now() if now is None else now
-            rows = await driver.claim_mutations(conn, claim_at, self.config.batch_size)
+            size = 1 if mode is _Mode.ALONE else self.config.batch_size
+            rows = await driver.claim_mutations(conn, claim_at, size)
             if not rows:
                 await conn.rollback()
                 return 0
             claimed.extend(rows)
-            session = AsyncSession(bind=conn, expire_on_commit=False, autoflush=True)
+            # Optimistic: one session for the batch. With savepoints each mutation gets its
+            # own session joined to its own savepoint. "rollback_only": a user's
+            # ctx.db.commit() commits nothing of ours; a ctx.db.rollback() is detected.
+            session = _user_session(conn) if mode is _Mode.OPTIMISTIC else None
             batch = _Batch()
             outcomes = batch.outcomes
             woken: set[FunctionKind] = set()
@@ -404,17 +505,18 @@ class Executor:
                         ):
                             continue  # cancelled by an earlier mutation of this batch
                         outcome, kinds = await self._run_mutation(
-                            conn, session, row, savepoints, limit, current, batch
+                            conn, root, session, row, limit, current, batch
                         )
                         outcomes.append(outcome)
                         woken |= kinds
                 finally:
-                    if not limit.cancel_called:
+                    if session is not None and not limit.cancel_called:
                         await session.close()
             if limit.cancel_called:
                 # A mutation outlived its time limit and was cancelled, possibly in the middle
-                # of a statement: roll everything back and do not trust the connection again.
-                await conn.invalidate()
+                # of a statement: stop that statement, roll everything back, drop the
+                # connection.
+                await driver.abandon(conn)
                 assert current.row is not None
                 raise _Timeout(
                     current.row,
@@ -433,9 +535,9 @@ class Executor:
     async def _run_mutation(
         self,
         conn: AsyncConnection,
-        session: AsyncSession,
+        root: AsyncTransaction,
+        batch_session: AsyncSession | None,
         row: Claimed,
-        savepoints: bool,
         limit: anyio.CancelScope,
         current: _Running,
         batch: _Batch,
@@ -446,6 +548,8 @@ class Executor:
             values = ref.decode_args(row.args)
         except DurafnError as exc:
             return _failed(row.id, exc), set()
+        savepoint = await conn.begin_nested() if batch_session is None else None
+        session = batch_session or _user_session(conn)
         writer = BufferedWriter(
             rt,
             conn,
@@ -454,19 +558,21 @@ class Executor:
         )
         scheduler = Scheduler(rt, writer, parent_id=row.id, own_run_id=row.id)
         ctx = MutationCtx(rt, session, scheduler, SystemTable(rt, conn, writer.flush), row.id)
-        savepoint = await session.begin_nested() if savepoints else None
         mark = batch.written
         timeout = self._invoker.timeouts.for_(ref)
         current.row, current.timeout = row, timeout
         limit.deadline = anyio.current_time() + timeout
         try:
             result = await ref.fn(ctx, **values)
+            check_transaction(conn, root, savepoint, ref)
             if scheduler.limit_error is not None:
                 raise scheduler.limit_error
             encoded = ref.encode_result(result)
             if session.new or session.dirty or session.deleted:
                 await session.flush()
             await writer.flush()
+            if savepoint is not None:
+                await savepoint.commit()
             limit.deadline = math.inf
         except Exception as exc:
             limit.deadline = math.inf
@@ -474,15 +580,16 @@ class Executor:
                 raise
             if savepoint is None:
                 raise _BatchRestart() from exc
-            await savepoint.rollback()
+            if savepoint.is_active:
+                await savepoint.rollback()
             batch.written = mark  # outcomes it wrote early were rolled back with it
-            session.expunge_all()
             writer.discard()
             return _failed(row.id, exc), set()
-        if savepoint is not None:
-            await savepoint.commit()
-        if session.identity_map:
-            session.expunge_all()
+        finally:
+            if batch_session is None:
+                await session.close()
+            elif session.identity_map:
+                session.expunge_all()
         return Outcome(row.id, State.SUCCESS, result=encoded), writer.woken
 
     async def _before_cancel(self, conn: AsyncConnection, batch: _Batch) -> None:
@@ -536,7 +643,7 @@ class Executor:
         async def _claim(conn: AsyncConnection) -> list[Claimed]:
             return await self._rt.driver.claim_actions(conn, now, limit, self.worker_id)
 
-        rows = await self._rt.transaction(_claim, doing="claiming actions")
+        rows = await _shielded(self._rt.transaction(_claim, doing="claiming actions"))
         for row in rows:
             logger.debug("action %s (%s) -> InProgress", row.id, row.name)
         return rows
@@ -562,23 +669,34 @@ class Executor:
                 continue
             for row in rows:
                 self._running_actions += 1
-                self._actions_tg.start_soon(self._action_task, row)
+                self._tg.start_soon(self._action_task, row)
             if not rows:
                 await self._idle_wait(FunctionKind.ACTION, signal, now)
 
     async def _action_task(self, row: Claimed) -> None:
+        # Shielded from the host's cancellation; only _stop_actions cancels it, after the
+        # grace period.
         try:
-            outcome = await self._run_action(row)
+            with anyio.CancelScope(shield=True) as scope:
+                self._action_scopes.add(scope)
+                outcome = await self._run_action(row)
+                self._outcomes.append(outcome)
+                self._outcomes_ready.fire()
         finally:
+            self._action_scopes.discard(scope)
             self._running_actions -= 1
             self._slot_freed.fire()
-        self._outcomes.append(outcome)
-        self._outcomes_ready.fire()
 
     async def _collect_action(self, row: Claimed, into: list[Outcome]) -> None:
         into.append(await self._run_action(row))
 
     async def _run_action(self, row: Claimed) -> Outcome:
+        """Run one claimed action; every way it can end becomes an Outcome.
+
+        If it is cancelled (the executor stopping, or a cancelled ``run_until_idle``), the
+        Failed outcome is written at once, shielded, before the cancellation goes on: a
+        claimed action is never left InProgress by a clean stop, and never run again.
+        """
         try:
             ref = self._resolve(row, ActionRef)
             values = ref.decode_args(row.args)
@@ -586,17 +704,12 @@ class Executor:
             result = await call_with_timeout(ref, ctx, values, self._invoker.timeouts.for_(ref))
             return Outcome(row.id, State.SUCCESS, result=ref.encode_result(result))
         except anyio.get_cancelled_exc_class():
-            # Only the executor's stop cancels an action. Record it, shielded from the
-            # cancellation, and never run it again.
-            self._outcomes.append(
-                _failed(
-                    row.id,
-                    ExecutorShutdownError(
-                        "the executor stopped while this action was running (after its grace "
-                        "period); it was cancelled and will not be retried"
-                    ),
-                )
+            stopped = ExecutorShutdownError(
+                "the executor stopped while this action was running (after its grace "
+                "period); it was cancelled and will not be retried"
             )
+            with anyio.CancelScope(shield=True):
+                await self._write_outcomes([_failed(row.id, stopped)])
             raise
         except Exception as exc:
             return _failed(row.id, exc)
@@ -631,7 +744,8 @@ class Executor:
                 break
             except DatabaseError as exc:
                 if not exc.transient:
-                    raise
+                    written = await self._write_outcomes_one_by_one(outcomes, exc)
+                    break
                 delay = self._rt.backoff.delay(failures)
                 failures += 1
                 logger.warning(
@@ -647,6 +761,30 @@ class Executor:
                 len(outcomes) - written,
             )
         self._record(FunctionKind.ACTION, outcomes)
+
+    async def _write_outcomes_one_by_one(self, outcomes: list[Outcome], cause: Exception) -> int:
+        """A batch of outcomes the database refused: write them singly, so that one bad
+        outcome (a result it cannot store) neither blocks the others nor kills the finisher."""
+        logger.warning(
+            "recording %d action outcomes failed (%s); writing them one by one",
+            len(outcomes),
+            cause,
+        )
+        written = 0
+        for outcome in outcomes:
+            for attempt in (outcome, _failed(outcome.id, cause)):
+
+                async def _write(conn: AsyncConnection, o: Outcome = attempt) -> int:
+                    return await self._rt.driver.finish_in_progress(conn, self._rt.clock.now(), [o])
+
+                try:
+                    written += await self._rt.transaction(
+                        _write, doing="recording an action outcome"
+                    )
+                    break
+                except DatabaseError as exc:
+                    logger.error("could not record the outcome of action %s: %s", outcome.id, exc)
+        return written
 
     def _record(self, kind: FunctionKind, outcomes: list[Outcome]) -> None:
         """Count and log committed outcomes (one line each), and wake ``wait_for``."""
@@ -680,10 +818,21 @@ class Executor:
     def _resolve(self, row: Claimed, kind: type[FunctionRef[Any, Any]]) -> Any:
         ref = self._rt.registry.get(row.name)
         if not isinstance(ref, kind):
-            from ._errors import UnknownFunctionError
-
             raise UnknownFunctionError(row.name)
         return ref
+
+
+async def _shielded(work: Awaitable[T]) -> T:
+    """Await database work shielded from cancellation.
+
+    A statement cancelled half-way costs its connection (SQLAlchemy invalidates it), and on
+    SQLite it used to leave a task behind that hung the event loop's shutdown. So a
+    stopping executor (or a cancelled caller) lets the statement finish and stops at its
+    next wait instead. User code inside keeps its own time limit (an inner scope).
+    """
+    with anyio.CancelScope(shield=True):
+        result = await work
+    return result
 
 
 async def _first_of(*waiters: Callable[[], Awaitable[Any]]) -> None:

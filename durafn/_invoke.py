@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any, TypeVar
 
 import anyio
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, AsyncTransaction
 
 from ._context import ActionCtx, MutationCtx, QueryCtx, SystemTable, read_only_session
-from ._errors import ArgumentError, FunctionTimeoutError
+from ._errors import ArgumentError, FunctionTimeoutError, TransactionError
 from ._registry import ActionRef, FunctionRef, MutationRef, QueryRef
 from ._runtime import Runtime
 from ._scheduler import BufferedWriter, DirectWriter, Scheduler
@@ -34,17 +34,39 @@ class Timeouts:
 async def call_with_timeout(
     ref: FunctionRef[Any, R], ctx: Any, values: dict[str, Any], timeout: float
 ) -> R:
-    """Await the user's function; past ``timeout`` seconds, cancel it and raise."""
-    try:
-        with anyio.fail_after(timeout):
-            return await ref.fn(ctx, **values)
-    except TimeoutError as exc:
-        if isinstance(exc, FunctionTimeoutError):
-            raise
-        raise FunctionTimeoutError(
-            f"{ref.kind} {ref.name!r} ran longer than its time limit of {timeout:g}s and was "
-            "stopped; raise the limit with timeout=... on its decorator"
-        ) from None
+    """Await the user's function; past ``timeout`` seconds, cancel it and raise.
+
+    Only this scope's own expiry becomes FunctionTimeoutError: a TimeoutError the
+    function raises itself (its own ``fail_after``) is the function's error, unchanged.
+    """
+    with anyio.move_on_after(timeout):
+        return await ref.fn(ctx, **values)
+    raise FunctionTimeoutError(
+        f"{ref.kind} {ref.name!r} ran longer than its time limit of {timeout:g}s and was "
+        "stopped; raise the limit with timeout=... on its decorator"
+    )
+
+
+def check_transaction(
+    conn: AsyncConnection,
+    root: AsyncTransaction,
+    savepoint: AsyncTransaction | None,
+    ref: FunctionRef[Any, Any],
+) -> None:
+    """Raise TransactionError if the mutation ended the transaction it was given."""
+    if savepoint is not None:
+        intact = savepoint.is_active
+    else:
+        intact = root.is_active and (
+            conn.sync_connection is not None
+            and conn.sync_connection.get_transaction() is root.sync_transaction
+        )
+    if not intact:
+        raise TransactionError(
+            f"mutation {ref.name!r} rolled back or committed its own transaction "
+            "(ctx.db.rollback(), or a failed flush it caught); durafn owns the transaction: "
+            "raise an exception to abort a mutation"
+        )
 
 
 class Invoker:
@@ -86,7 +108,11 @@ class Invoker:
 
         async def _body(conn: AsyncConnection) -> R:
             woken.clear()
-            session = AsyncSession(bind=conn, expire_on_commit=False)
+            root = conn.get_transaction()
+            assert root is not None
+            session = AsyncSession(
+                bind=conn, expire_on_commit=False, join_transaction_mode="rollback_only"
+            )
             writer = BufferedWriter(self._rt, conn, check_parent=parent_id)
             scheduler = Scheduler(self._rt, writer, parent_id=parent_id)
             ctx = MutationCtx(
@@ -94,6 +120,7 @@ class Invoker:
             )
             try:
                 result = await call_with_timeout(ref, ctx, values, timeout)
+                check_transaction(conn, root, None, ref)
                 if scheduler.limit_error is not None:
                     raise scheduler.limit_error
                 await session.flush()

@@ -138,10 +138,10 @@ class Runtime:
             except DurafnError:
                 raise
             except Exception as exc:
-                translated = self.driver.translate(exc)
+                translated = self.driver.translate(exc) if read_only else None
                 if translated is not None:
                     raise translated from exc
-                if not self.driver.is_transient(exc):
+                if not self.driver.is_transient(exc, raised_by_user=user_code):
                     # A user's function may raise its own driver errors (an IntegrityError
                     # it expects to catch); durafn's own statements never leak them raw.
                     if user_code or not isinstance(exc, SQLAlchemyError):

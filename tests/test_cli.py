@@ -33,7 +33,7 @@ def test_migrate_creates_the_tables_and_is_idempotent(db_url: str) -> None:
     ("url", "message"),
     [
         ("mysql://localhost/x", "runs on SQLite or PostgreSQL"),
-        ("sqlite+aiosqlite:////nonexistent-dir/x.db", "unable to open database file"),
+        ("sqlite+aiosqlite:////nonexistent-dir/x.db", "'/nonexistent-dir' does not exist"),
     ],
 )
 def test_migrate_errors_are_one_clear_line(url: str, message: str) -> None:

@@ -4,6 +4,8 @@ retries through real database faults, and wake-ups without polling."""
 from __future__ import annotations
 
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import anyio
@@ -19,6 +21,7 @@ from .helpers import count, counter
 from .models import Counter, Effect
 
 pytestmark = pytest.mark.anyio
+ROOT = Path(__file__).resolve().parent.parent
 
 
 async def test_due_rows_run_in_scheduled_time_order(app: durafn.App, clock: FakeClock) -> None:
@@ -475,3 +478,50 @@ async def test_idle_lanes_do_not_spin_while_a_long_mutation_runs(app: durafn.App
         release.set()
         await executor.wait_for(sid)
     assert statements <= 4
+
+
+def test_cancelled_callers_leave_the_event_loop_free_to_exit(db_url: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "tests.cancel_app", db_url],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == "exited"
+    assert "cancelled 0" not in result.stdout  # the deadlines did cut calls short
+
+
+async def test_cancelling_the_host_still_gives_actions_their_grace(app: durafn.App) -> None:
+    started = anyio.Event()
+
+    @app.action
+    async def brief(ctx: ActionCtx) -> str:
+        started.set()
+        await anyio.sleep(0.05)
+        return "done"
+
+    sid = await app.scheduler().run_after(0, brief)
+    with anyio.CancelScope() as host:
+        async with app.run_executor(grace_period=30):
+            await started.wait()
+            host.cancel()
+            await anyio.sleep_forever()
+    row = await app.get(sid)
+    assert row is not None
+    assert (row.state, row.result) == (State.SUCCESS, "done")
+
+
+def test_executor_options_are_checked(tmp_path: Path) -> None:
+    app = durafn.App(f"sqlite+aiosqlite:///{tmp_path / 'x.db'}")
+    with pytest.raises(durafn.ArgumentError, match=r"unknown executor option.*lanes; the options"):
+        app.executor(lanes=2)  # type: ignore[call-arg]
+    for options, message in [
+        ({"mutation_lanes": 0}, "mutation_lanes must be at least 1"),
+        ({"poll_interval": 0.0}, "poll_interval must be a positive number"),
+        ({"concurrency": 0}, "concurrency must be at least 1"),
+        ({"grace_period": -1.0}, "grace_period must be a non-negative"),
+    ]:
+        with pytest.raises(durafn.ArgumentError, match=message):
+            app.executor(**options)  # type: ignore[arg-type]

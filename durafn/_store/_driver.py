@@ -222,6 +222,10 @@ class Driver:
         """True if a COMMIT that raised ``exc`` may nonetheless have taken effect."""
         return False
 
+    async def abandon(self, conn: AsyncConnection) -> None:
+        """Drop a connection whose statement was cut off (a mutation's time limit)."""
+        await conn.invalidate()
+
     def translate(self, exc: BaseException) -> BaseException | None:
         """A durafn error for a driver error users could cause (writing in a query)."""
         return None
@@ -341,13 +345,25 @@ class Driver:
         # children may still be Pending) via ix_scheduled_functions_parent.
         tree = select(sf.c.id).where(sf.c.parent_id == root).cte("tree", recursive=True)
         tree = tree.union_all(select(sf.c.id).join(tree, sf.c.parent_id == tree.c.id))
-        result = await conn.execute(
+        stmt = (
             update(sf)
             .where(sf.c.id.in_(select(tree.c.id)), sf.c.state.in_(_RUNNABLE))
             .values(state=State.CANCELED.value, completed_time=now)
         )
-        assert isinstance(result, CursorResult)
-        return result.rowcount
+        # Sweep until the set of descendants stops growing. On PostgreSQL one statement
+        # sees one snapshot: if the UPDATE waited for a running descendant mutation's lock,
+        # the rows that mutation committed meanwhile are invisible to it (so "until a sweep
+        # changes nothing" is not enough), but visible to the next SELECT.
+        seen: set[str] = set()
+        total = 0
+        while True:
+            found = {str(i) for i in (await conn.execute(select(tree.c.id))).scalars()}
+            if found <= seen:
+                return total
+            seen |= found
+            result = await conn.execute(stmt)
+            assert isinstance(result, CursorResult)
+            total += result.rowcount
 
     # -- executor: mutations -------------------------------------------------------------
 

@@ -120,6 +120,16 @@ class PostgresDriver(Driver):
         await conn.exec_driver_sql("SET TRANSACTION READ ONLY")
         yield
 
+    async def abandon(self, conn: AsyncConnection) -> None:
+        # terminate() closes the socket at once, so the server stops the timed-out statement
+        # and rolls back; a polite close would wait for the statement to finish.
+        try:
+            raw = await conn.get_raw_connection()
+            raw.driver_connection.terminate()  # type: ignore[union-attr]
+        except Exception as exc:
+            logger.debug("could not terminate a timed-out connection: %s", exc)
+        await conn.invalidate()
+
     async def lock_for_share(self, conn: AsyncConnection, id: ScheduledFunctionId) -> State | None:
         # FOR SHARE makes a concurrent cancel of the parent wait for our commit, so its
         # descendant sweep sees the row we are about to insert; or, if the cancel won,

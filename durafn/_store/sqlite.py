@@ -9,20 +9,45 @@ transient and retried by the caller.
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any, ClassVar
 
 from sqlalchemy import event
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
-from .._errors import ReadOnlyError, SchemaError
+from .._errors import DatabaseError, ReadOnlyError, SchemaError
 from ._driver import Driver
+
+logger = logging.getLogger("durafn.store")
 
 READ_ONLY_OPTION = "durafn_read_only"
 """Execution option: begin DEFERRED (a reader) rather than IMMEDIATE (a writer)."""
+
+
+class _Connection(sqlite3.Connection):
+    """sqlite3's connection, rolling back before it closes.
+
+    Closing a connection whose transaction is open while a cursor still holds a statement
+    (a statement cancelled half-way) leaves a "zombie" that keeps the write lock until the
+    cursor is garbage-collected: every other connection then waits out its busy timeout.
+    """
+
+    def close(self) -> None:
+        try:
+            if self.in_transaction:
+                self.rollback()
+        except sqlite3.Error as exc:  # closing matters more; SQLite rolls back on close
+            logger.debug("rollback before close failed: %s", exc)
+        super().close()
+
+
+def _stop_thread(dbapi_connection: Any) -> None:
+    dbapi_connection.driver_connection.stop()
 
 
 class SQLiteDriver(Driver):
@@ -42,12 +67,30 @@ class SQLiteDriver(Driver):
             )
         engine = create_async_engine(
             self.url,
-            connect_args={"timeout": self.busy_timeout},
+            connect_args={"timeout": self.busy_timeout, "factory": _Connection},
             pool_size=8,
             max_overflow=8,
         )
+        # SQLAlchemy terminates an invalidated aiosqlite connection (one whose statement was
+        # cancelled) with a graceful close in a shielded task; when the caller is cancelled
+        # again meanwhile, as anyio cancel scopes do, it also stops aiosqlite's thread, and
+        # the graceful close then waits forever on a thread that has exited: a leaked task
+        # that hangs the event loop's shutdown. Stopping the thread without waiting is all
+        # that terminating needs (closing rolls back an open transaction).
+        engine.sync_engine.dialect.do_terminate = _stop_thread  # type: ignore[method-assign]
         synchronous = self.synchronous
         busy_ms = int(self.busy_timeout * 1000)
+
+        @event.listens_for(engine.sync_engine, "do_connect")
+        def _check_directory(*_: Any) -> None:
+            # SQLite's own message ("unable to open database file") does not say why, and
+            # aiosqlite's failed-connect clean-up can print a thread traceback at exit.
+            directory = Path(database).expanduser().resolve().parent
+            if not directory.is_dir():
+                raise DatabaseError(
+                    f"cannot open the SQLite database {database!r}: the directory "
+                    f"{str(directory)!r} does not exist; create it or fix the URL"
+                )
 
         @event.listens_for(engine.sync_engine, "connect")
         def _on_connect(dbapi_conn: Any, _record: Any) -> None:
@@ -75,10 +118,21 @@ class SQLiteDriver(Driver):
         return False
 
     def translate(self, exc: BaseException) -> BaseException | None:
-        orig = getattr(exc, "orig", exc)
-        if "readonly" in str(orig).lower() or "read-only" in str(orig).lower():
+        # PRAGMA query_only makes SQLite refuse writes with "attempt to write a readonly
+        # database"; only that driver error is translated, never a user's own exception.
+        if isinstance(exc, sa_exc.DBAPIError) and "readonly database" in str(exc.orig):
             return ReadOnlyError("a query cannot write to the database; do the write in a mutation")
         return None
+
+    async def abandon(self, conn: AsyncConnection) -> None:
+        # The timed-out statement may still run in aiosqlite's thread, holding the write
+        # lock: interrupt it (sqlite3's interrupt() is thread-safe) before dropping it.
+        try:
+            raw = await conn.get_raw_connection()
+            raw.driver_connection._conn.interrupt()  # type: ignore[union-attr]
+        except Exception as exc:  # already gone: nothing left to interrupt
+            logger.debug("could not interrupt a timed-out statement: %s", exc)
+        await conn.invalidate()
 
     @asynccontextmanager
     async def read_only(self, conn: AsyncConnection) -> AsyncIterator[None]:
