@@ -61,6 +61,9 @@ logger = logging.getLogger("durafn.executor")
 T = TypeVar("T")
 
 _MAX_ERROR_MESSAGE = 8000
+_OUTCOME_FLUSH_LIMIT = 30.0
+"""Seconds a stopping executor keeps trying to record action outcomes if the database is
+away; after that the rows stay InProgress (never re-run)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,18 +88,27 @@ class ExecutorConfig:
     worker_id: str | None = None
 
     def __post_init__(self) -> None:
-        for name in ("concurrency", "batch_size", "retention_batch"):
-            if getattr(self, name) < 1:
-                raise ArgumentError(f"{name} must be at least 1, not {getattr(self, name)}")
-        for name in ("retention", "retention_interval", "grace_period"):
-            if not getattr(self, name) >= 0:
-                raise ArgumentError(f"{name} must be a non-negative number of seconds")
-        if self.mutation_lanes is not None and self.mutation_lanes < 1:
-            raise ArgumentError(f"mutation_lanes must be at least 1, not {self.mutation_lanes}")
-        if self.poll_interval is not None and not self.poll_interval > 0:
-            raise ArgumentError(
-                f"poll_interval must be a positive number of seconds, not {self.poll_interval}"
-            )
+        for name in ("concurrency", "batch_size", "retention_batch", "mutation_lanes"):
+            value = getattr(self, name)
+            if value is None and name == "mutation_lanes":
+                continue
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ArgumentError(f"{name} must be an integer of at least 1, not {value!r}")
+        for name, minimum in (
+            ("retention", 0.0),
+            ("grace_period", 0.0),
+            ("retention_interval", None),
+            ("poll_interval", None),
+        ):
+            value = getattr(self, name)
+            if value is None and name == "poll_interval":
+                continue
+            is_number = isinstance(value, int | float) and not isinstance(value, bool)
+            if not is_number or not (value >= minimum if minimum is not None else value > 0):
+                kind = "non-negative" if minimum is not None else "positive"
+                raise ArgumentError(f"{name} must be a {kind} number of seconds, not {value!r}")
+        if self.worker_id is not None and not isinstance(self.worker_id, str):
+            raise ArgumentError(f"worker_id must be a string, not {self.worker_id!r}")
 
 
 class ExecutorOptions(TypedDict, total=False):
@@ -266,10 +278,13 @@ class Executor:
             rows = await self._claim_actions(self.config.concurrency)
             if rows:
                 outcomes: list[Outcome] = []
-                async with anyio.create_task_group() as tg:
-                    for row in rows:
-                        tg.start_soon(self._collect_action, row, outcomes)
-                await _shielded(self._write_outcomes(outcomes))
+                try:
+                    async with anyio.create_task_group() as tg:
+                        for row in rows:
+                            tg.start_soon(self._run_action, row, outcomes.append)
+                finally:
+                    # Also when cancelled: the actions that finished are recorded.
+                    await self._write_outcomes_before_leaving(outcomes)
                 ran += len(rows)
             if ran == 0:
                 return total
@@ -291,7 +306,7 @@ class Executor:
                     conn, cutoff, self.config.retention_batch
                 )
 
-            n = await _shielded(self._rt.transaction(_delete, doing="deleting expired rows"))
+            n = await self._rt.transaction(_delete, doing="deleting expired rows")
             deleted += n
             if n < self.config.retention_batch:
                 break
@@ -316,7 +331,7 @@ class Executor:
         with anyio.fail_after(timeout):
             while True:
                 progress = self._progress.current()
-                row = await _shielded(SystemTable(self._rt, None).get(id))
+                row = await SystemTable(self._rt, None).get(id)
                 if row is None:
                     raise NotFoundError(str(id))
                 if row.state.finished:
@@ -336,6 +351,9 @@ class Executor:
         try:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
+                self._dispatcher_done = anyio.Event()
+                self._finisher_done = anyio.Event()
+                self._finisher_scope = anyio.CancelScope(shield=True)
                 tg.start_soon(self._finisher_loop)
                 for _ in range(self._lanes):
                     tg.start_soon(self._mutation_lane)
@@ -355,9 +373,14 @@ class Executor:
             self._rt._wake_listeners.discard(self._on_wake)
 
     async def _stop_actions(self) -> None:
+        """Stop claiming, give running actions their grace period, cancel the rest, and
+        record how every claimed action ended (bounded, should the database be away)."""
         assert self._stopping is not None
         self._stopping.set()
         self._on_wake(self._work)
+        # A claim in flight finishes first (it is not interrupted): what it claimed must
+        # get the same grace period and the same recording as everything else.
+        await self._dispatcher_done.wait()
         with anyio.move_on_after(self.config.grace_period):
             while self._running_actions:
                 await self._slot_freed.current().wait()
@@ -365,7 +388,18 @@ class Executor:
             scope.cancel()  # each records itself Failed (ExecutorShutdownError)
         while self._running_actions:
             await self._slot_freed.current().wait()
-        await self._flush_outcomes()
+        self._outcomes_ready.fire()
+        with anyio.move_on_after(_OUTCOME_FLUSH_LIMIT):
+            await self._finisher_done.wait()
+        self._finisher_scope.cancel()
+        await self._finisher_done.wait()
+        if self._outcomes:
+            logger.error(
+                "%d action outcomes could not be recorded before the executor stopped (%s "
+                "unavailable); those rows stay InProgress and are never run again",
+                len(self._outcomes),
+                self._rt.driver.name,
+            )
 
     def _on_wake(self, kinds: Collection[FunctionKind]) -> None:
         for kind in kinds:
@@ -429,7 +463,7 @@ class Executor:
                 self._escalate(_Mode.SAVEPOINTS)
                 continue
             except _Timeout as timeout:
-                await _shielded(self._fail_alone(timeout.row, timeout.error))
+                await self._fail_alone(timeout.row, timeout.error)
                 return 1
             except Exception as exc:
                 if self._rt.driver.is_transient(exc):
@@ -443,7 +477,7 @@ class Executor:
                         one_line(exc),
                         delay,
                     )
-                    await _shielded(self._count_retry(claimed))
+                    await self._count_retry(claimed)
                     await anyio.sleep(delay)
                     continue
                 if not claimed or isinstance(exc, DurafnError):
@@ -452,7 +486,7 @@ class Executor:
                 # code left the transaction unusable (a database error it swallowed). Narrow
                 # it down: savepoints, then one row per transaction, then fail that row.
                 if mode is _Mode.ALONE:
-                    await _shielded(self._fail_alone(claimed[0], exc))
+                    await self._fail_alone(claimed[0], exc)
                     return 1
                 logger.warning(
                     "mutation batch of %d failed outside any mutation (%s); re-running it %s",
@@ -564,7 +598,7 @@ class Executor:
         limit.deadline = anyio.current_time() + timeout
         try:
             result = await ref.fn(ctx, **values)
-            check_transaction(conn, root, savepoint, ref)
+            check_transaction(conn, root, savepoint, session, ref)
             if scheduler.limit_error is not None:
                 raise scheduler.limit_error
             encoded = ref.encode_result(result)
@@ -580,6 +614,9 @@ class Executor:
                 raise
             if savepoint is None:
                 raise _BatchRestart() from exc
+            # Closing the mutation's own session first rolls back savepoints the user left
+            # open inside ours; then ours can be rolled back.
+            await session.close()
             if savepoint.is_active:
                 await savepoint.rollback()
             batch.written = mark  # outcomes it wrote early were rolled back with it
@@ -643,7 +680,7 @@ class Executor:
         async def _claim(conn: AsyncConnection) -> list[Claimed]:
             return await self._rt.driver.claim_actions(conn, now, limit, self.worker_id)
 
-        rows = await _shielded(self._rt.transaction(_claim, doing="claiming actions"))
+        rows = await self._rt.transaction(_claim, doing="claiming actions")
         for row in rows:
             logger.debug("action %s (%s) -> InProgress", row.id, row.name)
         return rows
@@ -651,81 +688,116 @@ class Executor:
     async def _action_dispatcher(self) -> None:
         assert self._stopping is not None
         failures = 0
-        while not self._stopping.is_set():
-            signal = self._work[FunctionKind.ACTION].current()
-            free = self.config.concurrency - self._running_actions
-            if free <= 0:
-                await _first_of(self._slot_freed.current().wait, self._stopping.wait)
-                continue
-            now = self._rt.clock.now()
-            try:
-                rows = await self._claim_actions(free, now)
-                failures = 0
-            except DatabaseError as exc:
-                delay = self._rt.backoff.delay(failures)
-                failures += 1
-                logger.warning("claiming actions failed (%s); retrying in %.2fs", exc, delay)
-                await anyio.sleep(delay)
-                continue
-            for row in rows:
-                self._running_actions += 1
-                self._tg.start_soon(self._action_task, row)
-            if not rows:
-                await self._idle_wait(FunctionKind.ACTION, signal, now)
-
-    async def _action_task(self, row: Claimed) -> None:
-        # Shielded from the host's cancellation; only _stop_actions cancels it, after the
-        # grace period.
         try:
-            with anyio.CancelScope(shield=True) as scope:
-                self._action_scopes.add(scope)
-                outcome = await self._run_action(row)
-                self._outcomes.append(outcome)
-                self._outcomes_ready.fire()
+            while not self._stopping.is_set():
+                signal = self._work[FunctionKind.ACTION].current()
+                free = self.config.concurrency - self._running_actions
+                if free <= 0:
+                    await _first_of(self._slot_freed.current().wait, self._stopping.wait)
+                    continue
+                now = self._rt.clock.now()
+                try:
+                    rows = await self._claim_actions(free, now)
+                    failures = 0
+                except DatabaseError as exc:
+                    delay = self._rt.backoff.delay(failures)
+                    failures += 1
+                    logger.warning("claiming actions failed (%s); retrying in %.2fs", exc, delay)
+                    await _first_of(self._stopping.wait, functools.partial(anyio.sleep, delay))
+                    continue
+                for row in rows:
+                    # The scope exists before the task starts, so a stop that cancels the
+                    # running actions cannot miss one that has not begun yet.
+                    scope = anyio.CancelScope(shield=True)  # only _stop_actions cancels it
+                    self._action_scopes.add(scope)
+                    self._running_actions += 1
+                    self._tg.start_soon(self._action_task, row, scope)
+                if not rows:
+                    await self._idle_wait(FunctionKind.ACTION, signal, now)
+        finally:
+            self._dispatcher_done.set()
+
+    async def _action_task(self, row: Claimed, scope: anyio.CancelScope) -> None:
+        try:
+            with scope:
+                await self._run_action(row, self._queue_outcome)
         finally:
             self._action_scopes.discard(scope)
             self._running_actions -= 1
             self._slot_freed.fire()
 
-    async def _collect_action(self, row: Claimed, into: list[Outcome]) -> None:
-        into.append(await self._run_action(row))
+    def _queue_outcome(self, outcome: Outcome) -> None:
+        self._outcomes.append(outcome)
+        self._outcomes_ready.fire()
 
-    async def _run_action(self, row: Claimed) -> Outcome:
-        """Run one claimed action; every way it can end becomes an Outcome.
+    async def _run_action(self, row: Claimed, record: Callable[[Outcome], None]) -> None:
+        """Run one claimed action and ``record`` how it ended, whichever way that was.
 
-        If it is cancelled (the executor stopping, or a cancelled ``run_until_idle``), the
-        Failed outcome is written at once, shielded, before the cancellation goes on: a
-        claimed action is never left InProgress by a clean stop, and never run again.
+        If it is cancelled (the executor stopping after the grace period, or a cancelled
+        ``run_until_idle``), it is recorded Failed before the cancellation goes on: a
+        claimed action is never run again.
         """
         try:
+            # Cancelled before it began (a stop right after the claim): never start it.
+            await anyio.lowlevel.checkpoint_if_cancelled()
             ref = self._resolve(row, ActionRef)
             values = ref.decode_args(row.args)
             ctx = self._invoker.action_ctx(row.id)
             result = await call_with_timeout(ref, ctx, values, self._invoker.timeouts.for_(ref))
-            return Outcome(row.id, State.SUCCESS, result=ref.encode_result(result))
+            record(Outcome(row.id, State.SUCCESS, result=ref.encode_result(result)))
         except anyio.get_cancelled_exc_class():
             stopped = ExecutorShutdownError(
                 "the executor stopped while this action was running (after its grace "
                 "period); it was cancelled and will not be retried"
             )
-            with anyio.CancelScope(shield=True):
-                await self._write_outcomes([_failed(row.id, stopped)])
+            record(_failed(row.id, stopped))
             raise
         except Exception as exc:
-            return _failed(row.id, exc)
+            record(_failed(row.id, exc))
 
     async def _finisher_loop(self) -> None:
+        """Write queued action outcomes in batches, until the executor has stopped and
+        every claimed action's outcome is written."""
+        assert self._stopping is not None
+        try:
+            # Shielded: a cancelled host still gets its actions' outcomes recorded;
+            # _stop_actions cancels this scope if the database stays away too long.
+            with self._finisher_scope:
+                await self._finish_until_stopped()
+        finally:
+            self._finisher_done.set()
+
+    async def _finish_until_stopped(self) -> None:
+        assert self._stopping is not None
         while True:
             ready = self._outcomes_ready.current()
-            if not self._outcomes:
-                await ready.wait()
-            await self._flush_outcomes()
-
-    async def _flush_outcomes(self) -> None:
-        with anyio.CancelScope(shield=True):
-            while self._outcomes:
+            if self._outcomes:
                 batch, self._outcomes = self._outcomes, []
-                await self._write_outcomes(batch)
+                try:
+                    await self._write_outcomes(batch)
+                except BaseException:
+                    self._outcomes[:0] = batch  # cancelled between retries: keep them
+                    raise
+            elif (
+                self._stopping.is_set()
+                and self._dispatcher_done.is_set()
+                and not self._running_actions
+            ):
+                return
+            else:
+                await ready.wait()
+
+    async def _write_outcomes_before_leaving(self, outcomes: list[Outcome]) -> None:
+        """Write outcomes even if the caller is being cancelled, for a bounded time."""
+        with anyio.CancelScope(shield=True), anyio.move_on_after(_OUTCOME_FLUSH_LIMIT):
+            await self._write_outcomes(outcomes)
+            return
+        logger.error(
+            "%d action outcomes could not be recorded (%s unavailable); those rows stay "
+            "InProgress and are never run again",
+            len(outcomes),
+            self._rt.driver.name,
+        )
 
     async def _write_outcomes(self, outcomes: list[Outcome]) -> None:
         """InProgress -> Success/Failed for a batch, retried until the database takes it."""

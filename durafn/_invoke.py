@@ -51,6 +51,7 @@ def check_transaction(
     conn: AsyncConnection,
     root: AsyncTransaction,
     savepoint: AsyncTransaction | None,
+    session: AsyncSession,
     ref: FunctionRef[Any, Any],
 ) -> None:
     """Raise TransactionError if the mutation ended the transaction it was given."""
@@ -61,11 +62,20 @@ def check_transaction(
             conn.sync_connection is not None
             and conn.sync_connection.get_transaction() is root.sync_transaction
         )
+    # A savepoint the user left open would swallow what follows (its neighbours' writes,
+    # when they share the transaction): the innermost savepoint must be ours, or none.
+    sync = conn.sync_connection
+    expected = savepoint.sync_transaction if savepoint is not None else None
+    if session.in_nested_transaction() or (
+        sync is not None and sync.get_nested_transaction() is not expected
+    ):
+        intact = False
     if not intact:
         raise TransactionError(
             f"mutation {ref.name!r} rolled back or committed its own transaction "
-            "(ctx.db.rollback(), or a failed flush it caught); durafn owns the transaction: "
-            "raise an exception to abort a mutation"
+            "(ctx.db.rollback(), a failed flush it caught, or a begin_nested() it left "
+            "open); durafn owns the transaction: raise an exception to abort a mutation, "
+            "and use `async with ctx.db.begin_nested():` for a savepoint"
         )
 
 
@@ -120,7 +130,7 @@ class Invoker:
             )
             try:
                 result = await call_with_timeout(ref, ctx, values, timeout)
-                check_transaction(conn, root, None, ref)
+                check_transaction(conn, root, None, session, ref)
                 if scheduler.limit_error is not None:
                     raise scheduler.limit_error
                 await session.flush()

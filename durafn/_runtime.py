@@ -123,18 +123,22 @@ class Runtime:
         while True:
             committing = False
             try:
-                async with self.engine.connect() as conn:
-                    if read_only:
-                        await conn.execution_options(**{READ_ONLY_OPTION: True})
-                    await conn.begin()
-                    if read_only:
-                        async with self.driver.read_only(conn):
+                # durafn's own statements are never cancelled half-way (that costs the
+                # connection, and on SQLite could strand the write lock); a cancellation
+                # lands between attempts instead. User code stays cancellable.
+                with anyio.CancelScope(shield=not user_code):
+                    async with self.engine.connect() as conn:
+                        if read_only:
+                            await conn.execution_options(**{READ_ONLY_OPTION: True})
+                        await conn.begin()
+                        if read_only:
+                            async with self.driver.read_only(conn):
+                                value = await body(conn)
+                        else:
                             value = await body(conn)
-                    else:
-                        value = await body(conn)
-                    committing = True
-                    await conn.commit()
-                    return value
+                        committing = True
+                        await conn.commit()
+                        return value
             except DurafnError:
                 raise
             except Exception as exc:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from sqlalchemy import func, select
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from sqlalchemy import func, select, text
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 import durafn
 
@@ -18,3 +22,16 @@ async def counter(app: durafn.App, name: str = "c") -> int:
     async with app.engine.connect() as conn:
         value = (await conn.execute(select(Counter.value).where(Counter.name == name))).scalar()
         return int(value or 0)
+
+
+@asynccontextmanager
+async def system_table_locked(app: durafn.App) -> AsyncIterator[AsyncConnection]:
+    """Hold a lock that makes every claim wait (as a slow writer elsewhere would); roll
+    back the yielded connection to release it."""
+    async with app.engine.connect() as conn:
+        await conn.begin()  # on SQLite durafn begins IMMEDIATE: the write lock
+        if conn.dialect.name == "postgresql":
+            await conn.execute(text("LOCK TABLE _scheduled_functions IN EXCLUSIVE MODE"))
+        yield conn
+        if conn.in_transaction():
+            await conn.rollback()

@@ -17,7 +17,7 @@ import durafn
 from durafn import ActionCtx, MutationCtx, State
 from durafn.testing import FakeClock, all_rows, finish_all
 
-from .helpers import count, counter
+from .helpers import count, counter, system_table_locked
 from .models import Counter, Effect
 
 pytestmark = pytest.mark.anyio
@@ -518,10 +518,63 @@ def test_executor_options_are_checked(tmp_path: Path) -> None:
     with pytest.raises(durafn.ArgumentError, match=r"unknown executor option.*lanes; the options"):
         app.executor(lanes=2)  # type: ignore[call-arg]
     for options, message in [
-        ({"mutation_lanes": 0}, "mutation_lanes must be at least 1"),
+        ({"mutation_lanes": 0}, "mutation_lanes must be an integer of at least 1"),
         ({"poll_interval": 0.0}, "poll_interval must be a positive number"),
-        ({"concurrency": 0}, "concurrency must be at least 1"),
+        ({"concurrency": 0}, "concurrency must be an integer of at least 1"),
         ({"grace_period": -1.0}, "grace_period must be a non-negative"),
+        ({"retention_interval": 0}, "retention_interval must be a positive"),
+        ({"batch_size": 2.5}, "batch_size must be an integer"),
+        ({"concurrency": "4"}, "concurrency must be an integer"),
     ]:
         with pytest.raises(durafn.ArgumentError, match=message):
             app.executor(**options)  # type: ignore[arg-type]
+
+
+async def test_actions_claimed_while_stopping_get_the_grace_period(app: durafn.App) -> None:
+    """A claim still waiting on the database when the executor stops finishes first; what
+    it claimed is then cancelled after the grace period and recorded, like any other."""
+    started: list[float] = []
+
+    @app.action
+    async def slow(ctx: ActionCtx) -> None:
+        started.append(anyio.current_time())
+        await anyio.sleep_forever()
+
+    sid = await app.scheduler().run_after(0, slow)
+    async with system_table_locked(app) as lock, anyio.create_task_group() as tg:
+
+        async def release_soon() -> None:
+            await anyio.sleep(0.2)
+            await lock.rollback()
+
+        async with app.run_executor(grace_period=0.1):
+            await anyio.sleep(0.1)  # the dispatcher's claim is now waiting on the lock
+            tg.start_soon(release_soon)
+    row = await app.get(sid)
+    assert row is not None
+    assert row.state is State.FAILED
+    assert row.error is not None and row.error.type == "durafn._errors.ExecutorShutdownError"
+    assert len(started) <= 1
+
+
+async def test_a_cancelled_run_until_idle_records_the_actions_that_finished(
+    app: durafn.App,
+) -> None:
+    @app.action
+    async def fast(ctx: ActionCtx) -> str:
+        return "done"
+
+    @app.action
+    async def stuck(ctx: ActionCtx) -> None:
+        await anyio.sleep_forever()
+
+    fast_id = await app.scheduler().run_after(0, fast)
+    stuck_id = await app.scheduler().run_after(0, stuck)
+    with anyio.move_on_after(0.2):
+        await app.executor().run_until_idle()
+    fast_row, stuck_row = await app.get(fast_id), await app.get(stuck_id)
+    assert fast_row is not None and stuck_row is not None
+    assert (fast_row.state, fast_row.result) == (State.SUCCESS, "done")
+    assert stuck_row.state is State.FAILED
+    assert stuck_row.error is not None
+    assert stuck_row.error.type == "durafn._errors.ExecutorShutdownError"

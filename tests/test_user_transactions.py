@@ -168,3 +168,27 @@ async def test_a_users_own_fail_after_is_not_a_durafn_timeout(app: durafn.App) -
     with pytest.raises(TimeoutError) as caught:
         await app.run_mutation(impatient)
     assert not isinstance(caught.value, durafn.FunctionTimeoutError)
+
+
+@pytest.mark.parametrize("with_failure", [False, True], ids=["optimistic", "savepoints"])
+async def test_a_savepoint_left_open_fails_only_that_mutation(
+    app: durafn.App, with_failure: bool
+) -> None:
+    """An unclosed begin_nested() would swallow the writes that follow it: the mutation
+    that left it open is Failed, and its neighbours' writes all commit."""
+
+    @app.mutation
+    async def write(ctx: MutationCtx, n: int) -> None:
+        ctx.db.add(Effect(key=f"e{n}"))
+        await ctx.db.flush()
+        if n == 0 and with_failure:
+            raise ValueError("forces the savepoint mode")
+        if n == 1:
+            await ctx.db.begin_nested()
+
+    ids = await _run_batch(app, write, 4)
+    rows = {r.id: r for r in await all_rows(app)}
+    error = rows[ids[1]].error
+    assert error is not None and error.type == "durafn._errors.TransactionError"
+    assert [rows[i].state for i in ids[2:]] == [State.SUCCESS] * 2
+    assert await _effect_keys(app) == (["e2", "e3"] if with_failure else ["e0", "e2", "e3"])
