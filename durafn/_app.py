@@ -19,7 +19,6 @@ from ._registry import ActionRef, FunctionRef, MutationRef, QueryRef, Registry
 from ._runtime import Backoff, Limits, Runtime
 from ._scheduler import DirectWriter, JoinedWriter, Scheduler
 from ._store import driver_for_url
-from ._store.sqlite import SQLiteDriver
 from ._types import CancelResult, Page, ScheduledFunction, ScheduledFunctionId, State
 
 P = ParamSpec("P")
@@ -68,7 +67,7 @@ class App:
             direct_retries=direct_retries,
             # SQLite is embedded: create the tables on first use. PostgreSQL is shared:
             # schema changes are an explicit, deliberate step (`durafn migrate`).
-            auto_migrate=isinstance(driver, SQLiteDriver) if auto_migrate is None else auto_migrate,
+            auto_migrate=driver.auto_migrate if auto_migrate is None else auto_migrate,
         )
         self._invoker = Invoker(self._rt, Timeouts(mutation_timeout, action_timeout, query_timeout))
 
@@ -174,7 +173,8 @@ class App:
         Limits count per scheduler object.
         """
         if within is None:
-            return Scheduler(self._rt, DirectWriter(self._rt, check_parent=None))
+            # Each call commits alone, so the per-execution limits apply per call.
+            return Scheduler(self._rt, DirectWriter(self._rt, check_parent=None), per_call=True)
         if not isinstance(within, AsyncSession | AsyncConnection):
             raise ArgumentError(
                 "app.scheduler() takes an AsyncSession or AsyncConnection, not "

@@ -207,9 +207,12 @@ class _Timeout(Exception):
 
 def _error_fields(exc: BaseException) -> tuple[str, str]:
     cls = type(exc)
-    name = (
-        cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
-    )
+    if cls.__module__ == "builtins":
+        name = cls.__qualname__
+    elif cls.__module__.startswith("durafn._"):
+        name = f"durafn.{cls.__qualname__}"  # the public name: every durafn error is exported
+    else:
+        name = f"{cls.__module__}.{cls.__qualname__}"
     # PostgreSQL text cannot hold NUL: a message with one must not make the row unwritable.
     message = str(exc).replace("\x00", "\\x00")
     if len(message) > _MAX_ERROR_MESSAGE:

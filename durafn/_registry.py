@@ -24,7 +24,9 @@ from ._types import FunctionKind
 P = ParamSpec("P")
 R = TypeVar("R")
 
-_ARGS_CONFIG = ConfigDict(extra="forbid", arbitrary_types_allowed=False)
+# JSON has no NaN or infinity (pydantic would store them as null, and the run would then
+# fail validation days later): reject them when called or scheduled.
+_ARGS_CONFIG = ConfigDict(extra="forbid", arbitrary_types_allowed=False, allow_inf_nan=False)
 
 
 class FunctionRef(Generic[P, R]):

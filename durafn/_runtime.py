@@ -62,6 +62,15 @@ class Runtime:
     _wake_listeners: set[Callable[[Collection[FunctionKind]], None]] = field(default_factory=set)
 
     @property
+    def ready(self) -> bool:
+        """Whether this process has created or checked the system tables."""
+        return self._ready
+
+    def mark_ready(self) -> None:
+        """The system tables were found at this version (checked by the caller)."""
+        self._ready = True
+
+    @property
     def engine(self) -> AsyncEngine:
         if self._engine is None:
             self._engine = self.driver.create_engine()

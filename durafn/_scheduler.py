@@ -54,8 +54,10 @@ class Scheduler:
         *,
         parent_id: ScheduledFunctionId | None = None,
         own_run_id: ScheduledFunctionId | None = None,
+        per_call: bool = False,
     ) -> None:
         self._rt = runtime
+        self._per_call = per_call
         self._writer = writer
         self._parent_id = parent_id
         self._own_run_id = own_run_id
@@ -162,6 +164,8 @@ class Scheduler:
         args_json = ref.encode_args(args, kwargs)
         size = len(args_json.encode())
         limits = self._rt.limits
+        if self._per_call:
+            self._count = self._bytes = 0
         if self._count + 1 > limits.max_scheduled:
             self._limit(
                 f"one function execution may schedule at most {limits.max_scheduled} functions"
@@ -220,12 +224,19 @@ def _when_seconds(when: object, now: float) -> float:
                 f"run_at needs an aware datetime, got naive {when.isoformat()}; "
                 "use datetime.now(UTC) or attach a tzinfo"
             )
-        return when.timestamp()
-    if isinstance(when, int | float) and not isinstance(when, bool):
+        seconds = when.timestamp()
+    elif isinstance(when, int | float) and not isinstance(when, bool):
         if not math.isfinite(when):
             raise SchedulingError(f"run_at time must be finite, not {when!r}")
-        return float(when)
-    raise SchedulingError(f"run_at takes an aware datetime or epoch seconds, not {when!r}")
+        seconds = float(when)
+    else:
+        raise SchedulingError(f"run_at takes an aware datetime or epoch seconds, not {when!r}")
+    if seconds < 0:
+        raise SchedulingError(
+            f"run_at time {when!r} is before 1970; pass an aware datetime or epoch seconds "
+            "(a past time runs as soon as possible)"
+        )
+    return seconds
 
 
 def _pending_kinds(rows: list[dict[str, Any]]) -> set[FunctionKind]:
@@ -338,16 +349,26 @@ class JoinedWriter:
 
     async def _conn(self) -> AsyncConnection:
         if isinstance(self._target, AsyncSession):
-            return await self._target.connection()
-        return self._target
+            conn = await self._target.connection()
+        else:
+            conn = self._target
+        if not self._rt.ready:
+            # Checked through the caller's own transaction: creating the tables from a
+            # second connection could wait on the lock that very transaction holds.
+            await self._rt.driver.check_schema(conn)
+            self._rt.mark_ready()
+        return conn
 
     async def add(self, row: dict[str, Any]) -> None:
         conn = await self._conn()
-        await _write(self._rt, conn, [row], None)
-        kinds = _pending_kinds([row])
-        # The caller may reuse this scheduler across transactions, so notify every time
-        # (PostgreSQL folds identical notifications within one transaction).
-        await self._rt.driver.notify(conn, kinds)
+        try:
+            await _write(self._rt, conn, [row], None)
+            kinds = _pending_kinds([row])
+            # The caller may reuse this scheduler across transactions, so notify every
+            # time (PostgreSQL folds identical notifications within one transaction).
+            await self._rt.driver.notify(conn, kinds)
+        except sa_exc.SQLAlchemyError as exc:
+            raise self._rt.driver.wrap(exc, "scheduling through your transaction") from exc
         if not self._to_wake:
             self._after_commit(self._wake)
         self._to_wake |= kinds
@@ -366,4 +387,8 @@ class JoinedWriter:
             event.listen(self._target.sync_connection, "commit", lambda _c: callback(), once=True)
 
     async def cancel(self, id: ScheduledFunctionId, now: float) -> State | None:
-        return await self._rt.driver.cancel(await self._conn(), id, now)
+        conn = await self._conn()
+        try:
+            return await self._rt.driver.cancel(conn, id, now)
+        except sa_exc.SQLAlchemyError as exc:
+            raise self._rt.driver.wrap(exc, "cancelling through your transaction") from exc

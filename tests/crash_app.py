@@ -6,6 +6,7 @@ violate the unique key or push the counter past the number of rows.
 
 from __future__ import annotations
 
+import os
 import sys
 
 import anyio
@@ -29,6 +30,10 @@ def build(url: str) -> tuple[durafn.App, durafn.MutationRef[[int], None]]:
 
     @app.mutation(name="crash:apply")
     async def apply(ctx: MutationCtx, n: int) -> None:
+        if starts := os.environ.get("DURAFN_TEST_STARTS"):
+            # Outside the database, so it survives the kill: how often each run began.
+            with open(starts, "a") as f:  # noqa: ASYNC230 - a tiny local append
+                f.write(f"{n}\n")
         ctx.db.add(Effect(key=f"n{n}"))
         await ctx.db.execute(
             update(Counter).where(Counter.name == "c").values(value=Counter.value + 1)

@@ -110,6 +110,8 @@ async def test_unknown_function(app: durafn.App) -> None:
         ("run_at", math.inf, "finite"),
         ("run_at", "tomorrow", "aware datetime or epoch"),
         ("run_at", datetime(2040, 1, 1, tzinfo=UTC), "5 years"),
+        ("run_at", -1e12, "before 1970"),
+        ("run_at", datetime(1, 1, 1, tzinfo=UTC), "before 1970"),
     ],
 )
 async def test_bad_times(app: durafn.App, method: str, when: Any, match: str) -> None:
@@ -260,3 +262,88 @@ def test_bad_urls() -> None:
         durafn.App("mysql://localhost/db")
     with pytest.raises(durafn.SchemaError, match="SQLite \\*file\\*"):
         _ = durafn.App("sqlite://").engine
+
+
+async def test_non_finite_floats_are_rejected_when_scheduled(app: durafn.App) -> None:
+    """JSON has no NaN or infinity: storing one would come back as null and fail the run."""
+
+    @app.mutation
+    async def target(ctx: MutationCtx, x: float, xs: list[float]) -> None:
+        pass
+
+    for x, xs in [(math.nan, [1.0]), (math.inf, [1.0]), (1.0, [-math.inf])]:
+        with pytest.raises(durafn.ArgumentError, match="finite number"):
+            await app.scheduler().run_after(0, target, x=x, xs=xs)
+    await assert_nothing_written(app)
+
+
+@pytest.mark.parametrize(
+    "bad_call",
+    ["argument", "time", "function", "query"],
+)
+async def test_bad_input_inside_a_mutation_aborts_it(app: durafn.App, bad_call: str) -> None:
+    """Inside a mutation the same errors are raised where the call is made, and the
+    mutation's own writes roll back with it: nothing is written."""
+
+    @app.query
+    async def a_query(ctx: QueryCtx) -> None:
+        pass
+
+    @app.mutation
+    async def target(ctx: MutationCtx, n: int) -> None:
+        pass
+
+    @app.mutation
+    async def post(ctx: MutationCtx) -> None:
+        ctx.db.add(Message(body="hello", author="ann"))
+        await ctx.db.flush()
+        await ctx.scheduler.run_after(0, target, n=1)  # a good one first: rolled back too
+        if bad_call == "argument":
+            await ctx.scheduler.run_after(0, target, n="x")  # type: ignore[call-overload]
+        elif bad_call == "time":
+            await ctx.scheduler.run_at(datetime(2030, 1, 1), target, n=1)
+        elif bad_call == "function":
+            await ctx.scheduler.run_after(0, "no:such")
+        else:
+            await ctx.scheduler.run_after(0, a_query)  # type: ignore[call-overload]
+
+    expected = {
+        "argument": durafn.ArgumentError,
+        "time": durafn.SchedulingError,
+        "function": durafn.UnknownFunctionError,
+        "query": durafn.SchedulingError,
+    }[bad_call]
+    with pytest.raises(expected):
+        await app.run_mutation(post)
+    sid = await app.scheduler().run_after(0, post)
+    await app.executor().run_until_idle()
+    row = await app.get(sid)
+    assert row is not None and row.state is durafn.State.FAILED
+    assert row.error is not None and row.error.type == f"durafn.{expected.__name__}"
+    assert [r.id for r in await all_rows(app)] == [sid]
+    assert await count(app, Message) == 0
+
+
+async def test_outside_schedulers_apply_the_limits_per_call(db_url: str, clock: FakeClock) -> None:
+    app = durafn.App(db_url, clock=clock, max_scheduled_per_run=2)
+    await app.migrate()
+
+    @app.mutation
+    async def noop(ctx: MutationCtx) -> None:
+        pass
+
+    @app.mutation
+    async def fan_out(ctx: MutationCtx, n: int) -> None:
+        for _ in range(n):
+            await ctx.scheduler.run_after(0, noop)
+
+    try:
+        sched = app.scheduler()
+        for _ in range(5):  # each call commits alone: five separate "executions"
+            await sched.run_after(0, noop)
+        await app.run_mutation(fan_out, 2)
+        with pytest.raises(durafn.SchedulingLimitError, match="at most 2 functions"):
+            await app.run_mutation(fan_out, 3)
+        assert len(await all_rows(app)) == 7
+    finally:
+        await app.aclose()

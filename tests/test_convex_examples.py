@@ -214,15 +214,22 @@ async def test_cancel_errors(app: durafn.App) -> None:
         assert ctx.run_id is not None
         await ctx.scheduler.cancel(ctx.run_id)
 
-    with pytest.raises(durafn.NotFoundError):
-        await app.cancel("01a20000-0000-7000-8000-000000000000")
+    @app.mutation
+    async def cancel_from_a_mutation(ctx: MutationCtx, target: str) -> None:
+        await ctx.scheduler.cancel(target)
+
+    for unknown in ("01a20000-0000-7000-8000-000000000000", "not-an-id"):
+        with pytest.raises(durafn.NotFoundError):
+            await app.cancel(unknown)
+        with pytest.raises(durafn.NotFoundError):
+            await app.run_mutation(cancel_from_a_mutation, unknown)
     sid = await app.scheduler().run_after(0, cancel_myself)
     await app.executor().run_until_idle()
     row = await app.get(sid)
     assert row is not None
     assert row.state is State.FAILED
     assert row.error is not None
-    assert row.error.type == "durafn._errors.CancelOwnRunError"
+    assert row.error.type == "durafn.CancelOwnRunError"
 
 
 async def test_user_session_and_scheduling_commit_together(app: durafn.App) -> None:

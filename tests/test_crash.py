@@ -3,6 +3,7 @@ moments and restarted; every scheduled mutation ends Success with its effect app
 
 from __future__ import annotations
 
+import os
 import random
 import signal
 import sys
@@ -44,10 +45,16 @@ async def test_exactly_once_under_kill_9(db_url: str, tmp_path: Path) -> None:
 
     rng = random.Random(20261123)
     kills = 0
+    starts = tmp_path / "starts.txt"
+    env = {**os.environ, "DURAFN_TEST_STARTS": str(starts)}
     with (tmp_path / "worker.log").open("w") as log:
         while True:
             proc = await anyio.open_process(
-                [sys.executable, "-m", "tests.crash_app", db_url], cwd=ROOT, stdout=log, stderr=log
+                [sys.executable, "-m", "tests.crash_app", db_url],
+                cwd=ROOT,
+                stdout=log,
+                stderr=log,
+                env=env,
             )
             try:
                 before = await _done(app)
@@ -71,6 +78,11 @@ async def test_exactly_once_under_kill_9(db_url: str, tmp_path: Path) -> None:
     assert {r.state for r in rows} == {State.SUCCESS}
     assert await counter(app) == TOTAL
     assert await count(app, Effect) == TOTAL
+    # The kills did land inside open batches: some runs began, were lost with their
+    # uncommitted batch, and began again; their effects still count once.
+    began = Tally(int(line) for line in starts.read_text().split())
+    assert set(began) == set(range(TOTAL))
+    assert any(times > 1 for times in began.values()), "no kill landed inside a batch"
     await app.aclose()
 
 

@@ -116,7 +116,7 @@ async def test_mutation_time_limit(db_url: str, clock: FakeClock) -> None:
         assert row is not None
         assert row.state is State.FAILED
         assert row.error is not None
-        assert row.error.type == "durafn._errors.FunctionTimeoutError"
+        assert row.error.type == "durafn.FunctionTimeoutError"
         assert "time limit of 0.05s" in row.error.message
         async with app.engine.connect() as conn:
             keys = sorted((await conn.execute(select(Effect.key))).scalars())
@@ -135,7 +135,7 @@ async def test_action_time_limit_and_per_function_override(app: durafn.App) -> N
     row = await app.get(sid)
     assert row is not None
     assert row.state is State.FAILED
-    assert row.error is not None and row.error.type == "durafn._errors.FunctionTimeoutError"
+    assert row.error is not None and row.error.type == "durafn.FunctionTimeoutError"
     assert row.attempts == 1
 
 
@@ -165,7 +165,7 @@ async def test_rows_whose_function_is_gone_fail_clearly(
             assert row is not None
             assert row.state is State.FAILED
             assert row.error is not None
-            assert row.error.type == "durafn._errors.UnknownFunctionError"
+            assert row.error.type == "durafn.UnknownFunctionError"
             assert "no function is registered" in row.error.message
     finally:
         await newer.aclose()
@@ -370,7 +370,7 @@ async def test_executor_stop_cancels_actions_after_grace(app: durafn.App) -> Non
     row = await app.get(sid)
     assert row is not None
     assert row.state is State.FAILED
-    assert row.error is not None and row.error.type == "durafn._errors.ExecutorShutdownError"
+    assert row.error is not None and row.error.type == "durafn.ExecutorShutdownError"
 
 
 async def test_guarded_finish_does_not_overwrite_a_concurrent_change(app: durafn.App) -> None:
@@ -553,7 +553,7 @@ async def test_actions_claimed_while_stopping_get_the_grace_period(app: durafn.A
     row = await app.get(sid)
     assert row is not None
     assert row.state is State.FAILED
-    assert row.error is not None and row.error.type == "durafn._errors.ExecutorShutdownError"
+    assert row.error is not None and row.error.type == "durafn.ExecutorShutdownError"
     assert len(started) <= 1
 
 
@@ -577,4 +577,4 @@ async def test_a_cancelled_run_until_idle_records_the_actions_that_finished(
     assert (fast_row.state, fast_row.result) == (State.SUCCESS, "done")
     assert stuck_row.state is State.FAILED
     assert stuck_row.error is not None
-    assert stuck_row.error.type == "durafn._errors.ExecutorShutdownError"
+    assert stuck_row.error.type == "durafn.ExecutorShutdownError"

@@ -85,3 +85,43 @@ async def test_missing_tables_say_how_to_create_them(
 def test_metadata_is_exposed_for_alembic() -> None:
     assert "_scheduled_functions" in durafn.metadata.tables
     assert durafn.scheduled_functions is durafn.metadata.tables["_scheduled_functions"]
+
+
+async def test_tables_created_from_the_metadata_are_used_as_they_are(
+    db_url: str, clock: FakeClock
+) -> None:
+    """The Alembic route: the user's migrations create the tables from durafn.metadata
+    (leaving the version table empty); durafn then runs on them without migrating."""
+    app = durafn.App(db_url, clock=clock, auto_migrate=False)
+
+    @app.mutation
+    async def noop(ctx: durafn.MutationCtx) -> None:
+        pass
+
+    try:
+        async with app.engine.begin() as conn:
+            await conn.run_sync(durafn.metadata.create_all)
+        sid = await app.scheduler().run_after(0, noop)
+        await app.executor().run_until_idle()
+        row = await app.get(sid)
+        assert row is not None and row.state is durafn.State.SUCCESS
+        assert await app.migrate() == durafn.SCHEMA_VERSION  # and migrate adopts them
+    finally:
+        await app.aclose()
+
+
+async def test_scheduling_through_a_session_before_the_tables_exist(
+    db_url: str, clock: FakeClock
+) -> None:
+    app = durafn.App(db_url, clock=clock)
+
+    @app.mutation
+    async def noop(ctx: durafn.MutationCtx) -> None:
+        pass
+
+    try:
+        async with app.engine.connect() as conn:
+            with pytest.raises(durafn.SchemaError, match="durafn migrate"):
+                await app.scheduler(conn).run_after(0, noop)
+    finally:
+        await app.aclose()

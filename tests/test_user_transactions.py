@@ -58,7 +58,7 @@ async def test_a_caught_failed_flush_fails_only_that_mutation(app: durafn.App) -
     assert rows[ids[2]].state is State.FAILED
     error = rows[ids[2]].error
     assert error is not None
-    assert error.type == "durafn._errors.TransactionError"
+    assert error.type == "durafn.TransactionError"
     assert "rolled back or committed its own transaction" in error.message
     assert [rows[i].state for i in ids if i != ids[2]] == [State.SUCCESS] * 4
     assert await _effect_keys(app) == ["e0", "e1", "e3", "e4", "taken"]
@@ -189,6 +189,6 @@ async def test_a_savepoint_left_open_fails_only_that_mutation(
     ids = await _run_batch(app, write, 4)
     rows = {r.id: r for r in await all_rows(app)}
     error = rows[ids[1]].error
-    assert error is not None and error.type == "durafn._errors.TransactionError"
+    assert error is not None and error.type == "durafn.TransactionError"
     assert [rows[i].state for i in ids[2:]] == [State.SUCCESS] * 2
     assert await _effect_keys(app) == (["e2", "e3"] if with_failure else ["e0", "e2", "e3"])

@@ -33,6 +33,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy import exc as sa_exc
+from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -196,6 +197,9 @@ class Driver:
     """How many mutation batches may usefully run at once (SQLite has one writer)."""
     default_poll_interval: ClassVar[float]
     """Fallback poll for work scheduled by other processes that no signal announced."""
+    auto_migrate: ClassVar[bool]
+    """Create the system tables on first use (an embedded database), or require
+    ``durafn migrate`` (a shared server, whose schema changes deliberately)."""
 
     def __init__(self, url: URL) -> None:
         self.url = url
@@ -282,17 +286,22 @@ class Driver:
         return SCHEMA_VERSION
 
     async def check_schema(self, conn: AsyncConnection) -> None:
+        missing = SchemaError(
+            "the durafn system tables do not exist in this database; run "
+            "`durafn migrate --url ...` or `await app.migrate()` first"
+        )
         try:
             current = await self._current_version(conn)
         except sa_exc.DBAPIError as exc:
             if self.is_transient(exc):
                 raise
-            current = None
+            raise missing from None
         if current is None:
-            raise SchemaError(
-                "the durafn system tables do not exist in this database; run "
-                "`durafn migrate --url ...` or `await app.migrate()` first"
-            )
+            if await conn.run_sync(lambda c: sa_inspect(c).has_table(sf.name)):
+                # Created from durafn.metadata by the user's own migrations (Alembic):
+                # the version table is there but empty; the schema is theirs to manage.
+                return
+            raise missing
         if current > SCHEMA_VERSION:
             raise _too_new(current)
         if current < SCHEMA_VERSION:
@@ -318,6 +327,8 @@ class Driver:
 
         Returns the state the row had, or None if there is no such row.
         """
+        if not _is_id(id):
+            return None
         row = (
             await conn.execute(select(sf.c.state).where(sf.c.id == id).with_for_update())
         ).first()
@@ -482,9 +493,7 @@ class Driver:
     # -- reading -------------------------------------------------------------------------
 
     async def get(self, conn: AsyncConnection, id: str) -> ScheduledFunction | None:
-        try:
-            uuid.UUID(id)
-        except (ValueError, TypeError, AttributeError):
+        if not _is_id(id):
             return None
         row = (await conn.execute(select(sf).where(sf.c.id == id))).first()
         return _to_model(row) if row is not None else None
@@ -525,6 +534,15 @@ class Driver:
     async def count_by_state(self, conn: AsyncConnection) -> dict[State, int]:
         rows = await conn.execute(select(sf.c.state, func.count()).group_by(sf.c.state))
         return {State(s): n for s, n in rows}
+
+
+def _is_id(id: object) -> bool:
+    """Ids are UUIDs; anything else matches no row (and must not reach a uuid column)."""
+    try:
+        uuid.UUID(str(id))
+    except ValueError:
+        return False
+    return isinstance(id, str)
 
 
 def _too_new(version: int) -> SchemaError:

@@ -90,6 +90,7 @@ class PostgresDriver(Driver):
     name: ClassVar[str] = "PostgreSQL"
     max_mutation_lanes: ClassVar[int] = 4
     default_poll_interval: ClassVar[float] = 5.0
+    auto_migrate: ClassVar[bool] = False
 
     def create_engine(self) -> AsyncEngine:
         return create_async_engine(self.url, pool_size=10, max_overflow=10)

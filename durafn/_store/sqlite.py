@@ -54,6 +54,7 @@ class SQLiteDriver(Driver):
     name: ClassVar[str] = "SQLite"
     max_mutation_lanes: ClassVar[int] = 1
     default_poll_interval: ClassVar[float] = 0.5
+    auto_migrate: ClassVar[bool] = True
 
     busy_timeout: float = 30.0
     synchronous: str = "FULL"
