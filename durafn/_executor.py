@@ -352,7 +352,7 @@ class Executor:
         self._stopping = anyio.Event()
         self._rt._wake_listeners.add(self._on_wake)
         try:
-            async with anyio.create_task_group() as tg:
+            async with _single_errors_unwrapped(), anyio.create_task_group() as tg:
                 self._tg = tg
                 self._dispatcher_done = anyio.Event()
                 self._finisher_done = anyio.Event()
@@ -362,15 +362,15 @@ class Executor:
                     tg.start_soon(self._mutation_lane)
                 tg.start_soon(self._action_dispatcher)
                 tg.start_soon(self._maintenance_loop)
-                async with self._rt.driver.listen(self._rt.engine, self._on_wake):
-                    try:
+                try:
+                    async with self._rt.driver.listen(self._rt.engine, self._on_wake):
                         yield self
-                    finally:
-                        # Shielded: a stop caused by cancelling the host (Ctrl-C, a cancelled
-                        # task) still gives running actions their grace period and records
-                        # how every one of them ended.
-                        with anyio.CancelScope(shield=True):
-                            await self._stop_actions()
+                finally:
+                    # On every way out (the block's end, a cancelled host, a failed listen
+                    # or loop). Shielded: a cancelled host still gives running actions their
+                    # grace period and records how every one of them ended.
+                    with anyio.CancelScope(shield=True):
+                        await self._stop_actions()
                 tg.cancel_scope.cancel()
         finally:
             self._rt._wake_listeners.discard(self._on_wake)
@@ -483,8 +483,10 @@ class Executor:
                     await self._count_retry(claimed)
                     await anyio.sleep(delay)
                     continue
-                if not claimed or isinstance(exc, DurafnError):
+                if isinstance(exc, DurafnError):
                     raise
+                if not claimed:  # durafn's own claim failed: nothing of the user's ran
+                    raise self._rt.driver.wrap(exc, "claiming due mutations") from exc
                 # A statement of the batch itself failed, not a mutation: typically user
                 # code left the transaction unusable (a database error it swallowed). Narrow
                 # it down: savepoints, then one row per transaction, then fail that row.
@@ -895,6 +897,26 @@ class Executor:
         if not isinstance(ref, kind):
             raise UnknownFunctionError(row.name)
         return ref
+
+
+@asynccontextmanager
+async def _single_errors_unwrapped() -> AsyncIterator[None]:
+    """Raise a task group's error as itself (``except DatabaseError`` then works) when
+    there is one, or when parallel loops all failed the same way; otherwise the group."""
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        leaves = _leaves(group)  # nested task groups nest their groups
+        if len({type(exc) for exc in leaves}) == 1:
+            raise leaves[0] from None
+        raise
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    found: list[BaseException] = []
+    for exc in group.exceptions:
+        found.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return found
 
 
 async def _shielded(work: Awaitable[T]) -> T:

@@ -578,3 +578,19 @@ async def test_a_cancelled_run_until_idle_records_the_actions_that_finished(
     assert stuck_row.state is State.FAILED
     assert stuck_row.error is not None
     assert stuck_row.error.type == "durafn.ExecutorShutdownError"
+
+
+async def test_an_executor_whose_loop_fails_stops_with_a_typed_error(app: durafn.App) -> None:
+    """The system table disappears under a running executor: it stops, promptly, with a
+    DatabaseError (not a raw driver error, not an exception group, not a hang)."""
+    with anyio.fail_after(10), pytest.raises(durafn.DatabaseError, match="claiming due"):
+        async with app.run_executor(poll_interval=0.01):
+            async with app.engine.begin() as conn:
+                await conn.execute(text("DROP TABLE _scheduled_functions"))
+            await anyio.sleep_forever()
+
+
+async def test_an_error_inside_the_block_passes_through_unchanged(app: durafn.App) -> None:
+    with pytest.raises(LookupError, match="mine"):
+        async with app.run_executor():
+            raise LookupError("mine")
