@@ -229,7 +229,7 @@ class App:
             return await self._rt.driver.migrate(conn, self._rt.clock.now())
 
         version = await self._rt.transaction(_migrate, ready=False, doing="migrating")
-        self._rt._ready = True
+        self._rt.mark_ready()
         return version
 
     @property

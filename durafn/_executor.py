@@ -49,7 +49,7 @@ from ._errors import (
     NotFoundError,
     UnknownFunctionError,
 )
-from ._invoke import Invoker, call_with_timeout, check_transaction
+from ._invoke import Invoker, call_with_timeout, check_transaction, mutation_session
 from ._registry import ActionRef, FunctionRef, MutationRef
 from ._runtime import Runtime, one_line
 from ._scheduler import BufferedWriter, Scheduler
@@ -90,25 +90,28 @@ class ExecutorConfig:
     def __post_init__(self) -> None:
         for name in ("concurrency", "batch_size", "retention_batch", "mutation_lanes"):
             value = getattr(self, name)
-            if value is None and name == "mutation_lanes":
-                continue
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            if value is not None and (not _is_int(value) or value < 1):
                 raise ArgumentError(f"{name} must be an integer of at least 1, not {value!r}")
-        for name, minimum in (
-            ("retention", 0.0),
-            ("grace_period", 0.0),
-            ("retention_interval", None),
-            ("poll_interval", None),
-        ):
+        for name in ("retention", "grace_period"):
             value = getattr(self, name)
-            if value is None and name == "poll_interval":
-                continue
-            is_number = isinstance(value, int | float) and not isinstance(value, bool)
-            if not is_number or not (value >= minimum if minimum is not None else value > 0):
-                kind = "non-negative" if minimum is not None else "positive"
-                raise ArgumentError(f"{name} must be a {kind} number of seconds, not {value!r}")
+            if not _is_number(value) or not value >= 0:
+                raise ArgumentError(
+                    f"{name} must be a non-negative number of seconds, not {value!r}"
+                )
+        for name in ("retention_interval", "poll_interval"):
+            value = getattr(self, name)
+            if value is not None and (not _is_number(value) or not value > 0):
+                raise ArgumentError(f"{name} must be a positive number of seconds, not {value!r}")
         if self.worker_id is not None and not isinstance(self.worker_id, str):
             raise ArgumentError(f"worker_id must be a string, not {self.worker_id!r}")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 class ExecutorOptions(TypedDict, total=False):
@@ -173,13 +176,6 @@ class _Mode(enum.Enum):
     OPTIMISTIC = "optimistic"  # one transaction, no savepoints: the fast path
     SAVEPOINTS = "savepoints"  # a savepoint around each mutation, after one raised
     ALONE = "alone"  # one row per transaction, after a failure no mutation owned
-
-
-_MODE_ORDER = [_Mode.OPTIMISTIC, _Mode.SAVEPOINTS, _Mode.ALONE]
-
-
-def _user_session(conn: AsyncConnection) -> AsyncSession:
-    return AsyncSession(bind=conn, expire_on_commit=False, join_transaction_mode="rollback_only")
 
 
 @dataclass(slots=True)
@@ -397,12 +393,7 @@ class Executor:
         self._finisher_scope.cancel()
         await self._finisher_done.wait()
         if self._outcomes:
-            logger.error(
-                "%d action outcomes could not be recorded before the executor stopped (%s "
-                "unavailable); those rows stay InProgress and are never run again",
-                len(self._outcomes),
-                self._rt.driver.name,
-            )
+            self._log_unrecorded(len(self._outcomes))
 
     def _on_wake(self, kinds: Collection[FunctionKind]) -> None:
         for kind in kinds:
@@ -509,7 +500,8 @@ class Executor:
 
     def _escalate(self, mode: _Mode) -> None:
         """Run the next few batches more carefully (they revert to optimistic after)."""
-        if _MODE_ORDER.index(mode) > _MODE_ORDER.index(self._mode):
+        order = list(_Mode)  # definition order: least to most careful
+        if order.index(mode) > order.index(self._mode):
             self._mode = mode
         self._mode_batches = 2
 
@@ -528,7 +520,7 @@ class Executor:
             # Optimistic: one session for the batch. With savepoints each mutation gets its
             # own session joined to its own savepoint. "rollback_only": a user's
             # ctx.db.commit() commits nothing of ours; a ctx.db.rollback() is detected.
-            session = _user_session(conn) if mode is _Mode.OPTIMISTIC else None
+            session = mutation_session(conn) if mode is _Mode.OPTIMISTIC else None
             batch = _Batch()
             outcomes = batch.outcomes
             woken: set[FunctionKind] = set()
@@ -588,7 +580,7 @@ class Executor:
         except DurafnError as exc:
             return _failed(row.id, exc), set()
         savepoint = await conn.begin_nested() if batch_session is None else None
-        session = batch_session or _user_session(conn)
+        session = batch_session or mutation_session(conn)
         writer = BufferedWriter(
             rt,
             conn,
@@ -797,10 +789,13 @@ class Executor:
         with anyio.CancelScope(shield=True), anyio.move_on_after(_OUTCOME_FLUSH_LIMIT):
             await self._write_outcomes(outcomes)
             return
+        self._log_unrecorded(len(outcomes))
+
+    def _log_unrecorded(self, count: int) -> None:
         logger.error(
             "%d action outcomes could not be recorded (%s unavailable); those rows stay "
             "InProgress and are never run again",
-            len(outcomes),
+            count,
             self._rt.driver.name,
         )
 

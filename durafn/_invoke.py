@@ -47,6 +47,15 @@ async def call_with_timeout(
     )
 
 
+def mutation_session(conn: AsyncConnection) -> AsyncSession:
+    """The ``ctx.db`` of a mutation, joined to durafn's transaction on ``conn``.
+
+    "rollback_only": the user's ``ctx.db.commit()`` commits nothing of durafn's, and a
+    ``ctx.db.rollback()`` shows in the transaction (``check_transaction`` reports it).
+    """
+    return AsyncSession(bind=conn, expire_on_commit=False, join_transaction_mode="rollback_only")
+
+
 def check_transaction(
     conn: AsyncConnection,
     root: AsyncTransaction,
@@ -55,21 +64,18 @@ def check_transaction(
     ref: FunctionRef[Any, Any],
 ) -> None:
     """Raise TransactionError if the mutation ended the transaction it was given."""
-    if savepoint is not None:
-        intact = savepoint.is_active
-    else:
-        intact = root.is_active and (
-            conn.sync_connection is not None
-            and conn.sync_connection.get_transaction() is root.sync_transaction
-        )
-    # A savepoint the user left open would swallow what follows (its neighbours' writes,
-    # when they share the transaction): the innermost savepoint must be ours, or none.
     sync = conn.sync_connection
-    expected = savepoint.sync_transaction if savepoint is not None else None
-    if session.in_nested_transaction() or (
-        sync is not None and sync.get_nested_transaction() is not expected
-    ):
-        intact = False
+    ours = savepoint.sync_transaction if savepoint is not None else None
+    intact = (
+        sync is not None
+        and root.is_active
+        and sync.get_transaction() is root.sync_transaction
+        and (savepoint is None or savepoint.is_active)
+        # A savepoint the user left open would swallow what follows (its neighbours'
+        # writes, when they share the transaction): the innermost must be ours, or none.
+        and sync.get_nested_transaction() is ours
+        and not session.in_nested_transaction()
+    )
     if not intact:
         raise TransactionError(
             f"mutation {ref.name!r} rolled back or committed its own transaction "
@@ -120,9 +126,7 @@ class Invoker:
             woken.clear()
             root = conn.get_transaction()
             assert root is not None
-            session = AsyncSession(
-                bind=conn, expire_on_commit=False, join_transaction_mode="rollback_only"
-            )
+            session = mutation_session(conn)
             writer = BufferedWriter(self._rt, conn, check_parent=parent_id)
             scheduler = Scheduler(self._rt, writer, parent_id=parent_id)
             ctx = MutationCtx(

@@ -594,3 +594,14 @@ async def test_an_error_inside_the_block_passes_through_unchanged(app: durafn.Ap
     with pytest.raises(LookupError, match="mine"):
         async with app.run_executor():
             raise LookupError("mine")
+
+
+def test_executor_options_mirror_the_config() -> None:
+    """ExecutorOptions (for mypy) restates ExecutorConfig's fields: keep the two in step."""
+    import dataclasses
+    import typing
+
+    from durafn._executor import ExecutorOptions
+
+    config = {f.name for f in dataclasses.fields(durafn.ExecutorConfig)}
+    assert set(typing.get_type_hints(ExecutorOptions)) == config

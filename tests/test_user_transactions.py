@@ -26,6 +26,12 @@ async def _effect_keys(app: durafn.App) -> list[str]:
         return sorted((await conn.execute(select(Effect.key))).scalars())
 
 
+async def _take_key(app: durafn.App, key: str) -> None:
+    """Insert an effect up front, so that a mutation inserting the same key fails."""
+    async with app.engine.begin() as conn:
+        await conn.execute(insert(Effect).values(key=key))
+
+
 async def _run_batch(
     app: durafn.App, fn: durafn.MutationRef[[int], Any], n: int
 ) -> list[durafn.ScheduledFunctionId]:
@@ -38,8 +44,7 @@ async def test_a_caught_failed_flush_fails_only_that_mutation(app: durafn.App) -
     """Catching an IntegrityError leaves SQLAlchemy's transaction rolled back: the mutation
     cannot succeed (its earlier writes are gone), so it is Failed with TransactionError;
     the rest of its batch commits, each effect once."""
-    async with app.engine.begin() as conn:
-        await conn.execute(insert(Effect).values(key="taken"))
+    await _take_key(app, "taken")
 
     @app.mutation
     async def write(ctx: MutationCtx, n: int) -> str:
@@ -66,8 +71,7 @@ async def test_a_caught_failed_flush_fails_only_that_mutation(app: durafn.App) -
 
 async def test_a_savepoint_lets_a_mutation_recover_from_its_own_error(app: durafn.App) -> None:
     """The supported way to try a write: ``ctx.db.begin_nested()`` rolls back only it."""
-    async with app.engine.begin() as conn:
-        await conn.execute(insert(Effect).values(key="taken"))
+    await _take_key(app, "taken")
 
     @app.mutation
     async def write(ctx: MutationCtx, n: int) -> str:
