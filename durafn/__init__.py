@@ -24,8 +24,9 @@ from ._errors import (
     SchemaError,
     TransactionError,
     UnknownFunctionError,
+    WorkerLostError,
 )
-from ._executor import Executor, ExecutorConfig, RunawayError
+from ._executor import Executor, ExecutorConfig, ExecutorOptions, RunawayError
 from ._registry import ActionRef, FunctionRef, MutationRef, QueryRef, SchedulableRef
 from ._scheduler import Scheduler
 from ._store import SCHEMA_VERSION, metadata, scheduled_functions
@@ -37,6 +38,8 @@ from ._types import (
     ScheduledFunction,
     ScheduledFunctionId,
     State,
+    Stats,
+    WorkerInfo,
 )
 
 __version__ = "0.1.0"
@@ -57,6 +60,7 @@ __all__ = [
     "ErrorInfo",
     "Executor",
     "ExecutorConfig",
+    "ExecutorOptions",
     "ExecutorShutdownError",
     "FunctionKind",
     "FunctionRef",
@@ -79,10 +83,13 @@ __all__ = [
     "SchedulingLimitError",
     "SchemaError",
     "State",
+    "Stats",
     "SystemClock",
     "SystemTable",
     "TransactionError",
     "UnknownFunctionError",
+    "WorkerInfo",
+    "WorkerLostError",
     "metadata",
     "scheduled_functions",
 ]

@@ -2,24 +2,34 @@
 
 from __future__ import annotations
 
+import builtins
 import os
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from datetime import datetime
 from typing import Any, Concatenate, ParamSpec, TypeVar, overload
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from typing_extensions import Unpack
 
-from ._clock import Clock, SystemClock
+from ._clock import Clock, SystemClock, from_datetime, to_datetime
 from ._context import ActionCtx, MutationCtx, QueryCtx, SystemTable
 from ._errors import ArgumentError
 from ._executor import Executor, ExecutorOptions, make_config
 from ._invoke import Invoker, Timeouts
 from ._registry import ActionRef, FunctionRef, MutationRef, QueryRef, Registry
-from ._runtime import Backoff, Limits, Runtime
+from ._runtime import Backoff, Health, Limits, Runtime
 from ._scheduler import DirectWriter, JoinedWriter, Scheduler
 from ._store import driver_for_url
-from ._types import CancelResult, Page, ScheduledFunction, ScheduledFunctionId, State
+from ._types import (
+    FINISHED_STATES,
+    CancelResult,
+    Page,
+    ScheduledFunction,
+    ScheduledFunctionId,
+    State,
+    Stats,
+    WorkerInfo,
+)
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -70,6 +80,23 @@ class App:
             auto_migrate=driver.auto_migrate if auto_migrate is None else auto_migrate,
         )
         self._invoker = Invoker(self._rt, Timeouts(mutation_timeout, action_timeout, query_timeout))
+
+    def _inspect_only(self) -> None:
+        """Create nothing on first use: neither the system tables nor, on SQLite, the
+        database file (the CLI's inspection commands, where a mistyped path must be an
+        error rather than a new, empty database)."""
+        self._rt.auto_migrate = False
+        self._rt.driver.require_existing()
+
+    def _use_url(self, url: str) -> None:
+        """Point the app at another database (the CLI's ``--url``), before first use."""
+        if self._rt._engine is not None:
+            raise ArgumentError("the app's database cannot change once it is in use")
+        driver = driver_for_url(url)
+        if type(driver) is not type(self._rt.driver):
+            self._rt.auto_migrate = driver.auto_migrate
+        self._rt.driver = driver
+        self._rt.health = Health(driver)
 
     def __repr__(self) -> str:
         return f"<durafn.App {self._rt.driver.url.render_as_string()!r}>"
@@ -211,6 +238,70 @@ class App:
             limit=limit,
             cursor=cursor,
         )
+
+    async def workers(self) -> builtins.list[WorkerInfo]:
+        """The executors registered on this database (each renews a heartbeat row)."""
+
+        async def _read(conn: AsyncConnection) -> builtins.list[WorkerInfo]:
+            return await self._rt.driver.list_workers(conn)
+
+        return await self._rt.transaction(_read, read_only=True, doing="listing workers")
+
+    async def stats(self) -> Stats:
+        """Rows by state, how long the oldest due row has waited, when the next is due."""
+        now = self._rt.clock.now()
+
+        async def _read(conn: AsyncConnection) -> Stats:
+            counts = await self._rt.driver.count_by_state(conn)
+            oldest, upcoming = await self._rt.driver.backlog(conn, now)
+            return Stats(
+                at=to_datetime(now),
+                counts=counts,
+                oldest_due=None if oldest is None else to_datetime(oldest),
+                lag=0.0 if oldest is None else now - oldest,
+                next_due=None if upcoming is None else to_datetime(upcoming),
+            )
+
+        return await self._rt.transaction(_read, read_only=True, doing="reading statistics")
+
+    # -- deleting finished rows --------------------------------------------------------
+
+    async def count_finished(
+        self, *, completed_before: datetime, states: Collection[State] = FINISHED_STATES
+    ) -> int:
+        """How many rows ``delete_finished`` with the same arguments would delete."""
+        cutoff = from_datetime(completed_before)
+
+        async def _count(conn: AsyncConnection) -> int:
+            return await self._rt.driver.count_finished(conn, cutoff, states)
+
+        return await self._rt.transaction(_count, read_only=True, doing="counting finished rows")
+
+    async def delete_finished(
+        self,
+        *,
+        completed_before: datetime,
+        states: Collection[State] = FINISHED_STATES,
+        batch_size: int = 1000,
+    ) -> int:
+        """Delete the rows in ``states`` (finished ones only: Success, Failed, Canceled)
+        completed before ``completed_before``; returns how many.
+
+        One transaction per ``batch_size`` rows, so that no lock is held for long.
+        """
+        if batch_size < 1:
+            raise ArgumentError(f"batch_size must be positive, not {batch_size}")
+        cutoff = from_datetime(completed_before)
+
+        async def _delete(conn: AsyncConnection) -> int:
+            return await self._rt.driver.delete_finished(conn, cutoff, batch_size, states)
+
+        deleted = 0
+        while True:
+            n = await self._rt.transaction(_delete, doing="deleting finished rows")
+            deleted += n
+            if n < batch_size:
+                return deleted
 
     # -- executor and lifecycle --------------------------------------------------------
 

@@ -15,6 +15,7 @@ builtin a caller would naturally catch, so ``except LookupError`` finds an unkno
     ├── TransactionError                   a mutation committed or rolled back ctx.db itself
     ├── FunctionTimeoutError (TimeoutError) a function outlived its time limit
     ├── ExecutorShutdownError              an action was cut short by the executor stopping
+    ├── WorkerLostError                    an action's worker died (recorded on its row)
     ├── SchemaError                        the system tables are missing or too new
     └── DatabaseError                      the database failed and retrying did not help
 
@@ -89,6 +90,11 @@ class FunctionTimeoutError(DurafnError, TimeoutError):
 
 class ExecutorShutdownError(DurafnError):
     """An action was still running when its executor stopped after the grace period."""
+
+
+class WorkerLostError(DurafnError):
+    """The worker running an action stopped heartbeating (killed, crashed, or cut off from
+    the database); another worker recorded the action Failed. It is never re-run."""
 
 
 class SchemaError(DurafnError):

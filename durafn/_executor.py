@@ -31,7 +31,7 @@ import math
 import os
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypedDict, TypeVar
 
@@ -53,7 +53,7 @@ from ._invoke import Invoker, call_with_timeout, check_transaction, mutation_ses
 from ._registry import ActionRef, FunctionRef, MutationRef
 from ._runtime import Runtime, one_line
 from ._scheduler import BufferedWriter, Scheduler
-from ._store import Claimed, Outcome
+from ._store import Claimed, LostAction, Outcome
 from ._store.sqlite import READ_ONLY_OPTION
 from ._types import FunctionKind, ScheduledFunction, ScheduledFunctionId, State
 
@@ -85,7 +85,15 @@ class ExecutorConfig:
     retention_batch: int = 1000
     grace_period: float = 10.0
     """On stop, how long running actions may take to finish before they are cancelled."""
-    worker_id: str | None = None
+    heartbeat_interval: float = 5.0
+    """How often this executor renews its row in ``_durafn_workers`` (and looks for lost
+    workers)."""
+    worker_timeout: float = 30.0
+    """A worker with no heartbeat for this long is lost: its InProgress actions are
+    recorded Failed (``WorkerLostError``) by another worker, never re-run. Recovery after a
+    crash takes at most about ``worker_timeout + heartbeat_interval``."""
+    worker_name: str | None = None
+    """A readable label for this executor's worker id (default ``host:pid``)."""
 
     def __post_init__(self) -> None:
         for name in ("concurrency", "batch_size", "retention_batch", "mutation_lanes"):
@@ -98,12 +106,18 @@ class ExecutorConfig:
                 raise ArgumentError(
                     f"{name} must be a non-negative number of seconds, not {value!r}"
                 )
-        for name in ("retention_interval", "poll_interval"):
+        for name in ("retention_interval", "poll_interval", "heartbeat_interval", "worker_timeout"):
             value = getattr(self, name)
             if value is not None and (not _is_number(value) or not value > 0):
                 raise ArgumentError(f"{name} must be a positive number of seconds, not {value!r}")
-        if self.worker_id is not None and not isinstance(self.worker_id, str):
-            raise ArgumentError(f"worker_id must be a string, not {self.worker_id!r}")
+        if self.worker_timeout < 2 * self.heartbeat_interval:
+            raise ArgumentError(
+                f"worker_timeout ({self.worker_timeout!r}) must be at least twice "
+                f"heartbeat_interval ({self.heartbeat_interval!r}), or one late heartbeat "
+                "would declare a live worker lost"
+            )
+        if self.worker_name is not None and not isinstance(self.worker_name, str):
+            raise ArgumentError(f"worker_name must be a string, not {self.worker_name!r}")
 
 
 def _is_int(value: object) -> bool:
@@ -126,7 +140,9 @@ class ExecutorOptions(TypedDict, total=False):
     retention_interval: float
     retention_batch: int
     grace_period: float
-    worker_id: str | None
+    heartbeat_interval: float
+    worker_timeout: float
+    worker_name: str | None
 
 
 def make_config(options: Mapping[str, Any]) -> ExecutorConfig:
@@ -216,9 +232,17 @@ def _error_fields(exc: BaseException) -> tuple[str, str]:
     return name, message
 
 
-def _failed(id: ScheduledFunctionId, exc: BaseException) -> Outcome:
+def _failed(row: Claimed | Outcome, exc: BaseException) -> Outcome:
     error_type, message = _error_fields(exc)
-    return Outcome(id, State.FAILED, error_type=error_type, error_message=message)
+    return Outcome(
+        row.id, State.FAILED, error_type=error_type, error_message=message, name=row.name
+    )
+
+
+def _fields(kind: FunctionKind, id: str, name: str, state: State) -> dict[str, str]:
+    """``extra`` for state-change log records, so a structured formatter (JSON logs) gets
+    the row's fields without parsing the message."""
+    return {"durafn_kind": kind, "durafn_id": id, "durafn_function": name, "durafn_state": state}
 
 
 class Executor:
@@ -229,9 +253,8 @@ class Executor:
         self._rt = runtime
         self._invoker = invoker
         self.config = config
-        self.worker_id = (
-            config.worker_id or f"{socket.gethostname()}:{os.getpid()}:{os.urandom(3).hex()}"
-        )
+        self.worker_id = self._new_worker_id()
+        self._members = 0  # nesting depth of _membership()
         driver = runtime.driver
         self._lanes = config.mutation_lanes or min(config.concurrency, driver.max_mutation_lanes)
         self._poll = (
@@ -251,6 +274,15 @@ class Executor:
         self._mode_batches = 0
         self._outcomes: list[Outcome] = []
         self._outcomes_ready = _Signal()
+        # Claimed actions whose outcome is not written yet; held with _claim_lock so that
+        # adopting this worker's unaccounted InProgress rows never races a claim.
+        self._unrecorded: set[ScheduledFunctionId] = set()
+        self._claim_lock = anyio.Lock()
+        self._claims_in_flight = 0
+        self._claim_uncertain = False
+        self._hurry = 0  # stop_now() calls
+        self._grace_scope: anyio.CancelScope | None = None
+        self._flush_scope: anyio.CancelScope | None = None
         self.stats: dict[str, int] = {"mutations": 0, "actions": 0, "failed": 0, "retries": 0}
 
     # -- public ------------------------------------------------------------------------
@@ -272,26 +304,59 @@ class Executor:
         """
         await self._rt.ensure_ready()
         total = 0
-        for _ in range(max_rounds):
-            ran = await self._mutation_batch_retrying()
-            rows = await self._claim_actions(self.config.concurrency)
-            if rows:
-                outcomes: list[Outcome] = []
-                try:
-                    async with anyio.create_task_group() as tg:
-                        for row in rows:
-                            tg.start_soon(self._run_action, row, outcomes.append)
-                finally:
-                    # Also when cancelled: the actions that finished are recorded.
-                    await self._write_outcomes_before_leaving(outcomes)
-                ran += len(rows)
-            if ran == 0:
-                return total
-            total += ran
+        async with AsyncExitStack() as stack:
+            for _ in range(max_rounds):
+                ran = await self._mutation_batch_retrying()
+                rows = await self._claim_actions(self.config.concurrency)
+                if rows:
+                    if not self._members:
+                        # Running actions: heartbeat like a worker, so that no other worker
+                        # takes them for lost. (Only now: most calls run no action.)
+                        await stack.enter_async_context(self._membership())
+                    outcomes: list[Outcome] = []
+                    try:
+                        async with anyio.create_task_group() as tg:
+                            for row in rows:
+                                tg.start_soon(self._run_action, row, outcomes.append)
+                    finally:
+                        # Also when cancelled: the actions that finished are recorded.
+                        await self._write_outcomes_before_leaving(outcomes)
+                    ran += len(rows)
+                if ran == 0:
+                    return total
+                total += ran
         raise RunawayError(
             f"work was still due after {max_rounds} rounds ({total} functions run): a "
             "function probably schedules itself with no delay"
         )
+
+    async def wait_until_idle(self) -> None:
+        """Return once nothing is due at the clock's current time and every action this
+        executor started has finished and been recorded (``durafn worker
+        --exit-on-complete``). Work due later does not count."""
+        while True:
+            progress = self._progress.current()
+            if self._idle_here():
+                due = await self.next_due()
+                # Checked again after the read: a claim may have committed during it.
+                if (due is None or due > self._rt.clock.now()) and self._idle_here():
+                    return
+            with anyio.move_on_after(0.05):  # rows finished by other processes: no signal
+                await progress.wait()
+
+    def _idle_here(self) -> bool:
+        return not (self._running_actions or self._claims_in_flight or self._unrecorded)
+
+    def stop_now(self) -> None:
+        """Cut a stop short: the first call ends the grace period (running actions are
+        cancelled and recorded Failed); a second also stops waiting for those records
+        to be written (rows left InProgress are later recorded lost by other workers).
+        Before a stop, it makes the coming stop skip the grace period."""
+        self._hurry += 1
+        if self._grace_scope is not None:
+            self._grace_scope.cancel()
+        if self._hurry > 1 and self._flush_scope is not None:
+            self._flush_scope.cancel()
 
     async def run_maintenance(self) -> int:
         """Delete finished rows older than the retention period; returns how many."""
@@ -346,9 +411,14 @@ class Executor:
     async def _running(self) -> AsyncIterator[Executor]:
         await self._rt.ensure_ready()
         self._stopping = anyio.Event()
+        self._hurry = 0
         self._rt._wake_listeners.add(self._on_wake)
         try:
-            async with _single_errors_unwrapped(), anyio.create_task_group() as tg:
+            async with (
+                _single_errors_unwrapped(),
+                self._membership(),
+                anyio.create_task_group() as tg,
+            ):
                 self._tg = tg
                 self._dispatcher_done = anyio.Event()
                 self._finisher_done = anyio.Event()
@@ -380,16 +450,22 @@ class Executor:
         # A claim in flight finishes first (it is not interrupted): what it claimed must
         # get the same grace period and the same recording as everything else.
         await self._dispatcher_done.wait()
-        with anyio.move_on_after(self.config.grace_period):
+        with anyio.move_on_after(self.config.grace_period) as self._grace_scope:
+            if self._hurry:
+                self._grace_scope.cancel()
             while self._running_actions:
                 await self._slot_freed.current().wait()
+        self._grace_scope = None
         for scope in list(self._action_scopes):
             scope.cancel()  # each records itself Failed (ExecutorShutdownError)
         while self._running_actions:
             await self._slot_freed.current().wait()
         self._outcomes_ready.fire()
-        with anyio.move_on_after(_OUTCOME_FLUSH_LIMIT):
+        with anyio.move_on_after(_OUTCOME_FLUSH_LIMIT) as self._flush_scope:
+            if self._hurry > 1:
+                self._flush_scope.cancel()
             await self._finisher_done.wait()
+        self._flush_scope = None
         self._finisher_scope.cancel()
         await self._finisher_done.wait()
         if self._outcomes:
@@ -418,7 +494,7 @@ class Executor:
                 raise
             # The database is away: the next claim will retry through the fault; wait a
             # little first rather than spin.
-            logger.warning("looking for the next due %s failed (%s)", kind, one_line(exc))
+            self._rt.health.fault(exc, f"looking for the next due {kind}")
             await _first_of(signal.wait, functools.partial(anyio.sleep, min(self._poll, 1.0)))
             return
         deadline = self._rt.clock.now() + self._poll
@@ -431,6 +507,140 @@ class Executor:
             await conn.execution_options(**{READ_ONLY_OPTION: True})
             async with conn.begin():
                 return await body(conn)
+
+    # -- worker membership: heartbeats and lost-worker rescue ---------------------------
+
+    def _new_worker_id(self) -> str:
+        # Unique per run of an executor: a restart never inherits its predecessor's rows.
+        name = self.config.worker_name or f"{socket.gethostname()}:{os.getpid()}"
+        return f"{name}:{os.urandom(4).hex()}"
+
+    @asynccontextmanager
+    async def _membership(self) -> AsyncIterator[None]:
+        """Be a registered worker for the block: a row in ``_durafn_workers`` renewed every
+        ``heartbeat_interval``, removed at the end. Re-entrant (``run_until_idle`` inside
+        a running executor)."""
+        if self._members:
+            self._members += 1
+            try:
+                yield
+            finally:
+                self._members -= 1
+            return
+        self._members = 1
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._heartbeat_loop)
+                try:
+                    yield
+                finally:
+                    tg.cancel_scope.cancel()
+        finally:
+            self._members = 0
+            await self._unregister()
+            self.worker_id = self._new_worker_id()
+
+    async def _insert_worker(self, conn: AsyncConnection, now: float) -> None:
+        await self._rt.driver.register_worker(
+            conn, self.worker_id, socket.gethostname(), os.getpid(), self.config.concurrency, now
+        )
+
+    async def _unregister(self) -> None:
+        """Remove our row. If the database is away, it is left to go stale: other workers
+        then treat whatever this worker left InProgress as lost, which is what it is."""
+
+        async def _delete(conn: AsyncConnection) -> None:
+            await self._rt.driver.unregister_worker(conn, self.worker_id)
+
+        with anyio.CancelScope(shield=True), anyio.move_on_after(5.0):
+            try:
+                await self._rt.transaction(_delete, doing="unregistering the worker")
+                logger.info("worker %s stopped", self.worker_id)
+            except DurafnError as exc:
+                logger.warning("worker %s could not unregister (%s)", self.worker_id, exc)
+
+    async def _heartbeat_loop(self) -> None:
+        """Renew our heartbeat; once this worker has itself been connected for a whole
+        ``worker_timeout``, also rescue the actions of workers that stopped heartbeating.
+
+        That wait is what keeps a database outage from being mistaken for dead workers:
+        when the database comes back, every live worker renews its heartbeat within one
+        interval, well before anyone's healthy streak is long enough to rescue."""
+        clock = self._rt.clock
+        interval = self.config.heartbeat_interval
+        healthy_since: float | None = None
+        registered = False
+        while True:
+            deadline = clock.now() + interval
+            try:
+                now = clock.now()
+                await _shielded(self._beat(now, registered))
+                registered = True
+                if healthy_since is None:
+                    healthy_since = now
+                if now - healthy_since >= self.config.worker_timeout:
+                    await _shielded(self._rescue_lost(now))
+            except DurafnError as exc:
+                healthy_since = None
+                self._rt.health.fault(exc, "renewing the worker heartbeat")
+            except Exception:
+                # A bug, not the database: say so loudly, but keep the worker alive.
+                healthy_since = None
+                logger.exception("the heartbeat of worker %s failed", self.worker_id)
+            await clock.sleep_until(deadline)
+
+    async def _beat(self, now: float, registered: bool) -> None:
+        """Renew our row, or insert it: the first beat registers the worker.
+
+        Registering in the background lets the executor start at once. Claims made before
+        it commits are safe: a row is never rescued sooner than ``worker_timeout`` after
+        its claim, and the first beat is due long before that.
+        """
+        rt = self._rt
+
+        async def _renew(conn: AsyncConnection) -> bool:
+            # Update first even when registering: a first beat whose COMMIT was lost may
+            # have inserted the row already.
+            if await rt.driver.heartbeat(conn, self.worker_id, now):
+                return True
+            await self._insert_worker(conn, now)
+            return False
+
+        existed = await rt.transaction(_renew, doing="renewing the worker heartbeat")
+        if not registered:
+            logger.info("worker %s started", self.worker_id)
+        elif not existed:
+            logger.error(
+                "worker %s had been declared lost by another worker (no heartbeat for %gs: "
+                "was the event loop blocked, or the database unreachable?); the actions it "
+                "was running were recorded Failed and their results will be discarded; "
+                "registered again",
+                self.worker_id,
+                self.config.worker_timeout,
+            )
+
+    async def _rescue_lost(self, now: float) -> None:
+        timeout = self.config.worker_timeout
+        message = (
+            "the worker running this action ({worker}) sent no heartbeat for "
+            f"{timeout:g}s: it was killed, crashed, or lost its database connection. The "
+            "action may have run partly or fully; it is not retried"
+        )
+
+        async def _rescue(conn: AsyncConnection) -> list[LostAction]:
+            return await self._rt.driver.rescue_lost(conn, now, now - timeout, message)
+
+        lost = await self._rt.transaction(_rescue, doing="rescuing the actions of lost workers")
+        for id, name, worker in lost:
+            logger.warning(
+                "action %s (%s) InProgress -> Failed: its worker %s was lost",
+                id,
+                name,
+                worker,
+                extra=_fields(FunctionKind.ACTION, id, name, State.FAILED),
+            )
+        if lost:
+            self._progress.fire()
 
     # -- mutations ---------------------------------------------------------------------
 
@@ -464,13 +674,8 @@ class Executor:
                     delay = self._rt.backoff.delay(failures)
                     failures += 1
                     self.stats["retries"] += 1
-                    logger.warning(
-                        "mutation batch of %d rolled back by a database fault (%s); retrying in "
-                        "%.2fs",
-                        len(claimed),
-                        one_line(exc),
-                        delay,
-                    )
+                    doing = f"running a batch of {len(claimed)} mutations"
+                    self._rt.health.fault(exc, doing, delay)
                     await self._count_retry(claimed)
                     await anyio.sleep(delay)
                     continue
@@ -559,6 +764,7 @@ class Executor:
                 )
             await self._write_batch(conn, batch)
             await conn.commit()
+        rt.health.ok()
         self._record(FunctionKind.MUTATION, outcomes)
         rt.wake(woken)
         return len(outcomes)
@@ -578,7 +784,7 @@ class Executor:
             ref = self._resolve(row, MutationRef)
             values = ref.decode_args(row.args)
         except DurafnError as exc:
-            return _failed(row.id, exc), set()
+            return _failed(row, exc), set()
         savepoint = await conn.begin_nested() if batch_session is None else None
         session = batch_session or mutation_session(conn)
         writer = BufferedWriter(
@@ -618,13 +824,13 @@ class Executor:
                 await savepoint.rollback()
             batch.written = mark  # outcomes it wrote early were rolled back with it
             writer.discard()
-            return _failed(row.id, exc), set()
+            return _failed(row, exc), set()
         finally:
             if batch_session is None:
                 await session.close()
             elif session.identity_map:
                 session.expunge_all()
-        return Outcome(row.id, State.SUCCESS, result=encoded), writer.woken
+        return Outcome(row.id, State.SUCCESS, result=encoded, name=row.name), writer.woken
 
     async def _before_cancel(self, conn: AsyncConnection, batch: _Batch) -> None:
         await self._write_batch(conn, batch)
@@ -647,7 +853,7 @@ class Executor:
 
     async def _fail_alone(self, row: Claimed, exc: BaseException) -> None:
         """Record one mutation Failed in its own transaction (after its batch rolled back)."""
-        outcome = _failed(row.id, exc)
+        outcome = _failed(row, exc)
 
         async def _write(conn: AsyncConnection) -> int:
             return await self._rt.driver.finish_pending(conn, self._rt.clock.now(), [outcome])
@@ -673,13 +879,49 @@ class Executor:
 
     async def _claim_actions(self, limit: int, now: float | None = None) -> list[Claimed]:
         now = self._rt.clock.now() if now is None else now
+        driver = self._rt.driver
 
         async def _claim(conn: AsyncConnection) -> list[Claimed]:
-            return await self._rt.driver.claim_actions(conn, now, limit, self.worker_id)
+            return await driver.claim_actions(conn, now, limit, self.worker_id)
 
-        rows = await self._rt.transaction(_claim, doing="claiming actions")
+        async def _ours(conn: AsyncConnection) -> list[Claimed]:
+            return await driver.claimed_by(conn, self.worker_id)
+
+        async with self._claim_lock:
+            self._claims_in_flight += 1
+            try:
+                adopted: list[Claimed] = []
+                if self._claim_uncertain:
+                    # A claim failed at COMMIT, which may nonetheless have taken effect: its
+                    # rows would be InProgress under our id, never started. Start them now
+                    # (still at most once: nobody else runs a row claimed by a live worker).
+                    ours = await self._rt.transaction(_ours, doing="checking an uncertain claim")
+                    adopted = [r for r in ours if r.id not in self._unrecorded][:limit]
+                    self._claim_uncertain = False
+                    if adopted:
+                        logger.warning(
+                            "%d actions claimed by a commit whose outcome was unknown were "
+                            "found InProgress under this worker; starting them",
+                            len(adopted),
+                        )
+                try:
+                    rows = await self._rt.transaction(_claim, doing="claiming actions")
+                except DatabaseError:
+                    self._claim_uncertain = True
+                    if not adopted:
+                        raise
+                    rows = []
+                rows = adopted + rows
+                self._unrecorded.update(r.id for r in rows)
+            finally:
+                self._claims_in_flight -= 1
         for row in rows:
-            logger.debug("action %s (%s) -> InProgress", row.id, row.name)
+            logger.debug(
+                "action %s (%s) Pending -> InProgress",
+                row.id,
+                row.name,
+                extra=_fields(FunctionKind.ACTION, row.id, row.name, State.IN_PROGRESS),
+            )
         return rows
 
     async def _action_dispatcher(self) -> None:
@@ -699,7 +941,7 @@ class Executor:
                 except DatabaseError as exc:
                     delay = self._rt.backoff.delay(failures)
                     failures += 1
-                    logger.warning("claiming actions failed (%s); retrying in %.2fs", exc, delay)
+                    self._rt.health.fault(exc, "claiming actions", delay)
                     await _first_of(self._stopping.wait, functools.partial(anyio.sleep, delay))
                     continue
                 for row in rows:
@@ -741,16 +983,16 @@ class Executor:
             values = ref.decode_args(row.args)
             ctx = self._invoker.action_ctx(row.id)
             result = await call_with_timeout(ref, ctx, values, self._invoker.timeouts.for_(ref))
-            record(Outcome(row.id, State.SUCCESS, result=ref.encode_result(result)))
+            record(Outcome(row.id, State.SUCCESS, result=ref.encode_result(result), name=row.name))
         except anyio.get_cancelled_exc_class():
             stopped = ExecutorShutdownError(
                 "the executor stopped while this action was running (after its grace "
                 "period); it was cancelled and will not be retried"
             )
-            record(_failed(row.id, stopped))
+            record(_failed(row, stopped))
             raise
         except Exception as exc:
-            record(_failed(row.id, exc))
+            record(_failed(row, exc))
 
     async def _finisher_loop(self) -> None:
         """Write queued action outcomes in batches, until the executor has stopped and
@@ -820,16 +1062,13 @@ class Executor:
                     break
                 delay = self._rt.backoff.delay(failures)
                 failures += 1
-                logger.warning(
-                    "recording %d action outcomes failed (%s); retrying in %.2fs",
-                    len(outcomes),
-                    exc,
-                    delay,
-                )
+                self._rt.health.fault(exc, f"recording {len(outcomes)} action outcomes", delay)
                 await anyio.sleep(delay)
+        self._unrecorded.difference_update(o.id for o in outcomes)
         if written < len(outcomes):
             logger.info(
-                "%d finished actions had been cancelled meanwhile; they stay Canceled",
+                "%d finished actions had been finished elsewhere meanwhile (cancelled, or "
+                "recorded lost); their rows are left as they are",
                 len(outcomes) - written,
             )
         self._record(FunctionKind.ACTION, outcomes)
@@ -844,7 +1083,7 @@ class Executor:
         )
         written = 0
         for outcome in outcomes:
-            for attempt in (outcome, _failed(outcome.id, cause)):
+            for attempt in (outcome, _failed(outcome, cause)):
 
                 async def _write(conn: AsyncConnection, o: Outcome = attempt) -> int:
                     return await self._rt.driver.finish_in_progress(conn, self._rt.clock.now(), [o])
@@ -860,13 +1099,33 @@ class Executor:
 
     def _record(self, kind: FunctionKind, outcomes: list[Outcome]) -> None:
         """Count and log committed outcomes (one line each), and wake ``wait_for``."""
+        before = State.PENDING if kind is FunctionKind.MUTATION else State.IN_PROGRESS
+        debug = logger.isEnabledFor(logging.DEBUG)
         for o in outcomes:
             if o.state is State.FAILED:
                 self.stats["failed"] += 1
-                logger.warning("%s %s failed: %s: %s", kind, o.id, o.error_type, o.error_message)
+                logger.warning(
+                    "%s %s (%s) %s -> Failed: %s: %s",
+                    kind,
+                    o.id,
+                    o.name,
+                    before,
+                    o.error_type,
+                    o.error_message,
+                    extra=_fields(kind, o.id, o.name, o.state),
+                )
             else:
                 self.stats[f"{kind}s"] += 1
-                logger.debug("%s %s -> %s", kind, o.id, o.state)
+                if debug:
+                    logger.debug(
+                        "%s %s (%s) %s -> %s",
+                        kind,
+                        o.id,
+                        o.name,
+                        before,
+                        o.state,
+                        extra=_fields(kind, o.id, o.name, o.state),
+                    )
         self._progress.fire()
 
     # -- maintenance -------------------------------------------------------------------

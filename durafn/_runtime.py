@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -46,6 +47,43 @@ class Backoff:
         return random.uniform(0, min(self.cap, self.base * 2 ** min(attempt, 16)))
 
 
+class Health:
+    """Says once that the database went away and once that it came back, however many
+    loops (claims, heartbeats, outcome writes) hit the outage in between: one log line
+    per event, not one per retry. Other transient faults (a deadlock, a busy SQLite file)
+    are logged at INFO each time; they are rare and each is its own event."""
+
+    def __init__(self, driver: Driver) -> None:
+        self._driver = driver
+        self._down_since: float | None = None
+
+    @property
+    def down(self) -> bool:
+        return self._down_since is not None
+
+    def fault(self, exc: BaseException, doing: str, retry_in: float | None = None) -> None:
+        cause = exc.__cause__ if isinstance(exc, DatabaseError) and exc.__cause__ else exc
+        retry = f"; retrying in {retry_in:.2f}s" if retry_in is not None else ""
+        if not self._driver.is_disconnect(cause):
+            logger.info("transient database fault while %s (%s)%s", doing, one_line(exc), retry)
+        elif self._down_since is None:
+            self._down_since = time.monotonic()
+            logger.warning(
+                "lost the connection to %s while %s (%s); reconnecting with backoff",
+                self._driver.name,
+                doing,
+                one_line(exc),
+            )
+        else:
+            logger.debug("still no connection to %s while %s%s", self._driver.name, doing, retry)
+
+    def ok(self) -> None:
+        if self._down_since is not None:
+            down_for = time.monotonic() - self._down_since
+            logger.warning("reconnected to %s after %.1fs", self._driver.name, down_for)
+            self._down_since = None
+
+
 @dataclass(eq=False)
 class Runtime:
     registry: Registry
@@ -60,6 +98,10 @@ class Runtime:
     _ready_lock: anyio.Lock | None = None
     auto_migrate: bool = True
     _wake_listeners: set[Callable[[Collection[FunctionKind]], None]] = field(default_factory=set)
+    health: Health = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.health = Health(self.driver)
 
     @property
     def ready(self) -> bool:
@@ -147,6 +189,7 @@ class Runtime:
                             value = await body(conn)
                         committing = True
                         await conn.commit()
+                        self.health.ok()
                         return value
             except DurafnError:
                 raise
@@ -169,12 +212,7 @@ class Runtime:
                 if attempt >= self.direct_retries:
                     raise self.driver.wrap(exc, doing) from exc
                 delay = self.backoff.delay(attempt)
-                logger.info(
-                    "transient database fault while %s (%s); retry in %.2fs",
-                    doing,
-                    one_line(exc),
-                    delay,
-                )
+                self.health.fault(exc, doing, delay)
                 attempt += 1
                 await anyio.sleep(delay)
 

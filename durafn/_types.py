@@ -91,3 +91,35 @@ class CancelResult(BaseModel):
 
     def __bool__(self) -> bool:
         return self.canceled
+
+
+class WorkerInfo(BaseModel):
+    """A live (or not yet declared lost) executor, from ``_durafn_workers``."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    hostname: str
+    pid: int
+    concurrency: int
+    started_at: datetime
+    heartbeat_at: datetime
+    running: int
+    """Actions InProgress under this worker."""
+
+
+class Stats(BaseModel):
+    """A snapshot of ``_scheduled_functions`` for monitoring (``app.stats()``)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    at: datetime
+    """The clock reading the snapshot was taken at."""
+    counts: dict[State, int]
+    """Rows in each state; every state is present, zeros included."""
+    oldest_due: datetime | None
+    """When the longest-waiting due Pending row became due; None if nothing is due."""
+    lag: float
+    """Seconds that row has waited (``at - oldest_due``): 0 when nothing is due."""
+    next_due: datetime | None
+    """When the next Pending row that is not due yet becomes due; None if there is none."""

@@ -22,7 +22,8 @@ from .models import Base
 PG_ADMIN_DSN = os.environ.get(
     "DURAFN_TEST_PG_ADMIN", "postgresql://postgres@127.0.0.1:5432/postgres"
 )
-PG_DATABASE = "durafn_test"
+# Another database name lets two suites run at once on one server (each resets its schema).
+PG_DATABASE = os.environ.get("DURAFN_TEST_PG_DATABASE", "durafn_test")
 PG_URL = f"postgresql+asyncpg://postgres@127.0.0.1:5432/{PG_DATABASE}"
 PG_DSN = f"postgresql://postgres@127.0.0.1:5432/{PG_DATABASE}"
 

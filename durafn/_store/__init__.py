@@ -6,7 +6,7 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError as _SAArgumentError
 
 from .._errors import DatabaseError
-from ._driver import Claimed, Driver, Outcome, new_id
+from ._driver import Claimed, Driver, LostAction, Outcome, new_id
 from ._tables import SCHEMA_VERSION, metadata, scheduled_functions, schema_version
 from .postgres import PostgresDriver
 from .sqlite import SQLiteDriver
@@ -15,6 +15,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "Claimed",
     "Driver",
+    "LostAction",
     "Outcome",
     "driver_for_url",
     "metadata",

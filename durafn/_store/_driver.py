@@ -12,13 +12,14 @@ checked by the caller: a lost race is explicit, never a row moved backwards.
 from __future__ import annotations
 
 import base64
+import builtins
 import json
 import os
 import uuid
 from collections.abc import AsyncIterator, Callable, Collection, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 from sqlalchemy import (
     CursorResult,
@@ -28,6 +29,7 @@ from sqlalchemy import (
     delete,
     func,
     insert,
+    literal,
     or_,
     select,
     update,
@@ -36,20 +38,22 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.sql.elements import ColumnElement
 
 from .._clock import to_datetime
 from .._errors import ArgumentError, DatabaseError, SchemaError
 from .._types import (
+    FINISHED_STATES,
     ErrorInfo,
     FunctionKind,
     Page,
     ScheduledFunction,
     ScheduledFunctionId,
     State,
+    WorkerInfo,
 )
-from ._tables import SCHEMA_VERSION, metadata, schema_version, sf
+from ._tables import MIGRATIONS, SCHEMA_VERSION, metadata, schema_version, sf, workers
 
-_FINISHED = (State.SUCCESS.value, State.FAILED.value, State.CANCELED.value)
 _RUNNABLE = (State.PENDING.value, State.IN_PROGRESS.value)
 
 
@@ -109,6 +113,16 @@ class Outcome:
     result: str | None = None
     error_type: str | None = None
     error_message: str | None = None
+    name: str = ""
+    """The function's durable name, for logs."""
+
+
+class LostAction(NamedTuple):
+    """An action recorded Failed because its worker was lost."""
+
+    id: ScheduledFunctionId
+    name: str
+    worker_id: str | None
 
 
 _CLAIM_COLUMNS = (sf.c.id, sf.c.name, sf.c.args, sf.c.attempts, sf.c.parent_id, sf.c.available_at)
@@ -209,6 +223,9 @@ class Driver:
     def create_engine(self) -> AsyncEngine:
         raise NotImplementedError
 
+    def require_existing(self) -> None:
+        """Raise SchemaError if connecting would create the database rather than open it."""
+
     def is_transient(self, exc: BaseException, *, raised_by_user: bool = False) -> bool:
         """True for faults that retrying the whole transaction can cure.
 
@@ -221,6 +238,12 @@ class Driver:
 
     def _transient_dbapi(self, exc: sa_exc.DBAPIError) -> bool:
         return False
+
+    def is_disconnect(self, exc: BaseException) -> bool:
+        """True if the fault means the database is unreachable (not merely busy)."""
+        if isinstance(exc, sa_exc.DBAPIError):
+            return bool(exc.connection_invalidated)
+        return isinstance(exc, OSError)
 
     def commit_outcome_unknown(self, exc: BaseException) -> bool:
         """True if a COMMIT that raised ``exc`` may nonetheless have taken effect."""
@@ -283,6 +306,10 @@ class Driver:
             await conn.execute(
                 insert(schema_version).values(version=SCHEMA_VERSION, applied_at=now)
             )
+            return SCHEMA_VERSION
+        for version in range(current + 1, SCHEMA_VERSION + 1):
+            await conn.run_sync(MIGRATIONS[version])
+            await conn.execute(insert(schema_version).values(version=version, applied_at=now))
         return SCHEMA_VERSION
 
     async def check_schema(self, conn: AsyncConnection) -> None:
@@ -451,6 +478,15 @@ class Driver:
         )
         return _claimed(rows)
 
+    async def claimed_by(self, conn: AsyncConnection, worker_id: str) -> list[Claimed]:
+        """The actions InProgress under ``worker_id`` (ix_scheduled_functions_running)."""
+        rows = await conn.execute(
+            select(*_CLAIM_COLUMNS).where(
+                sf.c.state == State.IN_PROGRESS.value, sf.c.worker_id == worker_id
+            )
+        )
+        return _claimed(rows)
+
     async def finish_in_progress(
         self, conn: AsyncConnection, now: float, outcomes: Sequence[Outcome]
     ) -> int:
@@ -476,19 +512,94 @@ class Driver:
             stmt = stmt.where(sf.c.available_at > after)
         return (await conn.execute(stmt)).scalar()
 
+    # -- workers -------------------------------------------------------------------------
+
+    async def register_worker(
+        self, conn: AsyncConnection, id: str, hostname: str, pid: int, concurrency: int, now: float
+    ) -> None:
+        await conn.execute(
+            insert(workers).values(
+                id=id,
+                hostname=hostname,
+                pid=pid,
+                concurrency=concurrency,
+                started_at=now,
+                heartbeat_at=now,
+            )
+        )
+
+    async def heartbeat(self, conn: AsyncConnection, id: str, now: float) -> bool:
+        """Renew a worker's heartbeat; False if its row is gone (it was declared lost)."""
+        result = await conn.execute(
+            update(workers).where(workers.c.id == id).values(heartbeat_at=now)
+        )
+        assert isinstance(result, CursorResult)
+        return result.rowcount == 1
+
+    async def unregister_worker(self, conn: AsyncConnection, id: str) -> None:
+        await conn.execute(delete(workers).where(workers.c.id == id))
+
+    async def rescue_lost(
+        self, conn: AsyncConnection, now: float, cutoff: float, message: str
+    ) -> list[LostAction]:
+        """InProgress -> Failed for actions whose worker has not heartbeaten since
+        ``cutoff`` (or has no row at all); returns (id, name, worker_id) of each.
+
+        ``started_time < cutoff`` as well: a row is never rescued sooner after its claim
+        than a worker is allowed to go without a heartbeat. The state guard makes two
+        workers rescuing at once harmless: the second finds nothing left to move.
+        """
+        before, _, after = message.partition("{worker}")
+        alive = select(workers.c.id).where(workers.c.heartbeat_at >= cutoff)
+        result = await conn.execute(
+            update(sf)
+            .where(
+                sf.c.state == State.IN_PROGRESS.value,  # ix_scheduled_functions_running
+                sf.c.started_time < cutoff,
+                or_(sf.c.worker_id.is_(None), sf.c.worker_id.not_in(alive)),
+            )
+            .values(
+                state=State.FAILED.value,
+                completed_time=now,
+                error_type="durafn.WorkerLostError",
+                # The message names the lost worker: "{worker}" in it becomes its id.
+                error_message=literal(before)
+                .concat(func.coalesce(sf.c.worker_id, "unknown"))
+                .concat(after),
+            )
+            .returning(sf.c.id, sf.c.name, sf.c.worker_id)
+        )
+        lost = [LostAction(ScheduledFunctionId(str(i)), n, w) for i, n, w in result]
+        await conn.execute(delete(workers).where(workers.c.heartbeat_at < cutoff))
+        return lost
+
     # -- retention -----------------------------------------------------------------------
 
-    async def delete_finished(self, conn: AsyncConnection, cutoff: float, limit: int) -> int:
-        # ix_scheduled_functions_completed; bounded so one call never holds locks for long.
+    async def delete_finished(
+        self,
+        conn: AsyncConnection,
+        cutoff: float,
+        limit: int,
+        states: Collection[State] = FINISHED_STATES,
+    ) -> int:
+        """Delete up to ``limit`` rows in ``states`` completed before ``cutoff``, oldest first."""
+        # Bounded so that one call never holds locks for long.
         doomed = (
             select(sf.c.id)
-            .where(sf.c.completed_time < cutoff, sf.c.state.in_(_FINISHED))
+            .where(_finished_before(cutoff, states))
             .order_by(sf.c.completed_time)
             .limit(limit)
         )
         result = await conn.execute(delete(sf).where(sf.c.id.in_(doomed.scalar_subquery())))
         assert isinstance(result, CursorResult)
         return result.rowcount
+
+    async def count_finished(
+        self, conn: AsyncConnection, cutoff: float, states: Collection[State] = FINISHED_STATES
+    ) -> int:
+        """How many rows ``delete_finished`` would delete, all batches together."""
+        stmt = select(func.count()).select_from(sf).where(_finished_before(cutoff, states))
+        return int((await conn.execute(stmt)).scalar_one())
 
     # -- reading -------------------------------------------------------------------------
 
@@ -531,9 +642,70 @@ class Driver:
             next_cursor = _encode_cursor(last.scheduled_time, last.id)
         return Page(items=items, next_cursor=next_cursor)
 
+    async def list_workers(self, conn: AsyncConnection) -> builtins.list[WorkerInfo]:
+        """Registered workers, with how many actions each has InProgress."""
+        running = (
+            select(sf.c.worker_id, func.count().label("running"))
+            .where(sf.c.state == State.IN_PROGRESS.value)
+            .group_by(sf.c.worker_id)
+            .subquery()
+        )
+        rows = await conn.execute(
+            select(workers, func.coalesce(running.c.running, 0))
+            .outerjoin(running, running.c.worker_id == workers.c.id)
+            .order_by(workers.c.started_at, workers.c.id)
+        )
+        return [
+            WorkerInfo(
+                id=r.id,
+                hostname=r.hostname,
+                pid=r.pid,
+                concurrency=r.concurrency,
+                started_at=to_datetime(r.started_at),
+                heartbeat_at=to_datetime(r.heartbeat_at),
+                running=r[-1],
+            )
+            for r in rows
+        ]
+
     async def count_by_state(self, conn: AsyncConnection) -> dict[State, int]:
+        """Rows in each state, every state present. A full scan (no index helps a GROUP BY
+        over every row): fine for an operator's occasional look, not for a hot path."""
         rows = await conn.execute(select(sf.c.state, func.count()).group_by(sf.c.state))
-        return {State(s): n for s, n in rows}
+        counts = dict.fromkeys(State, 0)
+        counts.update({State(s): n for s, n in rows})
+        return counts
+
+    async def backlog(self, conn: AsyncConnection, now: float) -> tuple[float | None, float | None]:
+        """(``available_at`` of the longest-waiting due Pending row, the earliest
+        ``available_at`` after ``now``): each None when there is no such row.
+
+        Up to four ``next_due`` reads, each the first entry of a range of
+        ix_scheduled_functions_due, rather than a MIN over the Pending rows.
+        """
+        oldest: list[float] = []
+        upcoming: list[float] = []
+        for kind in (FunctionKind.MUTATION, FunctionKind.ACTION):
+            first = await self.next_due(conn, kind)
+            if first is not None and first <= now:
+                oldest.append(first)
+                first = await self.next_due(conn, kind, after=now)
+            if first is not None:
+                upcoming.append(first)
+        return min(oldest, default=None), min(upcoming, default=None)
+
+
+def _finished_before(cutoff: float, states: Collection[State]) -> ColumnElement[bool]:
+    # ix_scheduled_functions_completed: "completed_time < x" implies the index's
+    # "completed_time IS NOT NULL", so both engines can use the partial index.
+    unfinished = sorted(State(s).value for s in states if not State(s).finished)
+    if unfinished:
+        raise ArgumentError(
+            f"only finished rows (Success, Failed, Canceled) can be deleted, not {unfinished}"
+        )
+    return and_(
+        sf.c.completed_time < cutoff, sf.c.state.in_(sorted(State(s).value for s in states))
+    )
 
 
 def _is_id(id: object) -> bool:

@@ -5,6 +5,8 @@ Each hot query names the index it relies on; keep the two in step.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from sqlalchemy import (
     CheckConstraint,
     Column,
@@ -17,9 +19,10 @@ from sqlalchemy import (
     Text,
     Uuid,
 )
+from sqlalchemy.engine import Connection
 
-SCHEMA_VERSION = 1
-"""Bump with a new step in ``_driver.MIGRATIONS`` whenever the tables change."""
+SCHEMA_VERSION = 2
+"""Bump with a new step in ``MIGRATIONS`` whenever the tables change."""
 
 metadata = MetaData()
 
@@ -87,6 +90,28 @@ Index(
 )
 # Listing in time order, keyset-paginated.
 Index("ix_scheduled_functions_scheduled", sf.c.scheduled_time, sf.c.id)
+# Lost-worker rescue and per-worker counts look only at running actions: as small as the
+# number of actions running across all workers.
+ix_running = Index(
+    "ix_scheduled_functions_running",
+    sf.c.worker_id,
+    postgresql_where=sf.c.state == "InProgress",
+    sqlite_where=sf.c.state == "InProgress",
+)
+
+workers = Table(
+    "_durafn_workers",
+    metadata,
+    # Unique per executor run (name + random suffix): a restarted worker never inherits the
+    # rows its previous incarnation had InProgress; those are rescued as lost.
+    Column("id", Text, primary_key=True),
+    Column("hostname", Text, nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("concurrency", Integer, nullable=False),
+    Column("started_at", Double, nullable=False),
+    Column("heartbeat_at", Double, nullable=False),
+    # No index on heartbeat_at: one row per live worker, read by a full scan.
+)
 
 schema_version = Table(
     "_durafn_schema",
@@ -94,3 +119,13 @@ schema_version = Table(
     Column("version", Integer, primary_key=True),
     Column("applied_at", Double, nullable=False),
 )
+
+
+def _step_2(conn: Connection) -> None:
+    """Version 2: worker heartbeats (``_durafn_workers``) and the running-actions index."""
+    workers.create(conn, checkfirst=True)
+    ix_running.create(conn, checkfirst=True)
+
+
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {2: _step_2}
+"""Steps from version N-1 to N. A fresh database gets the latest tables in one go."""

@@ -106,6 +106,14 @@ class PostgresDriver(Driver):
             asyncpg.exceptions.ConnectionDoesNotExistError | asyncpg.exceptions.InterfaceError,
         )
 
+    def is_disconnect(self, exc: BaseException) -> bool:
+        state = _sqlstate(exc)
+        if state is not None and (state.startswith("08") or state.startswith("57P")):
+            return True
+        return super().is_disconnect(exc) or (
+            isinstance(exc, sa_exc.DBAPIError) and self._transient_dbapi(exc) and state is None
+        )
+
     def commit_outcome_unknown(self, exc: BaseException) -> bool:
         # A serialization failure or deadlock at COMMIT is a definite rollback; a dropped
         # connection leaves the server's decision unknown to us.

@@ -14,7 +14,7 @@ import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeGuard
 
 from sqlalchemy import event
 from sqlalchemy import exc as sa_exc
@@ -46,6 +46,15 @@ class _Connection(sqlite3.Connection):
         super().close()
 
 
+def _is_file(database: str | None) -> TypeGuard[str]:
+    """Whether the URL names a file (not an in-memory database, which durafn cannot use)."""
+    return (
+        database is not None
+        and database not in ("", ":memory:")
+        and not database.startswith("file::memory:")
+    )
+
+
 def _stop_thread(dbapi_connection: Any) -> None:
     dbapi_connection.driver_connection.stop()
 
@@ -59,9 +68,19 @@ class SQLiteDriver(Driver):
     busy_timeout: float = 30.0
     synchronous: str = "FULL"
 
+    def require_existing(self) -> None:
+        # Opening a missing file creates it, so a mistyped path would otherwise look like
+        # an empty database rather than a mistake.
+        database = self.url.database
+        if _is_file(database) and not Path(database).expanduser().is_file():
+            raise SchemaError(
+                f"the SQLite database {database!r} does not exist; check the path, or "
+                "create it with `durafn migrate --url ...`"
+            )
+
     def create_engine(self) -> AsyncEngine:
         database = self.url.database
-        if not database or database == ":memory:" or database.startswith("file::memory:"):
+        if not _is_file(database):
             raise SchemaError(
                 "durafn needs a SQLite *file* (executors and callers use several "
                 "connections); use a URL like sqlite+aiosqlite:///app.db"

@@ -1,0 +1,85 @@
+"""``durafn worker``: one executor as a process, with signals, logging and an exit status.
+
+The executor does the work; this module makes it a well-behaved process: SIGTERM or SIGINT
+stops it gracefully (no new claims, running functions get the grace period, the rest are
+cancelled and recorded Failed), a second signal stops it at once, and the exit status says
+which happened (0: clean stop or ``--exit-on-complete`` finished; 1: forced or failed).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+from collections.abc import AsyncIterator
+from typing import TextIO
+
+import anyio
+
+from ._app import App
+from ._executor import ExecutorOptions, _first_of, _single_errors_unwrapped
+
+logger = logging.getLogger("durafn.worker")
+
+LOG_FORMAT = "%(asctime)s %(levelname)-7s %(name)s [%(process)d] %(message)s"
+
+
+def configure_logging(level: str, stream: TextIO = sys.stderr) -> None:
+    """One line per record on stderr; durafn itself only ever logs, never prints."""
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(logging.WARNING)  # other libraries: warnings only
+    logging.getLogger("durafn").setLevel(level.upper())
+
+
+async def serve(app: App, options: ExecutorOptions, *, exit_on_complete: bool = False) -> int:
+    """Run an executor until a signal (or, with ``exit_on_complete``, until nothing is
+    due); return the process's exit status."""
+    executor = app.executor(**options)
+    grace = executor.config.grace_period
+    stop = anyio.Event()
+    forced = False
+
+    async def _watch(received: AsyncIterator[signal.Signals]) -> None:
+        nonlocal forced
+        async for signum in received:
+            name = signal.Signals(signum).name
+            if not stop.is_set():
+                logger.warning(
+                    "%s received: stopping; running functions get %gs to finish (send it "
+                    "again to stop at once)",
+                    name,
+                    grace,
+                )
+                stop.set()
+            else:
+                if not forced:
+                    logger.warning("%s received again: cancelling running actions now", name)
+                else:
+                    logger.warning("%s received again: no longer waiting to record outcomes", name)
+                forced = True
+                executor.stop_now()
+
+    # Installed before the executor starts, so that a signal during start-up is a graceful
+    # stop too rather than the default (immediate death).
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as received:
+        async with _single_errors_unwrapped(), anyio.create_task_group() as tg:
+            tg.start_soon(_watch, received)
+            async with executor:
+                if exit_on_complete:
+                    await _first_of(stop.wait, executor.wait_until_idle)
+                    if not stop.is_set():
+                        logger.info("nothing is due: exiting (--exit-on-complete)")
+                else:
+                    await stop.wait()
+            tg.cancel_scope.cancel()
+    stats = executor.stats
+    logger.info(
+        "stopped: %d mutations and %d actions run, %d failed",
+        stats["mutations"],
+        stats["actions"],
+        stats["failed"],
+    )
+    return 1 if forced else 0

@@ -1,0 +1,389 @@
+"""Worker processes: real ``durafn worker`` subprocesses on a real database, real signals,
+real ``kill -9``. Waits are for conditions (polled), never fixed sleeps, except where the
+point is that time passes (a long action must stay alive across many worker timeouts)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import anyio
+import anyio.abc
+import asyncpg
+import pytest
+from sqlalchemy import func, select
+
+import durafn
+from durafn import State, scheduled_functions
+
+from .conftest import PG_DSN
+from .worker_app import Applied, Base, Functions, register
+
+pytestmark = pytest.mark.anyio
+
+ROOT = Path(__file__).resolve().parent.parent
+HEARTBEAT = 0.05
+TIMEOUT = 0.4
+FAST = [
+    "--heartbeat-interval",
+    str(HEARTBEAT),
+    "--worker-timeout",
+    str(TIMEOUT),
+    "--poll-interval",
+    "0.05",
+]
+SLACK = 10.0
+"""Added to every bound a test waits for: a loaded CI machine is slow, not wrong."""
+
+
+@asynccontextmanager
+async def worker_app_on(url: str) -> AsyncIterator[tuple[durafn.App, Functions]]:
+    """The worker app's functions on the test database (the workers import the same)."""
+    app = durafn.App(url)
+    fns = register(app)
+    await app.migrate()
+    async with app.engine.begin() as conn:
+        await conn.run_sync(Base.metadata.create_all)
+    try:
+        yield app, fns
+    finally:
+        await app.aclose()
+
+
+@pytest.fixture
+async def wapp(db_url: str) -> AsyncIterator[tuple[durafn.App, Functions]]:
+    async with worker_app_on(db_url) as value:
+        yield value
+
+
+def durafn_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "durafn", *args]
+
+
+@asynccontextmanager
+async def worker_processes(
+    url: str, count: int, logs: Path, *args: str
+) -> AsyncIterator[list[anyio.abc.Process]]:
+    """``count`` worker processes, each logging to ``logs/worker<i>.log``; killed at the
+    end if a test left them running."""
+    procs: list[anyio.abc.Process] = []
+    try:
+        for i in range(count):
+            with (logs / f"worker{i}.log").open("w") as log:
+                procs.append(
+                    await anyio.open_process(
+                        durafn_command(
+                            "worker", "--app", "tests.worker_app:app", "--url", url, *args
+                        ),
+                        cwd=ROOT,
+                        stdout=log,
+                        stderr=log,
+                    )
+                )
+        yield procs
+    finally:
+        for proc in procs:
+            if proc.returncode is None:
+                proc.kill()
+            await proc.wait()
+
+
+async def wait_until(
+    condition: Callable[[], Awaitable[bool]], what: str, timeout: float = SLACK
+) -> float:
+    """Poll ``condition`` until it holds; return how long that took."""
+    start = time.monotonic()
+    while not await condition():
+        if time.monotonic() - start > timeout:
+            raise AssertionError(f"timed out after {timeout:g}s waiting until {what}")
+        await anyio.sleep(0.02)
+    return time.monotonic() - start
+
+
+async def state_counts(app: durafn.App) -> dict[str, int]:
+    sf = scheduled_functions
+    async with app.engine.connect() as conn:
+        rows = await conn.execute(select(sf.c.state, func.count()).group_by(sf.c.state))
+        return {state: n for state, n in rows}
+
+
+async def stop(procs: list[anyio.abc.Process], sig: signal.Signals = signal.SIGTERM) -> list[int]:
+    for proc in procs:
+        if proc.returncode is None:
+            proc.send_signal(sig)
+    codes = []
+    with anyio.fail_after(SLACK + 10):
+        for proc in procs:
+            codes.append(await proc.wait())
+    return codes
+
+
+def logs_of(tmp_path: Path) -> str:
+    return "".join(p.read_text() for p in sorted(tmp_path.glob("worker*.log")))
+
+
+def trace_of(path: Path) -> list[tuple[int, int]]:
+    """(n, pid) per action start, from the trace file the worker app's actions append to."""
+    if not path.exists():
+        return []
+    words = path.read_text().split()
+    return [(int(words[i]), int(words[i + 1])) for i in range(0, len(words), 2)]
+
+
+async def live_workers(app: durafn.App) -> int:
+    return len(await app.workers())
+
+
+async def test_four_workers_drain_5000_mutations_exactly_once(
+    wapp: tuple[durafn.App, Functions], db_url: str, engine_name: str, tmp_path: Path
+) -> None:
+    app, fns = wapp
+    # On PostgreSQL each mutation pauses 0.5 ms, so that a batch is long enough for the
+    # other workers' claims to land meanwhile (SKIP LOCKED spreads the rest).
+    pause = 0.0005 if engine_name == "postgres" else 0.0
+    async with worker_processes(db_url, 4, tmp_path, "--concurrency", "4") as procs:
+        await wait_until(lambda: _equals(live_workers(app), 4), "4 workers registered")
+        for start in range(0, 5000, 1000):
+            await app.run_mutation(fns.fan_out, start, 1000, pause)
+        await wait_until(
+            lambda: _equals(_state(app, "Success"), 5000), "5000 mutations ran", timeout=60
+        )
+        assert await stop(procs) == [0, 0, 0, 0]
+    async with app.engine.connect() as conn:
+        rows = await conn.execute(select(Applied.pid, func.count()).group_by(Applied.pid))
+        per_pid: dict[int, int] = {pid: n for pid, n in rows}
+        keys = (await conn.execute(select(func.count(func.distinct(Applied.key))))).scalar()
+    # The unique key makes a second application fail its batch: 5000 distinct rows and
+    # 5000 Success rows mean each mutation was applied exactly once.
+    assert sum(per_pid.values()) == 5000 and keys == 5000
+    assert await state_counts(app) == {"Success": 5000}
+    assert set(per_pid) <= {p.pid for p in procs}
+    if engine_name == "postgres":  # SQLite has one writer at a time: no spread to expect
+        assert len(per_pid) >= 2 and max(per_pid.values()) < 5000, per_pid
+    assert "Traceback" not in logs_of(tmp_path)
+
+
+async def test_kill_9_mid_action_is_recorded_lost_and_the_others_carry_on(
+    wapp: tuple[durafn.App, Functions], db_url: str, tmp_path: Path
+) -> None:
+    app, fns = wapp
+    trace = tmp_path / "trace.txt"
+    async with worker_processes(db_url, 2, tmp_path, *FAST) as procs:
+        await wait_until(lambda: _equals(live_workers(app), 2), "2 workers registered")
+        sid = await app.scheduler().run_after(0, fns.hang, 1, str(trace))
+        await wait_until(lambda: _true(bool(trace_of(trace))), "the action started")
+        [(_, pid)] = trace_of(trace)
+        # Alive across several worker timeouts: its heartbeat keeps it from being lost.
+        await anyio.sleep(3 * TIMEOUT)
+        row = await app.get(sid)
+        assert row is not None and row.state is State.IN_PROGRESS
+
+        os.kill(pid, signal.SIGKILL)
+        elapsed = await wait_until(
+            lambda: _equals(_row_state(app, sid), State.FAILED), "the action is recorded lost"
+        )
+        row = await app.get(sid)
+        assert row is not None and row.error is not None
+        assert row.error.type == "durafn.WorkerLostError"
+        assert f":{pid}:" in row.error.message and "sent no heartbeat" in row.error.message
+        # Detected within the configured bound: the worker timeout plus a heartbeat.
+        assert elapsed < TIMEOUT + HEARTBEAT + SLACK
+        assert trace_of(trace) == [(1, pid)]  # never re-run
+
+        # The survivor carries on with new work.
+        survivor = next(p for p in procs if p.pid != pid)
+        done = await app.scheduler().run_after(0, fns.touch, 2, str(trace), 0.0)
+        await app.scheduler().run_after(0, fns.apply, 7, 0.0)
+        await wait_until(lambda: _equals(_row_state(app, done), State.SUCCESS), "new work ran")
+        assert trace_of(trace) == [(1, pid), (2, survivor.pid)]
+        assert await stop([survivor]) == [0]
+    assert "Traceback" not in logs_of(tmp_path)
+
+
+async def test_sigterm_lets_running_actions_finish_then_cancels_the_rest(
+    wapp: tuple[durafn.App, Functions], db_url: str, tmp_path: Path
+) -> None:
+    app, fns = wapp
+    trace = tmp_path / "trace.txt"
+    async with worker_processes(db_url, 1, tmp_path, "--grace-period", "1", *FAST) as procs:
+        short = await app.scheduler().run_after(0, fns.touch, 1, str(trace), 0.3)
+        stuck = await app.scheduler().run_after(0, fns.hang, 2, str(trace))
+        await wait_until(lambda: _true(len(trace_of(trace)) == 2), "both actions started")
+        assert await stop(procs) == [0]
+    short_row, stuck_row = await app.get(short), await app.get(stuck)
+    assert short_row is not None and stuck_row is not None
+    assert (short_row.state, short_row.result) == (State.SUCCESS, 1)  # finished in its grace
+    assert stuck_row.state is State.FAILED  # cancelled after it, recorded, never re-run
+    assert stuck_row.error is not None and stuck_row.error.type == "durafn.ExecutorShutdownError"
+    logs = logs_of(tmp_path)
+    assert "SIGTERM received: stopping" in logs and "Traceback" not in logs
+    assert await live_workers(app) == 0  # unregistered on the way out
+
+
+async def test_a_second_signal_stops_at_once(
+    wapp: tuple[durafn.App, Functions], db_url: str, tmp_path: Path
+) -> None:
+    app, fns = wapp
+    trace = tmp_path / "trace.txt"
+    async with worker_processes(db_url, 1, tmp_path, "--grace-period", "600") as procs:
+        stuck = await app.scheduler().run_after(0, fns.hang, 1, str(trace))
+        await wait_until(lambda: _true(bool(trace_of(trace))), "the action started")
+        procs[0].send_signal(signal.SIGINT)
+        await wait_until(lambda: _true("SIGINT received: stopping" in logs_of(tmp_path)), "1st")
+        started = time.monotonic()
+        assert await stop(procs, signal.SIGINT) == [1]  # forced: not a clean stop
+        assert time.monotonic() - started < SLACK  # not the 600 s grace period
+    row = await app.get(stuck)
+    assert row is not None and row.state is State.FAILED
+    assert row.error is not None and row.error.type == "durafn.ExecutorShutdownError"
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+async def test_exit_on_complete_runs_what_is_due_and_exits_0(
+    wapp: tuple[durafn.App, Functions], db_url: str, tmp_path: Path, processes: int
+) -> None:
+    app, fns = wapp
+    trace = tmp_path / "trace.txt"
+    await app.run_mutation(fns.fan_out, 0, 300, 0.0)
+    for n in range(20):
+        await app.scheduler().run_after(0, fns.touch, n, str(trace), 0.0)
+    later = await app.scheduler().run_after(3600, fns.apply, 999, 0.0)
+    command = durafn_command(
+        "worker", "--app", "tests.worker_app:app", "--url", db_url, "--exit-on-complete"
+    )
+    result = await anyio.run_process([*command, "-n", str(processes)], cwd=ROOT, check=False)
+    assert result.returncode == 0, result.stderr.decode()
+    assert await state_counts(app) == {"Success": 320, "Pending": 1}
+    row = await app.get(later)
+    assert row is not None and row.state is State.PENDING  # due later: not "complete" work
+    assert sorted(n for n, _ in trace_of(trace)) == list(range(20))
+    assert await live_workers(app) == 0
+
+
+async def test_the_supervisor_restarts_a_killed_worker_and_stops_cleanly(
+    wapp: tuple[durafn.App, Functions], db_url: str, tmp_path: Path
+) -> None:
+    app, _ = wapp
+    args = ["worker", "--app", "tests.worker_app:app", "--url", db_url, "-n", "2", *FAST]
+    with (tmp_path / "worker-supervisor.log").open("w") as log:
+        supervisor = await anyio.open_process(
+            durafn_command(*args), cwd=ROOT, stdout=log, stderr=log
+        )
+    try:
+        await wait_until(lambda: _equals(live_workers(app), 2), "2 workers registered")
+        victim = (await app.workers())[0]
+        os.kill(victim.pid, signal.SIGKILL)
+
+        async def replaced() -> bool:
+            now = {w.pid for w in await app.workers()}
+            return victim.pid not in now and len(now) == 2
+
+        # The restart waits 1 s; the dead worker's row goes when it times out.
+        await wait_until(replaced, "the killed worker is replaced")
+        assert await stop([supervisor]) == [0]
+    finally:
+        if supervisor.returncode is None:
+            supervisor.kill()
+            await supervisor.wait()
+    logs = logs_of(tmp_path)
+    assert "died (killed by SIGKILL); restarting it" in logs
+    assert "Traceback" not in logs
+    assert await live_workers(app) == 0
+
+
+@pytest.mark.postgres_only  # a server that drops connections: SQLite has none
+async def test_workers_recover_when_every_connection_is_terminated(
+    postgres_url: str, tmp_path: Path
+) -> None:
+    trace = tmp_path / "trace.txt"
+    async with (
+        worker_app_on(postgres_url) as (app, fns),
+        worker_processes(postgres_url, 2, tmp_path, *FAST) as procs,
+    ):
+        await wait_until(lambda: _equals(live_workers(app), 2), "2 workers registered")
+        for start in range(0, 2000, 1000):
+            await app.run_mutation(fns.fan_out, start, 1000, 0.001)
+        for n in range(100):
+            await app.scheduler().run_after(0, fns.touch, n, str(trace), 0.01)
+        terminated = 0
+        for _ in range(3):
+            terminated += await _terminate_all_backends()
+            await app.engine.dispose()  # the test's own pooled connections went too
+            await anyio.sleep(0.3)
+        await wait_until(
+            lambda: _equals(_state(app, "Success"), 2100), "every row finished", timeout=60
+        )
+        assert await state_counts(app) == {"Success": 2100}
+        assert sorted(n for n, _ in trace_of(trace)) == list(range(100))  # each action once
+        assert all(p.returncode is None for p in procs)  # recovered, not crashed
+        assert await stop(procs) == [0, 0]
+    async with app.engine.connect() as conn:
+        assert (await conn.execute(select(func.count(func.distinct(Applied.key))))).scalar() == 2000
+    assert terminated >= 6
+    logs = logs_of(tmp_path)
+    assert "lost the connection to PostgreSQL" in logs
+    assert "reconnected to PostgreSQL" in logs
+    assert "Traceback" not in logs
+
+
+async def test_worker_errors_are_one_line(db_url: str, engine_name: str, tmp_path: Path) -> None:
+    cases = [
+        (["worker", "--url", db_url], "needs the app"),
+        (
+            ["worker", "--app", "nosuch.module:app", "--url", db_url],
+            "cannot import 'nosuch.module'",
+        ),
+        (["worker", "--app", "tests.worker_app:nope", "--url", db_url], "has no attribute 'nope'"),
+        (["worker", "--app", "tests.worker_app:app", "--url", "mysql://x/y"], "SQLite or Postgre"),
+    ]
+    if engine_name == "postgres":  # no tables yet: PostgreSQL needs `durafn migrate`
+        cases.append((["worker", "--app", "tests.worker_app:app", "--url", db_url], "migrate"))
+    results: dict[int, tuple[int, str]] = {}
+
+    async def _run(i: int, args: list[str]) -> None:
+        result = await anyio.run_process(durafn_command(*args), cwd=ROOT, check=False)
+        results[i] = (result.returncode, result.stderr.decode())
+
+    async with anyio.create_task_group() as tg:  # each process takes a second to start
+        for i, (args, _) in enumerate(cases):
+            tg.start_soon(_run, i, args)
+    for i, (args, message) in enumerate(cases):
+        code, stderr = results[i]
+        assert code == 1, (args, stderr)
+        assert message in stderr and "Traceback" not in stderr, (args, stderr)
+        assert len([line for line in stderr.splitlines() if line.startswith("error:")]) == 1
+
+
+async def _terminate_all_backends() -> int:
+    conn = await asyncpg.connect(PG_DSN)
+    try:
+        return int(
+            await conn.fetchval(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+        )
+    finally:
+        await conn.close()
+
+
+async def _equals(value: Awaitable[object], expected: object) -> bool:
+    return await value == expected
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+async def _state(app: durafn.App, state: str) -> int:
+    return (await state_counts(app)).get(state, 0)
+
+
+async def _row_state(app: durafn.App, id: durafn.ScheduledFunctionId) -> State | None:
+    row = await app.get(id)
+    return row.state if row is not None else None

@@ -1,0 +1,76 @@
+"""The app the worker tests run as ``durafn worker --app tests.worker_app:app``.
+
+Its database comes from ``DURAFN_DATABASE_URL`` (or ``--url``). Each function leaves a
+trace that survives a killed process: mutations a row naming the process that applied it,
+actions a line in a file, written before they do anything else.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import NamedTuple
+
+import anyio
+from sqlalchemy import String, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+import durafn
+from durafn import ActionCtx, MutationCtx
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Applied(Base):
+    """One row per applied mutation; the unique key turns a double run into an error."""
+
+    __tablename__ = "applied"
+    __table_args__ = (UniqueConstraint("key"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    key: Mapped[str] = mapped_column(String(50))
+    pid: Mapped[int]
+
+
+class Functions(NamedTuple):
+    apply: durafn.MutationRef[[int, float], None]
+    fan_out: durafn.MutationRef[[int, int, float], None]
+    touch: durafn.ActionRef[[int, str, float], int]
+    hang: durafn.ActionRef[[int, str], None]
+
+
+async def _trace(path: str, n: int) -> None:
+    async with await anyio.open_file(path, "a") as f:
+        await f.write(f"{n} {os.getpid()}\n")
+
+
+def register(app: durafn.App) -> Functions:
+    """The functions, on ``app`` (the tests build their own app on their database)."""
+
+    @app.mutation(name="w:apply")
+    async def apply(ctx: MutationCtx, n: int, pause: float = 0.0) -> None:
+        ctx.db.add(Applied(key=f"m{n}", pid=os.getpid()))
+        if pause:
+            await anyio.sleep(pause)  # stretch the batch so that other workers get claims in
+
+    @app.mutation(name="w:fan_out")
+    async def fan_out(ctx: MutationCtx, start: int, count: int, pause: float = 0.0) -> None:
+        for n in range(start, start + count):
+            await ctx.scheduler.run_after(0, apply, n, pause)
+
+    @app.action(name="w:touch")
+    async def touch(ctx: ActionCtx, n: int, path: str, seconds: float = 0.0) -> int:
+        await _trace(path, n)
+        await anyio.sleep(seconds)
+        return n
+
+    @app.action(name="w:hang")
+    async def hang(ctx: ActionCtx, n: int, path: str) -> None:
+        await _trace(path, n)
+        await anyio.sleep_forever()
+
+    return Functions(apply, fan_out, touch, hang)
+
+
+app = durafn.App()
+register(app)
