@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from examples import self_destruct
+from examples import self_destruct, starlette_app
 
 pytestmark = pytest.mark.anyio
 
@@ -23,3 +23,11 @@ async def test_self_destruct_example(db_url: str) -> None:
         "messages:destruct         Canceled",
     ):
         assert expected in last
+
+
+def test_starlette_example(db_url: str) -> None:
+    # Synchronous: TestClient runs the web app (and its lifespan) on its own event loop.
+    row = starlette_app.run(db_url)
+    assert row["name"] == "messages:publish"
+    assert row["state"] == "Success"
+    assert row["result"] == "published ann: hello"

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import anyio
 import pytest
-from sqlalchemy import insert, inspect
+from sqlalchemy import delete, insert, inspect, select, text
 
 import durafn
 from durafn._store import schema_version
@@ -29,6 +30,51 @@ async def test_migrate_is_idempotent_and_versioned(db_url: str, clock: FakeClock
             "ix_scheduled_functions_completed",
             "ix_scheduled_functions_scheduled",
         } <= indexes
+    finally:
+        await app.aclose()
+
+
+async def test_a_version_1_database_is_upgraded_in_place(
+    db_url: str, engine_name: str, clock: FakeClock
+) -> None:
+    """Version 2 added worker heartbeats: an existing version 1 database keeps its rows,
+    refuses to run until migrated (PostgreSQL), and gains the new table and index."""
+    app = durafn.App(db_url, clock=clock)
+
+    @app.mutation
+    async def noop(ctx: durafn.MutationCtx) -> None:
+        pass
+
+    try:
+        await app.migrate()
+        sid = await app.scheduler().run_after(60, noop)
+        async with app.engine.begin() as conn:  # back to what version 1 created
+            await conn.execute(text("DROP INDEX ix_scheduled_functions_running"))
+            await conn.execute(text("DROP TABLE _durafn_workers"))
+            await conn.execute(delete(schema_version))
+            await conn.execute(insert(schema_version).values(version=1, applied_at=0))
+        await app.aclose()
+        if engine_name == "postgres":
+            stale = durafn.App(db_url, clock=clock)
+            with pytest.raises(durafn.SchemaError, match="at version 1, this durafn needs 2"):
+                await stale.executor().run_until_idle()
+            await stale.aclose()
+        assert await app.migrate() == 2
+        async with app.engine.connect() as conn:
+            tables = await conn.run_sync(lambda c: set(inspect(c).get_table_names()))
+            indexes = await conn.run_sync(
+                lambda c: {i["name"] for i in inspect(c).get_indexes("_scheduled_functions")}
+            )
+            versions = (await conn.execute(select(schema_version.c.version))).scalars().all()
+        assert "_durafn_workers" in tables and "ix_scheduled_functions_running" in indexes
+        assert sorted(versions) == [1, 2]
+        row = await app.get(sid)
+        assert row is not None and row.state is durafn.State.PENDING
+        async with app.run_executor() as executor:
+            with anyio.fail_after(10):  # the first heartbeat registers the worker
+                while not await app.workers():  # noqa: ASYNC110 - polling the database
+                    await anyio.sleep(0.005)
+            assert [w.id for w in await app.workers()] == [executor.worker_id]
     finally:
         await app.aclose()
 

@@ -1,0 +1,50 @@
+"""The app the worker benchmark runs as ``durafn worker --app benchmarks.worker_app:app``
+(its database from ``--url``)."""
+
+from __future__ import annotations
+
+import time
+from typing import NamedTuple
+
+import anyio
+
+import durafn
+from durafn import ActionCtx, MutationCtx
+
+
+class Functions(NamedTuple):
+    fan_out: durafn.MutationRef[[int, float, str], None]
+    probe: durafn.MutationRef[[], float]
+    hang: durafn.ActionRef[[], None]
+
+
+def register(app: durafn.App) -> Functions:
+    @app.mutation(name="bench:noop")
+    async def noop(ctx: MutationCtx) -> None:
+        pass
+
+    @app.action(name="bench:noop_action")
+    async def noop_action(ctx: ActionCtx) -> None:
+        pass
+
+    @app.mutation(name="bench:fan_out")
+    async def fan_out(ctx: MutationCtx, count: int, due: float, kind: str) -> None:
+        for _ in range(count):
+            if kind == "mutation":
+                await ctx.scheduler.run_at(due, noop)
+            else:
+                await ctx.scheduler.run_at(due, noop_action)
+
+    @app.mutation(name="bench:probe")
+    async def probe(ctx: MutationCtx) -> float:
+        return time.time()  # when it started, on the worker's own clock (same machine)
+
+    @app.action(name="bench:hang")
+    async def hang(ctx: ActionCtx) -> None:
+        await anyio.sleep_forever()
+
+    return Functions(fan_out, probe, hang)
+
+
+app = durafn.App()
+register(app)

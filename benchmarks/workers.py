@@ -1,0 +1,221 @@
+"""Worker processes on PostgreSQL: throughput of 1, 2 and 4 ``durafn worker`` processes,
+start lag on an idle worker in another process, and recovery time after ``kill -9``.
+
+    python -m benchmarks.workers [--n 20000] [--processes 1,2,4] [--lag-samples 300]
+                                 [--recovery "5,30;0.2,2"] [--json PATH]
+
+The workers are real subprocesses (``python -m durafn worker --app benchmarks.worker_app:app``);
+times come from the rows themselves (completed_time, the function's own start stamp), so
+the benchmark's polling does not enter the figures. Nothing here is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import sys
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.abc
+from sqlalchemy import func, select
+
+import durafn
+from durafn import State
+
+from .throughput import _fresh_postgres
+from .worker_app import register
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@asynccontextmanager
+async def workers(url: str, count: int, *args: str) -> AsyncIterator[list[anyio.abc.Process]]:
+    command = [sys.executable, "-m", "durafn", "worker", "--app", "benchmarks.worker_app:app"]
+    procs = [
+        await anyio.open_process(
+            [*command, "--url", url, "--log-level", "WARNING", *args],
+            cwd=ROOT,
+            stdout=None,
+            stderr=None,
+        )
+        for _ in range(count)
+    ]
+    try:
+        yield procs
+    finally:
+        for proc in procs:
+            if proc.returncode is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            await proc.wait()
+
+
+async def _until(app: durafn.App, condition: Any, timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while not await condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError("the benchmark waited too long")
+        await anyio.sleep(0.01)
+
+
+async def _fresh_app() -> tuple[str, durafn.App, Any]:
+    url = await _fresh_postgres()
+    app = durafn.App(url)
+    fns = register(app)
+    await app.migrate()
+    return url, app, fns
+
+
+async def throughput(n: int, processes: int, kind: str) -> float:
+    """Rows per second drained by ``processes`` workers, from the first due time to the
+    last completed_time (all rows are in place and due at one moment)."""
+    url, app, fns = await _fresh_app()
+    try:
+        async with workers(url, processes, "--concurrency", "64"):
+            await _until(app, lambda: _workers_are(app, processes))
+            due = time.time() + 3 + n / 50_000  # after the scheduling below has committed
+            for start in range(0, n, 1000):
+                await app.run_mutation(fns.fan_out, min(1000, n - start), due, kind)
+            await _until(app, lambda: _finished(app, n))
+            sf = durafn.scheduled_functions
+            async with app.engine.connect() as conn:
+                last = (await conn.execute(select(func.max(sf.c.completed_time)))).scalar()
+                states = dict(
+                    (await conn.execute(select(sf.c.state, func.count()).group_by(sf.c.state)))
+                    .tuples()
+                    .all()
+                )
+            assert states == {"Success": n}, states
+            return n / (float(last) - due)
+    finally:
+        await app.aclose()
+
+
+async def start_lag(samples: int) -> dict[str, list[float]]:
+    """An idle worker in another process; probes scheduled one at a time."""
+    url, app, fns = await _fresh_app()
+    lags: dict[str, list[float]] = {"due now": [], "due at a set time": []}
+    try:
+        async with workers(url, 1):
+            await _until(app, lambda: _workers_are(app, 1))
+            sched = app.scheduler()
+            for i in range(samples):
+                if i % 2:
+                    sid = await sched.run_after(0, fns.probe)
+                    label = "due now"
+                else:
+                    sid = await sched.run_at(time.time() + 0.02, fns.probe)
+                    label = "due at a set time"
+                row = await _wait_done(app, sid)
+                lags[label].append(float(row.result) - row.scheduled_time.timestamp())
+                await anyio.sleep(0.005)  # idle again before the next probe
+    finally:
+        await app.aclose()
+    return lags
+
+
+async def recovery(heartbeat: float, timeout: float) -> float:
+    """Seconds from ``kill -9`` of the worker running an action to its row being Failed."""
+    url, app, fns = await _fresh_app()
+    try:
+        args = ("--heartbeat-interval", str(heartbeat), "--worker-timeout", str(timeout))
+        async with workers(url, 2, *args):
+            await _until(app, lambda: _workers_are(app, 2))
+            sid = await app.scheduler().run_after(0, fns.hang)
+            await _until(app, lambda: _state_is(app, sid, State.IN_PROGRESS))
+            # Let it run past a whole timeout first: the rescuer must have its streak.
+            await anyio.sleep(timeout + heartbeat)
+            [worker] = [w for w in await app.workers() if w.running]
+            killed = time.monotonic()
+            os.kill(worker.pid, signal.SIGKILL)
+            await _until(app, lambda: _state_is(app, sid, State.FAILED))
+            return time.monotonic() - killed
+    finally:
+        await app.aclose()
+
+
+async def _workers_are(app: durafn.App, count: int) -> bool:
+    return len(await app.workers()) == count
+
+
+async def _finished(app: durafn.App, n: int) -> bool:
+    sf = durafn.scheduled_functions
+    async with app.engine.connect() as conn:
+        done = (
+            await conn.execute(
+                select(func.count()).where(sf.c.state.in_(["Success", "Failed", "Canceled"]))
+            )
+        ).scalar()
+    return int(done or 0) >= n
+
+
+async def _state_is(app: durafn.App, sid: durafn.ScheduledFunctionId, state: State) -> bool:
+    row = await app.get(sid)
+    return row is not None and row.state is state
+
+
+async def _wait_done(app: durafn.App, sid: durafn.ScheduledFunctionId) -> durafn.ScheduledFunction:
+    while True:
+        row = await app.get(sid)
+        if row is not None and row.state.finished:
+            return row
+        await anyio.sleep(0.002)
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def main(args: argparse.Namespace) -> dict[str, Any]:
+    results: dict[str, Any] = {"throughput": {}, "lag_ms": {}, "recovery_s": {}}
+    for kind in ("mutation", "action"):
+        for processes in [int(p) for p in args.processes.split(",")]:
+            rate = await throughput(args.n, processes, kind)
+            results["throughput"][f"{kind}s, {processes} processes"] = round(rate)
+            print(f"no-op {kind}s, {processes} worker processes: {rate:,.0f} /s", flush=True)
+    lags = await start_lag(args.lag_samples)
+    for label, values in lags.items():
+        ms = [v * 1000 for v in values]
+        summary = {
+            "median": round(statistics.median(ms), 2),
+            "p99": round(_percentile(ms, 0.99), 2),
+            "max": round(max(ms), 2),
+        }
+        results["lag_ms"][label] = summary
+        print(f"start lag, idle worker process, {label}: {summary} ms", flush=True)
+    for pair in filter(None, args.recovery.split(";")):
+        heartbeat, timeout = (float(x) for x in pair.split(","))
+        seconds = await recovery(heartbeat, timeout)
+        results["recovery_s"][f"heartbeat {heartbeat:g}s, timeout {timeout:g}s"] = round(seconds, 2)
+        print(
+            f"kill -9 to Failed (heartbeat {heartbeat:g}s, worker timeout {timeout:g}s): "
+            f"{seconds:.2f} s",
+            flush=True,
+        )
+    return results
+
+
+def cli() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=20_000)
+    parser.add_argument("--processes", default="1,2,4")
+    parser.add_argument("--lag-samples", type=int, default=300)
+    parser.add_argument("--recovery", default="5,30;0.2,2")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    results = anyio.run(main, args)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    cli()
