@@ -200,7 +200,9 @@ class Runtime:
                 if not self.driver.is_transient(exc, raised_by_user=user_code):
                     # A user's function may raise its own driver errors (an IntegrityError
                     # it expects to catch); durafn's own statements never leak them raw.
-                    if user_code or not isinstance(exc, SQLAlchemyError):
+                    if user_code or not (
+                        isinstance(exc, SQLAlchemyError) or self.driver.is_driver_error(exc)
+                    ):
                         raise
                     raise self.driver.wrap(exc, doing) from exc
                 if committing and self.driver.commit_outcome_unknown(exc):

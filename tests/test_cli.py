@@ -504,6 +504,14 @@ def test_bad_urls_are_one_line_errors() -> None:
         assert_one_line_error(code, stderr, message)
 
 
+@pytest.mark.postgres_only  # a server that answers, for a database it does not have
+def test_an_unknown_postgres_database_is_a_one_line_error(postgres_url: str) -> None:
+    # asyncpg raises this one past SQLAlchemy unwrapped: it must still be one line.
+    url = postgres_url.rsplit("/", 1)[0] + "/durafn_no_such_db"
+    [(code, stderr)] = durafn_processes(["migrate", "--url", url])
+    assert_one_line_error(code, stderr, 'database "durafn_no_such_db" does not exist')
+
+
 def test_unknown_ids_are_one_line_errors(db_url: str) -> None:
     assert invoke("migrate", "--url", db_url).exit_code == 0
     results = durafn_processes(

@@ -16,10 +16,11 @@ import anyio
 import anyio.abc
 import asyncpg
 import pytest
+from click.testing import CliRunner
 from sqlalchemy import func, select
 
 import durafn
-from durafn import State, scheduled_functions
+from durafn import State, cli, scheduled_functions
 
 from .conftest import PG_DSN
 from .worker_app import Applied, Base, Functions, register
@@ -243,10 +244,11 @@ async def test_a_second_signal_stops_at_once(
     assert row.error is not None and row.error.type == "durafn.ExecutorShutdownError"
 
 
-@pytest.mark.parametrize("processes", [1, 2])
 async def test_exit_on_complete_runs_what_is_due_and_exits_0(
-    wapp: tuple[durafn.App, Functions], db_url: str, tmp_path: Path, processes: int
+    wapp: tuple[durafn.App, Functions], db_url: str, tmp_path: Path
 ) -> None:
+    """Under the supervisor (``-n 2``), whose children are plain ``--exit-on-complete``
+    workers: both paths at the cost of one."""
     app, fns = wapp
     trace = tmp_path / "trace.txt"
     await app.run_mutation(fns.fan_out, 0, 300, 0.0)
@@ -256,7 +258,7 @@ async def test_exit_on_complete_runs_what_is_due_and_exits_0(
     command = durafn_command(
         "worker", "--app", "tests.worker_app:app", "--url", db_url, "--exit-on-complete"
     )
-    result = await anyio.run_process([*command, "-n", str(processes)], cwd=ROOT, check=False)
+    result = await anyio.run_process([*command, "-n", "2"], cwd=ROOT, check=False)
     assert result.returncode == 0, result.stderr.decode()
     assert await state_counts(app) == {"Success": 320, "Pending": 1}
     row = await app.get(later)
@@ -331,32 +333,24 @@ async def test_workers_recover_when_every_connection_is_terminated(
     assert "Traceback" not in logs
 
 
-async def test_worker_errors_are_one_line(db_url: str, engine_name: str, tmp_path: Path) -> None:
+def test_worker_errors_are_one_line(db_url: str, engine_name: str) -> None:
+    # In-process (CliRunner): the same code path as the real command, without paying a
+    # process start per case (test_cli.py runs the real subprocess for the error paths).
     cases = [
         (["worker", "--url", db_url], "needs the app"),
-        (
-            ["worker", "--app", "nosuch.module:app", "--url", db_url],
-            "cannot import 'nosuch.module'",
-        ),
+        (["worker", "--app", "nosuch.module:app", "--url", db_url], "cannot import 'nosuch"),
         (["worker", "--app", "tests.worker_app:nope", "--url", db_url], "has no attribute 'nope'"),
         (["worker", "--app", "tests.worker_app:app", "--url", "mysql://x/y"], "SQLite or Postgre"),
     ]
     if engine_name == "postgres":  # no tables yet: PostgreSQL needs `durafn migrate`
         cases.append((["worker", "--app", "tests.worker_app:app", "--url", db_url], "migrate"))
-    results: dict[int, tuple[int, str]] = {}
-
-    async def _run(i: int, args: list[str]) -> None:
-        result = await anyio.run_process(durafn_command(*args), cwd=ROOT, check=False)
-        results[i] = (result.returncode, result.stderr.decode())
-
-    async with anyio.create_task_group() as tg:  # each process takes a second to start
-        for i, (args, _) in enumerate(cases):
-            tg.start_soon(_run, i, args)
-    for i, (args, message) in enumerate(cases):
-        code, stderr = results[i]
-        assert code == 1, (args, stderr)
-        assert message in stderr and "Traceback" not in stderr, (args, stderr)
-        assert len([line for line in stderr.splitlines() if line.startswith("error:")]) == 1
+    for args, message in cases:
+        result = CliRunner().invoke(cli.main, args)
+        assert result.exit_code == 1, (args, result.output)
+        assert message in result.stderr and "Traceback" not in result.stderr, (args, result.stderr)
+        assert [line for line in result.stderr.splitlines() if line.startswith("error:")] == [
+            line for line in result.stderr.splitlines() if line.strip()
+        ][-1:]
 
 
 async def _terminate_all_backends() -> int:

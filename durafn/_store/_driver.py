@@ -239,6 +239,11 @@ class Driver:
     def _transient_dbapi(self, exc: sa_exc.DBAPIError) -> bool:
         return False
 
+    def is_driver_error(self, exc: BaseException) -> bool:
+        """An error the database driver raised without SQLAlchemy wrapping it (some
+        connect-time failures), so that it reaches users as a DatabaseError."""
+        return False
+
     def is_disconnect(self, exc: BaseException) -> bool:
         """True if the fault means the database is unreachable (not merely busy)."""
         if isinstance(exc, sa_exc.DBAPIError):

@@ -106,6 +106,11 @@ class PostgresDriver(Driver):
             asyncpg.exceptions.ConnectionDoesNotExistError | asyncpg.exceptions.InterfaceError,
         )
 
+    def is_driver_error(self, exc: BaseException) -> bool:
+        # asyncpg raises some connect-time errors (an unknown database, a bad password)
+        # through SQLAlchemy's pool unwrapped.
+        return isinstance(exc, asyncpg.PostgresError | asyncpg.InterfaceError)
+
     def is_disconnect(self, exc: BaseException) -> bool:
         state = _sqlstate(exc)
         if state is not None and (state.startswith("08") or state.startswith("57P")):
