@@ -110,11 +110,13 @@ class ExecutorConfig:
             value = getattr(self, name)
             if value is not None and (not _is_number(value) or not value > 0):
                 raise ArgumentError(f"{name} must be a positive number of seconds, not {value!r}")
-        if self.worker_timeout < 2 * self.heartbeat_interval:
+        if self.worker_timeout < 3 * self.heartbeat_interval:
+            # A pause shorter than the two intervals that reset a rescuer's streak leaves
+            # live heartbeats at most three intervals old: still within the timeout.
             raise ArgumentError(
-                f"worker_timeout ({self.worker_timeout!r}) must be at least twice "
-                f"heartbeat_interval ({self.heartbeat_interval!r}), or one late heartbeat "
-                "would declare a live worker lost"
+                f"worker_timeout ({self.worker_timeout!r}) must be at least three times "
+                f"heartbeat_interval ({self.heartbeat_interval!r}), or a late heartbeat "
+                "could declare a live worker lost"
             )
         if self.worker_name is not None and not isinstance(self.worker_name, str):
             raise ArgumentError(f"worker_name must be a string, not {self.worker_name!r}")
@@ -255,6 +257,7 @@ class Executor:
         self.config = config
         self.worker_id = self._new_worker_id()
         self._members = 0  # nesting depth of _membership()
+        self._member_owner = ""
         driver = runtime.driver
         self._lanes = config.mutation_lanes or min(config.concurrency, driver.max_mutation_lanes)
         self._poll = (
@@ -312,7 +315,7 @@ class Executor:
                     if not self._members:
                         # Running actions: heartbeat like a worker, so that no other worker
                         # takes them for lost. (Only now: most calls run no action.)
-                        await stack.enter_async_context(self._membership())
+                        await stack.enter_async_context(self._membership("run_until_idle()"))
                     outcomes: list[Outcome] = []
                     try:
                         async with anyio.create_task_group() as tg:
@@ -337,7 +340,13 @@ class Executor:
         while True:
             progress = self._progress.current()
             if self._idle_here():
-                due = await self.next_due()
+                try:
+                    due = await self.next_due()
+                except DatabaseError as exc:
+                    if not exc.transient:
+                        raise
+                    self._rt.health.fault(exc, "looking for due work")
+                    due = self._rt.clock.now()  # unknown: not idle; look again
                 # Checked again after the read: a claim may have committed during it.
                 if (due is None or due > self._rt.clock.now()) and self._idle_here():
                     return
@@ -381,10 +390,13 @@ class Executor:
 
     async def next_due(self) -> float | None:
         """The earliest time (epoch seconds) any Pending row becomes due, or None."""
-        await self._rt.ensure_ready()
-        times = []
-        for kind in (FunctionKind.MUTATION, FunctionKind.ACTION):
-            times.append(await self._read(functools.partial(self._rt.driver.next_due, kind=kind)))
+        driver = self._rt.driver
+
+        async def _both(conn: AsyncConnection) -> list[float | None]:
+            kinds = (FunctionKind.MUTATION, FunctionKind.ACTION)
+            return [await driver.next_due(conn, kind) for kind in kinds]
+
+        times = await self._rt.transaction(_both, read_only=True, doing="reading the next due time")
         due = [t for t in times if t is not None]
         return min(due) if due else None
 
@@ -416,7 +428,7 @@ class Executor:
         try:
             async with (
                 _single_errors_unwrapped(),
-                self._membership(),
+                self._membership("executor"),
                 anyio.create_task_group() as tg,
             ):
                 self._tg = tg
@@ -516,10 +528,16 @@ class Executor:
         return f"{name}:{os.urandom(4).hex()}"
 
     @asynccontextmanager
-    async def _membership(self) -> AsyncIterator[None]:
+    async def _membership(self, owner: str) -> AsyncIterator[None]:
         """Be a registered worker for the block: a row in ``_durafn_workers`` renewed every
-        ``heartbeat_interval``, removed at the end. Re-entrant (``run_until_idle`` inside
-        a running executor)."""
+        ``heartbeat_interval``, removed at the end. Re-entrant only inside a running
+        executor, which outlives whatever runs within it; the heartbeat belongs to the
+        first holder, so any other overlap would leave the others without one."""
+        if self._members and (owner == "executor" or self._member_owner != "executor"):
+            raise ArgumentError(
+                f"this executor is already running ({self._member_owner}); give each "
+                "concurrent caller its own executor (app.executor())"
+            )
         if self._members:
             self._members += 1
             try:
@@ -528,6 +546,7 @@ class Executor:
                 self._members -= 1
             return
         self._members = 1
+        self._member_owner = owner
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._heartbeat_loop)
@@ -538,7 +557,11 @@ class Executor:
         finally:
             self._members = 0
             await self._unregister()
+            # A new identity for the next run; what this one left unrecorded is now the
+            # business of the lost-worker rescue, not of the next run's idleness check.
             self.worker_id = self._new_worker_id()
+            self._unrecorded.clear()
+            self._claim_uncertain = False
 
     async def _insert_worker(self, conn: AsyncConnection, now: float) -> None:
         await self._rt.driver.register_worker(
@@ -560,50 +583,62 @@ class Executor:
                 logger.warning("worker %s could not unregister (%s)", self.worker_id, exc)
 
     async def _heartbeat_loop(self) -> None:
-        """Renew our heartbeat; once this worker has itself been connected for a whole
-        ``worker_timeout``, also rescue the actions of workers that stopped heartbeating.
+        """Renew our heartbeat; once this worker's own heartbeats have all been on time
+        for a whole ``worker_timeout``, also rescue the actions of workers that stopped.
 
-        That wait is what keeps a database outage from being mistaken for dead workers:
-        when the database comes back, every live worker renews its heartbeat within one
-        interval, well before anyone's healthy streak is long enough to rescue."""
+        "On time" is what keeps a pause from being mistaken for dead workers: after a
+        database outage, a lock held for long, or a stopped or suspended process, the
+        others have not had their chance to renew yet, and neither had we. A beat that
+        fails, takes longer than an interval, or comes more than two intervals after the
+        previous one starts the streak again, so the window a rescue looks at
+        (``now - worker_timeout`` to now) is one in which we beat on schedule.
+        """
         clock = self._rt.clock
         interval = self.config.heartbeat_interval
         healthy_since: float | None = None
+        last_beat: float | None = None
         registered = False
         while True:
             deadline = clock.now() + interval
             try:
-                now = clock.now()
-                await _shielded(self._beat(now, registered))
+                started = clock.now()
+                beat = await _shielded(self._beat(registered))
                 registered = True
-                if healthy_since is None:
-                    healthy_since = now
-                if now - healthy_since >= self.config.worker_timeout:
-                    await _shielded(self._rescue_lost(now))
+                late = last_beat is not None and beat - last_beat > 2 * interval
+                if healthy_since is None or late or beat - started > interval:
+                    healthy_since = beat
+                last_beat = beat
+                if beat - healthy_since >= self.config.worker_timeout:
+                    await _shielded(self._rescue_lost(clock.now()))
             except DurafnError as exc:
-                healthy_since = None
+                healthy_since = last_beat = None
                 self._rt.health.fault(exc, "renewing the worker heartbeat")
             except Exception:
                 # A bug, not the database: say so loudly, but keep the worker alive.
-                healthy_since = None
+                healthy_since = last_beat = None
                 logger.exception("the heartbeat of worker %s failed", self.worker_id)
             await clock.sleep_until(deadline)
 
-    async def _beat(self, now: float, registered: bool) -> None:
-        """Renew our row, or insert it: the first beat registers the worker.
+    async def _beat(self, registered: bool) -> float:
+        """Renew our row, or insert it (the first beat registers the worker); returns the
+        time written.
 
         Registering in the background lets the executor start at once. Claims made before
         it commits are safe: a row is never rescued sooner than ``worker_timeout`` after
         its claim, and the first beat is due long before that.
         """
         rt = self._rt
+        written = 0.0
 
         async def _renew(conn: AsyncConnection) -> bool:
-            # Update first even when registering: a first beat whose COMMIT was lost may
-            # have inserted the row already.
-            if await rt.driver.heartbeat(conn, self.worker_id, now):
+            nonlocal written
+            # Read the time only now, with the lock held: a beat that waited for it must
+            # not write an already stale time. Update first even when registering: a first
+            # beat whose COMMIT was lost may have inserted the row already.
+            written = rt.clock.now()
+            if await rt.driver.heartbeat(conn, self.worker_id, written):
                 return True
-            await self._insert_worker(conn, now)
+            await self._insert_worker(conn, written)
             return False
 
         existed = await rt.transaction(_renew, doing="renewing the worker heartbeat")
@@ -618,6 +653,7 @@ class Executor:
                 self.worker_id,
                 self.config.worker_timeout,
             )
+        return written
 
     async def _rescue_lost(self, now: float) -> None:
         timeout = self.config.worker_timeout
@@ -877,12 +913,14 @@ class Executor:
 
     # -- actions -----------------------------------------------------------------------
 
-    async def _claim_actions(self, limit: int, now: float | None = None) -> list[Claimed]:
+    async def _claim_actions(
+        self, limit: int, now: float | None = None, *, retries: int | None = None
+    ) -> list[Claimed]:
         now = self._rt.clock.now() if now is None else now
         driver = self._rt.driver
 
         async def _claim(conn: AsyncConnection) -> list[Claimed]:
-            return await driver.claim_actions(conn, now, limit, self.worker_id)
+            return await driver.claim_actions(conn, now, limit - len(adopted), self.worker_id)
 
         async def _ours(conn: AsyncConnection) -> list[Claimed]:
             return await driver.claimed_by(conn, self.worker_id)
@@ -895,22 +933,30 @@ class Executor:
                     # A claim failed at COMMIT, which may nonetheless have taken effect: its
                     # rows would be InProgress under our id, never started. Start them now
                     # (still at most once: nobody else runs a row claimed by a live worker).
+                    # ``known`` is taken before the read: a row of ours InProgress in the
+                    # read's snapshot had its outcome written after it, so it was still in
+                    # _unrecorded then, even if the write has removed it by now.
+                    known = set(self._unrecorded)
                     ours = await self._rt.transaction(_ours, doing="checking an uncertain claim")
-                    adopted = [r for r in ours if r.id not in self._unrecorded][:limit]
-                    self._claim_uncertain = False
+                    orphans = [r for r in ours if r.id not in known]
+                    adopted = orphans[:limit]
+                    self._claim_uncertain = len(orphans) > limit  # the rest next time
                     if adopted:
                         logger.warning(
                             "%d actions claimed by a commit whose outcome was unknown were "
                             "found InProgress under this worker; starting them",
                             len(adopted),
                         )
+                rows = []
                 try:
-                    rows = await self._rt.transaction(_claim, doing="claiming actions")
+                    if len(adopted) < limit:
+                        rows = await self._rt.transaction(
+                            _claim, doing="claiming actions", retries=retries
+                        )
                 except DatabaseError:
                     self._claim_uncertain = True
                     if not adopted:
                         raise
-                    rows = []
                 rows = adopted + rows
                 self._unrecorded.update(r.id for r in rows)
             finally:
@@ -936,7 +982,9 @@ class Executor:
                     continue
                 now = self._rt.clock.now()
                 try:
-                    rows = await self._claim_actions(free, now)
+                    # No retries inside: this loop backs off itself, and a stop need not
+                    # wait for a claim to exhaust its retries against a database that is away.
+                    rows = await self._claim_actions(free, now, retries=0)
                     failures = 0
                 except DatabaseError as exc:
                     delay = self._rt.backoff.delay(failures)
@@ -1053,18 +1101,21 @@ class Executor:
                     conn, self._rt.clock.now(), outcomes
                 )
 
+            stuck: set[ScheduledFunctionId] = set()
             try:
                 written = await self._rt.transaction(_write, doing="recording action outcomes")
                 break
             except DatabaseError as exc:
                 if not exc.transient:
-                    written = await self._write_outcomes_one_by_one(outcomes, exc)
+                    written, stuck = await self._write_outcomes_one_by_one(outcomes, exc)
                     break
                 delay = self._rt.backoff.delay(failures)
                 failures += 1
                 self._rt.health.fault(exc, f"recording {len(outcomes)} action outcomes", delay)
                 await anyio.sleep(delay)
-        self._unrecorded.difference_update(o.id for o in outcomes)
+        # A row whose outcome could not be written at all is still InProgress: it stays
+        # "unrecorded", so that adopting an uncertain claim never starts it again.
+        self._unrecorded.difference_update(o.id for o in outcomes if o.id not in stuck)
         if written < len(outcomes):
             logger.info(
                 "%d finished actions had been finished elsewhere meanwhile (cancelled, or "
@@ -1073,16 +1124,21 @@ class Executor:
             )
         self._record(FunctionKind.ACTION, outcomes)
 
-    async def _write_outcomes_one_by_one(self, outcomes: list[Outcome], cause: Exception) -> int:
+    async def _write_outcomes_one_by_one(
+        self, outcomes: list[Outcome], cause: Exception
+    ) -> tuple[int, set[ScheduledFunctionId]]:
         """A batch of outcomes the database refused: write them singly, so that one bad
-        outcome (a result it cannot store) neither blocks the others nor kills the finisher."""
+        outcome (a result it cannot store) neither blocks the others nor kills the finisher.
+        Returns how many rows were written and the ids nothing could be written for."""
         logger.warning(
             "recording %d action outcomes failed (%s); writing them one by one",
             len(outcomes),
             cause,
         )
         written = 0
+        stuck: set[ScheduledFunctionId] = set()
         for outcome in outcomes:
+            stuck.add(outcome.id)
             for attempt in (outcome, _failed(outcome, cause)):
 
                 async def _write(conn: AsyncConnection, o: Outcome = attempt) -> int:
@@ -1092,10 +1148,11 @@ class Executor:
                     written += await self._rt.transaction(
                         _write, doing="recording an action outcome"
                     )
+                    stuck.discard(outcome.id)
                     break
                 except DatabaseError as exc:
                     logger.error("could not record the outcome of action %s: %s", outcome.id, exc)
-        return written
+        return written, stuck
 
     def _record(self, kind: FunctionKind, outcomes: list[Outcome]) -> None:
         """Count and log committed outcomes (one line each), and wake ``wait_for``."""

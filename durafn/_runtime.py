@@ -64,7 +64,9 @@ class Health:
     def fault(self, exc: BaseException, doing: str, retry_in: float | None = None) -> None:
         cause = exc.__cause__ if isinstance(exc, DatabaseError) and exc.__cause__ else exc
         retry = f"; retrying in {retry_in:.2f}s" if retry_in is not None else ""
-        if not self._driver.is_disconnect(cause):
+        if isinstance(exc, DatabaseError) and not exc.transient:
+            logger.warning("database error while %s: %s%s", doing, one_line(exc), retry)
+        elif not self._driver.is_disconnect(cause):
             logger.info("transient database fault while %s (%s)%s", doing, one_line(exc), retry)
         elif self._down_since is None:
             self._down_since = time.monotonic()
@@ -161,12 +163,14 @@ class Runtime:
         ready: bool = True,
         doing: str = "running a transaction",
         user_code: bool = False,
+        retries: int | None = None,
     ) -> T:
         """Run ``body`` in one transaction, retrying it whole on transient faults.
 
         ``body`` may run more than once, but at most one run commits. A commit whose
         outcome is unknown (the connection died during COMMIT) is not retried: it raises
-        DatabaseError, because re-running could apply the body twice.
+        DatabaseError, because re-running could apply the body twice. ``retries``
+        overrides ``direct_retries`` for callers with a retry loop of their own.
         """
         if ready:
             await self.ensure_ready()
@@ -211,7 +215,7 @@ class Runtime:
                         f"whether it took effect is unknown: {exc}",
                         transient=True,
                     ) from exc
-                if attempt >= self.direct_retries:
+                if attempt >= (self.direct_retries if retries is None else retries):
                     raise self.driver.wrap(exc, doing) from exc
                 delay = self.backoff.delay(attempt)
                 self.health.fault(exc, doing, delay)

@@ -10,7 +10,10 @@ behaves the same under the supervisor as on its own. The supervisor:
   stop at once), a third sends SIGKILL;
 * restarts a child that dies unexpectedly (crash, ``kill -9``, out of memory) after a
   backoff, and logs it. What that child had InProgress is recorded lost by the others;
-* exits 0 when every child exited 0 (a clean stop, or ``--exit-on-complete`` done).
+* gives up (exit 1) on a child that keeps dying right after it starts: that is a
+  configuration error (schema not migrated, database unreachable), not a crash;
+* exits 0 when every child ended cleanly (a clean stop, or ``--exit-on-complete`` done);
+  a crash it recovered from by restarting does not count against that.
 """
 
 from __future__ import annotations
@@ -29,6 +32,10 @@ _RESTART_DELAY = 1.0
 _RESTART_DELAY_MAX = 30.0
 _STABLE_AFTER = 60.0
 """A child that ran this long before dying restarts after the shortest delay again."""
+_EARLY = 5.0
+_EARLY_DEATHS = 5
+"""A slot whose child dies within _EARLY seconds this many times in a row is a
+configuration problem (a bad schema, an unreachable database), not a crash: give up."""
 
 
 class Supervisor:
@@ -54,22 +61,41 @@ class Supervisor:
 
     async def _keep_running(self, slot: int) -> None:
         delay = _RESTART_DELAY
+        early_deaths = 0
         while not self.stopping:
             started = anyio.current_time()
             process = await anyio.open_process(
                 self.command, stdin=None, stdout=None, stderr=None, start_new_session=True
             )
             self.children[slot] = process
+            if self.stopping:  # the signal came while this child was being started
+                process.send_signal(signal.SIGTERM)
             logger.info("worker process %d started (pid %d)", slot, process.pid)
             code = await process.wait()
             del self.children[slot]
-            if code == 0:
-                return  # a clean stop, or --exit-on-complete found nothing left
+            if code == 0 or (self.stopping and code == -signal.SIGTERM):
+                # A clean stop, --exit-on-complete done, or a child our SIGTERM reached
+                # before it could install its handler (still starting up).
+                return
             if self.stopping:
                 self.failed += 1
                 logger.warning("worker process %d (pid %d) exited with %d", slot, process.pid, code)
                 return
-            if anyio.current_time() - started > _STABLE_AFTER:
+            ran_for = anyio.current_time() - started
+            early_deaths = early_deaths + 1 if ran_for < _EARLY else 0
+            if early_deaths >= _EARLY_DEATHS:
+                self.failed += 1
+                logger.error(
+                    "worker process %d died within %gs of starting %d times in a row (%s); "
+                    "giving up: fix the error it logged, then start again",
+                    slot,
+                    _EARLY,
+                    early_deaths,
+                    _describe(code),
+                )
+                self._stop_all()
+                return
+            if ran_for > _STABLE_AFTER:
                 delay = _RESTART_DELAY
             logger.warning(
                 "worker process %d (pid %d) died (%s); restarting it in %.0fs",
@@ -85,8 +111,6 @@ class Supervisor:
     async def _forward(self, received: AsyncIterator[signal.Signals]) -> None:
         async for signum in received:
             self.signals += 1
-            self.stopping = True
-            self._stopped.set()
             sent = signal.SIGKILL if self.signals > 2 else signal.SIGTERM
             logger.warning(
                 "%s received: sending %s to %d worker processes",
@@ -94,9 +118,14 @@ class Supervisor:
                 sent.name,
                 len(self.children),
             )
-            for process in list(self.children.values()):
-                if process.returncode is None:
-                    process.send_signal(sent)
+            self._stop_all(sent)
+
+    def _stop_all(self, sent: signal.Signals = signal.SIGTERM) -> None:
+        self.stopping = True
+        self._stopped.set()
+        for process in list(self.children.values()):
+            if process.returncode is None:
+                process.send_signal(sent)
 
 
 def _describe(code: int) -> str:

@@ -33,7 +33,7 @@ from rich.text import Text
 from ._app import App
 from ._clock import to_datetime
 from ._errors import DurafnError, NotFoundError
-from ._executor import ExecutorOptions
+from ._executor import ExecutorOptions, make_config
 from ._supervisor import supervise
 from ._types import (
     FINISHED_STATES,
@@ -422,30 +422,6 @@ def worker(
             "durafn worker needs the app that defines the functions: --app pkg.module:app "
             "(or DURAFN_APP)"
         )
-    if processes > 1:
-        args = [
-            "--app",
-            app_ref,
-            "--concurrency",
-            str(concurrency),
-            "--grace-period",
-            str(grace_period),
-            "--heartbeat-interval",
-            str(heartbeat_interval),
-            "--worker-timeout",
-            str(worker_timeout),
-            "--batch-size",
-            str(batch_size),
-            "--log-level",
-            log_level,
-        ]
-        args += ["--url", url] if url else []
-        args += ["--poll-interval", str(poll_interval)] if poll_interval else []
-        args += ["--name", worker_name] if worker_name else []
-        args += ["--exit-on-complete"] if exit_on_complete else []
-        args += ["--verbose"] if verbose else []
-        sys.exit(run(lambda: supervise(args, processes), verbose=verbose))
-
     options: ExecutorOptions = {
         "concurrency": concurrency,
         "grace_period": grace_period,
@@ -455,6 +431,29 @@ def worker(
         "batch_size": batch_size,
         "worker_name": worker_name,
     }
+    try:
+        make_config(options)  # a bad combination fails here, not in every child
+        if processes > 1:
+            load_app(app_ref)  # likewise a bad --app: before any child is started
+    except DurafnError as exc:
+        fail(str(exc))
+    if processes > 1:
+        args = ["--app", app_ref, "--log-level", log_level]
+        for flag, value in (
+            ("--url", url),
+            ("--concurrency", concurrency),
+            ("--grace-period", grace_period),
+            ("--heartbeat-interval", heartbeat_interval),
+            ("--worker-timeout", worker_timeout),
+            ("--batch-size", batch_size),
+            ("--poll-interval", poll_interval),
+            ("--name", worker_name),
+        ):
+            if value is not None:
+                args += [flag, str(value)]
+        args += ["--exit-on-complete"] if exit_on_complete else []
+        args += ["--verbose"] if verbose else []
+        sys.exit(run(lambda: supervise(args, processes), verbose=verbose))
 
     async def _serve() -> int:
         app = open_app(app_ref, url, create=True)

@@ -127,6 +127,63 @@ async def test_a_worker_rescues_only_after_its_own_heartbeats_held_a_whole_timeo
         await _until(lambda: _is(_state(app, sid), State.FAILED), "the action is rescued")
 
 
+async def test_a_pause_is_not_taken_for_dead_workers(app: durafn.App, clock: FakeClock) -> None:
+    """Time jumps past several worker timeouts at once (a suspended VM, a stopped process,
+    a lock held for long): nobody beat meanwhile, so no one may be declared lost before
+    everyone has had the chance to beat again. The other worker here is driven by the
+    test, so that it beats after the rescuer, deterministically."""
+    other = "elsewhere:4242:alive"
+    sid = await _dead_worker_claims(app, other)
+
+    async def other_beats() -> None:
+        async def _renew(conn: AsyncConnection) -> None:
+            assert await app._rt.driver.heartbeat(conn, other, clock.now())
+
+        await app._rt.transaction(_renew)
+
+    async with app.run_executor(**OPTIONS) as rescuer:
+        for _ in range(8):  # the rescuer's streak is long enough to rescue
+            await other_beats()
+            clock.advance(1)
+            await _until(lambda: _has_beaten(app, rescuer.worker_id, clock.now()), "a beat")
+        clock.advance(20)  # four worker timeouts in one step
+        await _until(lambda: _has_beaten(app, rescuer.worker_id, clock.now()), "a beat")
+        clock.advance(1)  # the rescuer's next beat: the pass after the pause is complete
+        await _until(lambda: _has_beaten(app, rescuer.worker_id, clock.now()), "a beat")
+        assert await _state(app, sid) is State.IN_PROGRESS
+        await other_beats()  # the other worker catches up: alive after all
+        for _ in range(6):
+            clock.advance(1)
+            await other_beats()
+            await _until(lambda: _has_beaten(app, rescuer.worker_id, clock.now()), "a beat")
+        assert await _state(app, sid) is State.IN_PROGRESS
+        # And once it really stops, it is rescued.
+        for _ in range(7):
+            clock.advance(1)
+            await _until(lambda: _has_beaten(app, rescuer.worker_id, clock.now()), "a beat")
+        await _until(lambda: _is(_state(app, sid), State.FAILED), "the action is rescued")
+
+
+async def test_one_executor_serves_one_caller_at_a_time(app: durafn.App) -> None:
+    release = anyio.Event()
+
+    @app.action
+    async def wait(ctx: ActionCtx) -> None:
+        await release.wait()
+
+    await app.scheduler().run_after(0, wait)
+    executor = app.executor(**OPTIONS)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(executor.run_until_idle)
+        await _until(lambda: _true(executor._members > 0), "the first call runs its action")
+        with pytest.raises(durafn.ArgumentError, match=r"already running \(run_until_idle"):
+            async with executor:
+                pass
+        release.set()
+    async with executor:  # free again once the first caller is done
+        assert await executor.run_until_idle() == 0  # nested inside a running one: fine
+
+
 async def test_a_worker_declared_lost_says_so_and_registers_again(
     app: durafn.App, clock: FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -191,6 +248,10 @@ async def test_a_claim_whose_commit_was_lost_is_started_not_stranded(
         assert (await executor.wait_for(sid)).state is State.SUCCESS
         assert (await executor.wait_for(other)).state is State.SUCCESS
     assert sorted(runs) == ["next", "stranded"]
+
+
+async def _true(value: bool) -> bool:
+    return value
 
 
 async def _is(value: Awaitable[object], expected: object) -> bool:

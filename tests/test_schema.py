@@ -156,6 +156,30 @@ async def test_tables_created_from_the_metadata_are_used_as_they_are(
         await app.aclose()
 
 
+async def test_an_incomplete_user_managed_schema_is_refused_then_completed(
+    db_url: str, clock: FakeClock
+) -> None:
+    """Tables from an older durafn.metadata (no heartbeat table): a clear error rather
+    than workers whose heartbeats fail forever; ``migrate`` adopts and completes them."""
+    app = durafn.App(db_url, clock=clock, auto_migrate=False)
+    try:
+        async with app.engine.begin() as conn:
+            await conn.run_sync(durafn.metadata.create_all)
+            await conn.execute(text("DROP INDEX ix_scheduled_functions_running"))
+            await conn.execute(text("DROP TABLE _durafn_workers"))
+        with pytest.raises(durafn.SchemaError, match="missing _durafn_workers"):
+            await app.executor().run_until_idle()
+        assert await app.migrate() == durafn.SCHEMA_VERSION
+        async with app.engine.connect() as conn:
+            indexes = await conn.run_sync(
+                lambda c: {i["name"] for i in inspect(c).get_indexes("_scheduled_functions")}
+            )
+        assert "ix_scheduled_functions_running" in indexes
+        assert await app.workers() == []
+    finally:
+        await app.aclose()
+
+
 async def test_scheduling_through_a_session_before_the_tables_exist(
     db_url: str, clock: FakeClock
 ) -> None:

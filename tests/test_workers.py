@@ -28,8 +28,8 @@ from .worker_app import Applied, Base, Functions, register
 pytestmark = pytest.mark.anyio
 
 ROOT = Path(__file__).resolve().parent.parent
-HEARTBEAT = 0.05
-TIMEOUT = 0.4
+HEARTBEAT = 0.1
+TIMEOUT = 0.6
 FAST = [
     "--heartbeat-interval",
     str(HEARTBEAT),

@@ -36,7 +36,7 @@ from sqlalchemy import (
 )
 from sqlalchemy import exc as sa_exc
 from sqlalchemy import inspect as sa_inspect
-from sqlalchemy.engine import URL
+from sqlalchemy.engine import URL, Connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.elements import ColumnElement
 
@@ -307,7 +307,7 @@ class Driver:
         if current is not None and current > SCHEMA_VERSION:
             raise _too_new(current)
         if current is None:
-            await conn.run_sync(lambda c: metadata.create_all(c, checkfirst=True))
+            await conn.run_sync(_create_all)
             await conn.execute(
                 insert(schema_version).values(version=SCHEMA_VERSION, applied_at=now)
             )
@@ -329,11 +329,19 @@ class Driver:
                 raise
             raise missing from None
         if current is None:
-            if await conn.run_sync(lambda c: sa_inspect(c).has_table(sf.name)):
-                # Created from durafn.metadata by the user's own migrations (Alembic):
-                # the version table is there but empty; the schema is theirs to manage.
-                return
-            raise missing
+            existing = await conn.run_sync(lambda c: set(sa_inspect(c).get_table_names()))
+            if sf.name not in existing:
+                raise missing
+            # Created from durafn.metadata by the user's own migrations (Alembic): the
+            # version table is there but empty; the schema is theirs to manage, but it
+            # must be the whole of this version's (say, after upgrading durafn).
+            if absent := sorted(set(metadata.tables) - existing):
+                raise SchemaError(
+                    f"the durafn system tables are incomplete for this durafn (missing "
+                    f"{', '.join(absent)}): regenerate your migration from durafn.metadata, "
+                    "or run `durafn migrate` to adopt and complete them"
+                )
+            return
         if current > SCHEMA_VERSION:
             raise _too_new(current)
         if current < SCHEMA_VERSION:
@@ -720,6 +728,15 @@ def _is_id(id: object) -> bool:
     except ValueError:
         return False
     return isinstance(id, str)
+
+
+def _create_all(conn: Connection) -> None:
+    # Indexes too: tables a user created from an older durafn.metadata (Alembic) and that
+    # ``migrate`` now adopts may lack this version's, and create_all skips existing tables.
+    metadata.create_all(conn, checkfirst=True)
+    for table in metadata.tables.values():
+        for index in table.indexes:
+            index.create(conn, checkfirst=True)
 
 
 def _too_new(version: int) -> SchemaError:

@@ -25,6 +25,7 @@ from ._driver import Driver, Outcome
 logger = logging.getLogger("durafn.store")
 
 CHANNEL = "durafn_wakeup"
+CONNECT_TIMEOUT = 10.0
 _ALL_KINDS = frozenset({FunctionKind.MUTATION, FunctionKind.ACTION})
 
 # sqlstates worth a retry of the whole transaction: connection exceptions (08), serialization
@@ -93,7 +94,11 @@ class PostgresDriver(Driver):
     auto_migrate: ClassVar[bool] = False
 
     def create_engine(self) -> AsyncEngine:
-        return create_async_engine(self.url, pool_size=10, max_overflow=10)
+        # asyncpg waits 60 s for a connection by default: too long for a worker that
+        # should notice an unreachable server, log it and back off.
+        return create_async_engine(
+            self.url, pool_size=10, max_overflow=10, connect_args={"timeout": CONNECT_TIMEOUT}
+        )
 
     def _transient_dbapi(self, exc: sa_exc.DBAPIError) -> bool:
         state = _sqlstate(exc)
@@ -214,7 +219,7 @@ class PostgresDriver(Driver):
             while True:
                 lost = anyio.Event()
                 try:
-                    conn = await asyncpg.connect(dsn)
+                    conn = await asyncpg.connect(dsn, timeout=CONNECT_TIMEOUT)
                 except (OSError, asyncpg.PostgresError) as exc:
                     logger.warning("LISTEN connection failed (%s); retrying in %.1fs", exc, delay)
                     await anyio.sleep(delay)
