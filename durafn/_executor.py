@@ -503,7 +503,7 @@ class Executor:
             )
         except Exception as exc:
             if not self._rt.driver.is_transient(exc):
-                raise
+                raise self._rt.driver.wrap(exc, f"looking for the next due {kind}") from exc
             # The database is away: the next claim will retry through the fault; wait a
             # little first rather than spin.
             self._rt.health.fault(exc, f"looking for the next due {kind}")
