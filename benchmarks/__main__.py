@@ -1,3 +1,5 @@
-from .throughput import cli
+"""``python -m benchmarks [--quick]``: the whole suite (see benchmarks/suite.py)."""
+
+from .suite import cli
 
 cli()

@@ -12,6 +12,7 @@ import json
 import statistics
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ import asyncpg
 from sqlalchemy import func, select
 
 import durafn
-from durafn import MutationCtx
+from durafn import ActionCtx, MutationCtx
 
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 PG_DB = "durafn_bench"
@@ -48,10 +49,17 @@ def _build(url: str) -> tuple[durafn.App, Any, Any, list[float]]:
     async def probe(ctx: MutationCtx, due: float) -> None:
         lags.append(time.time() - due)
 
+    @app.action(name="bench:noop_action")
+    async def noop_action(ctx: ActionCtx) -> None:
+        pass
+
     @app.mutation(name="bench:fan_out")
-    async def fan_out(ctx: MutationCtx, n: int) -> None:
+    async def fan_out(ctx: MutationCtx, n: int, kind: str = "mutation") -> None:
         for _ in range(n):
-            await ctx.scheduler.run_after(0, noop)
+            if kind == "mutation":
+                await ctx.scheduler.run_after(0, noop)
+            else:
+                await ctx.scheduler.run_after(0, noop_action)
 
     return app, fan_out, probe, lags
 
@@ -63,31 +71,52 @@ async def _count(app: durafn.App, state: str) -> int:
         return int((await conn.execute(query)).scalar_one())
 
 
-async def drain(url: str, n: int) -> dict[str, float]:
+async def drain(
+    url: str,
+    n: int,
+    kind: str = "mutation",
+    progress: Callable[[int], None] | None = None,
+    prefill: Callable[[durafn.App], Awaitable[None]] | None = None,
+) -> dict[str, float]:
+    """Schedule ``n`` no-op functions of ``kind`` (1000 per mutation), then drain them with
+    one executor; rows/s for both. ``prefill`` adds a backlog first."""
     app, fan_out, _, _ = _build(url)
     await app.migrate()
+    if prefill is not None:
+        await prefill(app)
     t0 = time.perf_counter()
     for start in range(0, n, 1000):
-        await app.run_mutation(fan_out, min(1000, n - start))
+        await app.run_mutation(fan_out, min(1000, n - start), kind)
     schedule_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    async with app.run_executor() as executor:
+    concurrency = 64 if kind == "action" else 10
+    async with app.run_executor(concurrency=concurrency) as executor:
         # The executor's own counter of committed outcomes, read every millisecond: no
         # query competes with the drain, and the stop is timed to within a millisecond.
-        while executor.stats["mutations"] + executor.stats["failed"] < n:  # noqa: ASYNC110
+        while (done := sum(executor.stats[k] for k in (f"{kind}s", "failed"))) < n:
+            if progress is not None:
+                progress(done)
             await anyio.sleep(0.001)
         drain_s = time.perf_counter() - t0
     succeeded = await _count(app, "Success")
     await app.aclose()
-    if succeeded != n:
+    if prefill is None and succeeded != n:
         raise SystemExit(f"only {succeeded} of {n} rows ended Success")
     return {"scheduled_per_s": n / schedule_s, "drained_per_s": n / drain_s}
 
 
-async def start_lag(url: str, samples: int, *, ahead: float) -> dict[str, float]:
+async def start_lag(
+    url: str,
+    samples: int,
+    *,
+    ahead: float,
+    prefill: Callable[[durafn.App], Awaitable[None]] | None = None,
+) -> dict[str, float]:
     """Schedule one probe at a time, due ``ahead`` seconds out; lag = start - due."""
     app, _, probe, lags = _build(url)
     await app.migrate()
+    if prefill is not None:
+        await prefill(app)
     sched = app.scheduler()
     async with app.run_executor() as executor:
         for _ in range(samples):

@@ -76,12 +76,13 @@ async def _fresh_app() -> tuple[str, durafn.App, Any]:
     return url, app, fns
 
 
-async def throughput(n: int, processes: int, kind: str) -> float:
+async def throughput(n: int, processes: int, kind: str) -> dict[str, float]:
     """Rows per second drained by ``processes`` workers, from the first due time to the
-    last completed_time (all rows are in place and due at one moment)."""
+    last completed_time (all rows are in place and due at one moment), and the largest
+    peak RSS among the worker processes."""
     url, app, fns = await _fresh_app()
     try:
-        async with workers(url, processes, "--concurrency", "64"):
+        async with workers(url, processes, "--concurrency", "64") as procs:
             await _until(app, lambda: _workers_are(app, processes))
             due = time.time() + 3 + n / 50_000  # after the scheduling below has committed
             for start in range(0, n, 1000):
@@ -96,7 +97,10 @@ async def throughput(n: int, processes: int, kind: str) -> float:
                     .all()
                 )
             assert states == {"Success": n}, states
-            return n / (float(last) - due)
+            return {
+                "drained_per_s": n / (float(last) - due),
+                "peak_rss_mb": max(peak_rss_mb(p.pid) for p in procs),
+            }
     finally:
         await app.aclose()
 
@@ -144,6 +148,14 @@ async def recovery(heartbeat: float, timeout: float) -> float:
         await app.aclose()
 
 
+def peak_rss_mb(pid: int) -> float:
+    """The process's peak resident set size so far (Linux: VmHWM)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
 async def _workers_are(app: durafn.App, count: int) -> bool:
     return len(await app.workers()) == count
 
@@ -183,9 +195,13 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {"throughput": {}, "lag_ms": {}, "recovery_s": {}}
     for kind in ("mutation", "action"):
         for processes in [int(p) for p in args.processes.split(",") if p]:
-            rate = await throughput(args.n, processes, kind)
-            results["throughput"][f"{kind}s, {processes} processes"] = round(rate)
-            print(f"no-op {kind}s, {processes} worker processes: {rate:,.0f} /s", flush=True)
+            got = await throughput(args.n, processes, kind)
+            results["throughput"][f"{kind}s, {processes} processes"] = got
+            print(
+                f"no-op {kind}s, {processes} worker processes: {got['drained_per_s']:,.0f} /s, "
+                f"peak RSS {got['peak_rss_mb']:.0f} MB",
+                flush=True,
+            )
     lags = await start_lag(args.lag_samples) if args.lag_samples else {}
     for label, values in lags.items():
         ms = [v * 1000 for v in values]

@@ -1,0 +1,238 @@
+"""The benchmark suite: ``make bench`` / ``python -m benchmarks [--quick]``.
+
+Runs every scenario on SQLite and PostgreSQL with the raw-database baselines in the same
+run, and writes ``benchmarks/results/latest.json`` and ``latest.md`` (figures and the
+ratios to the raw limits). Each scenario shows a progress bar while it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import anyio
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+import durafn
+
+from . import backlog, baselines, throughput, workers
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+class Sizes:
+    def __init__(self, quick: bool) -> None:
+        self.quick = quick
+        self.drain = 5_000 if quick else 20_000
+        self.lag = 100 if quick else 300
+        self.baseline_seconds = 2.0 if quick else 5.0
+        self.single_schedules = 500 if quick else 3_000
+        self.bulk_schedules = 5 if quick else 20
+        self.processes = [1, 2] if quick else [1, 2, 4]
+        self.backlogs = [10_000, 100_000] if quick else [10_000, 100_000, 1_000_000]
+
+
+async def schedule_rate(url: str, per_mutation: int, mutations: int) -> float:
+    """Rows per second written by mutations that each schedule ``per_mutation`` rows."""
+    app, fan_out, _, _ = throughput._build(url)
+    await app.migrate()
+    start = time.perf_counter()
+    for _ in range(mutations):
+        await app.run_mutation(fan_out, per_mutation)
+    elapsed = time.perf_counter() - start
+    await app.aclose()
+    return per_mutation * mutations / elapsed
+
+
+async def run(sizes: Sizes, engines: list[str]) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    columns = (
+        TextColumn("{task.description:<48}"),
+        BarColumn(),
+        TextColumn("{task.completed:>7,.0f}/{task.total:,.0f}"),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns) as bar, tempfile.TemporaryDirectory() as tmp:
+
+        async def step(name: str, total: float, body: Callable[..., Awaitable[Any]]) -> Any:
+            task = bar.add_task(name, total=total)
+
+            def advance(done: int) -> None:
+                bar.update(task, completed=done)
+
+            value = await body(advance)
+            bar.update(task, completed=total)
+            return value
+
+        async def url_for(engine: str, name: str) -> str:
+            if engine == "sqlite":
+                return f"sqlite+aiosqlite:///{Path(tmp) / name}.sqlite3"
+            return await throughput._fresh_postgres()
+
+        seconds = sizes.baseline_seconds
+        results["raw"] = await step(
+            "raw database: single-row UPDATE transactions", 1, lambda _: baselines.measure(seconds)
+        )
+        for engine in engines:
+            r: dict[str, Any] = {}
+            for kind in ("mutation", "action"):
+
+                async def _drain(
+                    advance: Callable[[int], None], kind: str = kind, engine: str = engine
+                ) -> Any:
+                    url = await url_for(engine, f"drain-{kind}")
+                    return await throughput.drain(url, sizes.drain, kind, advance)
+
+                r[f"drain_{kind}s"] = await step(
+                    f"{engine}: drain {sizes.drain:,} no-op {kind}s", sizes.drain, _drain
+                )
+            for per, count in ((1, sizes.single_schedules), (1000, sizes.bulk_schedules)):
+
+                async def _schedule(
+                    _: Any, per: int = per, count: int = count, engine: str = engine
+                ) -> float:
+                    return await schedule_rate(await url_for(engine, f"s{per}"), per, count)
+
+                r[f"schedule_{per}_per_mutation"] = await step(
+                    f"{engine}: mutations scheduling {per} each", 1, _schedule
+                )
+            for label, ahead in (("due_now", 0.0), ("due_at_time", 0.02)):
+
+                async def _lag(
+                    _: Any, ahead: float = ahead, label: str = label, engine: str = engine
+                ) -> Any:
+                    url = await url_for(engine, f"lag-{label}")
+                    return await throughput.start_lag(url, sizes.lag, ahead=ahead)
+
+                r[f"lag_{label}"] = await step(f"{engine}: start lag, {label}", 1, _lag)
+            backlog_results: dict[str, Any] = {}
+            for rows in sizes.backlogs:
+
+                async def _backlog(_: Any, rows: int = rows, engine: str = engine) -> Any:
+                    url = await url_for(engine, f"backlog-{rows}")
+                    fill = backlog.prefill(rows)
+                    drained = await throughput.drain(url, sizes.drain, prefill=fill)
+                    app = durafn.App(url)
+                    try:
+                        plans = await backlog.plans(app)
+                    finally:
+                        await app.aclose()
+                    lag_url = await url_for(engine, f"backlog-lag-{rows}")
+                    lag = await throughput.start_lag(lag_url, sizes.lag, ahead=0.02, prefill=fill)
+                    return {"drained_per_s": drained["drained_per_s"], "lag": lag, "plans": plans}
+
+                backlog_results[str(rows)] = await step(
+                    f"{engine}: backlog of {rows:,} rows", 1, _backlog
+                )
+            r["backlog"] = backlog_results
+            results[engine] = r
+        if "postgres" in engines:
+            procs: dict[str, dict[str, float]] = {}
+            for count in sizes.processes:
+
+                async def _procs(_: Any, count: int = count) -> dict[str, float]:
+                    return await workers.throughput(sizes.drain, count, "mutation")
+
+                procs[str(count)] = await step(
+                    f"postgres: {count} worker processes, mutations", 1, _procs
+                )
+            results["postgres"]["worker_processes_mutations"] = procs
+    return results
+
+
+def ratios(results: dict[str, Any]) -> dict[str, float]:
+    """durafn / raw-limit ratios (a per-job system committing once per job gets <= 1)."""
+    raw = results["raw"]
+    out: dict[str, float] = {}
+    if "postgres" in results:
+        drained = results["postgres"]["drain_mutations"]["drained_per_s"]
+        out["postgres drain / raw 1-connection commits"] = drained / raw["postgres_1_connection"]
+        out["postgres drain / raw 8-connection commits"] = drained / raw["postgres_8_connections"]
+    if "sqlite" in results:
+        drained = results["sqlite"]["drain_mutations"]["drained_per_s"]
+        out["sqlite drain / raw aiosqlite commits"] = drained / raw["aiosqlite"]
+        out["sqlite drain / raw sqlite3 commits"] = drained / raw["sqlite3"]
+    return {k: round(v, 2) for k, v in out.items()}
+
+
+def markdown(report: dict[str, Any]) -> str:
+    results = report["results"]
+    engines = [e for e in ("sqlite", "postgres") if e in results]
+    lines = [
+        f"# durafn benchmarks ({report['mode']}, {report['when']})",
+        "",
+        f"Machine: {report['machine']}. Command: `{report['command']}`.",
+        "",
+        "| | " + " | ".join(engines) + " |",
+        "|---|" + "---|" * len(engines),
+    ]
+
+    def row(label: str, value: Callable[[dict[str, Any]], str]) -> None:
+        lines.append(f"| {label} | " + " | ".join(value(results[e]) for e in engines) + " |")
+
+    row("no-op mutations drained", lambda r: f"{r['drain_mutations']['drained_per_s']:,.0f} /s")
+    row("no-op actions drained", lambda r: f"{r['drain_actions']['drained_per_s']:,.0f} /s")
+    row("schedule, 1 per mutation", lambda r: f"{r['schedule_1_per_mutation']:,.0f} rows/s")
+    row("schedule, 1000 per mutation", lambda r: f"{r['schedule_1000_per_mutation']:,.0f} rows/s")
+
+    def lag(key: str) -> Callable[[dict[str, Any]], str]:
+        return lambda r: "{median_ms:.1f} / {p99_ms:.1f} / {max_ms:.1f} ms".format(**r[key])
+
+    for label in ("due_now", "due_at_time"):
+        row(f"start lag {label.replace('_', ' ')}: median / p99 / max", lag(f"lag_{label}"))
+    raw = results["raw"]
+    lines += ["", "Raw database, single-row UPDATE transactions/s (same run):", ""]
+    lines += [f"- {name}: {rate:,.0f}" for name, rate in raw.items()]
+    procs = results.get("postgres", {}).get("worker_processes_mutations")
+    if procs:
+        lines += ["", "PostgreSQL worker processes, no-op mutations drained:", ""]
+        lines += [
+            f"- {n} processes: {got['drained_per_s']:,.0f} /s "
+            f"(peak RSS of a worker {got['peak_rss_mb']:.0f} MB)"
+            for n, got in procs.items()
+        ]
+    for engine in engines:
+        sizes = results[engine].get("backlog", {})
+        if not sizes:
+            continue
+        lines += ["", f"{engine}: backlog scaling (rows already in the table):", ""]
+        lines += ["| backlog | drained | lag median / p99 |", "|---|---|---|"]
+        for rows, got in sizes.items():
+            lag_text = "{median_ms:.1f} / {p99_ms:.1f} ms".format(**got["lag"])
+            lines.append(f"| {int(rows):,} | {got['drained_per_s']:,.0f} /s | {lag_text} |")
+        largest = list(sizes.values())[-1]["plans"]
+        lines += ["", f"Plans at the largest backlog ({engine}):", ""]
+        lines += [f"- {name}: `{plan}`" for name, plan in largest.items()]
+    lines += ["", "Ratios:", ""]
+    lines += [f"- {name}: {value}x" for name, value in report["ratios"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def cli() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes: under 2 minutes")
+    parser.add_argument("--engines", default="sqlite,postgres")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    sizes = Sizes(args.quick)
+    results = anyio.run(run, sizes, args.engines.split(","))
+    report = {
+        "mode": "quick" if args.quick else "full",
+        "when": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": f"{platform.node()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
+        "command": "python -m benchmarks" + (" --quick" if args.quick else ""),
+        "results": results,
+    }
+    report["ratios"] = ratios(results)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "latest.json").write_text(json.dumps(report, indent=2))
+    (args.out / "latest.md").write_text(markdown(report))
+    print(markdown(report))
