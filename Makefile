@@ -25,10 +25,16 @@ typecheck: $(STAMP)
 test: lint typecheck
 	$(BIN)/pytest
 
-bench: $(STAMP)
+BENCH_STAMP := $(VENV)/.bench-installed
+
+$(BENCH_STAMP): $(STAMP)
+	$(BIN)/pip install --quiet -e '.[dev,bench]'
+	touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
 	$(BIN)/python -m benchmarks
 
-bench-quick: $(STAMP)
+bench-quick: $(BENCH_STAMP)
 	$(BIN)/python -m benchmarks --quick
 
 clean:

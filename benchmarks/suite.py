@@ -23,7 +23,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 import durafn
 
-from . import backlog, baselines, throughput, workers
+from . import backlog, baselines, charts, peers, throughput, workers
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -80,6 +80,11 @@ async def run(sizes: Sizes, engines: list[str]) -> dict[str, Any]:
         seconds = sizes.baseline_seconds
         results["raw"] = await step(
             "raw database: single-row UPDATE transactions", 1, lambda _: baselines.measure(seconds)
+        )
+        results["peers"] = await step(
+            f"peers: drain {sizes.drain:,} no-op jobs",
+            1,
+            lambda _: peers.measure(sizes.drain, engines),
         )
         for engine in engines:
             r: dict[str, Any] = {}
@@ -152,6 +157,15 @@ def ratios(results: dict[str, Any]) -> dict[str, float]:
     """durafn / raw-limit ratios (a per-job system committing once per job gets <= 1)."""
     raw = results["raw"]
     out: dict[str, float] = {}
+    measured = {k: v for k, v in results.get("peers", {}).items() if isinstance(v, float)}
+    pg_peers = {k: v for k, v in measured.items() if "SQLite" not in k}
+    sqlite_peers = {k: v for k, v in measured.items() if "SQLite" in k}
+    for engine, found in (("postgres", pg_peers), ("sqlite", sqlite_peers)):
+        if engine in results and found:
+            best = max(found, key=lambda k: found[k])
+            for kind in ("mutations", "actions"):
+                mine = results[engine][f"drain_{kind}"]["drained_per_s"]
+                out[f"{engine} no-op {kind} / best peer ({best})"] = mine / found[best]
     if "postgres" in results:
         drained = results["postgres"]["drain_mutations"]["drained_per_s"]
         out["postgres drain / raw 1-connection commits"] = drained / raw["postgres_1_connection"]
@@ -188,6 +202,11 @@ def markdown(report: dict[str, Any]) -> str:
 
     for label in ("due_now", "due_at_time"):
         row(f"start lag {label.replace('_', ' ')}: median / p99 / max", lag(f"lag_{label}"))
+    lines += ["", "Peers, same database and workload, jobs/s drained (same run):", ""]
+    for name, value in results.get("peers", {}).items():
+        lines.append(
+            f"- {name}: {value:,.0f}" if isinstance(value, float) else f"- {name}: {value}"
+        )
     raw = results["raw"]
     lines += ["", "Raw database, single-row UPDATE transactions/s (same run):", ""]
     lines += [f"- {name}: {rate:,.0f}" for name, rate in raw.items()]
@@ -236,3 +255,8 @@ def cli() -> None:
     (args.out / "latest.json").write_text(json.dumps(report, indent=2))
     (args.out / "latest.md").write_text(markdown(report))
     print(markdown(report))
+    try:
+        paths = charts.write(report, args.out)
+        print("charts:", ", ".join(str(p) for p in paths))
+    except ImportError:
+        print("charts skipped: install the bench extra (pip install -e '.[bench]')")

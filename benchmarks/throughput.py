@@ -111,7 +111,7 @@ async def start_lag(
     *,
     ahead: float,
     prefill: Callable[[durafn.App], Awaitable[None]] | None = None,
-) -> dict[str, float]:
+) -> dict[str, Any]:
     """Schedule one probe at a time, due ``ahead`` seconds out; lag = start - due."""
     app, _, probe, lags = _build(url)
     await app.migrate()
@@ -129,6 +129,7 @@ async def start_lag(
         "median_ms": statistics.median(ms),
         "p99_ms": ms[min(len(ms) - 1, int(len(ms) * 0.99))],
         "max_ms": ms[-1],
+        "samples_ms": [round(x, 3) for x in ms],  # for the distribution chart
     }
 
 
