@@ -88,7 +88,7 @@ async def run(sizes: Sizes, engines: list[str]) -> dict[str, Any]:
         )
         for engine in engines:
             r: dict[str, Any] = {}
-            for kind in ("mutation", "action"):
+            for kind in ("mutation", "action", "insert"):
 
                 async def _drain(
                     advance: Callable[[int], None], kind: str = kind, engine: str = engine
@@ -96,8 +96,9 @@ async def run(sizes: Sizes, engines: list[str]) -> dict[str, Any]:
                     url = await url_for(engine, f"drain-{kind}")
                     return await throughput.drain(url, sizes.drain, kind, advance)
 
+                what = "mutations inserting a row" if kind == "insert" else f"no-op {kind}s"
                 r[f"drain_{kind}s"] = await step(
-                    f"{engine}: drain {sizes.drain:,} no-op {kind}s", sizes.drain, _drain
+                    f"{engine}: drain {sizes.drain:,} {what}", sizes.drain, _drain
                 )
             for per, count in ((1, sizes.single_schedules), (1000, sizes.bulk_schedules)):
 
@@ -167,6 +168,10 @@ def ratios(results: dict[str, Any]) -> dict[str, float]:
                 mine = results[engine][f"drain_{kind}"]["drained_per_s"]
                 out[f"{engine} no-op {kind} / best peer ({best})"] = mine / found[best]
     if "postgres" in results:
+        inserts = results["postgres"]["drain_inserts"]["drained_per_s"]
+        out["postgres inserting mutations / raw 1-connection commits"] = (
+            inserts / raw["postgres_1_connection"]
+        )
         drained = results["postgres"]["drain_mutations"]["drained_per_s"]
         out["postgres drain / raw 1-connection commits"] = drained / raw["postgres_1_connection"]
         out["postgres drain / raw 8-connection commits"] = drained / raw["postgres_8_connections"]
@@ -194,6 +199,10 @@ def markdown(report: dict[str, Any]) -> str:
 
     row("no-op mutations drained", lambda r: f"{r['drain_mutations']['drained_per_s']:,.0f} /s")
     row("no-op actions drained", lambda r: f"{r['drain_actions']['drained_per_s']:,.0f} /s")
+    row(
+        "mutations inserting one row drained",
+        lambda r: f"{r['drain_inserts']['drained_per_s']:,.0f} /s",
+    )
     row("schedule, 1 per mutation", lambda r: f"{r['schedule_1_per_mutation']:,.0f} rows/s")
     row("schedule, 1000 per mutation", lambda r: f"{r['schedule_1000_per_mutation']:,.0f} rows/s")
 

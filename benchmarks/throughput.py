@@ -18,7 +18,7 @@ from typing import Any
 
 import anyio
 import asyncpg
-from sqlalchemy import func, select
+from sqlalchemy import Column, Integer, MetaData, Table, func, insert, select
 
 import durafn
 from durafn import ActionCtx, MutationCtx
@@ -37,6 +37,11 @@ async def _fresh_postgres() -> str:
     return f"postgresql+asyncpg://postgres@127.0.0.1:5432/{PG_DB}"
 
 
+# The user table of the "each mutation inserts one row" drain.
+_USER = MetaData()
+ROWS = Table("bench_rows", _USER, Column("id", Integer, primary_key=True), Column("n", Integer))
+
+
 def _build(url: str) -> tuple[durafn.App, Any, Any, list[float]]:
     app = durafn.App(url)
     lags: list[float] = []
@@ -53,11 +58,17 @@ def _build(url: str) -> tuple[durafn.App, Any, Any, list[float]]:
     async def noop_action(ctx: ActionCtx) -> None:
         pass
 
+    @app.mutation(name="bench:insert")
+    async def insert_one(ctx: MutationCtx, n: int) -> None:
+        await ctx.db.execute(insert(ROWS).values(n=n))
+
     @app.mutation(name="bench:fan_out")
     async def fan_out(ctx: MutationCtx, n: int, kind: str = "mutation") -> None:
-        for _ in range(n):
+        for i in range(n):
             if kind == "mutation":
                 await ctx.scheduler.run_after(0, noop)
+            elif kind == "insert":
+                await ctx.scheduler.run_after(0, insert_one, i)
             else:
                 await ctx.scheduler.run_after(0, noop_action)
 
@@ -82,6 +93,8 @@ async def drain(
     one executor; rows/s for both. ``prefill`` adds a backlog first."""
     app, fan_out, _, _ = _build(url)
     await app.migrate()
+    async with app.engine.begin() as conn:
+        await conn.run_sync(_USER.create_all)
     if prefill is not None:
         await prefill(app)
     t0 = time.perf_counter()
@@ -93,7 +106,8 @@ async def drain(
     async with app.run_executor(concurrency=concurrency) as executor:
         # The executor's own counter of committed outcomes, read every millisecond: no
         # query competes with the drain, and the stop is timed to within a millisecond.
-        while (done := sum(executor.stats[k] for k in (f"{kind}s", "failed"))) < n:
+        counted = "actions" if kind == "action" else "mutations"
+        while (done := executor.stats[counted] + executor.stats["failed"]) < n:
             if progress is not None:
                 progress(done)
             await anyio.sleep(0.001)
