@@ -33,7 +33,7 @@ from rich.text import Text
 from ._app import App
 from ._clock import to_datetime
 from ._errors import DurafnError, NotFoundError
-from ._executor import ExecutorOptions, make_config
+from ._executor import ExecutorConfig, ExecutorOptions, make_config
 from ._supervisor import supervise
 from ._types import (
     FINISHED_STATES,
@@ -332,12 +332,16 @@ def main() -> None:
     """
 
 
+# The worker's defaults are the executor's: one place to change them.
+_DEFAULTS = ExecutorConfig()
+
+
 @main.command()
 @app_options
 @click.option(
     "--concurrency",
     type=click.IntRange(min=1),
-    default=10,
+    default=_DEFAULTS.concurrency,
     show_default=True,
     help="Actions running at once in each process.",
 )
@@ -357,21 +361,21 @@ def main() -> None:
 @click.option(
     "--grace-period",
     type=click.FloatRange(min=0),
-    default=10.0,
+    default=_DEFAULTS.grace_period,
     show_default=True,
     help="Seconds running actions get to finish after SIGTERM/SIGINT.",
 )
 @click.option(
     "--heartbeat-interval",
     type=click.FloatRange(min=0, min_open=True),
-    default=5.0,
+    default=_DEFAULTS.heartbeat_interval,
     show_default=True,
     help="Seconds between heartbeats.",
 )
 @click.option(
     "--worker-timeout",
     type=click.FloatRange(min=0, min_open=True),
-    default=30.0,
+    default=_DEFAULTS.worker_timeout,
     show_default=True,
     help="Seconds without a heartbeat after which a worker is lost and its running "
     "actions are recorded Failed.",
@@ -385,7 +389,7 @@ def main() -> None:
 @click.option(
     "--batch-size",
     type=click.IntRange(min=1),
-    default=64,
+    default=_DEFAULTS.batch_size,
     show_default=True,
     help="Mutations committed together.",
 )

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
+import anyio
 from sqlalchemy import func, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -35,3 +37,29 @@ async def system_table_locked(app: durafn.App) -> AsyncIterator[AsyncConnection]
         yield conn
         if conn.in_transaction():
             await conn.rollback()
+
+
+async def wait_until(
+    condition: Callable[[], Awaitable[bool]],
+    what: str,
+    timeout: float = 10.0,
+    interval: float = 0.02,
+) -> float:
+    """Poll ``condition`` until it holds (a real-time bound: a slow machine is slow, not
+    wrong); return how long that took."""
+    start = time.monotonic()
+    while not await condition():
+        if time.monotonic() - start > timeout:
+            raise AssertionError(f"timed out after {timeout:g}s waiting until {what}")
+        await anyio.sleep(interval)
+    return time.monotonic() - start
+
+
+async def equals(value: Awaitable[object], expected: object) -> bool:
+    """For ``wait_until(lambda: equals(some_read(), expected), ...)``."""
+    return await value == expected
+
+
+async def true(value: bool) -> bool:
+    """For ``wait_until(lambda: true(plain_condition), ...)``."""
+    return value

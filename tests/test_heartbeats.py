@@ -17,16 +17,16 @@ import durafn
 from durafn import ActionCtx, State
 from durafn.testing import FakeClock
 
+from .helpers import equals, true, wait_until
+
 pytestmark = pytest.mark.anyio
 
 OPTIONS: durafn.ExecutorOptions = {"heartbeat_interval": 1.0, "worker_timeout": 5.0}
 
 
 async def _until(condition: Callable[[], Awaitable[bool]], what: str) -> None:
-    """Poll an async condition (a short real-time bound: the work is local)."""
-    with anyio.fail_after(10):
-        while not await condition():  # noqa: ASYNC110 - polling the database
-            await anyio.sleep(0.005)
+    # Fast polls: these waits are for local work, dozens of them per test.
+    await wait_until(condition, what, interval=0.005)
 
 
 async def _beats_at(app: durafn.App, now: float, count: int) -> bool:
@@ -77,7 +77,7 @@ async def test_heartbeats_keep_a_long_action_alive(app: durafn.App, clock: FakeC
     sid = await app.scheduler().run_after(0, long)
     async with app.run_executor(**OPTIONS) as runner, app.run_executor(**OPTIONS):
         await _until(lambda: _beats_at(app, clock.now(), 2), "both workers registered")
-        await _until(lambda: _is(_state(app, sid), State.IN_PROGRESS), "the action started")
+        await _until(lambda: equals(_state(app, sid), State.IN_PROGRESS), "the action started")
         for _ in range(30):  # six worker timeouts of fake time, one heartbeat at a time
             await _tick(app, clock, 2)
         assert await _state(app, sid) is State.IN_PROGRESS
@@ -100,7 +100,7 @@ async def test_a_silent_worker_s_action_is_recorded_lost(
         for _ in range(2):
             clock.advance(1)
             await _until(lambda: _has_beaten(app, rescuer.worker_id, clock.now()), "a beat")
-        await _until(lambda: _is(_state(app, sid), State.FAILED), "the action is rescued")
+        await _until(lambda: equals(_state(app, sid), State.FAILED), "the action is rescued")
         assert [w.id for w in await app.workers()] == [rescuer.worker_id]  # its row is gone
     row = await app.get(sid)
     assert row is not None and row.error is not None
@@ -124,7 +124,7 @@ async def test_a_worker_rescues_only_after_its_own_heartbeats_held_a_whole_timeo
             await _until(lambda: _has_beaten(app, rescuer.worker_id, clock.now()), "a beat")
         assert await _state(app, sid) is State.IN_PROGRESS
         clock.advance(1)
-        await _until(lambda: _is(_state(app, sid), State.FAILED), "the action is rescued")
+        await _until(lambda: equals(_state(app, sid), State.FAILED), "the action is rescued")
 
 
 async def test_a_pause_is_not_taken_for_dead_workers(app: durafn.App, clock: FakeClock) -> None:
@@ -161,7 +161,7 @@ async def test_a_pause_is_not_taken_for_dead_workers(app: durafn.App, clock: Fak
         for _ in range(7):
             clock.advance(1)
             await _until(lambda: _has_beaten(app, rescuer.worker_id, clock.now()), "a beat")
-        await _until(lambda: _is(_state(app, sid), State.FAILED), "the action is rescued")
+        await _until(lambda: equals(_state(app, sid), State.FAILED), "the action is rescued")
 
 
 async def test_one_executor_serves_one_caller_at_a_time(app: durafn.App) -> None:
@@ -175,7 +175,7 @@ async def test_one_executor_serves_one_caller_at_a_time(app: durafn.App) -> None
     executor = app.executor(**OPTIONS)
     async with anyio.create_task_group() as tg:
         tg.start_soon(executor.run_until_idle)
-        await _until(lambda: _true(executor._members > 0), "the first call runs its action")
+        await _until(lambda: true(executor._members > 0), "the first call runs its action")
         with pytest.raises(durafn.ArgumentError, match=r"already running \(run_until_idle"):
             async with executor:
                 pass
@@ -248,14 +248,6 @@ async def test_a_claim_whose_commit_was_lost_is_started_not_stranded(
         assert (await executor.wait_for(sid)).state is State.SUCCESS
         assert (await executor.wait_for(other)).state is State.SUCCESS
     assert sorted(runs) == ["next", "stranded"]
-
-
-async def _true(value: bool) -> bool:
-    return value
-
-
-async def _is(value: Awaitable[object], expected: object) -> bool:
-    return await value == expected
 
 
 async def _has_beaten(app: durafn.App, worker_id: str, now: float) -> bool:

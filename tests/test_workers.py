@@ -8,7 +8,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -23,6 +23,7 @@ import durafn
 from durafn import State, cli, scheduled_functions
 
 from .conftest import PG_DSN
+from .helpers import equals, true, wait_until
 from .worker_app import Applied, Base, Functions, register
 
 pytestmark = pytest.mark.anyio
@@ -94,18 +95,6 @@ async def worker_processes(
             await proc.wait()
 
 
-async def wait_until(
-    condition: Callable[[], Awaitable[bool]], what: str, timeout: float = SLACK
-) -> float:
-    """Poll ``condition`` until it holds; return how long that took."""
-    start = time.monotonic()
-    while not await condition():
-        if time.monotonic() - start > timeout:
-            raise AssertionError(f"timed out after {timeout:g}s waiting until {what}")
-        await anyio.sleep(0.02)
-    return time.monotonic() - start
-
-
 async def state_counts(app: durafn.App) -> dict[str, int]:
     sf = scheduled_functions
     async with app.engine.connect() as conn:
@@ -148,11 +137,11 @@ async def test_four_workers_drain_5000_mutations_exactly_once(
     # other workers' claims to land meanwhile (SKIP LOCKED spreads the rest).
     pause = 0.0005 if engine_name == "postgres" else 0.0
     async with worker_processes(db_url, 4, tmp_path, "--concurrency", "4") as procs:
-        await wait_until(lambda: _equals(live_workers(app), 4), "4 workers registered")
+        await wait_until(lambda: equals(live_workers(app), 4), "4 workers registered")
         for start in range(0, 5000, 1000):
             await app.run_mutation(fns.fan_out, start, 1000, pause)
         await wait_until(
-            lambda: _equals(_state(app, "Success"), 5000), "5000 mutations ran", timeout=60
+            lambda: equals(_state(app, "Success"), 5000), "5000 mutations ran", timeout=60
         )
         assert await stop(procs) == [0, 0, 0, 0]
     async with app.engine.connect() as conn:
@@ -175,9 +164,9 @@ async def test_kill_9_mid_action_is_recorded_lost_and_the_others_carry_on(
     app, fns = wapp
     trace = tmp_path / "trace.txt"
     async with worker_processes(db_url, 2, tmp_path, *FAST) as procs:
-        await wait_until(lambda: _equals(live_workers(app), 2), "2 workers registered")
+        await wait_until(lambda: equals(live_workers(app), 2), "2 workers registered")
         sid = await app.scheduler().run_after(0, fns.hang, 1, str(trace))
-        await wait_until(lambda: _true(bool(trace_of(trace))), "the action started")
+        await wait_until(lambda: true(bool(trace_of(trace))), "the action started")
         [(_, pid)] = trace_of(trace)
         # Alive across several worker timeouts: its heartbeat keeps it from being lost.
         await anyio.sleep(3 * TIMEOUT)
@@ -186,7 +175,7 @@ async def test_kill_9_mid_action_is_recorded_lost_and_the_others_carry_on(
 
         os.kill(pid, signal.SIGKILL)
         elapsed = await wait_until(
-            lambda: _equals(_row_state(app, sid), State.FAILED), "the action is recorded lost"
+            lambda: equals(_row_state(app, sid), State.FAILED), "the action is recorded lost"
         )
         row = await app.get(sid)
         assert row is not None and row.error is not None
@@ -200,7 +189,7 @@ async def test_kill_9_mid_action_is_recorded_lost_and_the_others_carry_on(
         survivor = next(p for p in procs if p.pid != pid)
         done = await app.scheduler().run_after(0, fns.touch, 2, str(trace), 0.0)
         await app.scheduler().run_after(0, fns.apply, 7, 0.0)
-        await wait_until(lambda: _equals(_row_state(app, done), State.SUCCESS), "new work ran")
+        await wait_until(lambda: equals(_row_state(app, done), State.SUCCESS), "new work ran")
         assert trace_of(trace) == [(1, pid), (2, survivor.pid)]
         assert await stop([survivor]) == [0]
     assert "Traceback" not in logs_of(tmp_path)
@@ -214,7 +203,7 @@ async def test_sigterm_lets_running_actions_finish_then_cancels_the_rest(
     async with worker_processes(db_url, 1, tmp_path, "--grace-period", "1", *FAST) as procs:
         short = await app.scheduler().run_after(0, fns.touch, 1, str(trace), 0.3)
         stuck = await app.scheduler().run_after(0, fns.hang, 2, str(trace))
-        await wait_until(lambda: _true(len(trace_of(trace)) == 2), "both actions started")
+        await wait_until(lambda: true(len(trace_of(trace)) == 2), "both actions started")
         assert await stop(procs) == [0]
     short_row, stuck_row = await app.get(short), await app.get(stuck)
     assert short_row is not None and stuck_row is not None
@@ -233,9 +222,9 @@ async def test_a_second_signal_stops_at_once(
     trace = tmp_path / "trace.txt"
     async with worker_processes(db_url, 1, tmp_path, "--grace-period", "600") as procs:
         stuck = await app.scheduler().run_after(0, fns.hang, 1, str(trace))
-        await wait_until(lambda: _true(bool(trace_of(trace))), "the action started")
+        await wait_until(lambda: true(bool(trace_of(trace))), "the action started")
         procs[0].send_signal(signal.SIGINT)
-        await wait_until(lambda: _true("SIGINT received: stopping" in logs_of(tmp_path)), "1st")
+        await wait_until(lambda: true("SIGINT received: stopping" in logs_of(tmp_path)), "1st")
         started = time.monotonic()
         assert await stop(procs, signal.SIGINT) == [1]  # forced: not a clean stop
         assert time.monotonic() - started < SLACK  # not the 600 s grace period
@@ -277,7 +266,7 @@ async def test_the_supervisor_restarts_a_killed_worker_and_stops_cleanly(
             durafn_command(*args), cwd=ROOT, stdout=log, stderr=log
         )
     try:
-        await wait_until(lambda: _equals(live_workers(app), 2), "2 workers registered")
+        await wait_until(lambda: equals(live_workers(app), 2), "2 workers registered")
         victim = (await app.workers())[0]
         os.kill(victim.pid, signal.SIGKILL)
 
@@ -307,7 +296,7 @@ async def test_workers_recover_when_every_connection_is_terminated(
         worker_app_on(postgres_url) as (app, fns),
         worker_processes(postgres_url, 2, tmp_path, *FAST) as procs,
     ):
-        await wait_until(lambda: _equals(live_workers(app), 2), "2 workers registered")
+        await wait_until(lambda: equals(live_workers(app), 2), "2 workers registered")
         for start in range(0, 2000, 1000):
             await app.run_mutation(fns.fan_out, start, 1000, 0.001)
         for n in range(100):
@@ -318,7 +307,7 @@ async def test_workers_recover_when_every_connection_is_terminated(
             await app.engine.dispose()  # the test's own pooled connections went too
             await anyio.sleep(0.3)
         await wait_until(
-            lambda: _equals(_state(app, "Success"), 2100), "every row finished", timeout=60
+            lambda: equals(_state(app, "Success"), 2100), "every row finished", timeout=60
         )
         assert await state_counts(app) == {"Success": 2100}
         assert sorted(n for n, _ in trace_of(trace)) == list(range(100))  # each action once
@@ -364,14 +353,6 @@ async def _terminate_all_backends() -> int:
         )
     finally:
         await conn.close()
-
-
-async def _equals(value: Awaitable[object], expected: object) -> bool:
-    return await value == expected
-
-
-async def _true(value: bool) -> bool:
-    return value
 
 
 async def _state(app: durafn.App, state: str) -> int:
