@@ -102,7 +102,8 @@ async def drain(
         await app.run_mutation(fan_out, min(1000, n - start), kind)
     schedule_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    concurrency = 64 if kind == "action" else 10
+    # Actions: 100 at once, as pgqueuer's batch_size=100 in peers.py (the same settings).
+    concurrency = 100 if kind == "action" else 10
     async with app.run_executor(concurrency=concurrency) as executor:
         # The executor's own counter of committed outcomes, read every millisecond: no
         # query competes with the drain, and the stop is timed to within a millisecond.

@@ -30,6 +30,7 @@ import logging
 import math
 import os
 import socket
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
@@ -49,7 +50,7 @@ from ._errors import (
     NotFoundError,
     UnknownFunctionError,
 )
-from ._invoke import Invoker, call_with_timeout, check_transaction, mutation_session
+from ._invoke import Invoker, check_transaction, mutation_session, timeout_error
 from ._registry import ActionRef, FunctionRef, MutationRef
 from ._runtime import Runtime, one_line
 from ._scheduler import BufferedWriter, Scheduler
@@ -271,7 +272,15 @@ class Executor:
         self._progress = _Signal()  # some row finished
         self._slot_freed = _Signal()
         self._stopping: anyio.Event | None = None  # created when started
-        self._running_actions = 0
+        self._running_actions = 0  # claimed, not finished: queued or running
+        # Claimed actions wait here for one of the long-lived action workers (a pool of
+        # at most ``concurrency`` tasks): an anyio task per action cost ~40 us to spawn,
+        # more than a no-op action's share of its claim and finish SQL.
+        self._ready: deque[Claimed] = deque()
+        self._ready_signal = _Signal()
+        self._workers = 0
+        self._idle_workers = 0
+        self._aborting = False  # the grace period is over: cancel, start nothing more
         self._action_scopes: set[anyio.CancelScope] = set()
         self._mode = _Mode.OPTIMISTIC
         self._mode_batches = 0
@@ -424,6 +433,7 @@ class Executor:
         await self._rt.ensure_ready()
         self._stopping = anyio.Event()
         self._hurry = 0
+        self._aborting = False
         self._rt._wake_listeners.add(self._on_wake)
         try:
             async with (
@@ -452,6 +462,7 @@ class Executor:
                 tg.cancel_scope.cancel()
         finally:
             self._rt._wake_listeners.discard(self._on_wake)
+            self._aborting = False  # run_until_idle() may use this executor afterwards
 
     async def _stop_actions(self) -> None:
         """Stop claiming, give running actions their grace period, cancel the rest, and
@@ -468,8 +479,10 @@ class Executor:
             while self._running_actions:
                 await self._slot_freed.current().wait()
         self._grace_scope = None
+        self._aborting = True
         for scope in list(self._action_scopes):
             scope.cancel()  # each records itself Failed (ExecutorShutdownError)
+        self._ready_signal.fire()  # queued rows are recorded Failed unstarted; idle workers exit
         while self._running_actions:
             await self._slot_freed.current().wait()
         self._outcomes_ready.fire()
@@ -951,7 +964,7 @@ class Executor:
                 try:
                     if len(adopted) < limit:
                         rows = await self._rt.transaction(
-                            _claim, doing="claiming actions", retries=retries
+                            _claim, doing="claiming actions", retries=retries, single_statement=True
                         )
                 except DatabaseError:
                     self._claim_uncertain = True
@@ -961,13 +974,14 @@ class Executor:
                 self._unrecorded.update(r.id for r in rows)
             finally:
                 self._claims_in_flight -= 1
-        for row in rows:
-            logger.debug(
-                "action %s (%s) Pending -> InProgress",
-                row.id,
-                row.name,
-                extra=_fields(FunctionKind.ACTION, row.id, row.name, State.IN_PROGRESS),
-            )
+        if logger.isEnabledFor(logging.DEBUG):
+            for row in rows:
+                logger.debug(
+                    "action %s (%s) Pending -> InProgress",
+                    row.id,
+                    row.name,
+                    extra=_fields(FunctionKind.ACTION, row.id, row.name, State.IN_PROGRESS),
+                )
         return rows
 
     async def _action_dispatcher(self) -> None:
@@ -992,26 +1006,45 @@ class Executor:
                     self._rt.health.fault(exc, "claiming actions", delay)
                     await _first_of(self._stopping.wait, functools.partial(anyio.sleep, delay))
                     continue
-                for row in rows:
-                    # The scope exists before the task starts, so a stop that cancels the
-                    # running actions cannot miss one that has not begun yet.
-                    scope = anyio.CancelScope(shield=True)  # only _stop_actions cancels it
-                    self._action_scopes.add(scope)
-                    self._running_actions += 1
-                    self._tg.start_soon(self._action_task, row, scope)
                 if not rows:
                     await self._idle_wait(FunctionKind.ACTION, signal, now)
+                    continue
+                self._running_actions += len(rows)
+                self._ready.extend(rows)
+                wanted = len(self._ready) - self._idle_workers
+                for _ in range(min(wanted, self.config.concurrency - self._workers)):
+                    self._workers += 1
+                    self._tg.start_soon(self._action_worker)
+                self._ready_signal.fire()
         finally:
             self._dispatcher_done.set()
+            self._ready_signal.fire()  # idle workers: no more rows are coming
 
-    async def _action_task(self, row: Claimed, scope: anyio.CancelScope) -> None:
+    async def _action_worker(self) -> None:
+        """Run queued actions one after another until the dispatcher is done and the queue
+        is empty. Shielded: a cancelled host still lets running actions have their grace
+        period; only ``_stop_actions`` cancels an action (through its own scope)."""
         try:
-            with scope:
-                await self._run_action(row, self._queue_outcome)
+            with anyio.CancelScope(shield=True):
+                while True:
+                    ready = self._ready_signal.current()
+                    if self._ready:
+                        row = self._ready.popleft()
+                        try:
+                            await self._run_action(row, self._queue_outcome)
+                        finally:
+                            self._running_actions -= 1
+                            self._slot_freed.fire()
+                    elif self._dispatcher_done.is_set():
+                        return
+                    else:
+                        self._idle_workers += 1
+                        try:
+                            await ready.wait()
+                        finally:
+                            self._idle_workers -= 1
         finally:
-            self._action_scopes.discard(scope)
-            self._running_actions -= 1
-            self._slot_freed.fire()
+            self._workers -= 1
 
     def _queue_outcome(self, outcome: Outcome) -> None:
         self._outcomes.append(outcome)
@@ -1027,10 +1060,26 @@ class Executor:
         try:
             # Cancelled before it began (a stop right after the claim): never start it.
             await anyio.lowlevel.checkpoint_if_cancelled()
+            if self._aborting:
+                raise anyio.get_cancelled_exc_class()()
             ref = self._resolve(row, ActionRef)
             values = ref.decode_args(row.args)
             ctx = self._invoker.action_ctx(row.id)
-            result = await call_with_timeout(ref, ctx, values, self._invoker.timeouts.for_(ref))
+            timeout = self._invoker.timeouts.for_(ref)
+            # One scope for both ways an action is stopped: its time limit (the deadline)
+            # and the end of a stop's grace period (_stop_actions cancels it).
+            finished = False
+            with anyio.CancelScope(deadline=anyio.current_time() + timeout) as scope:
+                self._action_scopes.add(scope)
+                try:
+                    result = await ref.fn(ctx, **values)
+                    finished = True
+                finally:
+                    self._action_scopes.discard(scope)
+            if not finished:
+                if self._aborting:
+                    raise anyio.get_cancelled_exc_class()()
+                raise timeout_error(ref, timeout)
             record(Outcome(row.id, State.SUCCESS, result=ref.encode_result(result), name=row.name))
         except anyio.get_cancelled_exc_class():
             stopped = ExecutorShutdownError(
@@ -1038,7 +1087,8 @@ class Executor:
                 "period); it was cancelled and will not be retried"
             )
             record(_failed(row, stopped))
-            raise
+            if not self._aborting:
+                raise
         except Exception as exc:
             record(_failed(row, exc))
 
@@ -1103,7 +1153,9 @@ class Executor:
 
             stuck: set[ScheduledFunctionId] = set()
             try:
-                written = await self._rt.transaction(_write, doing="recording action outcomes")
+                written = await self._rt.transaction(
+                    _write, doing="recording action outcomes", single_statement=True
+                )
                 break
             except DatabaseError as exc:
                 if not exc.transient:

@@ -41,7 +41,11 @@ async def call_with_timeout(
     """
     with anyio.move_on_after(timeout):
         return await ref.fn(ctx, **values)
-    raise FunctionTimeoutError(
+    raise timeout_error(ref, timeout)
+
+
+def timeout_error(ref: FunctionRef[Any, Any], timeout: float) -> FunctionTimeoutError:
+    return FunctionTimeoutError(
         f"{ref.kind} {ref.name!r} ran longer than its time limit of {timeout:g}s and was "
         "stopped; raise the limit with timeout=... on its decorator"
     )

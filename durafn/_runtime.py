@@ -164,6 +164,7 @@ class Runtime:
         doing: str = "running a transaction",
         user_code: bool = False,
         retries: int | None = None,
+        single_statement: bool = False,
     ) -> T:
         """Run ``body`` in one transaction, retrying it whole on transient faults.
 
@@ -171,6 +172,10 @@ class Runtime:
         outcome is unknown (the connection died during COMMIT) is not retried: it raises
         DatabaseError, because re-running could apply the body twice. ``retries``
         overrides ``direct_retries`` for callers with a retry loop of their own.
+
+        ``single_statement``: ``body`` runs one statement, atomic by itself, so the driver
+        may run it without BEGIN and COMMIT (autocommit). Its execution is then the commit:
+        a lost connection during it is an unknown outcome, never retried.
         """
         if ready:
             await self.ensure_ready()
@@ -185,6 +190,9 @@ class Runtime:
                     async with self.engine.connect() as conn:
                         if read_only:
                             await conn.execution_options(**{READ_ONLY_OPTION: True})
+                        elif single_statement and self.driver.single_statement_options:
+                            await conn.execution_options(**self.driver.single_statement_options)
+                            committing = True
                         await conn.begin()
                         if read_only:
                             async with self.driver.read_only(conn):
@@ -211,7 +219,7 @@ class Runtime:
                     raise self.driver.wrap(exc, doing) from exc
                 if committing and self.driver.commit_outcome_unknown(exc):
                     raise DatabaseError(
-                        f"the connection to {self.driver.name} failed during COMMIT, so "
+                        f"the connection to {self.driver.name} failed while committing, so "
                         f"whether it took effect is unknown: {exc}",
                         transient=True,
                     ) from exc

@@ -13,7 +13,7 @@ writers:
 from __future__ import annotations
 
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from datetime import datetime, timedelta
 from typing import Any, ParamSpec, Protocol, overload
 
@@ -272,11 +272,8 @@ class BufferedWriter:
         if not self._rows:
             return
         rows, self._rows = self._rows, []
-        await _write(self._rt, self._conn, rows, self._check_parent)
-        new = _pending_kinds(rows) - self.woken
-        if new:  # one NOTIFY per kind per transaction is enough
-            await self._rt.driver.notify(self._conn, new)
-            self.woken |= new
+        new = await _write(self._rt, self._conn, rows, self._check_parent, self.woken)
+        self.woken |= new
 
     def discard(self) -> None:
         self._rows.clear()
@@ -294,7 +291,10 @@ async def _write(
     conn: AsyncConnection,
     rows: list[dict[str, Any]],
     check_parent: ScheduledFunctionId | None,
-) -> None:
+    notified: Collection[FunctionKind] = (),
+) -> set[FunctionKind]:
+    """Insert ``rows`` with a NOTIFY for the kinds of Pending rows among them not in
+    ``notified`` (one per kind per transaction is enough); returns those kinds."""
     if check_parent is not None:
         # The parent is an action that may be cancelled while it runs: what it schedules
         # after that is written Canceled, never left to run.
@@ -304,7 +304,9 @@ async def _write(
             for row in rows:
                 row["state"] = State.CANCELED.value
                 row["completed_time"] = now
-    await rt.driver.insert_rows(conn, rows)
+    new = _pending_kinds(rows) - set(notified)
+    await rt.driver.insert_rows(conn, rows, new)
+    return new
 
 
 class DirectWriter:
@@ -319,18 +321,20 @@ class DirectWriter:
 
         async def _body(conn: AsyncConnection) -> set[FunctionKind]:
             try:
-                await _write(rt, conn, [row], self._check_parent)
+                return await _write(rt, conn, [row], self._check_parent)
             except sa_exc.IntegrityError:
                 # A retry after a COMMIT whose outcome was unknown: the id is ours, so if
                 # the row exists the first attempt did commit.
                 if await rt.driver.get(conn, row["id"]) is None:
                     raise
             kinds = _pending_kinds([row])
-            if kinds:
-                await rt.driver.notify(conn, kinds)
+            await rt.driver.notify(conn, kinds)
             return kinds
 
-        rt.wake(await rt.transaction(_body, doing="scheduling a function"))
+        # Without a parent to lock, the write is one statement (its NOTIFY included): on
+        # PostgreSQL one autocommit round trip instead of four.
+        single = self._check_parent is None
+        rt.wake(await rt.transaction(_body, doing="scheduling a function", single_statement=single))
 
     async def cancel(self, id: ScheduledFunctionId, now: float) -> State | None:
         async def _body(conn: AsyncConnection) -> State | None:
@@ -362,11 +366,9 @@ class JoinedWriter:
     async def add(self, row: dict[str, Any]) -> None:
         conn = await self._conn()
         try:
-            await _write(self._rt, conn, [row], None)
-            kinds = _pending_kinds([row])
             # The caller may reuse this scheduler across transactions, so notify every
             # time (PostgreSQL folds identical notifications within one transaction).
-            await self._rt.driver.notify(conn, kinds)
+            kinds = await _write(self._rt, conn, [row], None)
         except sa_exc.SQLAlchemyError as exc:
             raise self._rt.driver.wrap(exc, "scheduling through your transaction") from exc
         if not self._to_wake:

@@ -6,12 +6,14 @@ from __future__ import annotations
 import logging
 import sqlite3
 from collections import Counter as Tally
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import anyio
 import anyio.lowlevel
 import pytest
 from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 import durafn
 from durafn import ActionCtx, MutationCtx, State
@@ -155,4 +157,32 @@ async def test_listen_connection_recovers(postgres_url: str, clock: FakeClock) -
     finally:
         await admin.close()
         await other.aclose()
+        await app.aclose()
+
+
+async def test_a_single_statement_whose_connection_dies_is_not_retried(postgres_url: str) -> None:
+    """A one-statement write runs in autocommit on PostgreSQL: the statement is its own
+    commit, so a connection lost during it leaves the outcome unknown. It must be reported
+    (DatabaseError, transient), never silently run again; a multi-statement transaction
+    that loses its connection before COMMIT is retried."""
+    app = durafn.App(postgres_url)
+    await app.migrate()
+    calls = {True: 0, False: 0}
+
+    def body(single: bool) -> Callable[[AsyncConnection], Awaitable[None]]:
+        async def _run(conn: AsyncConnection) -> None:
+            calls[single] += 1
+            if calls[single] == 1:
+                await conn.execute(text("SELECT pg_terminate_backend(pg_backend_pid())"))
+
+        return _run
+
+    try:
+        with pytest.raises(durafn.DatabaseError, match="whether it took effect is unknown") as info:
+            await app._rt.transaction(body(True), single_statement=True)
+        assert info.value.transient
+        assert calls[True] == 1
+        await app._rt.transaction(body(False))
+        assert calls[False] == 2
+    finally:
         await app.aclose()

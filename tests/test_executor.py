@@ -606,3 +606,46 @@ def test_executor_options_mirror_the_config() -> None:
 
     config = {f.name for f in dataclasses.fields(durafn.ExecutorConfig)}
     assert set(typing.get_type_hints(ExecutorOptions)) == config
+
+
+async def test_background_actions_share_a_pool_of_at_most_concurrency_workers(
+    app: durafn.App,
+) -> None:
+    """The running executor hands claimed actions to long-lived workers: never more than
+    ``concurrency`` at once, and a worker whose action timed out carries on with the next."""
+    running = peak = started = 0
+    gate = anyio.Event()
+
+    @app.action(timeout=0.05)
+    async def stuck(ctx: ActionCtx) -> None:
+        await anyio.sleep_forever()
+
+    @app.action
+    async def act(ctx: ActionCtx, n: int) -> int:
+        nonlocal running, peak, started
+        running += 1
+        started += 1
+        peak = max(peak, running)
+        if started >= 3:
+            gate.set()
+        await gate.wait()
+        running -= 1
+        return n
+
+    sched = app.scheduler()
+    stuck_id = await sched.run_after(0, stuck)
+    ids = [await sched.run_after(0, act, n=n) for n in range(7)]
+    async with app.run_executor(concurrency=3) as executor:
+        rows = [await executor.wait_for(i) for i in [stuck_id, *ids]]
+    assert peak == 3
+    assert rows[0].state is State.FAILED
+    assert rows[0].error is not None and rows[0].error.type == "durafn.FunctionTimeoutError"
+    assert [(r.state, r.result) for r in rows[1:]] == [(State.SUCCESS, n) for n in range(7)]
+
+
+async def test_the_system_clock_never_wakes_before_the_deadline() -> None:
+    clock = durafn.SystemClock()
+    for delay in (0.0005, 0.002, 0.004):
+        deadline = clock.now() + delay
+        await clock.sleep_until(deadline)
+        assert clock.now() >= deadline

@@ -51,14 +51,20 @@ _FINISH_SQL = text(
 )
 
 
+# The NOTIFY rides in the INSERT's statement: one round trip fewer (0.4 ms here), and a
+# direct schedule is then one autocommit statement. A data-modifying CTE runs whether or
+# not the outer SELECT reads it; the outer SELECT notifies only if asked (payload not '').
 _INSERT_SQL = text(
     """
-    INSERT INTO _scheduled_functions
-        (id, name, kind, args, state, scheduled_time, available_at, completed_time, parent_id)
-    SELECT * FROM unnest(
-        CAST(:ids AS uuid[]), CAST(:names AS text[]), CAST(:kinds AS text[]),
-        CAST(:args AS text[]), CAST(:states AS text[]), CAST(:scheduled AS float8[]),
-        CAST(:available AS float8[]), CAST(:completed AS float8[]), CAST(:parents AS uuid[]))
+    WITH inserted AS (
+        INSERT INTO _scheduled_functions
+            (id, name, kind, args, state, scheduled_time, available_at, completed_time, parent_id)
+        SELECT * FROM unnest(
+            CAST(:ids AS uuid[]), CAST(:names AS text[]), CAST(:kinds AS text[]),
+            CAST(:args AS text[]), CAST(:states AS text[]), CAST(:scheduled AS float8[]),
+            CAST(:available AS float8[]), CAST(:completed AS float8[]), CAST(:parents AS uuid[]))
+    )
+    SELECT pg_notify(:channel, CAST(:payload AS text)) WHERE CAST(:payload AS text) <> ''
     """
 )
 
@@ -92,6 +98,9 @@ class PostgresDriver(Driver):
     max_mutation_lanes: ClassVar[int] = 4
     default_poll_interval: ClassVar[float] = 5.0
     auto_migrate: ClassVar[bool] = False
+    # Measured: a claim of 64 actions took 2.4 ms as BEGIN, UPDATE, COMMIT through
+    # SQLAlchemy and 1.6 ms as one autocommit statement (the server's part is 1.0 ms).
+    single_statement_options: ClassVar[dict[str, Any]] = {"isolation_level": "AUTOCOMMIT"}
 
     def create_engine(self) -> AsyncEngine:
         # asyncpg waits 60 s for a connection by default: too long for a worker that
@@ -173,13 +182,20 @@ class PostgresDriver(Driver):
     async def _lock_schema(self, conn: AsyncConnection) -> None:
         await conn.execute(text("SELECT pg_advisory_xact_lock(hashtext('durafn.migrate'))"))
 
-    async def insert_rows(self, conn: AsyncConnection, rows: Sequence[dict[str, Any]]) -> None:
+    async def insert_rows(
+        self,
+        conn: AsyncConnection,
+        rows: Sequence[dict[str, Any]],
+        notify: Collection[FunctionKind] = (),
+    ) -> None:
         # One statement with one array per column: a 1000-row schedule is one round trip
         # and one parse (asyncpg's executemany took ~30 ms for 1000 rows here).
-        await conn.execute(
-            _INSERT_SQL,
-            {param: [row[column] for row in rows] for param, column in _INSERT_COLUMNS.items()},
-        )
+        params: dict[str, Any] = {
+            param: [row[column] for row in rows] for param, column in _INSERT_COLUMNS.items()
+        }
+        params["channel"] = CHANNEL
+        params["payload"] = ",".join(sorted(notify))
+        await conn.execute(_INSERT_SQL, params)
 
     async def _finish(
         self, conn: AsyncConnection, now: float, outcomes: Sequence[Outcome], expected: State
