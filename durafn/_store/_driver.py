@@ -80,8 +80,9 @@ def new_id(now: float) -> ScheduledFunctionId:
     else:
         _seq = 0
     _last_ms = ms
-    # random, not os.urandom: a system call per id was a fifth of scheduling's cost. The
-    # random module is reseeded in a forked child, so worker processes still differ.
+    # random, not os.urandom, and the string built directly rather than via uuid.UUID:
+    # measured, 1.5 us per id instead of 3.3 us, of about 19 us of CPU per scheduled row.
+    # The random module is reseeded in a forked child, so processes still differ.
     rand = random.getrandbits(44)
     value = (
         ((ms & ((1 << 48) - 1)) << 80)
@@ -518,7 +519,12 @@ class Driver:
     async def finish_in_progress(
         self, conn: AsyncConnection, now: float, outcomes: Sequence[Outcome]
     ) -> int:
-        """InProgress -> Success/Failed. A row cancelled meanwhile stays Canceled."""
+        """InProgress -> Success/Failed. A row cancelled meanwhile stays Canceled.
+
+        Run in autocommit (``single_statement``): where this is more than one statement (a
+        batch with results or failures, on SQLite), a fault between them leaves part of
+        the batch written, and the retry finishes the rest; each row's write is guarded
+        by its state, so none is written twice."""
         return await self._finish(conn, now, outcomes, State.IN_PROGRESS)
 
     async def next_due(
