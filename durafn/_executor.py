@@ -322,7 +322,7 @@ class Executor:
         total = 0
         async with AsyncExitStack() as stack:
             for _ in range(max_rounds):
-                ran = await self._mutation_batch_retrying()
+                ran, _ = await self._mutation_batch_retrying()
                 rows = await self._claim_actions(self.config.concurrency)
                 if rows:
                     if not self._members:
@@ -702,11 +702,16 @@ class Executor:
         while not self._stopping.is_set():
             signal = self._work[FunctionKind.MUTATION].current()
             now = self._rt.clock.now()
-            if await self._mutation_batch_retrying(now) == 0:
+            _, full = await self._mutation_batch_retrying(now)
+            if not full:
+                # Everything due at ``now`` that no one else holds is done: rows due since
+                # then, or scheduled by this batch, are found by the next-due read (or their
+                # wake-up), so a second claim that would find nothing is not needed.
                 await self._idle_wait(FunctionKind.MUTATION, signal, now)
 
-    async def _mutation_batch_retrying(self, now: float | None = None) -> int:
-        """One batch, retried through internal faults; returns how many rows it finished.
+    async def _mutation_batch_retrying(self, now: float | None = None) -> tuple[int, bool]:
+        """One batch, retried through internal faults; returns how many rows it finished,
+        and whether its claim took all it asked for (then more may be due already).
 
         ``now`` is the time to claim at (default: the clock's now).
         """
@@ -714,14 +719,15 @@ class Executor:
         while True:
             mode = self._mode
             claimed: list[Claimed] = []
+            size = 1 if mode is _Mode.ALONE else self.config.batch_size
             try:
-                n = await _shielded(self._mutation_batch(mode, claimed, now))
+                n = await _shielded(self._mutation_batch(mode, claimed, now, size))
             except _BatchRestart:
                 self._escalate(_Mode.SAVEPOINTS)
                 continue
             except _Timeout as timeout:
                 await self._fail_alone(timeout.row, timeout.error)
-                return 1
+                return 1, True
             except Exception as exc:
                 if self._rt.driver.is_transient(exc):
                     delay = self._rt.backoff.delay(failures)
@@ -741,7 +747,7 @@ class Executor:
                 # it down: savepoints, then one row per transaction, then fail that row.
                 if mode is _Mode.ALONE:
                     await self._fail_alone(claimed[0], exc)
-                    return 1
+                    return 1, True
                 logger.warning(
                     "mutation batch of %d failed outside any mutation (%s); re-running it %s",
                     len(claimed),
@@ -754,7 +760,7 @@ class Executor:
                 self._mode_batches -= 1
                 if self._mode_batches <= 0:
                     self._mode = _Mode.OPTIMISTIC
-            return n
+            return n, len(claimed) == size
 
     def _escalate(self, mode: _Mode) -> None:
         """Run the next few batches more carefully (they revert to optimistic after)."""
@@ -763,13 +769,14 @@ class Executor:
             self._mode = mode
         self._mode_batches = 2
 
-    async def _mutation_batch(self, mode: _Mode, claimed: list[Claimed], now: float | None) -> int:
+    async def _mutation_batch(
+        self, mode: _Mode, claimed: list[Claimed], now: float | None, size: int
+    ) -> int:
         rt = self._rt
         driver = rt.driver
         async with rt.engine.connect() as conn:
             root = await conn.begin()
             claim_at = rt.clock.now() if now is None else now
-            size = 1 if mode is _Mode.ALONE else self.config.batch_size
             rows = await driver.claim_mutations(conn, claim_at, size)
             if not rows:
                 await conn.rollback()
@@ -1010,12 +1017,11 @@ class Executor:
                     self._rt.health.fault(exc, "claiming actions", delay)
                     await _first_of(self._stopping.wait, functools.partial(anyio.sleep, delay))
                     continue
-                if not rows:
-                    await self._idle_wait(FunctionKind.ACTION, signal, now)
-                    continue
                 self._running_actions += len(rows)
                 self._ready.extend(rows)
                 self._wake_a_worker()
+                if len(rows) < free:  # all that was due and free at ``now``: as for mutations
+                    await self._idle_wait(FunctionKind.ACTION, signal, now)
         finally:
             self._dispatcher_done.set()
             self._wake_all_workers()  # no more rows are coming: idle workers exit

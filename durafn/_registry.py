@@ -65,6 +65,11 @@ class FunctionRef(Generic[P, R]):
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
         self._signature, self._params = _parse_signature(fn, self.kind, ctx_types)
+        # For the fast path of validate_call (see there).
+        self._by_position = [p.name for p in self._params if p.kind is p.POSITIONAL_OR_KEYWORD]
+        self._names = frozenset(p.name for p in self._params)
+        self._defaults = {p.name: p.default for p in self._params if p.default is not p.empty}
+        self._required = self._names - self._defaults.keys()
         try:
             hints = typing.get_type_hints(fn, include_extras=True)
         except Exception as exc:  # NameError for unresolvable forward references, mostly
@@ -91,14 +96,29 @@ class FunctionRef(Generic[P, R]):
     def validate_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
         """Validate a direct call's arguments; returns them by name, defaults filled in."""
         try:
+            return self._args_adapter.validate_python(self._bind(args, kwargs))
+        except pydantic.ValidationError as exc:
+            raise ArgumentError(f"invalid arguments for {self.name!r}: {_problems(exc)}") from None
+
+    def _bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        # The parameters are all plain or keyword-only (checked at registration), so a
+        # call that fits them is bound by two dict operations: inspect.Signature.bind took
+        # 2.3 us, a fifth of scheduling a row. A call that does not fit goes to inspect,
+        # for its exact message.
+        if len(args) <= len(self._by_position):
+            values = dict(zip(self._by_position, args, strict=False))
+            if kwargs.keys() <= self._names and not kwargs.keys() & values.keys():
+                values.update(kwargs)
+                if values.keys() >= self._required:
+                    for name, default in self._defaults.items():
+                        values.setdefault(name, default)
+                    return values
+        try:
             bound = self._signature.bind(*args, **kwargs)
         except TypeError as exc:
             raise ArgumentError(f"bad arguments for {self.name!r}: {exc}") from None
-        bound.apply_defaults()
-        try:
-            return self._args_adapter.validate_python(bound.arguments)
-        except pydantic.ValidationError as exc:
-            raise ArgumentError(f"invalid arguments for {self.name!r}: {_problems(exc)}") from None
+        bound.apply_defaults()  # not reached: a call bind() accepts fits the fast path
+        return bound.arguments
 
     def encode_args(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
         """Validate a call's arguments and return their JSON text (defaults filled in)."""

@@ -184,7 +184,7 @@ class Scheduler:
                 "name": ref.name,
                 "kind": ref.kind.value,
                 "args": args_json,
-                "state": State.PENDING.value,
+                "state": _PENDING,
                 "scheduled_time": due,
                 "available_at": due,
                 "completed_time": None,
@@ -199,6 +199,9 @@ class Scheduler:
             "App(max_scheduled_per_run=..., max_scheduled_args_bytes=...))"
         )
         raise self.limit_error
+
+
+_PENDING = State.PENDING.value
 
 
 def _delay_seconds(delay: object) -> float:
