@@ -7,11 +7,17 @@ Success/Failed with one guarded UPDATE and commits once. Each mutation's effects
 row's move out of Pending are in the same commit, so a crash anywhere before COMMIT leaves
 the rows Pending with no effects, and a crash after leaves them finished: never twice.
 
-Group commit is the point: one COMMIT (one fsync) per batch instead of per mutation. It
-runs *optimistically*, without savepoints, because a SAVEPOINT/RELEASE pair costs two round
-trips per mutation on PostgreSQL. If one mutation raises, the batch is rolled back
-(nothing of it was visible to anyone) and re-run with a savepoint around each mutation, so
-the failing one is rolled back alone and recorded Failed while its neighbours commit.
+Group commit is the point: one COMMIT (one fsync) per batch instead of per mutation.
+Batches are large (256) but short: a batch commits once it has run mutations for
+``batch_time`` (20 ms), leaving the rest of what it claimed Pending, so slow mutations never
+hold locks (on SQLite, the write lock) for long. Measured on the 2-core machine, no-op
+mutations drained at 12,100 / 18,300 /s (SQLite / PostgreSQL) in batches of 64 and at
+20,500 / 23,100 /s in batches of 256: the per-batch round trips and fsync are most of a
+no-op mutation's cost. A batch runs *optimistically*, without savepoints, because a
+SAVEPOINT/RELEASE pair costs two round trips per mutation on PostgreSQL. If one mutation
+raises, the batch is rolled back (nothing of it was visible to anyone) and re-run with a
+savepoint around each mutation, so the failing one is rolled back alone and recorded Failed
+while its neighbours commit.
 
 Actions (at most once). The claim commits the move to InProgress *before* any action
 starts; a finisher task writes outcomes in batches with ``WHERE state = 'InProgress'``, so a
@@ -34,6 +40,7 @@ import logging
 import math
 import os
 import socket
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -77,8 +84,13 @@ class ExecutorConfig:
 
     concurrency: int = 10
     """Actions running at once (mutation lanes are at most this many, too)."""
-    batch_size: int = 64
-    """Mutations committed together in one transaction."""
+    batch_size: int = 256
+    """Mutations committed together in one transaction, at most."""
+    batch_time: float = 0.02
+    """Seconds a batch runs mutations before it commits what it has run; the rows it
+    claimed but did not reach stay Pending for the next batch. It bounds how long a batch
+    holds its row locks (and, on SQLite, the database's write lock) when mutations are
+    slow, whatever ``batch_size`` is."""
     mutation_lanes: int | None = None
     """Mutation transactions at once; default min(concurrency, what the engine benefits from)."""
     poll_interval: float | None = None
@@ -111,7 +123,13 @@ class ExecutorConfig:
                 raise ArgumentError(
                     f"{name} must be a non-negative number of seconds, not {value!r}"
                 )
-        for name in ("retention_interval", "poll_interval", "heartbeat_interval", "worker_timeout"):
+        for name in (
+            "retention_interval",
+            "poll_interval",
+            "heartbeat_interval",
+            "worker_timeout",
+            "batch_time",
+        ):
             value = getattr(self, name)
             if value is not None and (not _is_number(value) or not value > 0):
                 raise ArgumentError(f"{name} must be a positive number of seconds, not {value!r}")
@@ -141,6 +159,7 @@ class ExecutorOptions(TypedDict, total=False):
 
     concurrency: int
     batch_size: int
+    batch_time: float
     mutation_lanes: int | None
     poll_interval: float | None
     retention: float
@@ -322,7 +341,7 @@ class Executor:
         total = 0
         async with AsyncExitStack() as stack:
             for _ in range(max_rounds):
-                ran, _ = await self._mutation_batch_retrying()
+                ran, _ = await self._mutation_batch_retrying(timed=False)
                 rows = await self._claim_actions(self.config.concurrency)
                 if rows:
                     if not self._members:
@@ -709,11 +728,15 @@ class Executor:
                 # wake-up), so a second claim that would find nothing is not needed.
                 await self._idle_wait(FunctionKind.MUTATION, signal, now)
 
-    async def _mutation_batch_retrying(self, now: float | None = None) -> tuple[int, bool]:
+    async def _mutation_batch_retrying(
+        self, now: float | None = None, *, timed: bool = True
+    ) -> tuple[int, bool]:
         """One batch, retried through internal faults; returns how many rows it finished,
         and whether its claim took all it asked for (then more may be due already).
 
-        ``now`` is the time to claim at (default: the clock's now).
+        ``now`` is the time to claim at (default: the clock's now). ``timed``: stop at
+        ``batch_time`` (``run_until_idle`` does not, so that its round limit counts
+        rounds of whole batches).
         """
         failures = 0
         while True:
@@ -721,7 +744,7 @@ class Executor:
             claimed: list[Claimed] = []
             size = 1 if mode is _Mode.ALONE else self.config.batch_size
             try:
-                n = await _shielded(self._mutation_batch(mode, claimed, now, size))
+                n = await _shielded(self._mutation_batch(mode, claimed, now, size, timed))
             except _BatchRestart:
                 self._escalate(_Mode.SAVEPOINTS)
                 continue
@@ -760,7 +783,9 @@ class Executor:
                 self._mode_batches -= 1
                 if self._mode_batches <= 0:
                     self._mode = _Mode.OPTIMISTIC
-            return n, len(claimed) == size
+            # More may be due if the claim took all it asked for, or the batch stopped at
+            # batch_time before running all it claimed.
+            return n, len(claimed) == size or n < len(claimed)
 
     def _escalate(self, mode: _Mode) -> None:
         """Run the next few batches more carefully (they revert to optimistic after)."""
@@ -770,7 +795,7 @@ class Executor:
         self._mode_batches = 2
 
     async def _mutation_batch(
-        self, mode: _Mode, claimed: list[Claimed], now: float | None, size: int
+        self, mode: _Mode, claimed: list[Claimed], now: float | None, size: int, timed: bool
     ) -> int:
         rt = self._rt
         driver = rt.driver
@@ -792,9 +817,13 @@ class Executor:
             current = _Running()
             # One cancel scope for the whole batch, its deadline moved per mutation: a new
             # anyio scope per mutation cost ~25 us, a sixth of a no-op mutation on SQLite.
+            # Real time, not the injected clock: this bounds lock holding, not a schedule.
+            stop_at = time.monotonic() + self.config.batch_time if timed else math.inf
             with anyio.CancelScope() as limit:
                 try:
                     for row in rows:
+                        if outcomes and time.monotonic() >= stop_at:
+                            break  # the rest stay Pending: the next batch takes them
                         if (
                             batch.cancelled
                             and await driver.state(conn, row.id) is not State.PENDING

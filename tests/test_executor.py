@@ -649,3 +649,24 @@ async def test_the_system_clock_never_wakes_before_the_deadline() -> None:
         deadline = clock.now() + delay
         await clock.sleep_until(deadline)
         assert clock.now() >= deadline
+
+
+@pytest.mark.parametrize(("batch_time", "expected"), [(1e-9, [0, 1, 2, 3]), (60.0, [0, 0, 0, 0])])
+async def test_a_batch_commits_once_it_has_run_for_batch_time(
+    app: durafn.App, batch_time: float, expected: list[int]
+) -> None:
+    """Past ``batch_time`` a batch commits what it ran and leaves the rest of its claim
+    Pending for the next batch: each mutation then sees its predecessors committed."""
+    seen: list[int] = []
+
+    @app.mutation
+    async def step(ctx: MutationCtx, n: int) -> None:
+        # Read through another connection: only committed rows are visible there.
+        seen.append(sum(r.state is State.SUCCESS for r in await all_rows(app)))
+
+    sched = app.scheduler()
+    ids = [await sched.run_after(0, step, n=n) for n in range(4)]
+    async with app.run_executor(batch_time=batch_time, mutation_lanes=1) as executor:
+        rows = [await executor.wait_for(i) for i in ids]
+    assert seen == expected
+    assert {r.state for r in rows} == {State.SUCCESS}
