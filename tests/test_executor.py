@@ -670,3 +670,22 @@ async def test_a_batch_commits_once_it_has_run_for_batch_time(
         rows = [await executor.wait_for(i) for i in ids]
     assert seen == expected
     assert {r.state for r in rows} == {State.SUCCESS}
+
+
+async def test_slow_mutations_are_claimed_a_few_at_a_time(app: durafn.App) -> None:
+    """A batch claims what fits in batch_time at the recent pace, not batch_size rows it
+    would lock and then leave (run_until_idle claims whole batches)."""
+
+    @app.mutation
+    async def slow(ctx: MutationCtx) -> None:
+        await anyio.sleep(0.003)
+
+    sched = app.scheduler()
+    ids = [await sched.run_after(0, slow) for _ in range(3)]
+    executor = app.executor(batch_time=0.01)
+    assert executor._claim_size(True) == executor.config.batch_size  # no pace known yet
+    async with executor:
+        for i in ids:
+            await executor.wait_for(i)
+    assert 1 <= executor._claim_size(True) <= 4  # 10 ms at 3 ms or more each
+    assert executor._claim_size(False) == executor.config.batch_size
