@@ -209,8 +209,12 @@ def markdown(report: dict[str, Any]) -> str:
     def lag(key: str) -> Callable[[dict[str, Any]], str]:
         return lambda r: "{median_ms:.1f} / {p99_ms:.1f} / {max_ms:.1f} ms".format(**r[key])
 
+    def cold(key: str) -> Callable[[dict[str, Any]], str]:
+        return lambda r: "{cold_ms:.1f} ms".format(**r[key])
+
     for label in ("due_now", "due_at_time"):
         row(f"start lag {label.replace('_', ' ')}: median / p99 / max", lag(f"lag_{label}"))
+    row("start lag of the first probe (cold connections), due now", cold("lag_due_now"))
     lines += ["", "Peers, same database and workload, jobs/s drained (same run):", ""]
     for name, value in results.get("peers", {}).items():
         lines.append(
