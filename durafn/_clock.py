@@ -38,12 +38,14 @@ class SystemClock:
     async def sleep_until(self, deadline: float) -> None:
         """Sleep (anyio) until the wall clock reaches ``deadline``."""
         delay = deadline - time.time()
+        end = time.monotonic() + delay
         if delay > _SPIN:
             await anyio.sleep(delay - _SPIN)
         # The event loop's timers wake up to a millisecond late (epoll waits in whole
         # milliseconds, rounded up): measured, a median 1.0 ms past the deadline. The last
-        # stretch yields to other tasks instead, so a due row starts on time.
-        while time.time() < deadline:
+        # stretch yields to other tasks instead, so a due row starts on time. On the
+        # monotonic clock: a wall clock stepped back must not turn this into a long spin.
+        while time.monotonic() < end:
             await anyio.lowlevel.checkpoint()
 
 

@@ -838,11 +838,15 @@ class Executor:
             # Real time, not the injected clock: this bounds lock holding, not a schedule.
             started = time.monotonic()
             stop_at = started + self.config.batch_time if timed else math.inf
+            cut = False
             with anyio.CancelScope() as limit:
                 try:
                     for row in rows:
                         if outcomes and time.monotonic() >= stop_at:
-                            break  # the rest stay Pending: the next batch takes them
+                            # The rest stay Pending: the next batch takes them, ours or, if
+                            # this executor is stopping, another's (woken below).
+                            cut = True
+                            break
                         if (
                             batch.cancelled
                             and await driver.state(conn, row.id) is not State.PENDING
@@ -870,6 +874,11 @@ class Executor:
                         "timeout=... on its decorator"
                     ),
                 )
+            if cut:
+                # Executors elsewhere skipped these locked rows and may be idle until their
+                # poll: tell them, at our commit, that they are free again.
+                await driver.notify(conn, {FunctionKind.MUTATION})
+                woken.add(FunctionKind.MUTATION)
             if outcomes:
                 pace = (time.monotonic() - started) / len(outcomes)
                 previous = self._mutation_seconds
@@ -1026,8 +1035,14 @@ class Executor:
                 rows = []
                 try:
                     if len(adopted) < limit:
+                        # In autocommit only without retries: a claim run again after an
+                        # unseen outcome would leave the first one's rows InProgress,
+                        # unstarted. The dispatcher (retries=0) recovers them by adoption.
                         rows = await self._rt.transaction(
-                            _claim, doing="claiming actions", retries=retries, single_statement=True
+                            _claim,
+                            doing="claiming actions",
+                            retries=retries,
+                            single_statement=retries == 0,
                         )
                 except DatabaseError:
                     self._claim_uncertain = True

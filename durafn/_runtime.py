@@ -174,8 +174,10 @@ class Runtime:
         overrides ``direct_retries`` for callers with a retry loop of their own.
 
         ``single_statement``: ``body`` runs one statement, atomic by itself, so the driver
-        may run it without BEGIN and COMMIT (autocommit). Its execution is then the commit:
-        a lost connection during it is an unknown outcome, never retried.
+        may run it without BEGIN and COMMIT (autocommit). Its execution is then its commit,
+        and a fault is retried like any other: the body must be safe to run again after an
+        outcome it could not see (a guarded UPDATE, an INSERT of an id chosen here), or be
+        called with ``retries=0`` by a caller that handles the uncertainty itself.
         """
         if ready:
             await self.ensure_ready()
@@ -192,7 +194,6 @@ class Runtime:
                             await conn.execution_options(**{READ_ONLY_OPTION: True})
                         elif single_statement and self.driver.single_statement_options:
                             await conn.execution_options(**self.driver.single_statement_options)
-                            committing = True
                         await conn.begin()
                         if read_only:
                             async with self.driver.read_only(conn):

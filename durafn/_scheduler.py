@@ -322,20 +322,31 @@ class DirectWriter:
     async def add(self, row: dict[str, Any]) -> None:
         rt = self._rt
 
+        attempts = 0
+
         async def _body(conn: AsyncConnection) -> set[FunctionKind]:
+            nonlocal attempts
+            attempts += 1
             try:
                 return await _write(rt, conn, [row], self._check_parent)
             except sa_exc.IntegrityError:
-                # A retry after a COMMIT whose outcome was unknown: the id is ours, so if
-                # the row exists the first attempt did commit.
-                if await rt.driver.get(conn, row["id"]) is None:
+                # A retry after a fault whose outcome we could not see: the id was chosen
+                # here, so if that row exists, with our function and time, the earlier
+                # attempt did commit. On a first attempt it is never ours.
+                stored = await rt.driver.get(conn, row["id"]) if attempts > 1 else None
+                if (
+                    stored is None
+                    or stored.name != row["name"]
+                    # Stored times come back at microsecond precision.
+                    or abs(stored.scheduled_time.timestamp() - row["scheduled_time"]) > 1e-3
+                ):
                     raise
             kinds = _pending_kinds([row])
             await rt.driver.notify(conn, kinds)
             return kinds
 
         # Without a parent to lock, the write is one statement (its NOTIFY included): on
-        # PostgreSQL one autocommit round trip instead of four.
+        # PostgreSQL one autocommit round trip instead of four. Retrying it is safe (above).
         single = self._check_parent is None
         rt.wake(await rt.transaction(_body, doing="scheduling a function", single_statement=single))
 

@@ -160,29 +160,107 @@ async def test_listen_connection_recovers(postgres_url: str, clock: FakeClock) -
         await app.aclose()
 
 
-async def test_a_single_statement_whose_connection_dies_is_not_retried(postgres_url: str) -> None:
+async def test_a_single_statement_whose_connection_dies(postgres_url: str) -> None:
     """A one-statement write runs in autocommit on PostgreSQL: the statement is its own
-    commit, so a connection lost during it leaves the outcome unknown. It must be reported
-    (DatabaseError, transient), never silently run again; a multi-statement transaction
-    that loses its connection before COMMIT is retried."""
+    commit. A fault is retried like any other (its callers make it safe to run again); with
+    ``retries=0`` it reaches the caller as a transient DatabaseError, which is how the
+    action dispatcher learns that a claim's outcome is unknown."""
     app = durafn.App(postgres_url)
     await app.migrate()
-    calls = {True: 0, False: 0}
+    calls = {0: 0, 3: 0}
 
-    def body(single: bool) -> Callable[[AsyncConnection], Awaitable[None]]:
+    def body(retries: int) -> Callable[[AsyncConnection], Awaitable[None]]:
         async def _run(conn: AsyncConnection) -> None:
-            calls[single] += 1
-            if calls[single] == 1:
+            calls[retries] += 1
+            if calls[retries] == 1:
                 await conn.execute(text("SELECT pg_terminate_backend(pg_backend_pid())"))
 
         return _run
 
     try:
-        with pytest.raises(durafn.DatabaseError, match="whether it took effect is unknown") as info:
-            await app._rt.transaction(body(True), single_statement=True)
+        with pytest.raises(durafn.DatabaseError) as info:
+            await app._rt.transaction(body(0), single_statement=True, retries=0)
         assert info.value.transient
-        assert calls[True] == 1
-        await app._rt.transaction(body(False))
-        assert calls[False] == 2
+        assert calls[0] == 1
+        await app._rt.transaction(body(3), single_statement=True, retries=3)
+        assert calls[3] == 2
     finally:
+        await app.aclose()
+
+
+async def test_a_direct_schedule_survives_a_dropped_connection(postgres_url: str) -> None:
+    """The one-statement schedule runs in autocommit; a pooled connection the server has
+    dropped is retried, and the row is written once."""
+    import asyncpg
+
+    app = durafn.App(postgres_url)
+    await app.migrate()
+
+    @app.mutation(name="dropped:noop")
+    async def noop(ctx: MutationCtx) -> None:
+        pass
+
+    admin = await asyncpg.connect(PG_DSN)
+    try:
+        await app.scheduler().run_after(60, noop)  # a pooled connection now exists
+        await admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        sid = await app.scheduler().run_after(60, noop)
+        rows = [r for r in await all_rows(app) if r.id == sid]
+        assert [r.state for r in rows] == [State.PENDING]
+    finally:
+        await admin.close()
+        await app.aclose()
+
+
+async def test_an_id_taken_by_another_row_is_an_error_not_a_success(
+    app: durafn.App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only a retry may take an existing row with our id for its own earlier attempt."""
+    import durafn._scheduler as scheduler_module
+
+    @app.mutation
+    async def one(ctx: MutationCtx) -> None:
+        pass
+
+    @app.mutation
+    async def two(ctx: MutationCtx) -> None:
+        pass
+
+    taken = await app.scheduler().run_after(60, one)
+    monkeypatch.setattr(scheduler_module, "new_id", lambda now: taken)
+    with pytest.raises(durafn.DatabaseError):
+        await app.scheduler().run_after(60, two)
+    assert [r.name for r in await all_rows(app)] == [one.name]
+
+
+async def test_a_cut_short_batch_wakes_other_executors(postgres_url: str) -> None:
+    """Rows a batch claimed but left for later (batch_time) are announced at its commit:
+    another executor that skipped them while they were locked need not wait its poll."""
+    import asyncpg
+
+    app = durafn.App(postgres_url)
+    await app.migrate()
+
+    @app.mutation(name="cut:noop")
+    async def noop(ctx: MutationCtx) -> None:
+        pass
+
+    sched = app.scheduler()
+    ids = [await sched.run_after(0, noop) for _ in range(3)]
+    heard: list[str] = []
+    listener = await asyncpg.connect(PG_DSN)
+    try:
+        await listener.add_listener("durafn_wakeup", lambda *args: heard.append(args[3]))
+        async with app.run_executor(batch_time=1e-9, mutation_lanes=1) as executor:
+            for i in ids:
+                await executor.wait_for(i)
+        with anyio.fail_after(5):
+            while not heard:  # noqa: ASYNC110 - asyncpg delivers by callback
+                await anyio.sleep(0.01)
+        assert set(heard) == {"mutation"}
+    finally:
+        await listener.close()
         await app.aclose()

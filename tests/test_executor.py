@@ -689,3 +689,37 @@ async def test_slow_mutations_are_claimed_a_few_at_a_time(app: durafn.App) -> No
             await executor.wait_for(i)
     assert 1 <= executor._claim_size(True) <= 4  # 10 ms at 3 ms or more each
     assert executor._claim_size(False) == executor.config.batch_size
+
+
+def test_ids_do_not_follow_the_users_random_seed() -> None:
+    import random
+    import uuid
+
+    from durafn._store import new_id
+
+    low = (1 << 44) - 1
+    random.seed(7)
+    first = uuid.UUID(new_id(1.0)).int & low
+    random.seed(7)
+    second = uuid.UUID(new_id(1.0)).int & low
+    assert first != second
+
+
+async def test_a_wall_clock_stepped_back_does_not_stretch_a_sleep(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import time
+
+    clock = durafn.SystemClock()
+    real = time.time
+    calls = 0
+
+    def stepping() -> float:
+        nonlocal calls
+        calls += 1
+        return real() - (100.0 if calls > 1 else 0.0)  # stepped back 100 s after 1st read
+
+    deadline = real() + 0.002
+    monkeypatch.setattr(time, "time", stepping)
+    with anyio.fail_after(2):
+        await clock.sleep_until(deadline)

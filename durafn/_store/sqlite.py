@@ -65,10 +65,6 @@ class SQLiteDriver(Driver):
     default_poll_interval: ClassVar[float] = 0.5
     auto_migrate: ClassVar[bool] = True
 
-    # A one-statement write needs no BEGIN IMMEDIATE and COMMIT of its own: the statement
-    # takes the write lock and commits by itself, two trips to aiosqlite's thread fewer.
-    single_statement_options: ClassVar[dict[str, Any]] = {"isolation_level": "AUTOCOMMIT"}
-
     busy_timeout: float = 30.0
     synchronous: str = "FULL"
 
@@ -128,10 +124,10 @@ class SQLiteDriver(Driver):
 
         @event.listens_for(engine.sync_engine, "begin")
         def _on_begin(conn: Any) -> None:
-            options = conn.get_execution_options()
-            if options.get("isolation_level") == "AUTOCOMMIT":
-                return
-            mode = "DEFERRED" if options.get(READ_ONLY_OPTION) else "IMMEDIATE"
+            # No autocommit here (single_statement_options stays empty): returning such a
+            # connection to the pool resets sqlite3's isolation_level, undoing _on_connect,
+            # and an autocommit finish of several statements pays an fsync for each.
+            mode = "DEFERRED" if conn.get_execution_options().get(READ_ONLY_OPTION) else "IMMEDIATE"
             conn.exec_driver_sql(f"BEGIN {mode}")
 
         return engine
