@@ -24,7 +24,8 @@ class Clock(Protocol):
         ...
 
     async def sleep_until(self, deadline: float) -> None:
-        """Return once ``now() >= deadline`` (may return early only if cancelled)."""
+        """Return once ``now() >= deadline`` (may return early if cancelled, or if the
+        wall clock was stepped back meanwhile: callers read ``now()`` again)."""
         ...
 
 

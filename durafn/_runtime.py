@@ -168,7 +168,8 @@ class Runtime:
     ) -> T:
         """Run ``body`` in one transaction, retrying it whole on transient faults.
 
-        ``body`` may run more than once, but at most one run commits. A commit whose
+        ``body`` may run more than once, but (unless ``single_statement``, below) at most
+        one run commits. A commit whose
         outcome is unknown (the connection died during COMMIT) is not retried: it raises
         DatabaseError, because re-running could apply the body twice. ``retries``
         overrides ``direct_retries`` for callers with a retry loop of their own.

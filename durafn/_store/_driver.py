@@ -61,7 +61,8 @@ _RUNNABLE = (State.PENDING.value, State.IN_PROGRESS.value)
 _last_ms = -1
 _seq = 0
 _random = random.Random(os.urandom(16))
-os.register_at_fork(after_in_child=lambda: _random.seed(os.urandom(16)))
+if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork
+    os.register_at_fork(after_in_child=lambda: _random.seed(os.urandom(16)))
 
 
 def new_id(now: float) -> ScheduledFunctionId:
