@@ -11,22 +11,22 @@ Group commit is the point: one COMMIT (one fsync) per batch instead of per mutat
 Batches are large (256) but short: a batch commits once it has run mutations for
 ``batch_time`` (50 ms), leaving the rest of what it claimed Pending, and claims only what
 fits in that time at the recent pace, so slow mutations never hold locks (on SQLite, the
-write lock) for long. Measured on the 2-core machine, no-op
-mutations drained at 12,100 / 18,300 /s (SQLite / PostgreSQL) in batches of 64 and at
-20,500 / 23,100 /s in batches of 256: the per-batch round trips and fsync are most of a
-no-op mutation's cost. A batch runs *optimistically*, without savepoints, because a
-SAVEPOINT/RELEASE pair costs two round trips per mutation on PostgreSQL. If one mutation
-raises, the batch is rolled back (nothing of it was visible to anyone) and re-run with a
-savepoint around each mutation, so the failing one is rolled back alone and recorded Failed
-while its neighbours commit.
+write lock) for long. Measured on the 2-core machine, no-op mutations drained at 12,100 /
+18,300 /s (SQLite / PostgreSQL) in batches of 64 and at 20,500 / 23,100 /s in batches of
+256: the per-batch round trips and fsync are most of a no-op mutation's cost. A batch runs
+*optimistically*, without savepoints, because a SAVEPOINT/RELEASE pair costs two round
+trips per mutation on PostgreSQL. If one mutation raises, the batch is rolled back (nothing
+of it was visible to anyone) and re-run with a savepoint around each mutation, so the
+failing one is rolled back alone and recorded Failed while its neighbours commit.
 
 Actions (at most once). The claim commits the move to InProgress *before* any action
-starts; a finisher task writes outcomes in batches with ``WHERE state = 'InProgress'``, so a
-cancel that landed meanwhile is never overwritten and nothing is ever started twice. Both
-are one statement each, so on PostgreSQL they run in autocommit (no BEGIN/COMMIT round
-trips). Claimed rows go to a pool of at most ``concurrency`` long-lived worker tasks; the
-dispatcher claims only as many rows as there are free slots, so no row waits InProgress
-behind a slow action while another worker could have run it.
+starts; a finisher task writes outcomes in batches with ``WHERE state = 'InProgress'``, so
+a cancel that landed meanwhile is never overwritten and nothing is ever started twice. The
+dispatcher's claim and the outcome writes are one statement each, so on PostgreSQL they run
+in autocommit (no BEGIN/COMMIT round trips). Claimed rows go to a pool of at most
+``concurrency`` long-lived worker tasks; the dispatcher claims only as many rows as there
+are free slots, so no row waits InProgress behind a slow action while another worker could
+have run it.
 
 Internal faults (lost connection, deadlock, "database is locked") roll the batch back and
 retry it after a capped, jittered backoff; they never turn a row Failed.
