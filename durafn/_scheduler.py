@@ -342,7 +342,8 @@ class DirectWriter:
                 ):
                     raise
             kinds = _pending_kinds([row])
-            await rt.driver.notify(conn, kinds)
+            if kinds:
+                await rt.driver.notify(conn, kinds)
             return kinds
 
         # Without a parent to lock, the write is one statement (its NOTIFY included): on
