@@ -194,28 +194,33 @@ async def test_stored_arguments_that_no_longer_validate(
         await v2_app.aclose()
 
 
+class _Crowd:
+    """An action whose runs wait until three are running at once; records the peak."""
+
+    def __init__(self, app: durafn.App) -> None:
+        self.running = self.peak = self.started = 0
+        gate = anyio.Event()
+
+        @app.action(name="crowd:act")
+        async def act(ctx: ActionCtx, n: int) -> int:
+            self.running += 1
+            self.started += 1
+            self.peak = max(self.peak, self.running)
+            if self.started >= 3:
+                gate.set()
+            await gate.wait()
+            self.running -= 1
+            return n
+
+        self.act = act
+
+
 async def test_actions_run_concurrently_up_to_the_limit(app: durafn.App) -> None:
-    running = 0
-    peak = 0
-    gate = anyio.Event()
-    started = 0
-
-    @app.action
-    async def act(ctx: ActionCtx, n: int) -> int:
-        nonlocal running, peak, started
-        running += 1
-        started += 1
-        peak = max(peak, running)
-        if started >= 3:
-            gate.set()
-        await gate.wait()
-        running -= 1
-        return n
-
+    crowd = _Crowd(app)
     for n in range(7):
-        await app.scheduler().run_after(0, act, n=n)
+        await app.scheduler().run_after(0, crowd.act, n=n)
     await app.executor(concurrency=3).run_until_idle()
-    assert peak == 3
+    assert crowd.peak == 3
     assert {r.state for r in await all_rows(app)} == {State.SUCCESS}
 
 
@@ -613,31 +618,18 @@ async def test_background_actions_share_a_pool_of_at_most_concurrency_workers(
 ) -> None:
     """The running executor hands claimed actions to long-lived workers: never more than
     ``concurrency`` at once, and a worker whose action timed out carries on with the next."""
-    running = peak = started = 0
-    gate = anyio.Event()
+    crowd = _Crowd(app)
 
     @app.action(timeout=0.05)
     async def stuck(ctx: ActionCtx) -> None:
         await anyio.sleep_forever()
 
-    @app.action
-    async def act(ctx: ActionCtx, n: int) -> int:
-        nonlocal running, peak, started
-        running += 1
-        started += 1
-        peak = max(peak, running)
-        if started >= 3:
-            gate.set()
-        await gate.wait()
-        running -= 1
-        return n
-
     sched = app.scheduler()
     stuck_id = await sched.run_after(0, stuck)
-    ids = [await sched.run_after(0, act, n=n) for n in range(7)]
+    ids = [await sched.run_after(0, crowd.act, n=n) for n in range(7)]
     async with app.run_executor(concurrency=3) as executor:
         rows = [await executor.wait_for(i) for i in [stuck_id, *ids]]
-    assert peak == 3
+    assert crowd.peak == 3
     assert rows[0].state is State.FAILED
     assert rows[0].error is not None and rows[0].error.type == "durafn.FunctionTimeoutError"
     assert [(r.state, r.result) for r in rows[1:]] == [(State.SUCCESS, n) for n in range(7)]
