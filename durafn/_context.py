@@ -84,7 +84,7 @@ class SystemTable:
     async def _run(self, read: Callable[[AsyncConnection], Awaitable[R]]) -> R:
         if self._conn is None:
             return await self._rt.transaction(
-                read, read_only=True, doing="reading _scheduled_functions"
+                read, read_only=True, single_statement=True, doing="reading _scheduled_functions"
             )
         if self._before_read is not None:
             await self._before_read()
