@@ -58,6 +58,19 @@ from ._tables import MIGRATIONS, SCHEMA_VERSION, metadata, schema_version, sf, w
 _RUNNABLE = (State.PENDING.value, State.IN_PROGRESS.value)
 
 
+NEW_ROW_COLUMNS = (
+    "id",
+    "name",
+    "kind",
+    "args",
+    "state",
+    "scheduled_time",
+    "available_at",
+    "completed_time",
+    "parent_id",
+)
+"""The keys of a row passed to ``Driver.insert_rows``; the other columns take defaults."""
+
 _last_ms = -1
 _seq = 0
 _random = random.Random(os.urandom(16))

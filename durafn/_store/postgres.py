@@ -21,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 
 from .._errors import ReadOnlyError
 from .._types import FunctionKind, ScheduledFunctionId, State
-from ._driver import Driver, Outcome
+from ._driver import NEW_ROW_COLUMNS, Driver, Outcome
 
 logger = logging.getLogger("durafn.store")
 
@@ -61,25 +61,14 @@ _INSERT_SQL = text(
         INSERT INTO _scheduled_functions
             (id, name, kind, args, state, scheduled_time, available_at, completed_time, parent_id)
         SELECT * FROM unnest(
-            CAST(:ids AS uuid[]), CAST(:names AS text[]), CAST(:kinds AS text[]),
-            CAST(:args AS text[]), CAST(:states AS text[]), CAST(:scheduled AS float8[]),
-            CAST(:available AS float8[]), CAST(:completed AS float8[]), CAST(:parents AS uuid[]))
+            CAST(:id AS uuid[]), CAST(:name AS text[]), CAST(:kind AS text[]),
+            CAST(:args AS text[]), CAST(:state AS text[]), CAST(:scheduled_time AS float8[]),
+            CAST(:available_at AS float8[]), CAST(:completed_time AS float8[]),
+            CAST(:parent_id AS uuid[]))
     )
     SELECT pg_notify(:channel, CAST(:payload AS text)) WHERE CAST(:payload AS text) <> ''
     """
 )
-
-_INSERT_COLUMNS = {
-    "ids": "id",
-    "names": "name",
-    "kinds": "kind",
-    "args": "args",
-    "states": "state",
-    "scheduled": "scheduled_time",
-    "available": "available_at",
-    "completed": "completed_time",
-    "parents": "parent_id",
-}
 
 
 def _sqlstate(exc: BaseException) -> str | None:
@@ -203,7 +192,7 @@ class PostgresDriver(Driver):
         # One statement with one array per column: a 1000-row schedule is one round trip
         # and one parse (asyncpg's executemany took ~30 ms for 1000 rows here).
         params: dict[str, Any] = {
-            param: [row[column] for row in rows] for param, column in _INSERT_COLUMNS.items()
+            column: [row[column] for row in rows] for column in NEW_ROW_COLUMNS
         }
         params["channel"] = CHANNEL
         params["payload"] = self._payload(notify) if notify else ""

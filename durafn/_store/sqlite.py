@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, ClassVar, TypeGuard
@@ -21,11 +21,17 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from .._errors import DatabaseError, ReadOnlyError, SchemaError
-from ._driver import Driver
+from .._types import FunctionKind
+from ._driver import NEW_ROW_COLUMNS, Driver
 
 logger = logging.getLogger("durafn.store")
 
 READ_ONLY_OPTION = "durafn_read_only"
+
+_INSERT_SQL = (
+    f"INSERT INTO _scheduled_functions ({', '.join(NEW_ROW_COLUMNS)}) "
+    f"VALUES ({', '.join('?' * len(NEW_ROW_COLUMNS))})"
+)
 """Execution option: begin DEFERRED (a reader) rather than IMMEDIATE (a writer)."""
 
 
@@ -156,6 +162,19 @@ class SQLiteDriver(Driver):
         except Exception as exc:  # already gone: nothing left to interrupt
             logger.debug("could not interrupt a timed-out statement: %s", exc)
         await conn.invalidate()
+
+    async def insert_rows(
+        self,
+        conn: AsyncConnection,
+        rows: Sequence[dict[str, Any]],
+        notify: Collection[FunctionKind] = (),
+    ) -> None:
+        # The values are SQLite's own types already (ids are text here), so the rows go to
+        # sqlite3's executemany as tuples: SQLAlchemy's executemany processed each row's
+        # parameters in Python, ~5 us a row, a fifth of a 1000-row schedule's time.
+        await conn.exec_driver_sql(
+            _INSERT_SQL, [tuple(row[column] for column in NEW_ROW_COLUMNS) for row in rows]
+        )
 
     @asynccontextmanager
     async def read_only(self, conn: AsyncConnection) -> AsyncIterator[None]:
