@@ -388,11 +388,9 @@ class Driver:
         rows: Sequence[dict[str, Any]],
         notify: Collection[FunctionKind] = (),
     ) -> None:
-        """Insert rows, and ``notify`` executors of these kinds when this commits."""
-        # One executemany: SQLAlchemy sends it as multi-row INSERTs / a pipelined batch.
-        await conn.execute(insert(sf), list(rows))
-        if notify:
-            await self.notify(conn, notify)
+        """Insert rows (their keys are ``NEW_ROW_COLUMNS``), and ``notify`` executors of
+        these kinds when this commits. Each driver has its own one-statement form."""
+        raise NotImplementedError
 
     async def cancel(
         self, conn: AsyncConnection, id: ScheduledFunctionId, now: float

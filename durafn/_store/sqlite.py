@@ -27,12 +27,12 @@ from ._driver import NEW_ROW_COLUMNS, Driver
 logger = logging.getLogger("durafn.store")
 
 READ_ONLY_OPTION = "durafn_read_only"
+"""Execution option: begin DEFERRED (a reader) rather than IMMEDIATE (a writer)."""
 
 _INSERT_SQL = (
     f"INSERT INTO _scheduled_functions ({', '.join(NEW_ROW_COLUMNS)}) "
     f"VALUES ({', '.join('?' * len(NEW_ROW_COLUMNS))})"
 )
-"""Execution option: begin DEFERRED (a reader) rather than IMMEDIATE (a writer)."""
 
 
 class _Connection(sqlite3.Connection):
@@ -170,8 +170,9 @@ class SQLiteDriver(Driver):
         notify: Collection[FunctionKind] = (),
     ) -> None:
         # The values are SQLite's own types already (ids are text here), so the rows go to
-        # sqlite3's executemany as tuples: SQLAlchemy's executemany processed each row's
-        # parameters in Python, ~5 us a row, a fifth of a 1000-row schedule's time.
+        # sqlite3's executemany as tuples, without SQLAlchemy's processing of each row's
+        # parameters: a 1000-row schedule's CPU per row went from 16.8 to 14.1 us. Other
+        # processes learn of the rows by their poll (SQLite has no NOTIFY).
         await conn.exec_driver_sql(
             _INSERT_SQL, [tuple(row[column] for column in NEW_ROW_COLUMNS) for row in rows]
         )
