@@ -251,7 +251,16 @@ class PostgresDriver(Driver):
                     continue
                 try:
                     conn.add_termination_listener(lambda _c, lost=lost: lost.set())
-                    await conn.add_listener(CHANNEL, _callback)
+                    try:
+                        await conn.add_listener(CHANNEL, _callback)
+                    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                        # The connection can drop during the LISTEN itself (seen when a
+                        # server terminated it just then): retry as for a failed connect,
+                        # rather than let the error end the executor.
+                        logger.warning("LISTEN failed (%s); retrying in %.1fs", exc, delay)
+                        await anyio.sleep(delay)
+                        delay = min(delay * 2, 5.0)
+                        continue
                     delay = 0.1
                     # Work may have been scheduled while we were not listening.
                     on_wake(_ALL_KINDS)
