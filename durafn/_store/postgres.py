@@ -8,14 +8,13 @@ with an exact row count (asyncpg's executemany reports none).
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, ClassVar
 
 import anyio
 import asyncpg
-from sqlalchemy import URL, CursorResult, text
+from sqlalchemy import CursorResult, text
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
@@ -92,17 +91,6 @@ class PostgresDriver(Driver):
     # SQLAlchemy and 1.6 ms as one autocommit statement (the server's part is 1.0 ms).
     single_statement_options: ClassVar[dict[str, Any]] = {"isolation_level": "AUTOCOMMIT"}
 
-    def __init__(self, url: URL) -> None:
-        super().__init__(url)
-        self._token = os.urandom(6).hex()
-
-    def _origin(self) -> str:
-        # Who sent a notification: this driver in this process (a forked child is another).
-        return f"{os.getpid()}.{self._token}"
-
-    def _payload(self, kinds: Collection[FunctionKind]) -> str:
-        return f"{','.join(sorted(kinds))}@{self._origin()}"
-
     def create_engine(self) -> AsyncEngine:
         # asyncpg waits 60 s for a connection by default: too long for a worker that
         # should notice an unreachable server, log it and back off.
@@ -177,7 +165,7 @@ class PostgresDriver(Driver):
         # Delivered at commit, never for a rolled-back transaction.
         await conn.execute(
             text("SELECT pg_notify(:channel, :payload)"),
-            {"channel": CHANNEL, "payload": self._payload(kinds)},
+            {"channel": CHANNEL, "payload": ",".join(sorted(kinds))},
         )
 
     async def _lock_schema(self, conn: AsyncConnection) -> None:
@@ -195,7 +183,7 @@ class PostgresDriver(Driver):
             column: [row[column] for row in rows] for column in NEW_ROW_COLUMNS
         }
         params["channel"] = CHANNEL
-        params["payload"] = self._payload(notify) if notify else ""
+        params["payload"] = ",".join(sorted(notify))
         await conn.execute(_INSERT_SQL, params)
 
     async def _finish(
@@ -226,14 +214,11 @@ class PostgresDriver(Driver):
         """A dedicated asyncpg connection LISTENing, reconnected with backoff if it drops."""
 
         def _callback(_conn: Any, _pid: int, _channel: str, payload: str) -> None:
-            names, _, origin = payload.partition("@")
-            if origin == self._origin():
-                # Our own: every write that notifies also wakes this process's executors
-                # at its commit (Runtime.wake). Acting on the echo as well cost each write
-                # an idle executor's second claim and next-due read, which work arriving
-                # just after then had to wait for.
-                return
-            kinds = {k for k in _ALL_KINDS if k.value in names.split(",")}
+            # Our own notifications are heard too. That costs an idle executor a second
+            # claim after its own process's writes, but the in-process wake-up of a write
+            # joined to a caller's connection fires before the COMMIT completes (SQLAlchemy's
+            # "commit" event): the echo is what wakes the executor once the row is visible.
+            kinds = {k for k in _ALL_KINDS if k.value in payload.split(",")}
             on_wake(kinds or _ALL_KINDS)
 
         dsn = self.url.set(drivername="postgresql").render_as_string(hide_password=False)
