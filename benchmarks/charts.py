@@ -59,13 +59,16 @@ def write(report: dict[str, Any], out: Path) -> list[Path]:
             samples = sorted(results[engine][key]["samples_ms"])
             share = [(i + 1) / len(samples) for i in range(len(samples))]
             ax.plot(samples, share, style, label=f"{engine}, {key[4:].replace('_', ' ')}")
-    ax.set_xscale("log")
-    ax.set_xlabel("start lag (ms, log scale)")
-    ax.set_ylabel("share of probes started within")
-    ax.set_title("Start lag on an idle executor (cumulative)")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
-    written.append(_save(fig, out / "start_lag.png"))
+    written.append(
+        _save_log_x(
+            fig,
+            ax,
+            out / "start_lag.png",
+            "start lag (ms, log scale)",
+            "share of probes started within",
+            "Start lag on an idle executor (cumulative)",
+        )
+    )
 
     # Backlog: the cost per job should not grow with the rows already in the table.
     fig, ax = plt.subplots(figsize=(8, 4.5))
@@ -74,15 +77,29 @@ def write(report: dict[str, Any], out: Path) -> list[Path]:
         if sizes:
             rows = [int(k) for k in sizes]
             ax.plot(rows, [v["drained_per_s"] for v in sizes.values()], "o-", label=engine)
-    ax.set_xscale("log")
     ax.set_ylim(bottom=0)
-    ax.set_xlabel("rows already in _scheduled_functions (log scale)")
-    ax.set_ylabel("no-op mutations drained per second")
-    ax.set_title("Backlog scaling")
+    written.append(
+        _save_log_x(
+            fig,
+            ax,
+            out / "backlog.png",
+            "rows already in _scheduled_functions (log scale)",
+            "no-op mutations drained per second",
+            "Backlog scaling",
+        )
+    )
+    return written
+
+
+def _save_log_x(fig: Any, ax: Any, path: Path, xlabel: str, ylabel: str, title: str) -> Path:
+    """A line chart over a log-scale x axis, labelled, gridded and saved."""
+    ax.set_xscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
-    written.append(_save(fig, out / "backlog.png"))
-    return written
+    return _save(fig, path)
 
 
 def _save(fig: Any, path: Path) -> Path:

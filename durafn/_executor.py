@@ -67,7 +67,6 @@ from ._registry import ActionRef, FunctionRef, MutationRef
 from ._runtime import Runtime, one_line
 from ._scheduler import BufferedWriter, Scheduler
 from ._store import Claimed, LostAction, Outcome
-from ._store.sqlite import READ_ONLY_OPTION
 from ._types import FunctionKind, ScheduledFunction, ScheduledFunctionId, State
 
 logger = logging.getLogger("durafn.executor")
@@ -558,7 +557,7 @@ class Executor:
         # three (BEGIN, SELECT, COMMIT; measured on back-to-back start-lag probes, 0.6 ms).
         async with self._rt.engine.connect() as conn:
             await conn.execution_options(
-                **{READ_ONLY_OPTION: True}, **self._rt.driver.single_statement_options
+                **self._rt.connection_options(read_only=True, single_statement=True)
             )
             async with conn.begin():
                 return await body(conn)

@@ -155,6 +155,15 @@ class Runtime:
 
     # -- transactions --------------------------------------------------------------------
 
+    def connection_options(self, *, read_only: bool, single_statement: bool) -> dict[str, Any]:
+        """Execution options for a connection running a transaction of that sort (see
+        ``transaction``): on SQLite a reader begins DEFERRED; on PostgreSQL one statement
+        runs in autocommit."""
+        options: dict[str, Any] = {READ_ONLY_OPTION: True} if read_only else {}
+        if single_statement:
+            options.update(self.driver.single_statement_options)
+        return options
+
     async def transaction(
         self,
         body: Callable[[AsyncConnection], Awaitable[T]],
@@ -186,9 +195,7 @@ class Runtime:
         """
         if ready:
             await self.ensure_ready()
-        options: dict[str, Any] = {READ_ONLY_OPTION: True} if read_only else {}
-        if single_statement:
-            options.update(self.driver.single_statement_options)
+        options = self.connection_options(read_only=read_only, single_statement=single_statement)
         attempt = 0
         while True:
             committing = False
