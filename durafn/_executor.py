@@ -24,9 +24,12 @@ starts; a finisher task writes outcomes in batches with ``WHERE state = 'InProgr
 a cancel that landed meanwhile is never overwritten and nothing is ever started twice. The
 dispatcher's claim and the outcome writes are one statement each, so on PostgreSQL they run
 in autocommit (no BEGIN/COMMIT round trips). Claimed rows go to a pool of at most
-``concurrency`` long-lived worker tasks; the dispatcher claims only as many rows as there
-are free slots, so no row waits InProgress behind a slow action while another worker could
-have run it.
+``concurrency`` long-lived worker tasks. The dispatcher claims for the free slots and, when
+actions are shorter than a claim's round trip, ahead by as many rows as the workers will
+start during the next round trip (``_claim_ahead``): so no row waits InProgress behind a
+slow action while another worker could have run it, and short actions do not leave the
+workers idle while a claim is on the wire. A worker runs its actions in one cancel scope;
+one task (``_deadline_watch``) cancels the scope of an action past its time limit.
 
 Internal faults (lost connection, deadlock, "database is locked") roll the batch back and
 retry it after a capped, jittered backoff; they never turn a row Failed.
@@ -52,7 +55,7 @@ import anyio
 import anyio.lowlevel
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, AsyncTransaction
 
-from ._context import MutationCtx, SystemTable
+from ._context import ActionCtx, MutationCtx, SystemTable
 from ._errors import (
     ArgumentError,
     DatabaseError,
@@ -237,6 +240,17 @@ class _Running:
     timeout: float = 0.0
 
 
+@dataclass(eq=False, slots=True)
+class _Slot:
+    """One action worker: the cancel scope its actions run in and the one it is running."""
+
+    scope: anyio.CancelScope | None = None
+    row: Claimed | None = None
+    deadline: float = math.inf
+    expired: bool = False
+    """The running action outlived its time limit and its scope was cancelled."""
+
+
 @dataclass
 class _Timeout(Exception):
     row: Claimed
@@ -263,6 +277,29 @@ def _failed(row: Claimed | Outcome, exc: BaseException) -> Outcome:
     return Outcome(
         row.id, State.FAILED, error_type=error_type, error_message=message, name=row.name
     )
+
+
+def _stopped(row: Claimed) -> Outcome:
+    return _failed(
+        row,
+        ExecutorShutdownError(
+            "the executor stopped while this action was running (after its grace period); "
+            "it was cancelled and will not be retried"
+        ),
+    )
+
+
+def _succeeded(row: Claimed, ref: ActionRef[Any, Any], result: Any) -> Outcome:
+    try:
+        encoded = ref.encode_result(result)
+    except Exception as exc:  # a result that cannot be stored fails the row, not the worker
+        return _failed(row, exc)
+    return Outcome(row.id, State.SUCCESS, result=encoded, name=row.name)
+
+
+def _recent(previous: float, sample: float, weight: float = 0.5) -> float:
+    """A moving average that follows recent samples; the first sample stands alone."""
+    return previous + (sample - previous) * weight if previous else sample
 
 
 def _fields(kind: FunctionKind, id: str, name: str, state: State) -> dict[str, str]:
@@ -304,7 +341,13 @@ class Executor:
         self._workers = 0
         self._waking = False  # a worker is on its way to take the next queued row
         self._aborting = False  # the grace period is over: cancel, start nothing more
-        self._action_scopes: set[anyio.CancelScope] = set()
+        self._action_scopes: set[anyio.CancelScope] = set()  # run_until_idle()'s actions
+        self._slots: set[_Slot] = set()  # one per action worker
+        self._deadline_changed = _Signal()
+        self._watch_until = math.inf  # when _deadline_watch next looks
+        # Recent seconds per action run and per claim round trip: how far to claim ahead.
+        self._action_seconds = 0.0
+        self._claim_seconds = 0.0
         self._mode = _Mode.OPTIMISTIC
         self._mode_batches = 0
         self._mutation_seconds = 0.0  # recent seconds per mutation run, for the claim size
@@ -313,7 +356,10 @@ class Executor:
         # Claimed actions whose outcome is not written yet; held with _claim_lock so that
         # adopting this worker's unaccounted InProgress rows never races a claim.
         self._unrecorded: set[ScheduledFunctionId] = set()
-        self._claim_lock = anyio.Lock()
+        # fast_acquire: an uncontended acquire does not yield. The dispatcher's claim ahead
+        # must be on the wire before the workers take the event loop to run the rows it
+        # has just queued; with a yield here, claim and run alternated instead of overlapping.
+        self._claim_lock = anyio.Lock(fast_acquire=True)
         self._claims_in_flight = 0
         self._claim_uncertain = False
         self._hurry = 0  # stop_now() calls
@@ -473,6 +519,7 @@ class Executor:
                 for _ in range(self._lanes):
                     tg.start_soon(self._mutation_lane)
                 tg.start_soon(self._action_dispatcher)
+                tg.start_soon(self._deadline_watch)
                 tg.start_soon(self._maintenance_loop)
                 try:
                     async with self._rt.driver.listen(self._rt.engine, self._on_wake):
@@ -504,8 +551,12 @@ class Executor:
                 await self._slot_freed.current().wait()
         self._grace_scope = None
         self._aborting = True
+        # Each cancelled action records itself Failed (ExecutorShutdownError).
+        for slot in self._slots:
+            if slot.row is not None and slot.scope is not None:
+                slot.scope.cancel()
         for scope in list(self._action_scopes):
-            scope.cancel()  # each records itself Failed (ExecutorShutdownError)
+            scope.cancel()
         self._wake_all_workers()  # queued rows are recorded Failed unstarted; idle ones exit
         while self._running_actions:
             await self._slot_freed.current().wait()
@@ -885,8 +936,7 @@ class Executor:
                 woken.add(FunctionKind.MUTATION)
             if outcomes:
                 pace = (time.monotonic() - started) / len(outcomes)
-                previous = self._mutation_seconds
-                self._mutation_seconds = (previous + pace) / 2 if previous else pace
+                self._mutation_seconds = _recent(self._mutation_seconds, pace)
             await self._write_batch(conn, batch)
             await conn.commit()
         rt.health.ok()
@@ -1069,18 +1119,24 @@ class Executor:
     async def _action_dispatcher(self) -> None:
         assert self._stopping is not None
         failures = 0
+        concurrency = self.config.concurrency
         try:
             while not self._stopping.is_set():
                 signal = self._work[FunctionKind.ACTION].current()
-                free = self.config.concurrency - self._running_actions
-                if free <= 0:
+                ahead = self._claim_ahead()
+                free = concurrency + ahead - self._running_actions
+                # A free slot is claimed for at once. Claiming ahead waits until half the
+                # look-ahead is free, or short actions would make a claim per row.
+                if self._running_actions >= concurrency and free < max(1, ahead // 2):
                     await _first_of(self._slot_freed.current().wait, self._stopping.wait)
                     continue
+                want = min(free, concurrency)
                 now = self._rt.clock.now()
+                started = time.perf_counter()
                 try:
                     # No retries inside: this loop backs off itself, and a stop need not
                     # wait for a claim to exhaust its retries against a database that is away.
-                    rows = await self._claim_actions(free, now, retries=0)
+                    rows = await self._claim_actions(want, now, retries=0)
                     failures = 0
                 except DatabaseError as exc:
                     delay = self._rt.backoff.delay(failures)
@@ -1088,14 +1144,34 @@ class Executor:
                     self._rt.health.fault(exc, "claiming actions", delay)
                     await _first_of(self._stopping.wait, functools.partial(anyio.sleep, delay))
                     continue
+                if rows:
+                    self._claim_seconds = _recent(
+                        self._claim_seconds, time.perf_counter() - started
+                    )
                 self._running_actions += len(rows)
                 self._ready.extend(rows)
                 self._wake_a_worker()
-                if len(rows) < free:  # all that was due and free at ``now``: as for mutations
+                if len(rows) < want:  # all that was due at ``now``: as for mutations
                     await self._idle_wait(FunctionKind.ACTION, signal, now)
         finally:
             self._dispatcher_done.set()
             self._wake_all_workers()  # no more rows are coming: idle workers exit
+
+    def _claim_ahead(self) -> int:
+        """How many rows to hold claimed beyond the free slots: as many as the workers will
+        start during one claim's round trip at the recent pace (at most ``concurrency``).
+
+        Actions shorter than a claim's round trip otherwise leave the workers idle while
+        each claim is on the wire: no-op actions drained at ~9,000/s on PostgreSQL with
+        claim and run alternating, ~13,000/s with the next claim overlapping the run (2-core
+        machine, interleaved runs). A row claimed ahead waits about one round trip for its
+        worker; if the process is killed meanwhile it is recorded lost, never run, like any
+        claimed action. Slow actions give 0: a claim only for slots that are free.
+        """
+        if self._action_seconds <= 0.0:
+            return 0
+        concurrency = self.config.concurrency
+        return min(concurrency, int(concurrency * self._claim_seconds / self._action_seconds))
 
     def _wake_a_worker(self) -> None:
         """Send one worker for the queued rows; it sends the next if rows remain (below).
@@ -1119,21 +1195,17 @@ class Executor:
             self._idle.popleft().set()
 
     async def _action_worker(self) -> None:
-        """Run queued actions one after another until the dispatcher is done and the queue
-        is empty. Shielded: a cancelled host still lets running actions have their grace
-        period; only ``_stop_actions`` cancels an action (through its own scope)."""
+        """Run queued actions until the dispatcher is done and the queue is empty.
+        Shielded: a cancelled host still lets running actions have their grace period;
+        only ``_stop_actions`` and ``_deadline_watch`` cancel an action (its slot's scope)."""
+        slot = _Slot()
+        self._slots.add(slot)
         try:
             with anyio.CancelScope(shield=True):
                 self._waking = False
                 while True:
                     if self._ready:
-                        row = self._ready.popleft()
-                        self._wake_a_worker()  # more rows: the next worker is on its way
-                        try:
-                            await self._run_action(row, self._queue_outcome)
-                        finally:
-                            self._running_actions -= 1
-                            self._slot_freed.fire()
+                        await self._run_queued(slot)
                     elif self._dispatcher_done.is_set():
                         return
                     else:
@@ -1143,27 +1215,104 @@ class Executor:
                         self._waking = False
         finally:
             self._workers -= 1
+            self._slots.discard(slot)
+
+    async def _run_queued(self, slot: _Slot) -> None:
+        """Run queued actions back to back in one cancel scope, until the queue is empty or
+        the scope is cancelled (an action's time limit, or the end of a stop's grace period).
+
+        One scope for many actions: a scope with a deadline per action cost 16 us to enter
+        and leave, more than the rest of a no-op action's run in the worker (measured on the
+        2-core machine). ``_deadline_watch`` keeps the time limits instead.
+        """
+        with anyio.CancelScope() as scope:
+            slot.scope = scope
+            while self._ready and not scope.cancel_called:
+                row = self._ready.popleft()
+                self._wake_a_worker()  # more rows: the next worker is on its way
+                try:
+                    await self._run_in_slot(slot, row)
+                finally:
+                    self._running_actions -= 1
+                    self._slot_freed.fire()
+        slot.scope = None
+
+    async def _run_in_slot(self, slot: _Slot, row: Claimed) -> None:
+        """Run one queued action in its worker's scope and record how it ended. A
+        cancellation is recorded, then goes on for the slot's scope to absorb."""
+        if self._aborting:  # the grace period is over: never start it
+            self._queue_outcome(_stopped(row))
+            return
+        try:
+            ref, values, ctx, timeout = self._prepare_action(row)
+        except Exception as exc:
+            self._queue_outcome(_failed(row, exc))
+            return
+        started = time.monotonic()
+        slot.row, slot.expired, slot.deadline = row, False, started + timeout
+        if slot.deadline < self._watch_until:
+            self._deadline_changed.fire()
+        try:
+            result = await ref.fn(ctx, **values)
+        except anyio.get_cancelled_exc_class():
+            expired = slot.expired and not self._aborting
+            self._queue_outcome(
+                _failed(row, timeout_error(ref, timeout)) if expired else _stopped(row)
+            )
+            raise
+        except Exception as exc:
+            self._queue_outcome(_failed(row, exc))
+        else:
+            self._queue_outcome(_succeeded(row, ref, result))
+        finally:
+            slot.row = None
+            self._action_seconds = _recent(self._action_seconds, time.monotonic() - started, 0.1)
+
+    async def _deadline_watch(self) -> None:
+        """Cancel each running action that outlives its time limit. One task for every
+        worker, woken at the soonest deadline (so, with one time limit, about once per
+        limit), not a timer per action."""
+        while True:
+            changed = self._deadline_changed.current()
+            now = time.monotonic()
+            soonest = math.inf
+            for slot in self._slots:
+                if slot.row is None or slot.expired:
+                    continue
+                if slot.deadline <= now and slot.scope is not None:
+                    slot.expired = True
+                    slot.scope.cancel()
+                else:
+                    soonest = min(soonest, slot.deadline)
+            self._watch_until = soonest
+            with anyio.move_on_after(soonest - now):
+                await changed.wait()
 
     def _queue_outcome(self, outcome: Outcome) -> None:
         self._outcomes.append(outcome)
         self._outcomes_ready.fire()
 
-    async def _run_action(self, row: Claimed, record: Callable[[Outcome], None]) -> None:
-        """Run one claimed action and ``record`` how it ended, whichever way that was.
+    def _prepare_action(
+        self, row: Claimed
+    ) -> tuple[ActionRef[Any, Any], dict[str, Any], ActionCtx, float]:
+        ref = self._resolve(row, ActionRef)
+        values = ref.decode_args(row.args)
+        return ref, values, self._invoker.action_ctx(row.id), self._invoker.timeouts.for_(ref)
 
-        If it is cancelled (the executor stopping after the grace period, or a cancelled
-        ``run_until_idle``), it is recorded Failed before the cancellation goes on: a
-        claimed action is never run again.
+    async def _run_action(self, row: Claimed, record: Callable[[Outcome], None]) -> None:
+        """``run_until_idle``'s way to run one claimed action, in a task of its own, and
+        ``record`` how it ended, whichever way that was.
+
+        If it is cancelled (a cancelled ``run_until_idle``, or the executor stopping after
+        the grace period), it is recorded Failed before the cancellation goes on: a claimed
+        action is never run again.
         """
         try:
-            # Cancelled before it began (a stop right after the claim): never start it.
+            # Cancelled before it began: never start it.
             await anyio.lowlevel.checkpoint_if_cancelled()
             if self._aborting:
                 raise anyio.get_cancelled_exc_class()()
-            ref = self._resolve(row, ActionRef)
-            values = ref.decode_args(row.args)
-            ctx = self._invoker.action_ctx(row.id)
-            timeout = self._invoker.timeouts.for_(ref)
+            ref, values, ctx, timeout = self._prepare_action(row)
             # One scope for both ways an action is stopped: its time limit (the deadline)
             # and the end of a stop's grace period (_stop_actions cancels it).
             finished = False
@@ -1178,13 +1327,9 @@ class Executor:
                 if self._aborting:
                     raise anyio.get_cancelled_exc_class()()
                 raise timeout_error(ref, timeout)
-            record(Outcome(row.id, State.SUCCESS, result=ref.encode_result(result), name=row.name))
+            record(_succeeded(row, ref, result))
         except anyio.get_cancelled_exc_class():
-            stopped = ExecutorShutdownError(
-                "the executor stopped while this action was running (after its grace "
-                "period); it was cancelled and will not be retried"
-            )
-            record(_failed(row, stopped))
+            record(_stopped(row))
             if not self._aborting:
                 raise
         except Exception as exc:
@@ -1308,9 +1453,10 @@ class Executor:
         """Count and log committed outcomes (one line each), and wake ``wait_for``."""
         before = State.PENDING if kind is FunctionKind.MUTATION else State.IN_PROGRESS
         debug = logger.isEnabledFor(logging.DEBUG)
+        failed = 0
         for o in outcomes:
             if o.state is State.FAILED:
-                self.stats["failed"] += 1
+                failed += 1
                 logger.warning(
                     "%s %s (%s) %s -> Failed: %s: %s",
                     kind,
@@ -1321,18 +1467,18 @@ class Executor:
                     o.error_message,
                     extra=_fields(kind, o.id, o.name, o.state),
                 )
-            else:
-                self.stats[f"{kind}s"] += 1
-                if debug:
-                    logger.debug(
-                        "%s %s (%s) %s -> %s",
-                        kind,
-                        o.id,
-                        o.name,
-                        before,
-                        o.state,
-                        extra=_fields(kind, o.id, o.name, o.state),
-                    )
+            elif debug:
+                logger.debug(
+                    "%s %s (%s) %s -> %s",
+                    kind,
+                    o.id,
+                    o.name,
+                    before,
+                    o.state,
+                    extra=_fields(kind, o.id, o.name, o.state),
+                )
+        self.stats["failed"] += failed
+        self.stats[f"{kind}s"] += len(outcomes) - failed
         self._progress.fire()
 
     # -- maintenance -------------------------------------------------------------------

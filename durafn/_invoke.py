@@ -11,7 +11,7 @@ from ._context import ActionCtx, MutationCtx, QueryCtx, SystemTable, read_only_s
 from ._errors import ArgumentError, FunctionTimeoutError, TransactionError
 from ._registry import ActionRef, FunctionRef, MutationRef, QueryRef
 from ._runtime import Runtime
-from ._scheduler import BufferedWriter, DirectWriter, Scheduler
+from ._scheduler import BufferedWriter, Scheduler
 from ._types import FunctionKind, ScheduledFunctionId
 
 R = TypeVar("R")
@@ -21,14 +21,14 @@ class Timeouts:
     """Default time limits per kind; a function's own ``timeout=`` wins."""
 
     def __init__(self, mutation: float, action: float, query: float) -> None:
-        self.mutation = mutation
-        self.action = action
-        self.query = query
+        self._by_kind = {
+            FunctionKind.MUTATION: float(mutation),
+            FunctionKind.ACTION: float(action),
+            FunctionKind.QUERY: float(query),
+        }
 
     def for_(self, ref: FunctionRef[Any, Any]) -> float:
-        if ref.timeout is not None:
-            return ref.timeout
-        return float(getattr(self, ref.kind.value))
+        return self._by_kind[ref.kind] if ref.timeout is None else ref.timeout
 
 
 async def call_with_timeout(
@@ -169,10 +169,7 @@ class Invoker:
         return await call_with_timeout(ref, ctx, values, self.timeouts.for_(ref))
 
     def action_ctx(self, run_id: ScheduledFunctionId | None) -> ActionCtx:
-        scheduler = Scheduler(
-            self._rt, DirectWriter(self._rt, check_parent=run_id), parent_id=run_id
-        )
-        return ActionCtx(self._rt, self, scheduler, run_id)
+        return ActionCtx(self._rt, self, run_id)
 
     def _check(self, ref: Any, kind: type[Any]) -> Any:
         resolved = self._rt.registry.resolve(ref)

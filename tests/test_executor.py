@@ -635,6 +635,101 @@ async def test_background_actions_share_a_pool_of_at_most_concurrency_workers(
     assert [(r.state, r.result) for r in rows[1:]] == [(State.SUCCESS, n) for n in range(7)]
 
 
+async def test_a_short_time_limit_fires_while_a_longer_one_is_running(app: durafn.App) -> None:
+    """One task keeps every worker's time limit: an action with a short limit, started
+    while another runs with a long one, is still stopped at its own limit."""
+    started, release = anyio.Event(), anyio.Event()
+
+    @app.action(timeout=60)
+    async def patient(ctx: ActionCtx) -> str:
+        started.set()
+        await release.wait()
+        return "done"
+
+    @app.action(timeout=0.05)
+    async def hasty(ctx: ActionCtx) -> None:
+        await anyio.sleep_forever()
+
+    sched = app.scheduler()
+    long_id = await sched.run_after(0, patient)
+    async with app.run_executor(concurrency=2) as executor:
+        with anyio.fail_after(10):
+            await started.wait()
+        short = await executor.wait_for(await sched.run_after(0, hasty), timeout=10)
+        assert short.error is not None and short.error.type == "durafn.FunctionTimeoutError"
+        release.set()
+        assert (await executor.wait_for(long_id, timeout=10)).result == "done"
+
+
+async def test_an_action_that_outlives_its_limit_by_ignoring_the_cancel_counts_as_done(
+    app: durafn.App,
+) -> None:
+    """An action that catches its time limit's cancellation and returns is recorded with
+    what it returned, and its worker carries on with the next row in a fresh scope."""
+
+    @app.action(timeout=0.05)
+    async def stubborn(ctx: ActionCtx) -> str:
+        try:
+            await anyio.sleep_forever()
+        except anyio.get_cancelled_exc_class():
+            return "ignored the limit"
+        return "unreachable"
+
+    @app.action
+    async def after(ctx: ActionCtx, n: int) -> int:
+        await anyio.sleep(0.001)  # a scope still cancelled would stop it here
+        return n
+
+    sched = app.scheduler()
+    first = await sched.run_after(0, stubborn)
+    rest = [await sched.run_after(0, after, n=n) for n in range(3)]
+    executor = app.executor(concurrency=1)
+    # A pace at which rows are claimed ahead: the next rows wait in the worker's queue
+    # and run in the scope right after ``stubborn``, not in a scope of their own.
+    executor._claim_seconds, executor._action_seconds = 1.0, 1e-6
+    async with executor:
+        assert (await executor.wait_for(first, timeout=10)).result == "ignored the limit"
+        rows = [await executor.wait_for(i, timeout=10) for i in rest]
+    assert [(r.state, r.result) for r in rows] == [(State.SUCCESS, n) for n in range(3)]
+
+
+async def test_claims_ahead_cover_one_claim_round_trip(app: durafn.App) -> None:
+    """Rows claimed beyond the free slots: what the workers start during one claim's
+    round trip at the recent pace, at most ``concurrency``; none for slow actions."""
+    executor = app.executor(concurrency=10)
+    assert executor._claim_ahead() == 0  # no pace known yet
+    executor._claim_seconds = 0.004
+    executor._action_seconds = 0.02  # 10 workers start 500 a second: 2 per round trip
+    assert executor._claim_ahead() == 2
+    executor._action_seconds = 1.0
+    assert executor._claim_ahead() == 0
+    executor._action_seconds = 0.00001
+    assert executor._claim_ahead() == 10
+
+
+async def test_short_actions_claimed_ahead_each_run_once(app: durafn.App) -> None:
+    """A drain of short actions, where claims run ahead of the workers: every row runs
+    exactly once and ends Success after one attempt."""
+    runs: list[int] = []
+
+    @app.action
+    async def short(ctx: ActionCtx, n: int) -> None:
+        runs.append(n)
+
+    @app.mutation
+    async def fan_out(ctx: MutationCtx, count: int) -> None:
+        for n in range(count):
+            await ctx.scheduler.run_after(0, short, n=n)
+
+    await app.run_mutation(fan_out, 400)
+    async with app.run_executor(concurrency=4) as executor:
+        with anyio.fail_after(30):
+            await executor.wait_until_idle()
+    assert sorted(runs) == list(range(400))
+    rows = await all_rows(app)
+    assert {(r.state, r.attempts) for r in rows if r.name.endswith("short")} == {(State.SUCCESS, 1)}
+
+
 async def test_the_system_clock_never_wakes_before_the_deadline() -> None:
     clock = durafn.SystemClock()
     for delay in (0.0005, 0.002, 0.004):

@@ -200,8 +200,6 @@ _CLAIM_ACTIONS = (
     .returning(*_CLAIM_COLUMNS)
 )
 
-# A mutation's run is counted as it finishes (its start was never committed); an action's
-# was counted when it was claimed: hence "counted".
 _FINISH_PLAIN = (
     update(sf)
     .where(sf.c.id.in_(bindparam("ids", expanding=True)), sf.c.state == bindparam("expected"))
@@ -464,45 +462,65 @@ class Driver:
     async def _finish(
         self, conn: AsyncConnection, now: float, outcomes: Sequence[Outcome], expected: State
     ) -> int:
-        # The common outcome (Success, nothing returned) goes out as one UPDATE ... IN for
-        # the whole batch; only the others need a row each. On SQLite this took a 64-row
+        # The common outcome (Success, nothing returned) goes out as one statement for the
+        # whole batch; only the others need a row each. On SQLite this took a 64-row
         # batch's completion from ~3 ms (executemany) to well under 1 ms.
         plain = [o.id for o in outcomes if o.state is State.SUCCESS and o.result is None]
         other = [o for o in outcomes if not (o.state is State.SUCCESS and o.result is None)]
+        # A mutation's run is counted as it finishes (its start was never committed); an
+        # action's was counted when it was claimed.
         counted = 1 if expected is State.PENDING else 0
         written = 0
-        for start in range(0, len(plain), 500):
-            result = await conn.execute(
-                _FINISH_PLAIN,
-                {
-                    "ids": plain[start : start + 500],
-                    "expected": expected.value,
-                    "now": now,
-                    "counted": counted,
-                },
-            )
-            assert isinstance(result, CursorResult)
-            written += result.rowcount
+        if plain:
+            written += await self._finish_plain(conn, now, plain, expected, counted)
         if other:
-            result = await conn.execute(
-                _FINISH_ONE,
-                [
-                    {
-                        "b_id": o.id,
-                        "b_state": o.state.value,
-                        "b_result": o.result,
-                        "b_error_type": o.error_type,
-                        "b_error_message": o.error_message,
-                        "expected": expected.value,
-                        "now": now,
-                        "counted": counted,
-                    }
-                    for o in other
-                ],
-            )
+            written += await self._finish_others(conn, now, other, expected, counted)
+        return written
+
+    async def _finish_plain(
+        self,
+        conn: AsyncConnection,
+        now: float,
+        ids: list[ScheduledFunctionId],
+        expected: State,
+        counted: int,
+    ) -> int:
+        """Success, with no result, for every row of ``ids`` still in ``expected``."""
+        written = 0
+        for start in range(0, len(ids), 500):  # SQLite's limit on bound parameters
+            params = {"expected": expected.value, "now": now, "counted": counted}
+            result = await conn.execute(_FINISH_PLAIN, {**params, "ids": ids[start : start + 500]})
             assert isinstance(result, CursorResult)
             written += result.rowcount
         return written
+
+    async def _finish_others(
+        self,
+        conn: AsyncConnection,
+        now: float,
+        outcomes: list[Outcome],
+        expected: State,
+        counted: int,
+    ) -> int:
+        """Each outcome's state, result and error, for its row if still in ``expected``."""
+        result = await conn.execute(
+            _FINISH_ONE,
+            [
+                {
+                    "b_id": o.id,
+                    "b_state": o.state.value,
+                    "b_result": o.result,
+                    "b_error_type": o.error_type,
+                    "b_error_message": o.error_message,
+                    "expected": expected.value,
+                    "now": now,
+                    "counted": counted,
+                }
+                for o in outcomes
+            ],
+        )
+        assert isinstance(result, CursorResult)
+        return result.rowcount
 
     async def count_retry(self, conn: AsyncConnection, ids: Sequence[ScheduledFunctionId]) -> None:
         """Count an internal retry on rows whose batch was rolled back by a fault."""

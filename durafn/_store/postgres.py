@@ -1,8 +1,9 @@
 """PostgreSQL: many executors in many processes share one database.
 
 Claims use ``FOR UPDATE SKIP LOCKED`` (in the shared statements), cross-process wake-ups use
-LISTEN/NOTIFY, and batch completions use ``unnest`` so one statement finishes a whole batch
-with an exact row count (asyncpg's executemany reports none).
+LISTEN/NOTIFY, and a batch's completions are one statement each (plain successes by a list
+of ids, the others with ``unnest``), with an exact row count (asyncpg's executemany reports
+none).
 """
 
 from __future__ import annotations
@@ -49,7 +50,17 @@ _FINISH_SQL = text(
        AND sf.state = :expected
     """
 )
-
+# The common outcome, Success with nothing returned, for a whole batch. The ids go as one
+# comma-joined text: asyncpg encodes an array element by element, with Python-level type
+# checks; the five arrays above cost ~2.5 us per row in the worker, this ~0.05 us.
+_FINISH_PLAIN_SQL = text(
+    """
+    UPDATE _scheduled_functions
+       SET state = 'Success', completed_time = :now, attempts = attempts + :counted
+     WHERE id = ANY(CAST(string_to_array(:ids, ',') AS uuid[]))
+       AND state = :expected
+    """
+)
 
 # The NOTIFY rides in the INSERT's statement: one round trip fewer (0.4 ms here), and a
 # direct schedule is then one autocommit statement. A data-modifying CTE runs whether or
@@ -186,17 +197,33 @@ class PostgresDriver(Driver):
         params["payload"] = ",".join(sorted(notify))
         await conn.execute(_INSERT_SQL, params)
 
-    async def _finish(
-        self, conn: AsyncConnection, now: float, outcomes: Sequence[Outcome], expected: State
+    async def _finish_plain(
+        self,
+        conn: AsyncConnection,
+        now: float,
+        ids: list[ScheduledFunctionId],
+        expected: State,
+        counted: int,
     ) -> int:
-        if not outcomes:
-            return 0
+        params = {"now": now, "expected": expected.value, "counted": counted}
+        result = await conn.execute(_FINISH_PLAIN_SQL, {**params, "ids": ",".join(ids)})
+        assert isinstance(result, CursorResult)
+        return result.rowcount
+
+    async def _finish_others(
+        self,
+        conn: AsyncConnection,
+        now: float,
+        outcomes: list[Outcome],
+        expected: State,
+        counted: int,
+    ) -> int:
         result = await conn.execute(
             _FINISH_SQL,
             {
                 "now": now,
                 "expected": expected.value,
-                "counted": 1 if expected is State.PENDING else 0,
+                "counted": counted,
                 "ids": [o.id for o in outcomes],
                 "states": [o.state.value for o in outcomes],
                 "results": [o.result for o in outcomes],
