@@ -162,7 +162,7 @@ class Scheduler:
                 f"{ref.name!r} is a {ref.kind}; only mutations and actions can be scheduled"
             )
         args_json = ref.encode_args(args, kwargs)
-        size = len(args_json.encode())
+        size = len(args_json) if args_json.isascii() else len(args_json.encode())
         limits = self._rt.limits
         if self._per_call:
             self._count = self._bytes = 0
@@ -243,7 +243,7 @@ def _when_seconds(when: object, now: float) -> float:
 
 
 def _pending_kinds(rows: list[dict[str, Any]]) -> set[FunctionKind]:
-    return {FunctionKind(r["kind"]) for r in rows if r["state"] == State.PENDING.value}
+    return {FunctionKind(k) for k in {r["kind"] for r in rows if r["state"] == _PENDING}}
 
 
 class BufferedWriter:

@@ -10,6 +10,7 @@ transient and retried by the caller.
 from __future__ import annotations
 
 import logging
+import operator
 import sqlite3
 from collections.abc import AsyncIterator, Collection, Sequence
 from contextlib import asynccontextmanager
@@ -33,6 +34,8 @@ _INSERT_SQL = (
     f"INSERT INTO _scheduled_functions ({', '.join(NEW_ROW_COLUMNS)}) "
     f"VALUES ({', '.join('?' * len(NEW_ROW_COLUMNS))})"
 )
+# A new row's values in _INSERT_SQL's order, in C (a generator per row cost ~2 us).
+_new_row_values = operator.itemgetter(*NEW_ROW_COLUMNS)
 
 
 class _Connection(sqlite3.Connection):
@@ -173,9 +176,7 @@ class SQLiteDriver(Driver):
         # sqlite3's executemany as tuples, without SQLAlchemy's processing of each row's
         # parameters: a 1000-row schedule's CPU per row went from 16.8 to 14.1 us. Other
         # processes learn of the rows by their poll (SQLite has no NOTIFY).
-        await conn.exec_driver_sql(
-            _INSERT_SQL, [tuple(row[column] for column in NEW_ROW_COLUMNS) for row in rows]
-        )
+        await conn.exec_driver_sql(_INSERT_SQL, list(map(_new_row_values, rows)))
 
     @asynccontextmanager
     async def read_only(self, conn: AsyncConnection) -> AsyncIterator[None]:
