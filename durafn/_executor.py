@@ -246,6 +246,7 @@ class _Slot:
 
     scope: anyio.CancelScope | None = None
     row: Claimed | None = None
+    started: float = 0.0
     deadline: float = math.inf
     expired: bool = False
     """The running action outlived its time limit and its scope was cancelled."""
@@ -343,6 +344,7 @@ class Executor:
         self._aborting = False  # the grace period is over: cancel, start nothing more
         self._action_scopes: set[anyio.CancelScope] = set()  # run_until_idle()'s actions
         self._slots: set[_Slot] = set()  # one per action worker
+        self._unstarted: list[Claimed] = []  # claimed, never started, the stop has come
         self._deadline_changed = _Signal()
         self._watch_until = math.inf  # when _deadline_watch next looks
         # Recent seconds per action run and per claim round trip: how far to claim ahead.
@@ -515,6 +517,10 @@ class Executor:
                 self._dispatcher_done = anyio.Event()
                 self._finisher_done = anyio.Event()
                 self._finisher_scope = anyio.CancelScope(shield=True)
+                # Shielded like the workers: time limits hold through a stop's grace period
+                # even when the host was cancelled; cancelled once the actions are done.
+                self._watch_scope = anyio.CancelScope(shield=True)
+                self._unstarted = []
                 tg.start_soon(self._finisher_loop)
                 for _ in range(self._lanes):
                     tg.start_soon(self._mutation_lane)
@@ -530,6 +536,7 @@ class Executor:
                     # grace period and records how every one of them ended.
                     with anyio.CancelScope(shield=True):
                         await self._stop_actions()
+                        self._watch_scope.cancel()
                 tg.cancel_scope.cancel()
         finally:
             self._rt._wake_listeners.discard(self._on_wake)
@@ -557,13 +564,17 @@ class Executor:
                 slot.scope.cancel()
         for scope in list(self._action_scopes):
             scope.cancel()
-        self._wake_all_workers()  # queued rows are recorded Failed unstarted; idle ones exit
+        # Queued rows are set aside unstarted (below); idle workers exit. One more worker
+        # in case every worker is gone while rows are still queued.
+        self._wake_all_workers()
+        self._wake_a_worker()
         while self._running_actions:
             await self._slot_freed.current().wait()
         self._outcomes_ready.fire()
         with anyio.move_on_after(_OUTCOME_FLUSH_LIMIT) as self._flush_scope:
             if self._hurry > 1:
                 self._flush_scope.cancel()
+            await self._release_unstarted()
             await self._finisher_done.wait()
         self._flush_scope = None
         self._finisher_scope.cancel()
@@ -1170,6 +1181,11 @@ class Executor:
         """
         if self._action_seconds <= 0.0:
             return 0
+        # The pace is the recent past. An action running longer than a round trip says that
+        # actions are not short now: rows claimed ahead would wait behind it.
+        now = time.monotonic()
+        if any(s.row is not None and now - s.started > self._claim_seconds for s in self._slots):
+            return 0
         concurrency = self.config.concurrency
         return min(concurrency, int(concurrency * self._claim_seconds / self._action_seconds))
 
@@ -1240,8 +1256,8 @@ class Executor:
     async def _run_in_slot(self, slot: _Slot, row: Claimed) -> None:
         """Run one queued action in its worker's scope and record how it ended. A
         cancellation is recorded, then goes on for the slot's scope to absorb."""
-        if self._aborting:  # the grace period is over: never start it
-            self._queue_outcome(_stopped(row))
+        if self._aborting:  # the grace period is over: never start it (_release_unstarted)
+            self._unstarted.append(row)
             return
         try:
             ref, values, ctx, timeout = self._prepare_action(row)
@@ -1249,7 +1265,7 @@ class Executor:
             self._queue_outcome(_failed(row, exc))
             return
         started = time.monotonic()
-        slot.row, slot.expired, slot.deadline = row, False, started + timeout
+        slot.row, slot.expired, slot.started, slot.deadline = row, False, started, started + timeout
         if slot.deadline < self._watch_until:
             self._deadline_changed.fire()
         try:
@@ -1262,6 +1278,9 @@ class Executor:
             raise
         except Exception as exc:
             self._queue_outcome(_failed(row, exc))
+        except BaseException as exc:  # a group holding a cancellation, a KeyboardInterrupt
+            self._queue_outcome(_failed(row, exc))
+            raise
         else:
             self._queue_outcome(_succeeded(row, ref, result))
         finally:
@@ -1272,21 +1291,22 @@ class Executor:
         """Cancel each running action that outlives its time limit. One task for every
         worker, woken at the soonest deadline (so, with one time limit, about once per
         limit), not a timer per action."""
-        while True:
-            changed = self._deadline_changed.current()
-            now = time.monotonic()
-            soonest = math.inf
-            for slot in self._slots:
-                if slot.row is None or slot.expired:
-                    continue
-                if slot.deadline <= now and slot.scope is not None:
-                    slot.expired = True
-                    slot.scope.cancel()
-                else:
-                    soonest = min(soonest, slot.deadline)
-            self._watch_until = soonest
-            with anyio.move_on_after(soonest - now):
-                await changed.wait()
+        with self._watch_scope:
+            while True:
+                changed = self._deadline_changed.current()
+                now = time.monotonic()
+                soonest = math.inf
+                for slot in self._slots:
+                    if slot.row is None or slot.expired:
+                        continue
+                    if slot.deadline <= now and slot.scope is not None:
+                        slot.expired = True
+                        slot.scope.cancel()
+                    else:
+                        soonest = min(soonest, slot.deadline)
+                self._watch_until = soonest
+                with anyio.move_on_after(soonest - now):
+                    await changed.wait()
 
     def _queue_outcome(self, outcome: Outcome) -> None:
         self._outcomes.append(outcome)
@@ -1373,6 +1393,33 @@ class Executor:
             await self._write_outcomes(outcomes)
             return
         self._log_unrecorded(len(outcomes))
+
+    async def _release_unstarted(self) -> None:
+        """Put the rows a stop left unstarted back to Pending, for any worker to run: they
+        were claimed ahead, or queued when the grace period ended. If that cannot be
+        written they stay InProgress and are recorded lost later, never run."""
+        rows, self._unstarted = self._unstarted, []
+        if not rows:
+            return
+        ids = [r.id for r in rows]
+
+        async def _release(conn: AsyncConnection) -> int:
+            return await self._rt.driver.release_unstarted(conn, ids, self.worker_id)
+
+        try:
+            released = await self._rt.transaction(
+                _release, doing="returning unstarted actions to Pending", single_statement=True
+            )
+        except DatabaseError as exc:
+            logger.error(
+                "%d claimed actions never started, and could not be returned to Pending "
+                "(%s); they stay InProgress and will be recorded lost, never run",
+                len(rows),
+                one_line(exc),
+            )
+            return
+        self._unrecorded.difference_update(ids)
+        logger.info("%d claimed actions never started; returned to Pending", released)
 
     def _log_unrecorded(self, count: int) -> None:
         logger.error(

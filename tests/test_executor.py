@@ -518,6 +518,64 @@ async def test_cancelling_the_host_still_gives_actions_their_grace(app: durafn.A
     assert (row.state, row.result) == (State.SUCCESS, "done")
 
 
+async def test_time_limits_hold_through_the_grace_of_a_cancelled_host(app: durafn.App) -> None:
+    """The task that keeps time limits is shielded like the workers: a cancelled host's
+    grace period does not let an action outlive its own limit."""
+    started = anyio.Event()
+
+    @app.action(timeout=0.05)
+    async def stuck(ctx: ActionCtx) -> None:
+        started.set()
+        await anyio.sleep_forever()
+
+    sid = await app.scheduler().run_after(0, stuck)
+    with anyio.fail_after(10), anyio.CancelScope() as host:
+        async with app.run_executor(grace_period=30):
+            await started.wait()
+            host.cancel()
+            await anyio.sleep_forever()
+    row = await app.get(sid)
+    assert row is not None and row.state is State.FAILED
+    assert row.error is not None and row.error.type == "durafn.FunctionTimeoutError"
+
+
+async def test_a_stop_returns_claimed_actions_that_never_started_to_pending(
+    app: durafn.App,
+) -> None:
+    """Rows claimed ahead still queued when the grace period ends were never started:
+    they go back to Pending for any worker, with their attempt uncounted."""
+    started = anyio.Event()
+
+    @app.action
+    async def busy(ctx: ActionCtx) -> None:
+        started.set()
+        await anyio.sleep_forever()
+
+    @app.action
+    async def queued(ctx: ActionCtx) -> None:
+        raise AssertionError("never started")
+
+    sched = app.scheduler()
+    busy_id = await sched.run_after(0, busy)
+    queued_id = await sched.run_after(0, queued)
+    executor = app.executor(concurrency=1, grace_period=0)
+    executor._claim_seconds, executor._action_seconds = 1.0, 1e-6  # claim one row ahead
+    async with executor:
+        with anyio.fail_after(10):
+            await started.wait()
+            while (await app.get(queued_id)).state is not State.IN_PROGRESS:  # type: ignore[union-attr]  # noqa: ASYNC110
+                await anyio.sleep(0.005)
+    busy_row, queued_row = await app.get(busy_id), await app.get(queued_id)
+    assert busy_row is not None and busy_row.state is State.FAILED
+    assert busy_row.error is not None and busy_row.error.type == "durafn.ExecutorShutdownError"
+    assert queued_row is not None
+    assert (queued_row.state, queued_row.attempts) == (State.PENDING, 0)
+    await app.executor().run_until_idle()  # and it runs later, once
+    queued_row = await app.get(queued_id)
+    assert queued_row is not None and queued_row.state is State.FAILED
+    assert queued_row.error is not None and "never started" in queued_row.error.message
+
+
 def test_executor_options_are_checked(tmp_path: Path) -> None:
     app = durafn.App(f"sqlite+aiosqlite:///{tmp_path / 'x.db'}")
     with pytest.raises(durafn.ArgumentError, match=r"unknown executor option.*lanes; the options"):
@@ -557,8 +615,11 @@ async def test_actions_claimed_while_stopping_get_the_grace_period(app: durafn.A
             tg.start_soon(release_soon)
     row = await app.get(sid)
     assert row is not None
-    assert row.state is State.FAILED
-    assert row.error is not None and row.error.type == "durafn.ExecutorShutdownError"
+    if started:  # it ran, and was cancelled after the grace period
+        assert row.state is State.FAILED
+        assert row.error is not None and row.error.type == "durafn.ExecutorShutdownError"
+    else:  # the grace period ended before it started: back to Pending, never run
+        assert (row.state, row.attempts) == (State.PENDING, 0)
     assert len(started) <= 1
 
 
@@ -711,10 +772,13 @@ async def test_short_actions_claimed_ahead_each_run_once(app: durafn.App) -> Non
     """A drain of short actions, where claims run ahead of the workers: every row runs
     exactly once and ends Success after one attempt."""
     runs: list[int] = []
+    overlapped = 0  # runs while the next claim was on the wire
 
     @app.action
     async def short(ctx: ActionCtx, n: int) -> None:
+        nonlocal overlapped
         runs.append(n)
+        overlapped += executor._claims_in_flight > 0
 
     @app.mutation
     async def fan_out(ctx: MutationCtx, count: int) -> None:
@@ -722,10 +786,12 @@ async def test_short_actions_claimed_ahead_each_run_once(app: durafn.App) -> Non
             await ctx.scheduler.run_after(0, short, n=n)
 
     await app.run_mutation(fan_out, 400)
-    async with app.run_executor(concurrency=4) as executor:
+    executor = app.executor(concurrency=4)
+    async with executor:
         with anyio.fail_after(30):
             await executor.wait_until_idle()
     assert sorted(runs) == list(range(400))
+    assert overlapped > 0
     rows = await all_rows(app)
     assert {(r.state, r.attempts) for r in rows if r.name.endswith("short")} == {(State.SUCCESS, 1)}
 

@@ -541,6 +541,32 @@ class Driver:
         )
         return _claimed(rows)
 
+    async def release_unstarted(
+        self, conn: AsyncConnection, ids: Sequence[ScheduledFunctionId], worker_id: str
+    ) -> int:
+        """InProgress -> Pending for actions this worker claimed and never started (a stop
+        ended before a worker was free): none of them ran, so at most once still holds.
+        Guarded by state and worker, so running it again changes nothing twice."""
+        released = 0
+        for start in range(0, len(ids), 500):  # SQLite's limit on bound parameters
+            result = await conn.execute(
+                update(sf)
+                .where(
+                    sf.c.id.in_(ids[start : start + 500]),
+                    sf.c.state == State.IN_PROGRESS.value,
+                    sf.c.worker_id == worker_id,
+                )
+                .values(
+                    state=State.PENDING.value,
+                    started_time=None,
+                    worker_id=None,
+                    attempts=sf.c.attempts - 1,
+                )
+            )
+            assert isinstance(result, CursorResult)
+            released += result.rowcount
+        return released
+
     async def claimed_by(self, conn: AsyncConnection, worker_id: str) -> list[Claimed]:
         """The actions InProgress under ``worker_id`` (ix_scheduled_functions_running)."""
         rows = await conn.execute(
