@@ -26,9 +26,9 @@ dispatcher's claim and the outcome writes are one statement each, so on PostgreS
 in autocommit (no BEGIN/COMMIT round trips). Claimed rows go to a pool of at most
 ``concurrency`` long-lived worker tasks. The dispatcher claims for the free slots and, when
 actions are shorter than a claim's round trip, ahead by as many rows as the workers will
-start during the next round trip (``_claim_ahead``): so no row waits InProgress behind a
-slow action while another worker could have run it, and short actions do not leave the
-workers idle while a claim is on the wire. A worker runs its actions in one cancel scope;
+start during the next round trip (``_claim_ahead``): short actions then do not leave the
+workers idle while a claim is on the wire, and slow ones get no look-ahead, so rows do not
+wait InProgress behind them (beyond those claimed just before actions turned slow). A worker runs its actions in one cancel scope;
 one task (``_deadline_watch``) cancels the scope of an action past its time limit.
 
 Internal faults (lost connection, deadlock, "database is locked") roll the batch back and
@@ -535,8 +535,10 @@ class Executor:
                     # or loop). Shielded: a cancelled host still gives running actions their
                     # grace period and records how every one of them ended.
                     with anyio.CancelScope(shield=True):
-                        await self._stop_actions()
-                        self._watch_scope.cancel()
+                        try:
+                            await self._stop_actions()
+                        finally:
+                            self._watch_scope.cancel()
                 tg.cancel_scope.cancel()
         finally:
             self._rt._wake_listeners.discard(self._on_wake)
@@ -1177,17 +1179,17 @@ class Executor:
         claim and run alternating, ~13,000/s with the next claim overlapping the run (2-core
         machine, interleaved runs). A row claimed ahead waits about one round trip for its
         worker; if the process is killed meanwhile it is recorded lost, never run, like any
-        claimed action. Slow actions give 0: a claim only for slots that are free.
+        claimed action (a stop returns it to Pending). Slow actions give 0: a claim only
+        for slots that are free.
         """
         if self._action_seconds <= 0.0:
             return 0
-        # The pace is the recent past. An action running longer than a round trip says that
-        # actions are not short now: rows claimed ahead would wait behind it.
+        # The pace is the recent past. A slot whose action has run longer than a round trip
+        # is not turning rows over now: only the other slots count.
         now = time.monotonic()
-        if any(s.row is not None and now - s.started > self._claim_seconds for s in self._slots):
-            return 0
-        concurrency = self.config.concurrency
-        return min(concurrency, int(concurrency * self._claim_seconds / self._action_seconds))
+        held = sum(s.row is not None and now - s.started > self._claim_seconds for s in self._slots)
+        short = self.config.concurrency - held
+        return max(0, min(short, int(short * self._claim_seconds / self._action_seconds)))
 
     def _wake_a_worker(self) -> None:
         """Send one worker for the queued rows; it sends the next if rows remain (below).
@@ -1279,7 +1281,12 @@ class Executor:
         except Exception as exc:
             self._queue_outcome(_failed(row, exc))
         except BaseException as exc:  # a group holding a cancellation, a KeyboardInterrupt
-            self._queue_outcome(_failed(row, exc))
+            if self._aborting:
+                self._queue_outcome(_stopped(row))
+            elif slot.expired:
+                self._queue_outcome(_failed(row, timeout_error(ref, timeout)))
+            else:
+                self._queue_outcome(_failed(row, exc))
             raise
         else:
             self._queue_outcome(_succeeded(row, ref, result))
@@ -1402,24 +1409,34 @@ class Executor:
         if not rows:
             return
         ids = [r.id for r in rows]
+        driver = self._rt.driver
 
         async def _release(conn: AsyncConnection) -> int:
-            return await self._rt.driver.release_unstarted(conn, ids, self.worker_id)
+            released = await driver.release_unstarted(conn, ids, self.worker_id)
+            # Due already: idle executors elsewhere wait only for later rows (or their poll).
+            await driver.notify(conn, {FunctionKind.ACTION})
+            return released
 
+        failure = "the stop was cut short"  # unless the transaction says otherwise
+        released: int | None = None
         try:
             released = await self._rt.transaction(
-                _release, doing="returning unstarted actions to Pending", single_statement=True
+                _release, doing="returning unstarted actions to Pending"
             )
-        except DatabaseError as exc:
-            logger.error(
-                "%d claimed actions never started, and could not be returned to Pending "
-                "(%s); they stay InProgress and will be recorded lost, never run",
-                len(rows),
-                one_line(exc),
-            )
-            return
-        self._unrecorded.difference_update(ids)
-        logger.info("%d claimed actions never started; returned to Pending", released)
+        except Exception as exc:  # best effort: a stop must not fail here
+            failure = one_line(exc)
+        finally:
+            if released is None:
+                logger.error(
+                    "%d claimed actions never started, and could not be returned to Pending "
+                    "(%s); they stay InProgress and will be recorded lost, never run",
+                    len(rows),
+                    failure,
+                )
+        if released is not None:
+            self._unrecorded.difference_update(ids)
+            self._rt.wake({FunctionKind.ACTION})
+            logger.info("%d claimed actions never started; returned to Pending", released)
 
     def _log_unrecorded(self, count: int) -> None:
         logger.error(
