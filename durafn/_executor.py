@@ -28,8 +28,9 @@ in autocommit (no BEGIN/COMMIT round trips). Claimed rows go to a pool of at mos
 actions are shorter than a claim's round trip, ahead by as many rows as the workers will
 start during the next round trip (``_claim_ahead``): short actions then do not leave the
 workers idle while a claim is on the wire, and slow ones get no look-ahead, so rows do not
-wait InProgress behind them (beyond those claimed just before actions turned slow). A worker runs its actions in one cancel scope;
-one task (``_deadline_watch``) cancels the scope of an action past its time limit.
+wait InProgress behind them (beyond those claimed just before actions turned slow). A
+worker runs its actions in one cancel scope; one task (``_deadline_watch``) cancels the
+scope of an action past its time limit.
 
 Internal faults (lost connection, deadlock, "database is locked") roll the batch back and
 retry it after a capped, jittered backoff; they never turn a row Failed.
