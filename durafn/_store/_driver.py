@@ -20,7 +20,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Collection, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple, TypedDict
 
 from sqlalchemy import (
     CursorResult,
@@ -199,6 +199,17 @@ _CLAIM_ACTIONS = (
     )
     .returning(*_CLAIM_COLUMNS)
 )
+
+
+class _FinishParams(TypedDict):
+    """The parameters every finish statement shares."""
+
+    now: float
+    expected: str
+    counted: int
+    """1 for a mutation, whose run is counted as it finishes (its start was never
+    committed); 0 for an action, counted when it was claimed."""
+
 
 _FINISH_PLAIN = (
     update(sf)
@@ -467,40 +478,29 @@ class Driver:
         # batch's completion from ~3 ms (executemany) to well under 1 ms.
         plain = [o.id for o in outcomes if o.state is State.SUCCESS and o.result is None]
         other = [o for o in outcomes if not (o.state is State.SUCCESS and o.result is None)]
-        # A mutation's run is counted as it finishes (its start was never committed); an
-        # action's was counted when it was claimed.
-        counted = 1 if expected is State.PENDING else 0
+        common = _FinishParams(
+            now=now, expected=expected.value, counted=1 if expected is State.PENDING else 0
+        )
         written = 0
         if plain:
-            written += await self._finish_plain(conn, now, plain, expected, counted)
+            written += await self._finish_plain(conn, plain, common)
         if other:
-            written += await self._finish_others(conn, now, other, expected, counted)
+            written += await self._finish_others(conn, other, common)
         return written
 
     async def _finish_plain(
-        self,
-        conn: AsyncConnection,
-        now: float,
-        ids: list[ScheduledFunctionId],
-        expected: State,
-        counted: int,
+        self, conn: AsyncConnection, ids: list[ScheduledFunctionId], common: _FinishParams
     ) -> int:
         """Success, with no result, for every row of ``ids`` still in ``expected``."""
         written = 0
         for start in range(0, len(ids), 500):  # SQLite's limit on bound parameters
-            params = {"expected": expected.value, "now": now, "counted": counted}
-            result = await conn.execute(_FINISH_PLAIN, {**params, "ids": ids[start : start + 500]})
+            result = await conn.execute(_FINISH_PLAIN, {**common, "ids": ids[start : start + 500]})
             assert isinstance(result, CursorResult)
             written += result.rowcount
         return written
 
     async def _finish_others(
-        self,
-        conn: AsyncConnection,
-        now: float,
-        outcomes: list[Outcome],
-        expected: State,
-        counted: int,
+        self, conn: AsyncConnection, outcomes: list[Outcome], common: _FinishParams
     ) -> int:
         """Each outcome's state, result and error, for its row if still in ``expected``."""
         result = await conn.execute(
@@ -512,9 +512,7 @@ class Driver:
                     "b_result": o.result,
                     "b_error_type": o.error_type,
                     "b_error_message": o.error_message,
-                    "expected": expected.value,
-                    "now": now,
-                    "counted": counted,
+                    **common,
                 }
                 for o in outcomes
             ],

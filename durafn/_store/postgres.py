@@ -21,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 
 from .._errors import ReadOnlyError
 from .._types import FunctionKind, ScheduledFunctionId, State
-from ._driver import NEW_ROW_COLUMNS, Driver, Outcome
+from ._driver import NEW_ROW_COLUMNS, Driver, Outcome, _FinishParams
 
 logger = logging.getLogger("durafn.store")
 
@@ -198,32 +198,19 @@ class PostgresDriver(Driver):
         await conn.execute(_INSERT_SQL, params)
 
     async def _finish_plain(
-        self,
-        conn: AsyncConnection,
-        now: float,
-        ids: list[ScheduledFunctionId],
-        expected: State,
-        counted: int,
+        self, conn: AsyncConnection, ids: list[ScheduledFunctionId], common: _FinishParams
     ) -> int:
-        params = {"now": now, "expected": expected.value, "counted": counted}
-        result = await conn.execute(_FINISH_PLAIN_SQL, {**params, "ids": ",".join(ids)})
+        result = await conn.execute(_FINISH_PLAIN_SQL, {**common, "ids": ",".join(ids)})
         assert isinstance(result, CursorResult)
         return result.rowcount
 
     async def _finish_others(
-        self,
-        conn: AsyncConnection,
-        now: float,
-        outcomes: list[Outcome],
-        expected: State,
-        counted: int,
+        self, conn: AsyncConnection, outcomes: list[Outcome], common: _FinishParams
     ) -> int:
         result = await conn.execute(
             _FINISH_SQL,
             {
-                "now": now,
-                "expected": expected.value,
-                "counted": counted,
+                **common,
                 "ids": [o.id for o in outcomes],
                 "states": [o.state.value for o in outcomes],
                 "results": [o.result for o in outcomes],
