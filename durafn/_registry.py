@@ -173,6 +173,9 @@ class ActionRef(SchedulableRef[P, R]):
     kind = FunctionKind.ACTION
 
 
+RefT = TypeVar("RefT", bound="FunctionRef[Any, Any]")
+
+
 class Registry:
     """Durable name -> function. One per app."""
 
@@ -193,6 +196,13 @@ class Registry:
             return self._by_name[name]
         except KeyError:
             raise UnknownFunctionError(name) from None
+
+    def get_kind(self, name: str, kind: type[RefT]) -> RefT:
+        """The function a scheduled row names, which must be of the row's ``kind``."""
+        ref = self.get(name)
+        if not isinstance(ref, kind):
+            raise UnknownFunctionError(name)
+        return ref
 
     def resolve(self, fn: FunctionRef[Any, Any] | str) -> FunctionRef[Any, Any]:
         """The registered function for a reference or a durable name."""

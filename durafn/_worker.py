@@ -17,7 +17,8 @@ from typing import TextIO
 import anyio
 
 from ._app import App
-from ._executor import ExecutorOptions, _first_of, _single_errors_unwrapped
+from ._executor import ExecutorOptions
+from ._executor.tasks import first_of, single_errors_unwrapped
 
 logger = logging.getLogger("durafn.worker")
 
@@ -65,11 +66,11 @@ async def serve(app: App, options: ExecutorOptions, *, exit_on_complete: bool = 
     # Installed before the executor starts, so that a signal during start-up is a graceful
     # stop too rather than the default (immediate death).
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as received:
-        async with _single_errors_unwrapped(), anyio.create_task_group() as tg:
+        async with single_errors_unwrapped(), anyio.create_task_group() as tg:
             tg.start_soon(_watch, received)
             async with executor:
                 if exit_on_complete:
-                    await _first_of(stop.wait, executor.wait_until_idle)
+                    await first_of(stop.wait, executor.wait_until_idle)
                     if not stop.is_set():
                         logger.info("nothing is due: exiting (--exit-on-complete)")
                 else:

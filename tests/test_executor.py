@@ -560,7 +560,8 @@ async def test_a_stop_returns_claimed_actions_that_never_started_to_pending(
     busy_id = await sched.run_after(0, busy)
     queued_id = await sched.run_after(0, queued)
     executor = app.executor(concurrency=1, grace_period=0)
-    executor._claim_seconds, executor._action_seconds = 1.0, 1e-6  # claim one row ahead
+    pool = executor._actions
+    pool.claim_pace.seconds, pool.action_pace.seconds = 1.0, 1e-6  # claim one row ahead
     async with executor:
         with anyio.fail_after(10):
             await started.wait()
@@ -745,7 +746,7 @@ async def test_an_action_that_outlives_its_limit_by_ignoring_the_cancel_counts_a
     executor = app.executor(concurrency=1)
     # A pace at which rows are claimed ahead: the next rows wait in the worker's queue
     # and run in the scope right after ``stubborn``, not in a scope of their own.
-    executor._claim_seconds, executor._action_seconds = 1.0, 1e-6
+    executor._actions.claim_pace.seconds, executor._actions.action_pace.seconds = 1.0, 1e-6
     async with executor:
         assert (await executor.wait_for(first, timeout=10)).result == "ignored the limit"
         rows = [await executor.wait_for(i, timeout=10) for i in rest]
@@ -756,24 +757,24 @@ async def test_claims_ahead_cover_one_claim_round_trip(app: durafn.App) -> None:
     """Rows claimed beyond the free slots: what the workers start during one claim's
     round trip at the recent pace, at most ``concurrency``; none for slow actions."""
     executor = app.executor(concurrency=10)
-    assert executor._claim_ahead() == 0  # no pace known yet
-    executor._claim_seconds = 0.004
-    executor._action_seconds = 0.02  # 10 workers start 500 a second: 2 per round trip
-    assert executor._claim_ahead() == 2
-    executor._action_seconds = 1.0
-    assert executor._claim_ahead() == 0
-    executor._action_seconds = 0.00001
-    assert executor._claim_ahead() == 10
+    assert executor._actions.claim_ahead() == 0  # no pace known yet
+    executor._actions.claim_pace.seconds = 0.004
+    executor._actions.action_pace.seconds = 0.02  # 10 workers start 500 a second: 2 per round trip
+    assert executor._actions.claim_ahead() == 2
+    executor._actions.action_pace.seconds = 1.0
+    assert executor._actions.claim_ahead() == 0
+    executor._actions.action_pace.seconds = 0.00001
+    assert executor._actions.claim_ahead() == 10
     # Slots whose action has run longer than a round trip turn no rows over: they don't count.
-    from durafn._executor import _Slot
+    from durafn._executor.deadlines import Slot
     from durafn._store import Claimed
 
     row = Claimed(durafn.ScheduledFunctionId("r"), "f", "{}", 1, None, 0.0)
     for _ in range(3):
-        executor._slots.add(_Slot(row=row, started=time.monotonic() - 1.0))
-    assert executor._claim_ahead() == 7
-    executor._slots.add(_Slot(row=row, started=time.monotonic()))  # just started: counts
-    assert executor._claim_ahead() == 7
+        executor._actions.slots.add(Slot(row=row, started=time.monotonic() - 1.0))
+    assert executor._actions.claim_ahead() == 7
+    executor._actions.slots.add(Slot(row=row, started=time.monotonic()))  # just started: counts
+    assert executor._actions.claim_ahead() == 7
 
 
 async def test_short_actions_claimed_ahead_each_run_once(app: durafn.App) -> None:
@@ -786,7 +787,7 @@ async def test_short_actions_claimed_ahead_each_run_once(app: durafn.App) -> Non
     async def short(ctx: ActionCtx, n: int) -> None:
         nonlocal overlapped
         runs.append(n)
-        overlapped += executor._claims_in_flight > 0
+        overlapped += executor._claims.in_flight > 0
 
     @app.mutation
     async def fan_out(ctx: MutationCtx, count: int) -> None:
@@ -844,12 +845,12 @@ async def test_slow_mutations_are_claimed_a_few_at_a_time(app: durafn.App) -> No
     sched = app.scheduler()
     ids = [await sched.run_after(0, slow) for _ in range(3)]
     executor = app.executor(batch_time=0.01)
-    assert executor._claim_size(True) == executor.config.batch_size  # no pace known yet
+    assert executor._mutations.claim_size(True) == executor.config.batch_size  # no pace known yet
     async with executor:
         for i in ids:
             await executor.wait_for(i)
-    assert 1 <= executor._claim_size(True) <= 4  # 10 ms at 3 ms or more each
-    assert executor._claim_size(False) == executor.config.batch_size
+    assert 1 <= executor._mutations.claim_size(True) <= 4  # 10 ms at 3 ms or more each
+    assert executor._mutations.claim_size(False) == executor.config.batch_size
 
 
 def test_ids_do_not_follow_the_users_random_seed() -> None:

@@ -175,7 +175,7 @@ async def test_one_executor_serves_one_caller_at_a_time(app: durafn.App) -> None
     executor = app.executor(**OPTIONS)
     async with anyio.create_task_group() as tg:
         tg.start_soon(executor.run_until_idle)
-        await _until(lambda: true(executor._members > 0), "the first call runs its action")
+        await _until(lambda: true(executor._membership.depth > 0), "the first call runs its action")
         with pytest.raises(durafn.ArgumentError, match=r"already running \(run_until_idle"):
             async with executor:
                 pass
@@ -243,7 +243,7 @@ async def test_a_claim_whose_commit_was_lost_is_started_not_stranded(
 
         await rt.transaction(_claim_as_executor)
         assert await _state(app, sid) is State.IN_PROGRESS and runs == []
-        executor._claim_uncertain = True  # what a failed COMMIT of a claim leaves behind
+        executor._claims.uncertain = True  # what a failed COMMIT of a claim leaves behind
         other = await app.scheduler().run_after(0, once, "next")  # wakes the dispatcher
         assert (await executor.wait_for(sid)).state is State.SUCCESS
         assert (await executor.wait_for(other)).state is State.SUCCESS

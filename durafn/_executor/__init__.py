@@ -1,0 +1,58 @@
+"""The executor: claim what is due, run it, record how it ended.
+
+How a row travels, and which task owns each step (every box is a module here)::
+
+                         Pending row in _scheduled_functions
+                 mutation │                               │ action
+                          ▼                               ▼
+    mutations.py  ── lane tasks (mutation_lanes)    actions.py ── dispatcher task
+      one MutationBatch per turn                    action_claims.py: ActionClaims.claim
+    mutation_batch.py (one transaction)               Pending -> InProgress, COMMITTED
+      claim ... FOR UPDATE SKIP LOCKED                before any row starts (worker_id)
+      run each mutation on that connection                    │ queue
+      finish_pending: Pending -> Success/Failed               ▼
+      COMMIT (effects + state together)           actions.py ── worker tasks (concurrency)
+                          │                         run each row in its Slot's scope
+                          │                       deadlines.py ── watch task
+                          │                         cancels a Slot past its time limit
+                          │                                   │ Finisher.queue(outcome)
+                          │                                   ▼
+                          │                       finisher.py ── finisher task
+                          │                         finish_in_progress, in batches:
+                          │                         InProgress -> Success/Failed
+                          ▼                                   ▼
+              outcomes.py: Tally.record (stats, one log line per row, progress signal)
+
+    Beside them: wakeups.py (what wakes the claiming loops, the idle wait), membership.py
+    (heartbeat task, lost-worker rescue), maintenance.py (retention task), config.py,
+    tasks.py (Signal, Pace, shielded, first_of). executor.py builds the parts, starts the
+    tasks in one task group, and runs the stop sequence.
+
+Where the guarantees are kept:
+
+* **Mutations, exactly once** (``mutation_batch.py``): a mutation's effects and its row's
+  move out of Pending are in one transaction, whose claim locks the row (SKIP LOCKED on
+  PostgreSQL, the write lock on SQLite). A crash before COMMIT leaves the row Pending with
+  no effects; after it, finished. Faults roll the batch back and the lane retries it
+  (``mutations.py``); they never turn a row Failed.
+* **Actions, at most once** (``action_claims.py``): InProgress is committed before the
+  action starts, so nobody else ever claims it again. Every later write is guarded by
+  ``state = 'InProgress'`` (``finisher.py``): a cancel that landed meanwhile is never
+  overwritten. A row that never started when a stop ends (claimed ahead, or queued) goes
+  back to Pending (``ActionClaims.release``); a worker that dies has its InProgress rows
+  recorded Failed by another worker's rescue (``membership.py``), never re-run.
+
+Where to add things: how a run's end becomes the row's next state (a retry at a later time
+instead of Failed, say) is decided in ``outcomes.py`` and written by
+``MutationBatch._write`` (mutations, in the batch's transaction) and ``Finisher.write``
+(actions) through the driver's guarded finish statements; the lost-worker path is
+``Membership._rescue_lost``. Which due rows may be claimed (skip a busy queue, order by
+priority) is the claim statements in ``_store`` (``claim_mutations``, ``claim_actions``),
+called from ``MutationBatch.run`` and ``ActionClaims.claim``. Periodic work (cron ticks)
+is another pass of ``Maintenance.loop``.
+"""
+
+from .config import ExecutorConfig, ExecutorOptions, make_config
+from .executor import Executor, RunawayError
+
+__all__ = ["Executor", "ExecutorConfig", "ExecutorOptions", "RunawayError", "make_config"]

@@ -1,0 +1,222 @@
+"""``Executor``: builds the parts, runs them as tasks of one task group, and stops them.
+
+The parts are built once per executor and keep what they learn across runs (paces, the
+claim ledger, the mutation mode); ``begin`` gives each a fresh run. The stop sequence is
+here, because it orders the parts: claiming stops, running actions get their grace period
+(``ActionPool.stop``), then outcomes are written and unstarted rows released
+(``Finisher.close``), then the other loops are cancelled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Any
+
+import anyio
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from .._context import SystemTable
+from .._errors import DatabaseError, DurafnError, NotFoundError
+from .._invoke import Invoker
+from .._runtime import Runtime
+from .._types import ScheduledFunction, ScheduledFunctionId
+from .action_claims import ActionClaims
+from .actions import ActionPool
+from .config import ExecutorConfig
+from .finisher import Finisher
+from .maintenance import Maintenance
+from .membership import Membership
+from .mutations import MutationLanes
+from .outcomes import Tally
+from .tasks import single_errors_unwrapped
+from .wakeups import KINDS, Wakeups
+
+
+class RunawayError(DurafnError, RuntimeError):
+    """``run_until_idle`` found work still due after its round limit: a function keeps
+    scheduling itself with no delay."""
+
+
+class Executor:
+    """Runs due scheduled functions. Use ``async with app.run_executor():`` to run it in
+    the background, or ``await executor.run_until_idle()`` to run what is due now."""
+
+    def __init__(self, runtime: Runtime, invoker: Invoker, config: ExecutorConfig) -> None:
+        self._rt = runtime
+        self.config = config
+        driver = runtime.driver
+        self._lanes = config.mutation_lanes or min(config.concurrency, driver.max_mutation_lanes)
+        poll = config.poll_interval
+        self._wakeups = Wakeups(runtime, driver.default_poll_interval if poll is None else poll)
+        self._tally = Tally()
+        self.stats = self._tally.stats
+        """Rows this executor finished ("mutations", "actions", "failed") and internal
+        retries of mutation batches ("retries")."""
+        self._membership = Membership(runtime, config, self._tally.progress, self._on_leave)
+        self._claims = ActionClaims(runtime, lambda: self._membership.worker_id)
+        self._finisher = Finisher(runtime, self._tally, self._claims)
+        self._mutations = MutationLanes(runtime, invoker, config, self._tally, self._wakeups)
+        self._actions = ActionPool(
+            runtime, invoker, config, self._claims, self._finisher, self._wakeups
+        )
+        self._maintenance = Maintenance(runtime, config)
+        self._hurry = 0  # stop_now() calls
+
+    @property
+    def worker_id(self) -> str:
+        """This executor's id in ``_durafn_workers``: new for every run."""
+        return self._membership.worker_id
+
+    def _on_leave(self) -> None:
+        self._claims.forget()
+
+    # -- public ------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Executor:
+        self._exit_stack = self._running()
+        return await self._exit_stack.__aenter__()
+
+    async def __aexit__(self, *exc_info: Any) -> bool | None:
+        return await self._exit_stack.__aexit__(*exc_info)
+
+    async def run_until_idle(self, *, max_rounds: int = 1000) -> int:
+        """Run everything due now, including what that schedules due now; return the count.
+
+        Deterministic: returns once nothing is due at the clock's current time and every
+        action it started has finished and been recorded. A round is one mutation batch
+        plus one claim of actions; after ``max_rounds`` rounds that all found work it raises
+        RunawayError (a function that keeps scheduling itself with no delay).
+        """
+        await self._rt.ensure_ready()
+        total = 0
+        async with AsyncExitStack() as stack:
+            for _ in range(max_rounds):
+                ran, _ = await self._mutations.run_batch(timed=False)
+                rows = await self._claims.claim(self.config.concurrency)
+                if rows:
+                    if not self._membership.depth:
+                        # Running actions: heartbeat like a worker, so that no other worker
+                        # takes them for lost. (Only now: most calls run no action.)
+                        await stack.enter_async_context(self._membership.hold("run_until_idle()"))
+                    await self._actions.run_claimed(rows)
+                    ran += len(rows)
+                if ran == 0:
+                    return total
+                total += ran
+        raise RunawayError(
+            f"work was still due after {max_rounds} rounds ({total} functions run): a "
+            "function probably schedules itself with no delay"
+        )
+
+    async def wait_until_idle(self) -> None:
+        """Return once nothing is due at the clock's current time and every action this
+        executor started has finished and been recorded (``durafn worker
+        --exit-on-complete``). Work due later does not count."""
+        while True:
+            progress = self._tally.progress.current()
+            if self._idle_here():
+                try:
+                    due = await self.next_due()
+                except DatabaseError as exc:
+                    if not exc.transient:
+                        raise
+                    self._rt.health.fault(exc, "looking for due work")
+                    due = self._rt.clock.now()  # unknown: not idle; look again
+                # Checked again after the read: a claim may have committed during it.
+                if (due is None or due > self._rt.clock.now()) and self._idle_here():
+                    return
+            with anyio.move_on_after(0.05):  # rows finished by other processes: no signal
+                await progress.wait()
+
+    def _idle_here(self) -> bool:
+        return not self._actions.running and self._claims.idle
+
+    def stop_now(self) -> None:
+        """Cut a stop short: the first call ends the grace period (running actions are
+        cancelled and recorded Failed); a second also stops waiting for those records
+        to be written (rows left InProgress are later recorded lost by other workers).
+        Before a stop, it makes the coming stop skip the grace period."""
+        self._hurry += 1
+        self._actions.end_grace()
+        if self._hurry > 1:
+            self._finisher.give_up()
+
+    async def run_maintenance(self) -> int:
+        """Delete finished rows older than the retention period; returns how many."""
+        return await self._maintenance.run_once()
+
+    async def next_due(self) -> float | None:
+        """The earliest time (epoch seconds) any Pending row becomes due, or None."""
+        driver = self._rt.driver
+
+        async def _both(conn: AsyncConnection) -> list[float | None]:
+            return [await driver.next_due(conn, kind) for kind in KINDS]
+
+        times = await self._rt.transaction(_both, read_only=True, doing="reading the next due time")
+        due = [t for t in times if t is not None]
+        return min(due) if due else None
+
+    async def wait_for(
+        self, id: ScheduledFunctionId | str, *, timeout: float = 30.0
+    ) -> ScheduledFunction:
+        """Wait (signal-driven, no polling loop) until the row has finished; return it."""
+        with anyio.fail_after(timeout):
+            while True:
+                progress = self._tally.progress.current()
+                row = await SystemTable(self._rt, None).get(id)
+                if row is None:
+                    raise NotFoundError(str(id))
+                if row.state.finished:
+                    return row
+                # Rows finished by this executor signal at once; a cancel or another
+                # process does not, so look again every 100 ms as well.
+                with anyio.move_on_after(0.1):
+                    await progress.wait()
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def _running(self) -> AsyncIterator[Executor]:
+        await self._rt.ensure_ready()
+        self._hurry = 0
+        wakeups = self._wakeups
+        wakeups.begin()
+        self._rt._wake_listeners.add(wakeups.on_wake)
+        try:
+            async with (
+                single_errors_unwrapped(),
+                self._membership.hold("executor"),
+                anyio.create_task_group() as tg,
+            ):
+                self._actions.begin(tg)
+                self._finisher.begin()
+                tg.start_soon(self._finisher.run)
+                for _ in range(self._lanes):
+                    tg.start_soon(self._mutations.lane)
+                tg.start_soon(self._actions.dispatch)
+                tg.start_soon(self._actions.watch.run)
+                tg.start_soon(self._maintenance.loop, wakeups.stopping)
+                try:
+                    async with self._rt.driver.listen(self._rt.engine, wakeups.on_wake):
+                        yield self
+                finally:
+                    # On every way out (the block's end, a cancelled host, a failed listen
+                    # or loop). Shielded: a cancelled host still gives running actions their
+                    # grace period and records how every one of them ended.
+                    with anyio.CancelScope(shield=True):
+                        try:
+                            await self._stop()
+                        finally:
+                            self._actions.watch.stop()
+                tg.cancel_scope.cancel()
+        finally:
+            self._rt._wake_listeners.discard(wakeups.on_wake)
+            self._actions.end()
+
+    async def _stop(self) -> None:
+        """Stop claiming, give running actions their grace period, cancel the rest, and
+        record how every claimed action ended (bounded, should the database be away)."""
+        self._wakeups.stop()
+        unstarted = await self._actions.stop(self.config.grace_period)
+        await self._finisher.close(unstarted)

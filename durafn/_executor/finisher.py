@@ -1,0 +1,182 @@
+"""Recording how actions ended: InProgress -> Success/Failed, in batches.
+
+The action workers ``queue`` outcomes; one task writes whatever has queued as one guarded
+statement (``WHERE state = 'InProgress'``: a row cancelled or recorded lost meanwhile is
+left as it is, never overwritten). A batch the database refuses is written one by one, so
+one unstorable outcome neither blocks the others nor ends the task. Internal faults are
+retried with backoff; a stopping executor keeps trying for ``FLUSH_LIMIT`` seconds.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import anyio
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from .._errors import DatabaseError
+from .._runtime import Runtime
+from .._store import Claimed, Outcome
+from .._types import FunctionKind, ScheduledFunctionId
+from .action_claims import ActionClaims
+from .outcomes import Tally, failed
+from .tasks import Signal
+
+logger = logging.getLogger("durafn.executor")
+
+FLUSH_LIMIT = 30.0
+"""Seconds a stopping executor keeps trying to record action outcomes if the database is
+away; after that the rows stay InProgress (never re-run)."""
+
+
+class Finisher:
+    """Writes queued action outcomes until the executor's stop ``close``s it."""
+
+    def __init__(self, runtime: Runtime, tally: Tally, claims: ActionClaims) -> None:
+        self._rt = runtime
+        self._tally = tally
+        self._claims = claims
+        self._outcomes: list[Outcome] = []
+        self._ready = Signal()
+        self._closing = False
+        self._given_up = False
+        self._done = anyio.Event()
+        # Shielded: a cancelled host still gets its actions' outcomes recorded; ``close``
+        # cancels this scope if the database stays away too long.
+        self._scope = anyio.CancelScope(shield=True)
+        self._flush_scope: anyio.CancelScope | None = None
+
+    def begin(self) -> None:
+        """A new run of the executor (before ``run`` is started)."""
+        self._closing = self._given_up = False
+        self._done = anyio.Event()
+        self._scope = anyio.CancelScope(shield=True)
+
+    def queue(self, outcome: Outcome) -> None:
+        """An action ended: write its outcome with the next batch."""
+        self._outcomes.append(outcome)
+        self._ready.fire()
+
+    async def run(self) -> None:
+        """Write queued outcomes in batches until closed and every one is written."""
+        try:
+            with self._scope:
+                while True:
+                    ready = self._ready.current()
+                    if self._outcomes:
+                        batch, self._outcomes = self._outcomes, []
+                        try:
+                            await self.write(batch)
+                        except BaseException:
+                            self._outcomes[:0] = batch  # cancelled between retries: keep them
+                            raise
+                    elif self._closing:
+                        return
+                    else:
+                        await ready.wait()
+        finally:
+            self._done.set()
+
+    async def close(self, unstarted: list[Claimed]) -> None:
+        """Every claimed action has ended: return ``unstarted`` to Pending, write what is
+        queued, and stop; for at most ``FLUSH_LIMIT`` seconds (or none after ``give_up``)."""
+        self._closing = True
+        self._ready.fire()
+        with anyio.move_on_after(FLUSH_LIMIT) as self._flush_scope:
+            if self._given_up:
+                self._flush_scope.cancel()
+            await self._claims.release(unstarted)
+            await self._done.wait()
+        self._flush_scope = None
+        self._scope.cancel()
+        await self._done.wait()
+        if self._outcomes:
+            self._log_unrecorded(len(self._outcomes))
+
+    def give_up(self) -> None:
+        """Stop waiting for outcomes to be written (``stop_now()`` a second time)."""
+        self._given_up = True
+        if self._flush_scope is not None:
+            self._flush_scope.cancel()
+
+    async def write_before_leaving(self, outcomes: list[Outcome]) -> None:
+        """Write outcomes even if the caller is being cancelled, for a bounded time."""
+        with anyio.CancelScope(shield=True), anyio.move_on_after(FLUSH_LIMIT):
+            await self.write(outcomes)
+            return
+        self._log_unrecorded(len(outcomes))
+
+    def _log_unrecorded(self, count: int) -> None:
+        logger.error(
+            "%d action outcomes could not be recorded (%s unavailable); those rows stay "
+            "InProgress and are never run again",
+            count,
+            self._rt.driver.name,
+        )
+
+    async def write(self, outcomes: list[Outcome]) -> None:
+        """InProgress -> Success/Failed for a batch, retried until the database takes it."""
+        if not outcomes:
+            return
+        failures = 0
+        while True:
+
+            async def _write(conn: AsyncConnection) -> int:
+                return await self._rt.driver.finish_in_progress(
+                    conn, self._rt.clock.now(), outcomes
+                )
+
+            stuck: set[ScheduledFunctionId] = set()
+            try:
+                written = await self._rt.transaction(
+                    _write, doing="recording action outcomes", single_statement=True
+                )
+                break
+            except DatabaseError as exc:
+                if not exc.transient:
+                    written, stuck = await self._write_one_by_one(outcomes, exc)
+                    break
+                delay = self._rt.backoff.delay(failures)
+                failures += 1
+                self._rt.health.fault(exc, f"recording {len(outcomes)} action outcomes", delay)
+                await anyio.sleep(delay)
+        # A row whose outcome could not be written at all is still InProgress: it stays
+        # "unrecorded", so that adopting an uncertain claim never starts it again.
+        self._claims.written(o.id for o in outcomes if o.id not in stuck)
+        if written < len(outcomes):
+            logger.info(
+                "%d finished actions had been finished elsewhere meanwhile (cancelled, or "
+                "recorded lost); their rows are left as they are",
+                len(outcomes) - written,
+            )
+        self._tally.record(FunctionKind.ACTION, outcomes)
+
+    async def _write_one_by_one(
+        self, outcomes: list[Outcome], cause: Exception
+    ) -> tuple[int, set[ScheduledFunctionId]]:
+        """A batch of outcomes the database refused: write them singly, so that one bad
+        outcome (a result it cannot store) neither blocks the others nor kills the finisher.
+        Returns how many rows were written and the ids nothing could be written for."""
+        logger.warning(
+            "recording %d action outcomes failed (%s); writing them one by one",
+            len(outcomes),
+            cause,
+        )
+        written = 0
+        stuck: set[ScheduledFunctionId] = set()
+        for outcome in outcomes:
+            stuck.add(outcome.id)
+            for attempt in (outcome, failed(outcome, cause)):
+
+                async def _write(conn: AsyncConnection, o: Outcome = attempt) -> int:
+                    return await self._rt.driver.finish_in_progress(conn, self._rt.clock.now(), [o])
+
+                try:
+                    written += await self._rt.transaction(
+                        _write, doing="recording an action outcome"
+                    )
+                    stuck.discard(outcome.id)
+                    break
+                except DatabaseError as exc:
+                    logger.error("could not record the outcome of action %s: %s", outcome.id, exc)
+        return written, stuck

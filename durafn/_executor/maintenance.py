@@ -1,0 +1,61 @@
+"""Maintenance: the periodic work that keeps ``_scheduled_functions`` in shape.
+
+Today that is retention: finished rows older than ``retention`` are deleted in bounded
+batches (``ix_scheduled_functions_completed``), so no pass holds locks for long. Every
+worker runs it; the batches make concurrent passes harmless. Recurring (cron) ticks belong
+here too, as another pass of the same loop.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import anyio
+import anyio.lowlevel
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from .._errors import DatabaseError
+from .._runtime import Runtime
+from .config import ExecutorConfig
+from .tasks import first_of
+
+logger = logging.getLogger("durafn.executor")
+
+
+class Maintenance:
+    def __init__(self, runtime: Runtime, config: ExecutorConfig) -> None:
+        self._rt = runtime
+        self._config = config
+
+    async def run_once(self) -> int:
+        """Delete finished rows older than the retention period; returns how many."""
+        await self._rt.ensure_ready()
+        cutoff = self._rt.clock.now() - self._config.retention
+        limit = self._config.retention_batch
+        deleted = 0
+
+        async def _delete(conn: AsyncConnection) -> int:
+            return await self._rt.driver.delete_finished(conn, cutoff, limit)
+
+        while True:
+            n = await self._rt.transaction(_delete, doing="deleting expired rows")
+            deleted += n
+            if n < limit:
+                break
+            await anyio.lowlevel.checkpoint()  # let the executor's other tasks in between batches
+        if deleted:
+            logger.debug("retention deleted %d finished rows", deleted)
+        return deleted
+
+    async def loop(self, stopping: anyio.Event) -> None:
+        """A pass every ``retention_interval`` on the clock, until ``stopping``."""
+        while not stopping.is_set():
+            # The interval runs from the start of a pass, so time that passes during it
+            # (a real backlog, or a fake clock advanced meanwhile) is not lost.
+            deadline = self._rt.clock.now() + self._config.retention_interval
+            try:
+                await self.run_once()
+            except DatabaseError as exc:
+                logger.warning("retention pass failed (%s); trying again next interval", exc)
+            await first_of(stopping.wait, functools.partial(self._rt.clock.sleep_until, deadline))

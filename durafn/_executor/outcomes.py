@@ -1,0 +1,110 @@
+"""How a run ended, as an ``Outcome`` to write, and the tally of outcomes written.
+
+The one place that turns a function's result or exception into the row's next state:
+``succeeded``, ``failed`` (with the error's public type name and a storable message) and
+``stopped`` (an action cancelled by a stop). ``Tally`` counts and logs outcomes once they
+are committed, and wakes whoever waits for progress (``wait_for``, ``wait_until_idle``).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from .._errors import ExecutorShutdownError
+from .._registry import ActionRef
+from .._store import Claimed, Outcome
+from .._types import FunctionKind, State
+from .tasks import Signal
+
+logger = logging.getLogger("durafn.executor")
+
+MAX_ERROR_MESSAGE = 8000
+
+
+def error_fields(exc: BaseException) -> tuple[str, str]:
+    """The error's type as users import it, and its message as a row can hold it."""
+    cls = type(exc)
+    if cls.__module__ == "builtins":
+        name = cls.__qualname__
+    elif cls.__module__.startswith("durafn._"):
+        name = f"durafn.{cls.__qualname__}"  # the public name: every durafn error is exported
+    else:
+        name = f"{cls.__module__}.{cls.__qualname__}"
+    # PostgreSQL text cannot hold NUL: a message with one must not make the row unwritable.
+    message = str(exc).replace("\x00", "\\x00")
+    if len(message) > MAX_ERROR_MESSAGE:
+        message = message[:MAX_ERROR_MESSAGE] + "…"
+    return name, message
+
+
+def failed(row: Claimed | Outcome, exc: BaseException) -> Outcome:
+    error_type, message = error_fields(exc)
+    return Outcome(
+        row.id, State.FAILED, error_type=error_type, error_message=message, name=row.name
+    )
+
+
+def stopped(row: Claimed) -> Outcome:
+    return failed(
+        row,
+        ExecutorShutdownError(
+            "the executor stopped while this action was running (after its grace period); "
+            "it was cancelled and will not be retried"
+        ),
+    )
+
+
+def succeeded(row: Claimed, ref: ActionRef[Any, Any], result: Any) -> Outcome:
+    try:
+        encoded = ref.encode_result(result)
+    except Exception as exc:  # a result that cannot be stored fails the row, not the worker
+        return failed(row, exc)
+    return Outcome(row.id, State.SUCCESS, result=encoded, name=row.name)
+
+
+def log_fields(kind: FunctionKind, id: str, name: str, state: State) -> dict[str, str]:
+    """``extra`` for state-change log records, so a structured formatter (JSON logs) gets
+    the row's fields without parsing the message."""
+    return {"durafn_kind": kind, "durafn_id": id, "durafn_function": name, "durafn_state": state}
+
+
+class Tally:
+    """Counts (``stats``) and logs committed outcomes, and signals ``progress``."""
+
+    def __init__(self) -> None:
+        self.stats: dict[str, int] = {"mutations": 0, "actions": 0, "failed": 0, "retries": 0}
+        self.progress = Signal()
+        """Fired whenever rows finished: by this executor, or by its rescue of lost ones."""
+
+    def record(self, kind: FunctionKind, outcomes: list[Outcome]) -> None:
+        """Count and log committed outcomes (one line each), and fire ``progress``."""
+        before = State.PENDING if kind is FunctionKind.MUTATION else State.IN_PROGRESS
+        debug = logger.isEnabledFor(logging.DEBUG)
+        failures = 0
+        for o in outcomes:
+            if o.state is State.FAILED:
+                failures += 1
+                logger.warning(
+                    "%s %s (%s) %s -> Failed: %s: %s",
+                    kind,
+                    o.id,
+                    o.name,
+                    before,
+                    o.error_type,
+                    o.error_message,
+                    extra=log_fields(kind, o.id, o.name, o.state),
+                )
+            elif debug:
+                logger.debug(
+                    "%s %s (%s) %s -> %s",
+                    kind,
+                    o.id,
+                    o.name,
+                    before,
+                    o.state,
+                    extra=log_fields(kind, o.id, o.name, o.state),
+                )
+        self.stats["failed"] += failures
+        self.stats[f"{kind}s"] += len(outcomes) - failures
+        self.progress.fire()
