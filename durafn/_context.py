@@ -12,20 +12,17 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, NoReturn, ParamSpec, TypeVar
+from typing import Any, NoReturn, ParamSpec, Protocol, TypeVar
 
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from ._clock import from_datetime, to_datetime
-from ._errors import ReadOnlyError
+from ._errors import ArgumentError, ReadOnlyError
 from ._registry import ActionRef, MutationRef, QueryRef
 from ._runtime import Runtime
 from ._scheduler import DirectWriter, Scheduler
 from ._types import Page, ScheduledFunction, ScheduledFunctionId, State
-
-if TYPE_CHECKING:
-    from ._invoke import Invoker
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -64,8 +61,6 @@ class SystemTable:
     ) -> Page:
         """Rows in ``scheduled_time`` order, filtered; follow ``next_cursor`` for more."""
         if limit < 1 or limit > 10_000:
-            from ._errors import ArgumentError
-
             raise ArgumentError(f"limit must be between 1 and 10000, not {limit}")
         states = [state] if isinstance(state, State | str) else list(state) if state else None
 
@@ -135,14 +130,40 @@ class MutationCtx(_BaseCtx):
         self.system = system
 
 
+class Runner(Protocol):
+    """What runs a function directly for ``ActionCtx.run_*`` (``_invoke.Invoker``)."""
+
+    async def query(
+        self, ref: QueryRef[Any, R], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> R: ...
+
+    async def mutation(
+        self,
+        ref: MutationRef[Any, R],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        parent_id: ScheduledFunctionId | None = None,
+    ) -> R: ...
+
+    async def action(
+        self,
+        ref: ActionRef[Any, R],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        run_id: ScheduledFunctionId | None = None,
+    ) -> R: ...
+
+
 class ActionCtx(_BaseCtx):
     """What an action receives: no transaction; each call below commits on its own."""
 
     def __init__(
-        self, runtime: Runtime, invoker: Invoker, run_id: ScheduledFunctionId | None
+        self, runtime: Runtime, runner: Runner, run_id: ScheduledFunctionId | None
     ) -> None:
         super().__init__(runtime, run_id)
-        self._invoker = invoker
+        self._runner = runner
 
     # Built on first use: most actions never schedule, and building both for every run
     # was a fifth of a no-op action's time in the worker (py-spy, PostgreSQL drain).
@@ -160,15 +181,15 @@ class ActionCtx(_BaseCtx):
 
     async def run_query(self, fn: QueryRef[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
         """Run a query in its own read-only transaction."""
-        return await self._invoker.query(fn, args, kwargs)
+        return await self._runner.query(fn, args, kwargs)
 
     async def run_mutation(self, fn: MutationRef[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
         """Run a mutation in its own transaction, committed before this returns."""
-        return await self._invoker.mutation(fn, args, kwargs, parent_id=self.run_id)
+        return await self._runner.mutation(fn, args, kwargs, parent_id=self.run_id)
 
     async def run_action(self, fn: ActionRef[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
         """Run another action inline, in this process."""
-        return await self._invoker.action(fn, args, kwargs, run_id=self.run_id)
+        return await self._runner.action(fn, args, kwargs, run_id=self.run_id)
 
 
 def read_only_session(conn: AsyncConnection) -> AsyncSession:
