@@ -41,7 +41,7 @@ _PREFILL = {
     """,
 }
 
-# The claim and the next-due look-up, as the driver issues them (see _store/_driver.py).
+# The claim and the next-due look-up, as the driver issues them (see durafn/_store/_statements.py).
 _HOT = {
     "claim due mutations": (
         "SELECT id FROM _scheduled_functions WHERE state = 'Pending' AND kind = 'mutation' "

@@ -6,7 +6,8 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError as _SAArgumentError
 
 from .._errors import DatabaseError
-from ._driver import Claimed, Driver, LostAction, Outcome, new_id
+from ._driver import Driver
+from ._rows import Claimed, LostAction, Outcome, new_id
 from ._tables import SCHEMA_VERSION, metadata, scheduled_functions, schema_version
 from .postgres import PostgresDriver
 from .sqlite import SQLiteDriver

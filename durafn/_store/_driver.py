@@ -1,9 +1,11 @@
 """The store seam: every SQL statement the runtime issues, dialect-neutral where it can be.
 
 ``Driver`` holds the statements both engines share (SQLAlchemy Core, so they stay readable
-and reviewable); ``SQLiteDriver`` and ``PostgresDriver`` override only what differs: how
-an engine is built, how rows are locked, how other processes are woken, and which errors
-are transient. The executor and the contexts never ask which database they are on.
+and reviewable; the hot ones are built once in ``_statements``); ``SQLiteDriver`` and
+``PostgresDriver`` override only what differs: how an engine is built, how rows are
+locked, how other processes are woken, and which errors are transient (``EngineDriver``).
+The executor and the contexts never ask which database they are on. The conformance
+suite (``tests/test_driver.py``) runs this interface on both engines.
 
 Every state change is an UPDATE guarded by the state it expects, and its row count is
 checked by the caller: a lost race is explicit, never a row moved backwards.
@@ -11,41 +13,18 @@ checked by the caller: a lost race is explicit, never a row moved backwards.
 
 from __future__ import annotations
 
-import base64
 import builtins
-import json
-import os
-import random
-import uuid
-from collections.abc import AsyncIterator, Callable, Collection, Iterable, Sequence
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
-from typing import Any, ClassVar, NamedTuple, TypedDict
+from collections.abc import Collection, Sequence
+from typing import Any
 
-from sqlalchemy import (
-    CursorResult,
-    Row,
-    and_,
-    bindparam,
-    delete,
-    func,
-    insert,
-    literal,
-    or_,
-    select,
-    update,
-)
-from sqlalchemy import exc as sa_exc
-from sqlalchemy import inspect as sa_inspect
-from sqlalchemy.engine import URL, Connection
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy import CursorResult, and_, delete, func, insert, literal, or_, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import ColumnElement
 
 from .._clock import to_datetime
-from .._errors import ArgumentError, DatabaseError, SchemaError
+from .._errors import ArgumentError, DatabaseError
 from .._types import (
     FINISHED_STATES,
-    ErrorInfo,
     FunctionKind,
     Page,
     ScheduledFunction,
@@ -53,263 +32,26 @@ from .._types import (
     State,
     WorkerInfo,
 )
-from ._tables import MIGRATIONS, SCHEMA_VERSION, metadata, schema_version, sf, workers
+from ._engine import EngineDriver
+from ._rows import Claimed, LostAction, Outcome, decode_cursor, encode_cursor, is_id, to_model
+from ._statements import (
+    CLAIM_ACTIONS,
+    CLAIM_COLUMNS,
+    CLAIM_MUTATIONS,
+    FINISH_ONE,
+    FINISH_PLAIN,
+    FinishParams,
+    claimed,
+)
+from ._tables import sf, workers
 
 _RUNNABLE = (State.PENDING.value, State.IN_PROGRESS.value)
 
 
-NEW_ROW_COLUMNS = (
-    "id",
-    "name",
-    "kind",
-    "args",
-    "state",
-    "scheduled_time",
-    "available_at",
-    "completed_time",
-    "parent_id",
-)
-"""The keys of a row passed to ``Driver.insert_rows``; the other columns take defaults."""
+class Driver(EngineDriver):
+    """Dialect-neutral statements on the system tables."""
 
-_last_ms = -1
-_seq = 0
-_random = random.Random(os.urandom(16))
-if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork
-    os.register_at_fork(after_in_child=lambda: _random.seed(os.urandom(16)))
-
-
-def new_id(now: float) -> ScheduledFunctionId:
-    """A UUIDv7 (RFC 9562, with a 30-bit counter after the milliseconds).
-
-    Generated here rather than by the database so that ``run_after`` inside a mutation can
-    return the id at once and the rows be written in one multi-row INSERT at commit. The
-    counter keeps ids from one process strictly increasing even within one millisecond (or
-    under a fake clock that stands still), so ``ORDER BY scheduled_time, id`` is the order
-    of scheduling; 44 random bits keep processes apart.
-    """
-    global _last_ms, _seq
-    ms = int(now * 1000)
-    if ms <= _last_ms:
-        ms = _last_ms
-        _seq += 1
-        if _seq >= 1 << 30:
-            ms, _seq = ms + 1, 0
-    else:
-        _seq = 0
-    _last_ms = ms
-    # A private generator seeded from os.urandom (and again in a forked child), not a
-    # system call per id, and the string built directly rather than via uuid.UUID:
-    # measured, 1.5 us per id instead of 3.3 us, of about 19 us of CPU per scheduled row.
-    # Private, so that a user's random.seed() can neither repeat our ids nor be disturbed.
-    rand = _random.getrandbits(44)
-    value = (
-        ((ms & ((1 << 48) - 1)) << 80)
-        | (0x7 << 76)
-        | ((_seq >> 18) << 64)
-        | (0x2 << 62)
-        | ((_seq & ((1 << 18) - 1)) << 44)
-        | rand
-    )
-    h = f"{value:032x}"  # uuid.UUID's str(), without building the object
-    return ScheduledFunctionId(f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}")
-
-
-@dataclass(slots=True)
-class Claimed:
-    """A row the executor is about to run."""
-
-    id: ScheduledFunctionId
-    name: str
-    args: str
-    attempts: int
-    parent_id: ScheduledFunctionId | None
-    available_at: float
-
-
-@dataclass(slots=True)
-class Outcome:
-    """How a run ended, ready to be written back."""
-
-    id: ScheduledFunctionId
-    state: State
-    result: str | None = None
-    error_type: str | None = None
-    error_message: str | None = None
-    name: str = ""
-    """The function's durable name, for logs."""
-
-
-class LostAction(NamedTuple):
-    """An action recorded Failed because its worker was lost."""
-
-    id: ScheduledFunctionId
-    name: str
-    worker_id: str | None
-
-
-_CLAIM_COLUMNS = (sf.c.id, sf.c.name, sf.c.args, sf.c.attempts, sf.c.parent_id, sf.c.available_at)
-
-
-def _claimed(rows: Iterable[Row[Any]]) -> list[Claimed]:
-    out = [Claimed(*row) for row in rows]
-    out.sort(key=lambda c: (c.available_at, c.id))
-    return out
-
-
-# The hot statements, built once: constructing a Core statement costs ~0.3 ms of Python,
-# as much as running it. Values arrive as bind parameters, "now" included (the clock).
-
-
-def _due(kind: FunctionKind) -> Any:
-    # ix_scheduled_functions_due: (kind, available_at, id) WHERE state = 'Pending'.
-    return (
-        select(*_CLAIM_COLUMNS)
-        .where(
-            sf.c.state == State.PENDING.value,
-            sf.c.kind == kind.value,
-            sf.c.available_at <= bindparam("now"),
-        )
-        .order_by(sf.c.available_at, sf.c.id)
-        .limit(bindparam("limit"))
-    )
-
-
-# FOR UPDATE SKIP LOCKED on PostgreSQL: concurrent lanes and executors take disjoint rows.
-# SQLite ignores the clause; its BEGIN IMMEDIATE already makes the batch the only writer.
-_CLAIM_MUTATIONS = _due(FunctionKind.MUTATION).with_for_update(skip_locked=True)
-
-# A MATERIALIZED CTE, not ``id IN (SELECT ... LIMIT n)``: PostgreSQL may re-run an
-# IN-subquery per row and so claim more than ``limit`` rows (caught by
-# test_actions_run_concurrently_up_to_the_limit).
-_DUE_ACTIONS = (
-    _due(FunctionKind.ACTION)
-    .with_only_columns(sf.c.id)
-    .with_for_update(skip_locked=True)
-    .cte("due")
-    .prefix_with("MATERIALIZED")
-)
-_CLAIM_ACTIONS = (
-    update(sf)
-    .where(sf.c.id == _DUE_ACTIONS.c.id, sf.c.state == State.PENDING.value)
-    .values(
-        state=State.IN_PROGRESS.value,
-        started_time=bindparam("now"),
-        worker_id=bindparam("worker_id"),
-        attempts=sf.c.attempts + 1,
-    )
-    .returning(*_CLAIM_COLUMNS)
-)
-
-
-class _FinishParams(TypedDict):
-    """The parameters every finish statement shares."""
-
-    now: float
-    expected: str
-    counted: int
-    """1 for a mutation, whose run is counted as it finishes (its start was never
-    committed); 0 for an action, counted when it was claimed."""
-
-
-_FINISH_PLAIN = (
-    update(sf)
-    .where(sf.c.id.in_(bindparam("ids", expanding=True)), sf.c.state == bindparam("expected"))
-    .values(
-        state=State.SUCCESS.value,
-        completed_time=bindparam("now"),
-        attempts=sf.c.attempts + bindparam("counted"),
-    )
-)
-_FINISH_ONE = (
-    update(sf)
-    .where(sf.c.id == bindparam("b_id"), sf.c.state == bindparam("expected"))
-    .values(
-        state=bindparam("b_state"),
-        completed_time=bindparam("now"),
-        result=bindparam("b_result"),
-        error_type=bindparam("b_error_type"),
-        error_message=bindparam("b_error_message"),
-        attempts=sf.c.attempts + bindparam("counted"),
-    )
-)
-
-
-class Driver:
-    """Dialect-neutral statements. Subclasses set the class attributes and override hooks."""
-
-    name: ClassVar[str]
-    max_mutation_lanes: ClassVar[int]
-    """How many mutation batches may usefully run at once (SQLite has one writer)."""
-    default_poll_interval: ClassVar[float]
-    """Fallback poll for work scheduled by other processes that no signal announced."""
-    auto_migrate: ClassVar[bool]
-    """Create the system tables on first use (an embedded database), or require
-    ``durafn migrate`` (a shared server, whose schema changes deliberately)."""
-
-    single_statement_options: ClassVar[dict[str, Any]] = {}
-    """Execution options for a transaction that is one statement: on PostgreSQL,
-    autocommit, which saves the BEGIN and COMMIT round trips."""
-
-    def __init__(self, url: URL) -> None:
-        self.url = url
-
-    # -- engine and errors ---------------------------------------------------------------
-
-    def create_engine(self) -> AsyncEngine:
-        raise NotImplementedError
-
-    def require_existing(self) -> None:
-        """Raise SchemaError if connecting would create the database rather than open it."""
-
-    def is_transient(self, exc: BaseException, *, raised_by_user: bool = False) -> bool:
-        """True for faults that retrying the whole transaction can cure.
-
-        ``raised_by_user``: the exception came out of a user's function, where a bare
-        OSError is the user's own (a missing file), not a database fault.
-        """
-        if isinstance(exc, sa_exc.DBAPIError):
-            return bool(exc.connection_invalidated) or self._transient_dbapi(exc)
-        return not raised_by_user and isinstance(exc, OSError)
-
-    def _transient_dbapi(self, exc: sa_exc.DBAPIError) -> bool:
-        return False
-
-    def is_driver_error(self, exc: BaseException) -> bool:
-        """An error the database driver raised without SQLAlchemy wrapping it (some
-        connect-time failures), so that it reaches users as a DatabaseError."""
-        return False
-
-    def is_disconnect(self, exc: BaseException) -> bool:
-        """True if the fault means the database is unreachable (not merely busy)."""
-        if isinstance(exc, sa_exc.DBAPIError):
-            return bool(exc.connection_invalidated)
-        return isinstance(exc, OSError)
-
-    def commit_outcome_unknown(self, exc: BaseException) -> bool:
-        """True if a COMMIT that raised ``exc`` may nonetheless have taken effect."""
-        return False
-
-    async def abandon(self, conn: AsyncConnection) -> None:
-        """Drop a connection whose statement was cut off (a mutation's time limit)."""
-        await conn.invalidate()
-
-    def translate(self, exc: BaseException) -> BaseException | None:
-        """A durafn error for a driver error users could cause (writing in a query)."""
-        return None
-
-    def wrap(self, exc: BaseException, doing: str) -> DatabaseError:
-        transient = self.is_transient(exc)
-        detail = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
-        return DatabaseError(
-            f"database error while {doing} on {self.name}: {detail}", transient=transient
-        )
-
-    # -- transactions --------------------------------------------------------------------
-
-    @asynccontextmanager
-    async def read_only(self, conn: AsyncConnection) -> AsyncIterator[None]:
-        """Make the transaction just begun on ``conn`` refuse writes."""
-        yield
+    # -- one row ---------------------------------------------------------------------------
 
     async def lock_for_share(self, conn: AsyncConnection, id: ScheduledFunctionId) -> State | None:
         """Read a row's state, holding it against a concurrent cancel until commit."""
@@ -318,76 +60,6 @@ class Driver:
     async def state(self, conn: AsyncConnection, id: ScheduledFunctionId) -> State | None:
         value = (await conn.execute(select(sf.c.state).where(sf.c.id == id))).scalar()
         return State(value) if value is not None else None
-
-    async def notify(self, conn: AsyncConnection, kinds: Collection[FunctionKind]) -> None:
-        """Tell executors in other processes, on commit, that rows of ``kinds`` were added."""
-
-    @asynccontextmanager
-    async def listen(
-        self, engine: AsyncEngine, on_wake: Callable[[Collection[FunctionKind]], None]
-    ) -> AsyncIterator[bool]:
-        """Deliver other processes' wake-ups to ``on_wake``; yields whether it can."""
-        yield False
-
-    # -- schema --------------------------------------------------------------------------
-
-    async def _lock_schema(self, conn: AsyncConnection) -> None:
-        """Serialise concurrent migrations."""
-
-    async def migrate(self, conn: AsyncConnection, now: float) -> int:
-        """Create or upgrade the system tables; returns the version now in place."""
-        await self._lock_schema(conn)
-        await conn.run_sync(lambda c: schema_version.create(c, checkfirst=True))
-        current = await self._current_version(conn)
-        if current is not None and current > SCHEMA_VERSION:
-            raise _too_new(current)
-        if current is None:
-            await conn.run_sync(_create_all)
-            await conn.execute(
-                insert(schema_version).values(version=SCHEMA_VERSION, applied_at=now)
-            )
-            return SCHEMA_VERSION
-        for version in range(current + 1, SCHEMA_VERSION + 1):
-            await conn.run_sync(MIGRATIONS[version])
-            await conn.execute(insert(schema_version).values(version=version, applied_at=now))
-        return SCHEMA_VERSION
-
-    async def check_schema(self, conn: AsyncConnection) -> None:
-        missing = SchemaError(
-            "the durafn system tables do not exist in this database; run "
-            "`durafn migrate --url ...` or `await app.migrate()` first"
-        )
-        try:
-            current = await self._current_version(conn)
-        except sa_exc.DBAPIError as exc:
-            if self.is_transient(exc):
-                raise
-            raise missing from None
-        if current is None:
-            existing = await conn.run_sync(lambda c: set(sa_inspect(c).get_table_names()))
-            if sf.name not in existing:
-                raise missing
-            # Created from durafn.metadata by the user's own migrations (Alembic): the
-            # version table is there but empty; the schema is theirs to manage, but it
-            # must be the whole of this version's (say, after upgrading durafn).
-            if absent := sorted(set(metadata.tables) - existing):
-                raise SchemaError(
-                    f"the durafn system tables are incomplete for this durafn (missing "
-                    f"{', '.join(absent)}): regenerate your migration from durafn.metadata, "
-                    "or run `durafn migrate` to adopt and complete them"
-                )
-            return
-        if current > SCHEMA_VERSION:
-            raise _too_new(current)
-        if current < SCHEMA_VERSION:
-            raise SchemaError(
-                f"the durafn system tables are at version {current}, this durafn needs "
-                f"{SCHEMA_VERSION}; run `durafn migrate`"
-            )
-
-    async def _current_version(self, conn: AsyncConnection) -> int | None:
-        version = (await conn.execute(select(func.max(schema_version.c.version)))).scalar()
-        return None if version is None else int(version)
 
     # -- scheduling ----------------------------------------------------------------------
 
@@ -408,7 +80,7 @@ class Driver:
 
         Returns the state the row had, or None if there is no such row.
         """
-        if not _is_id(id):
+        if not is_id(id):
             return None
         row = (
             await conn.execute(select(sf.c.state).where(sf.c.id == id).with_for_update())
@@ -461,8 +133,8 @@ class Driver:
 
     async def claim_mutations(self, conn: AsyncConnection, now: float, limit: int) -> list[Claimed]:
         """Select due mutations inside the batch transaction, locked until it ends."""
-        rows = await conn.execute(_CLAIM_MUTATIONS, {"now": now, "limit": limit})
-        return _claimed(rows)
+        rows = await conn.execute(CLAIM_MUTATIONS, {"now": now, "limit": limit})
+        return claimed(rows)
 
     async def finish_pending(
         self, conn: AsyncConnection, now: float, outcomes: Sequence[Outcome]
@@ -478,7 +150,7 @@ class Driver:
         # batch's completion from ~3 ms (executemany) to well under 1 ms.
         plain = [o.id for o in outcomes if o.state is State.SUCCESS and o.result is None]
         other = [o for o in outcomes if not (o.state is State.SUCCESS and o.result is None)]
-        common = _FinishParams(
+        common = FinishParams(
             now=now, expected=expected.value, counted=1 if expected is State.PENDING else 0
         )
         written = 0
@@ -489,22 +161,22 @@ class Driver:
         return written
 
     async def _finish_plain(
-        self, conn: AsyncConnection, ids: list[ScheduledFunctionId], common: _FinishParams
+        self, conn: AsyncConnection, ids: list[ScheduledFunctionId], common: FinishParams
     ) -> int:
         """Success, with no result, for every row of ``ids`` still in ``expected``."""
         written = 0
         for start in range(0, len(ids), 500):  # SQLite's limit on bound parameters
-            result = await conn.execute(_FINISH_PLAIN, {**common, "ids": ids[start : start + 500]})
+            result = await conn.execute(FINISH_PLAIN, {**common, "ids": ids[start : start + 500]})
             assert isinstance(result, CursorResult)
             written += result.rowcount
         return written
 
     async def _finish_others(
-        self, conn: AsyncConnection, outcomes: list[Outcome], common: _FinishParams
+        self, conn: AsyncConnection, outcomes: list[Outcome], common: FinishParams
     ) -> int:
         """Each outcome's state, result and error, for its row if still in ``expected``."""
         result = await conn.execute(
-            _FINISH_ONE,
+            FINISH_ONE,
             [
                 {
                     "b_id": o.id,
@@ -535,9 +207,9 @@ class Driver:
     ) -> list[Claimed]:
         """Pending -> InProgress for up to ``limit`` due actions; commit before running them."""
         rows = await conn.execute(
-            _CLAIM_ACTIONS, {"now": now, "limit": limit, "worker_id": worker_id}
+            CLAIM_ACTIONS, {"now": now, "limit": limit, "worker_id": worker_id}
         )
-        return _claimed(rows)
+        return claimed(rows)
 
     async def release_unstarted(
         self, conn: AsyncConnection, ids: Sequence[ScheduledFunctionId], worker_id: str
@@ -568,11 +240,11 @@ class Driver:
     async def claimed_by(self, conn: AsyncConnection, worker_id: str) -> list[Claimed]:
         """The actions InProgress under ``worker_id`` (ix_scheduled_functions_running)."""
         rows = await conn.execute(
-            select(*_CLAIM_COLUMNS).where(
+            select(*CLAIM_COLUMNS).where(
                 sf.c.state == State.IN_PROGRESS.value, sf.c.worker_id == worker_id
             )
         )
-        return _claimed(rows)
+        return claimed(rows)
 
     async def finish_in_progress(
         self, conn: AsyncConnection, now: float, outcomes: Sequence[Outcome]
@@ -694,10 +366,10 @@ class Driver:
     # -- reading -------------------------------------------------------------------------
 
     async def get(self, conn: AsyncConnection, id: str) -> ScheduledFunction | None:
-        if not _is_id(id):
+        if not is_id(id):
             return None
         row = (await conn.execute(select(sf).where(sf.c.id == id))).first()
-        return _to_model(row) if row is not None else None
+        return to_model(row) if row is not None else None
 
     async def list(
         self,
@@ -720,16 +392,16 @@ class Driver:
         if before is not None:
             stmt = stmt.where(sf.c.scheduled_time < before)
         if cursor is not None:
-            at, last_id = _decode_cursor(cursor)
+            at, last_id = decode_cursor(cursor)
             stmt = stmt.where(
                 or_(sf.c.scheduled_time > at, and_(sf.c.scheduled_time == at, sf.c.id > last_id))
             )
         rows = list(await conn.execute(stmt))
-        items = [_to_model(r) for r in rows[:limit]]
+        items = [to_model(r) for r in rows[:limit]]
         next_cursor = None
         if len(rows) > limit:
             last = rows[limit - 1]
-            next_cursor = _encode_cursor(last.scheduled_time, last.id)
+            next_cursor = encode_cursor(last.scheduled_time, last.id)
         return Page(items=items, next_cursor=next_cursor)
 
     async def list_workers(self, conn: AsyncConnection) -> builtins.list[WorkerInfo]:
@@ -796,64 +468,3 @@ def _finished_before(cutoff: float, states: Collection[State]) -> ColumnElement[
     return and_(
         sf.c.completed_time < cutoff, sf.c.state.in_(sorted(State(s).value for s in states))
     )
-
-
-def _is_id(id: object) -> bool:
-    """Ids are UUIDs; anything else matches no row (and must not reach a uuid column)."""
-    try:
-        uuid.UUID(str(id))
-    except ValueError:
-        return False
-    return isinstance(id, str)
-
-
-def _create_all(conn: Connection) -> None:
-    # Indexes too: tables a user created from an older durafn.metadata (Alembic) and that
-    # ``migrate`` now adopts may lack this version's, and create_all skips existing tables.
-    metadata.create_all(conn, checkfirst=True)
-    for table in metadata.tables.values():
-        for index in table.indexes:
-            index.create(conn, checkfirst=True)
-
-
-def _too_new(version: int) -> SchemaError:
-    return SchemaError(
-        f"the durafn system tables are at version {version}, newer than this durafn "
-        f"understands ({SCHEMA_VERSION}); upgrade durafn before running it on this database"
-    )
-
-
-def _to_model(row: Row[Any]) -> ScheduledFunction:
-    m = row._mapping
-    error = None
-    if m["error_type"] is not None:
-        error = ErrorInfo(type=m["error_type"], message=m["error_message"] or "")
-    return ScheduledFunction(
-        id=ScheduledFunctionId(str(m["id"])),
-        name=m["name"],
-        kind=FunctionKind(m["kind"]),
-        args=json.loads(m["args"]),
-        state=State(m["state"]),
-        scheduled_time=to_datetime(m["scheduled_time"]),
-        started_time=to_datetime(m["started_time"]) if m["started_time"] is not None else None,
-        completed_time=to_datetime(m["completed_time"])
-        if m["completed_time"] is not None
-        else None,
-        error=error,
-        result=json.loads(m["result"]) if m["result"] is not None else None,
-        parent_id=ScheduledFunctionId(str(m["parent_id"])) if m["parent_id"] else None,
-        attempts=m["attempts"],
-    )
-
-
-def _encode_cursor(at: float, id: object) -> str:
-    raw = json.dumps([at, str(id)]).encode()
-    return base64.urlsafe_b64encode(raw).decode()
-
-
-def _decode_cursor(cursor: str) -> tuple[float, str]:
-    try:
-        at, last_id = json.loads(base64.urlsafe_b64decode(cursor.encode()))
-        return float(at), str(uuid.UUID(last_id))
-    except Exception:
-        raise ArgumentError(f"{cursor!r} is not a cursor returned by list()") from None

@@ -21,7 +21,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 
 from .._errors import ReadOnlyError
 from .._types import FunctionKind, ScheduledFunctionId, State
-from ._driver import NEW_ROW_COLUMNS, Driver, Outcome, _FinishParams
+from ._driver import Driver
+from ._rows import NEW_ROW_COLUMNS, Outcome
+from ._statements import FinishParams
 
 logger = logging.getLogger("durafn.store")
 
@@ -198,14 +200,14 @@ class PostgresDriver(Driver):
         await conn.execute(_INSERT_SQL, params)
 
     async def _finish_plain(
-        self, conn: AsyncConnection, ids: list[ScheduledFunctionId], common: _FinishParams
+        self, conn: AsyncConnection, ids: list[ScheduledFunctionId], common: FinishParams
     ) -> int:
         result = await conn.execute(_FINISH_PLAIN_SQL, {**common, "ids": ",".join(ids)})
         assert isinstance(result, CursorResult)
         return result.rowcount
 
     async def _finish_others(
-        self, conn: AsyncConnection, outcomes: list[Outcome], common: _FinishParams
+        self, conn: AsyncConnection, outcomes: list[Outcome], common: FinishParams
     ) -> int:
         result = await conn.execute(
             _FINISH_SQL,

@@ -23,7 +23,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 
 from .._errors import DatabaseError, ReadOnlyError, SchemaError
 from .._types import FunctionKind
-from ._driver import NEW_ROW_COLUMNS, Driver
+from ._driver import Driver
+from ._rows import NEW_ROW_COLUMNS
 
 logger = logging.getLogger("durafn.store")
 

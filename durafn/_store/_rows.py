@@ -1,0 +1,156 @@
+"""The values that cross the store seam, and how rows are named and read back.
+
+``new_id`` makes the ids (UUIDv7, chosen here so that a schedule inside a mutation can
+return its id at once); ``Claimed`` is a row the executor is about to run, ``Outcome`` how a
+run ended, ``LostAction`` an action recorded lost; ``to_model`` turns a row into the public
+``ScheduledFunction``; list cursors are encoded here.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import random
+import uuid
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from sqlalchemy import Row
+
+from .._clock import to_datetime
+from .._errors import ArgumentError
+from .._types import ErrorInfo, FunctionKind, ScheduledFunction, ScheduledFunctionId, State
+
+NEW_ROW_COLUMNS = (
+    "id",
+    "name",
+    "kind",
+    "args",
+    "state",
+    "scheduled_time",
+    "available_at",
+    "completed_time",
+    "parent_id",
+)
+"""The keys of a row passed to ``Driver.insert_rows``; the other columns take defaults."""
+
+_last_ms = -1
+_seq = 0
+_random = random.Random(os.urandom(16))
+if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork
+    os.register_at_fork(after_in_child=lambda: _random.seed(os.urandom(16)))
+
+
+def new_id(now: float) -> ScheduledFunctionId:
+    """A UUIDv7 (RFC 9562, with a 30-bit counter after the milliseconds).
+
+    Generated here rather than by the database so that ``run_after`` inside a mutation can
+    return the id at once and the rows be written in one multi-row INSERT at commit. The
+    counter keeps ids from one process strictly increasing even within one millisecond (or
+    under a fake clock that stands still), so ``ORDER BY scheduled_time, id`` is the order
+    of scheduling; 44 random bits keep processes apart.
+    """
+    global _last_ms, _seq
+    ms = int(now * 1000)
+    if ms <= _last_ms:
+        ms = _last_ms
+        _seq += 1
+        if _seq >= 1 << 30:
+            ms, _seq = ms + 1, 0
+    else:
+        _seq = 0
+    _last_ms = ms
+    # A private generator seeded from os.urandom (and again in a forked child), not a
+    # system call per id, and the string built directly rather than via uuid.UUID:
+    # measured, 1.5 us per id instead of 3.3 us, of about 19 us of CPU per scheduled row.
+    # Private, so that a user's random.seed() can neither repeat our ids nor be disturbed.
+    rand = _random.getrandbits(44)
+    value = (
+        ((ms & ((1 << 48) - 1)) << 80)
+        | (0x7 << 76)
+        | ((_seq >> 18) << 64)
+        | (0x2 << 62)
+        | ((_seq & ((1 << 18) - 1)) << 44)
+        | rand
+    )
+    h = f"{value:032x}"  # uuid.UUID's str(), without building the object
+    return ScheduledFunctionId(f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}")
+
+
+@dataclass(slots=True)
+class Claimed:
+    """A row the executor is about to run."""
+
+    id: ScheduledFunctionId
+    name: str
+    args: str
+    attempts: int
+    parent_id: ScheduledFunctionId | None
+    available_at: float
+
+
+@dataclass(slots=True)
+class Outcome:
+    """How a run ended, ready to be written back."""
+
+    id: ScheduledFunctionId
+    state: State
+    result: str | None = None
+    error_type: str | None = None
+    error_message: str | None = None
+    name: str = ""
+    """The function's durable name, for logs."""
+
+
+class LostAction(NamedTuple):
+    """An action recorded Failed because its worker was lost."""
+
+    id: ScheduledFunctionId
+    name: str
+    worker_id: str | None
+
+
+def is_id(id: object) -> bool:
+    """Ids are UUIDs; anything else matches no row (and must not reach a uuid column)."""
+    try:
+        uuid.UUID(str(id))
+    except ValueError:
+        return False
+    return isinstance(id, str)
+
+
+def to_model(row: Row[Any]) -> ScheduledFunction:
+    m = row._mapping
+    error = None
+    if m["error_type"] is not None:
+        error = ErrorInfo(type=m["error_type"], message=m["error_message"] or "")
+    return ScheduledFunction(
+        id=ScheduledFunctionId(str(m["id"])),
+        name=m["name"],
+        kind=FunctionKind(m["kind"]),
+        args=json.loads(m["args"]),
+        state=State(m["state"]),
+        scheduled_time=to_datetime(m["scheduled_time"]),
+        started_time=to_datetime(m["started_time"]) if m["started_time"] is not None else None,
+        completed_time=to_datetime(m["completed_time"])
+        if m["completed_time"] is not None
+        else None,
+        error=error,
+        result=json.loads(m["result"]) if m["result"] is not None else None,
+        parent_id=ScheduledFunctionId(str(m["parent_id"])) if m["parent_id"] else None,
+        attempts=m["attempts"],
+    )
+
+
+def encode_cursor(at: float, id: object) -> str:
+    raw = json.dumps([at, str(id)]).encode()
+    return base64.urlsafe_b64encode(raw).decode()
+
+
+def decode_cursor(cursor: str) -> tuple[float, str]:
+    try:
+        at, last_id = json.loads(base64.urlsafe_b64decode(cursor.encode()))
+        return float(at), str(uuid.UUID(last_id))
+    except Exception:
+        raise ArgumentError(f"{cursor!r} is not a cursor returned by list()") from None
