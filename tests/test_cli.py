@@ -23,6 +23,8 @@ from sqlalchemy import update
 
 import durafn
 from durafn import State, cli
+from durafn.cli import options
+from durafn.cli.output import iso
 from durafn.testing import FakeClock
 
 from .cli_app import ADD, NOTIFY, make_app
@@ -158,7 +160,7 @@ def test_ls_shows_every_row_in_scheduled_order(rows: Rows) -> None:
         cells = [c.strip() for c in re.split(r"[│|]", lines[item["id"]]) if c.strip()]
         assert cells[1:4] == [item["name"], item["kind"], item["state"]]
         scheduled = datetime.fromisoformat(item["scheduled_time"])
-        assert cells[4] == cli.iso(scheduled) and ISO_MS.match(cells[4])
+        assert cells[4] == iso(scheduled) and ISO_MS.match(cells[4])
     # The message is printed as text: "[got -1]" is not swallowed as rich markup.
     assert "ValueError: b must not be negative [got -1]" in lines[rows.failed]
     assert "next page" not in result.stdout
@@ -248,7 +250,7 @@ def test_show_prints_every_field(rows: Rows) -> None:
         assert re.search(rf"^\W*{field}\b", text, re.MULTILINE), field
     assert "ValueError: b must not be negative [got -1]" in text
     assert '"a": 1,' in text and '"b": -1' in text
-    assert cli.iso(datetime.fromisoformat(row["completed_time"])) in text
+    assert iso(datetime.fromisoformat(row["completed_time"])) in text
     success = invoke_json("show", "--url", rows.url, rows.success)
     assert (success["state"], success["result"], success["error"]) == ("Success", 3, None)
     assert invoke_json("show", "--url", rows.url, rows.running)["state"] == "InProgress"
@@ -324,8 +326,8 @@ def test_stats_counts_lag_next_due_and_workers(rows: Rows) -> None:
     text = invoke("stats", "--url", rows.url).stdout
     for state, n in stats["counts"].items():
         assert re.search(rf"\b{state}\W+{n}\b", text), state
-    assert f"(oldest due row: due at {cli.iso(oldest)})" in text
-    next_due = cli.iso(datetime.fromisoformat(stats["next_due"]))
+    assert f"(oldest due row: due at {iso(oldest)})" in text
+    next_due = iso(datetime.fromisoformat(stats["next_due"]))
     assert re.search(rf"next due: {next_due} \(in 3[56]\d\d\.\d{{3}}s\)", text), text
     assert re.search(r"w-1\W+host-1\W+4242\W+4\W+1\W+\d+\.\ds ago", text), text
 
@@ -384,7 +386,7 @@ async def _complete_hours_ago(url: str, row_id: str, hours: float) -> None:
 
 
 def test_clear_asks_first(rows: Rows, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cli, "stdin_is_terminal", lambda: True)
+    monkeypatch.setattr(options, "stdin_is_terminal", lambda: True)
     declined = invoke("clear", "--url", rows.url, input="n\n")
     assert declined.exit_code == 1
     assert "Delete 4 finished rows? [y/N]" in declined.stderr and "Aborted" in declined.stderr

@@ -1,0 +1,45 @@
+"""The ``durafn`` command line.
+
+Built on click (well kept, typed, what most Python tools already depend on) and rich (tables
+and colour that degrade to plain text when the output is not a terminal, so we do not
+hand-write terminal detection or column layout).
+
+Every command takes the app (``--app pkg.module:app`` or ``$DURAFN_APP``) and/or the
+database (``--url`` or ``$DURAFN_DATABASE_URL``; it wins over the URL the app was built
+with). Errors print one line and exit 1; ``--verbose`` adds the traceback. The inspection
+commands (``ls``, ``show``, ``cancel``, ``stats``, ``clear``) create nothing: neither the
+system tables nor a SQLite file where a path was mistyped.
+
+One module per command group (``worker``; ``database``: migrate, stats; ``rows``: ls,
+show, cancel, clear), each a plain ``click.command`` added to ``main`` here. What they
+share: ``running`` (the app, the async body, errors), ``options`` and ``output``.
+"""
+
+from __future__ import annotations
+
+import click
+
+from .database import migrate, stats
+from .rows import cancel, clear, list_rows, show
+from .running import CliError, load_app
+from .worker import worker
+
+__all__ = ["CliError", "load_app", "main"]
+
+
+@click.group()
+@click.version_option(package_name="durafn")
+def main() -> None:
+    """durafn: durable scheduled functions.
+
+    Run workers, create the system tables, and inspect or cancel scheduled functions.
+    """
+
+
+main.add_command(worker)
+main.add_command(migrate)
+main.add_command(stats)
+main.add_command(list_rows)
+main.add_command(show)
+main.add_command(cancel)
+main.add_command(clear)

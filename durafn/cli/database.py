@@ -1,0 +1,86 @@
+"""``durafn migrate`` and ``durafn stats``: the system tables, and how the work stands."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import click
+from rich.table import Column
+
+from .._app import App
+from .._types import Stats, WorkerInfo
+from .options import app_options, output_options
+from .output import Output, iso, state_text
+from .running import run_with_app
+
+
+@click.command()
+@app_options
+@output_options
+def migrate(app_ref: str | None, url: str | None, as_json: bool, verbose: bool) -> None:
+    """Create or upgrade durafn's system tables (refuses a newer schema than it knows)."""
+
+    version = run_with_app(app_ref, url, App.migrate, verbose=verbose, create=True)
+    if as_json:
+        Output(True).json({"schema_version": version})
+    else:
+        click.echo(f"durafn system tables are at version {version}")
+
+
+@click.command()
+@app_options
+@output_options
+def stats(app_ref: str | None, url: str | None, as_json: bool, verbose: bool) -> None:
+    """Rows by state, how late due work is, when the next row is due, and the workers."""
+    workers, snapshot = run_with_app(app_ref, url, read_stats, verbose=verbose)
+    # Negative when a worker's host clock runs ahead of this one's: shown, not hidden.
+    ages = [(snapshot.at - w.heartbeat_at).total_seconds() for w in workers]
+    out = Output(as_json)
+    if as_json:
+        out.json(
+            snapshot.model_dump(mode="json")
+            | {
+                "workers": [
+                    w.model_dump(mode="json") | {"seconds_since_heartbeat": age}
+                    for w, age in zip(workers, ages, strict=True)
+                ]
+            }
+        )
+        return
+    print_stats(out, snapshot)
+    print_workers(out, workers, ages)
+
+
+async def read_stats(app: App) -> tuple[list[WorkerInfo], Stats]:
+    # Workers first, so that the snapshot's clock reading is later than any heartbeat read.
+    return await app.workers(), await app.stats()
+
+
+def print_stats(out: Output, snapshot: Stats) -> None:
+    out.table(
+        ["state", Column("rows", justify="right")],
+        [(state_text(state), n) for state, n in snapshot.counts.items()],
+    )
+    if snapshot.oldest_due is None:
+        out.line("lag: 0.000s (nothing is due)")
+    else:
+        out.line(f"lag: {snapshot.lag:.3f}s (oldest due row: due at {iso(snapshot.oldest_due)})")
+    if snapshot.next_due is None:
+        out.line("next due: nothing is scheduled later")
+    else:
+        wait = (snapshot.next_due - snapshot.at).total_seconds()
+        out.line(f"next due: {iso(snapshot.next_due)} (in {wait:.3f}s)")
+
+
+def print_workers(out: Output, workers: Sequence[WorkerInfo], ages: Sequence[float]) -> None:
+    if not workers:
+        out.line("workers: none registered")
+        return
+    out.table(
+        ["worker", "hostname", "pid", "concurrency", "running", "last heartbeat"],
+        [
+            (w.id, w.hostname, w.pid, w.concurrency, w.running, f"{age:.1f}s ago")
+            for w, age in zip(workers, ages, strict=True)
+        ],
+        title="workers",
+    )

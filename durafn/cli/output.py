@@ -1,0 +1,119 @@
+"""What commands print: tables and key/value blocks for people, JSON for programs, and
+the formatting of states, times and errors."""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import click
+from rich.console import Console, RenderableType
+from rich.table import Column, Table
+from rich.text import Text
+
+from .._types import ErrorInfo, State
+
+PIPE_WIDTH = 1000
+"""Console width when stdout is not a terminal: there is no screen to fit, and an id folded
+over two lines would defeat grep and copy-paste."""
+
+
+class Output:
+    """Tables and key/value blocks for people, or JSON for programs (``--json``)."""
+
+    def __init__(self, as_json: bool) -> None:
+        self.as_json = as_json
+        self.console = Console(highlight=False, soft_wrap=False)
+        if not self.console.is_terminal:
+            self.console.width = PIPE_WIDTH
+
+    def json(self, value: Any) -> None:
+        click.echo(json.dumps(value, indent=2, default=str))
+
+    def table(
+        self, columns: Sequence[str | Column], rows: Iterable[Sequence[Any]], title: str = ""
+    ) -> None:
+        """``columns``: names, or rich ``Column``s made for this table (they keep its cells)."""
+        table = Table(
+            *(Column(c, overflow="fold") if isinstance(c, str) else c for c in columns),
+            title=title or None,
+            title_justify="left",
+            header_style="bold",
+        )
+        for row in rows:
+            table.add_row(*map(cell, row))
+        self.console.print(table)
+
+    def fields(self, pairs: Iterable[tuple[str, Any]]) -> None:
+        """A key/value block, one row per field."""
+        table = Table(show_header=False)
+        table.add_column(style="bold", no_wrap=True)
+        table.add_column(overflow="fold")
+        for key, value in pairs:
+            table.add_row(key, cell(value))
+        self.console.print(table)
+
+    def line(self, text: str) -> None:
+        self.console.print(text, markup=False)
+
+
+def cell(value: Any) -> RenderableType:
+    # Text, not str: rich would read "[...]" in an error message or an argument as markup.
+    if isinstance(value, Text):
+        return value
+    return Text("" if value is None else str(value))
+
+
+# -- formatting --------------------------------------------------------------------------
+
+STATE_STYLES = {
+    State.PENDING: "",
+    State.IN_PROGRESS: "cyan",
+    State.SUCCESS: "green",
+    State.FAILED: "red",
+    State.CANCELED: "yellow",
+}
+
+ERROR_WIDTH = 60
+"""How much of an error ``ls`` shows; ``show`` has all of it."""
+
+
+def iso(when: datetime | None) -> str:
+    """UTC to the millisecond: one zone and one width, so that columns line up and sort."""
+    if when is None:
+        return ""
+    return when.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def state_text(state: State) -> Text:
+    return Text(state.value, style=STATE_STYLES[state])
+
+
+def error_text(error: ErrorInfo | None) -> str:
+    return "" if error is None else f"{error.type}: {error.message}"
+
+
+def shorten(text: str, width: int) -> str:
+    """The first line of ``text``, at most ``width`` characters; "…" says something was cut."""
+    first, *rest = text.splitlines() or [""]
+    if len(first) <= width and not rest:
+        return first
+    return first[: width - 1] + "…"
+
+
+def field_value(name: str, value: Any) -> RenderableType:
+    """One field of a row, as ``show`` prints it."""
+    if name in ("args", "result"):
+        return cell(json.dumps(value, indent=2, ensure_ascii=False, default=str))
+    if isinstance(value, State):
+        return state_text(value)
+    if isinstance(value, datetime):
+        return cell(iso(value))
+    if isinstance(value, ErrorInfo):
+        return cell(error_text(value))
+    if isinstance(value, enum.Enum):
+        return cell(value.value)
+    return cell(value)

@@ -1,0 +1,126 @@
+"""How every command finds its app and database, runs its async body, and reports errors:
+one line on stderr and exit status 1 (``--verbose`` adds the traceback)."""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+import sys
+import traceback
+from collections.abc import Awaitable, Callable
+from typing import NoReturn, TypeVar
+
+import anyio
+import click
+
+from .._app import App
+from .._errors import DurafnError
+
+T = TypeVar("T")
+
+
+class CliError(DurafnError):
+    """A problem with what the command was given (an app path, an id): one line for the user."""
+
+
+# -- the app and the database ----------------------------------------------------------
+
+
+def load_app(ref: str) -> App:
+    """Import ``pkg.module:attr`` (the current directory on the path, as uvicorn does)."""
+    module_name, _, attr = ref.partition(":")
+    attr = attr or "app"
+    if not module_name or not all(p.isidentifier() for p in module_name.split(".")):
+        raise CliError(f"{ref!r} is not an app reference; use pkg.module:app")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and module_name.startswith(exc.name):
+            raise CliError(
+                f"cannot import {module_name!r} (from --app {ref!r}): no module named "
+                f"{exc.name!r}; run durafn from your project's directory or fix the path"
+            ) from exc
+        raise  # the user's module failed to import something itself: show that
+    try:
+        value = functools.reduce(getattr, attr.split("."), module)
+    except AttributeError:
+        raise CliError(
+            f"module {module_name!r} has no attribute {attr!r} (from --app {ref!r})"
+        ) from None
+    if not isinstance(value, App):
+        what = "a class" if isinstance(value, type) else f"a {type(value).__name__}"
+        raise CliError(f"{ref!r} is {what}, not a durafn.App")
+    return value
+
+
+def open_app(app_ref: str | None, url: str | None, *, create: bool = False) -> App:
+    """The app to work with: the user's (``--app``), on ``--url`` if given, or a bare app
+    on ``--url`` for commands that only read and write rows.
+
+    ``create``: may create the system tables (SQLite's first use); inspection commands
+    must not, so that a mistyped path is an error rather than a new empty database.
+    """
+    if app_ref:
+        app = load_app(app_ref)
+        if url:
+            app._use_url(url)
+    elif url:
+        app = App(url)
+    else:
+        raise CliError(
+            "no database given: pass --url (or set DURAFN_DATABASE_URL), or --app "
+            "(or DURAFN_APP) for an app that names its database"
+        )
+    if not create:
+        app._inspect_only()
+    return app
+
+
+# -- running and reporting -------------------------------------------------------------
+
+
+def fail(message: str) -> NoReturn:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(1)
+
+
+def run(body: Callable[[], Awaitable[T]], *, verbose: bool) -> T:
+    """Run an async command body; errors become one line on stderr and exit status 1."""
+    try:
+        return anyio.run(body)
+    except (click.ClickException, click.Abort):
+        raise  # click's own (a declined confirmation): click reports them its way
+    except (DurafnError, OSError) as exc:
+        if verbose:
+            traceback.print_exc()
+        fail(str(exc))
+    except Exception as exc:
+        if verbose:
+            traceback.print_exc()
+        fail(
+            f"{type(exc).__module__}.{type(exc).__qualname__}: {exc} "
+            "(run with --verbose for the traceback)"
+        )
+
+
+def run_with_app(
+    app_ref: str | None,
+    url: str | None,
+    body: Callable[[App], Awaitable[T]],
+    *,
+    verbose: bool,
+    create: bool = False,
+) -> T:
+    """``run`` a body that needs the app, opened as ``open_app`` does and always closed."""
+
+    async def _run() -> T:
+        app = open_app(app_ref, url, create=create)
+        try:
+            return await body(app)
+        finally:
+            await app.aclose()
+
+    return run(_run, verbose=verbose)

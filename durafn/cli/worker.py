@@ -1,0 +1,150 @@
+"""``durafn worker``: run due scheduled functions, in one process or under a supervisor."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from .._errors import DurafnError
+from .._executor import ExecutorConfig, ExecutorOptions, make_config
+from .._supervisor import supervise
+from .._worker import configure_logging, serve
+from .options import app_options, verbose_option
+from .running import fail, load_app, open_app, run
+
+# The worker's defaults are the executor's: one place to change them.
+_DEFAULTS = ExecutorConfig()
+
+
+@click.command()
+@app_options
+@click.option(
+    "--concurrency",
+    type=click.IntRange(min=1),
+    default=_DEFAULTS.concurrency,
+    show_default=True,
+    help="Actions running at once in each process.",
+)
+@click.option(
+    "-n",
+    "--processes",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Worker processes to run under one supervisor.",
+)
+@click.option(
+    "--exit-on-complete",
+    is_flag=True,
+    help="Run everything due now (and what it schedules due now), then exit 0.",
+)
+@click.option(
+    "--grace-period",
+    type=click.FloatRange(min=0),
+    default=_DEFAULTS.grace_period,
+    show_default=True,
+    help="Seconds running actions get to finish after SIGTERM/SIGINT.",
+)
+@click.option(
+    "--heartbeat-interval",
+    type=click.FloatRange(min=0, min_open=True),
+    default=_DEFAULTS.heartbeat_interval,
+    show_default=True,
+    help="Seconds between heartbeats.",
+)
+@click.option(
+    "--worker-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=_DEFAULTS.worker_timeout,
+    show_default=True,
+    help="Seconds without a heartbeat after which a worker is lost and its running "
+    "actions are recorded Failed.",
+)
+@click.option(
+    "--poll-interval",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Fallback poll for work no wake-up announced [default: 0.5 SQLite, 5 PostgreSQL].",
+)
+@click.option(
+    "--batch-size",
+    type=click.IntRange(min=1),
+    default=_DEFAULTS.batch_size,
+    show_default=True,
+    help="Mutations committed together.",
+)
+@click.option(
+    "--name", "worker_name", default=None, help="Label for this worker [default: host:pid]."
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+    default="INFO",
+    show_default=True,
+    help="DEBUG logs one line per state change.",
+)
+@verbose_option
+def worker(
+    app_ref: str | None,
+    url: str | None,
+    concurrency: int,
+    processes: int,
+    exit_on_complete: bool,
+    grace_period: float,
+    heartbeat_interval: float,
+    worker_timeout: float,
+    poll_interval: float | None,
+    batch_size: int,
+    worker_name: str | None,
+    log_level: str,
+    verbose: bool,
+) -> None:
+    """Run due scheduled functions until stopped (SIGTERM/SIGINT: graceful; twice: at once)."""
+    configure_logging(log_level)
+    if not app_ref:
+        fail(
+            "durafn worker needs the app that defines the functions: --app pkg.module:app "
+            "(or DURAFN_APP)"
+        )
+    options: ExecutorOptions = {
+        "concurrency": concurrency,
+        "grace_period": grace_period,
+        "heartbeat_interval": heartbeat_interval,
+        "worker_timeout": worker_timeout,
+        "poll_interval": poll_interval,
+        "batch_size": batch_size,
+        "worker_name": worker_name,
+    }
+    try:
+        make_config(options)  # a bad combination fails here, not in every child
+        if processes > 1:
+            load_app(app_ref)  # likewise a bad --app: before any child is started
+    except DurafnError as exc:
+        fail(str(exc))
+    if processes > 1:
+        args = ["--app", app_ref, "--log-level", log_level]
+        for flag, value in (
+            ("--url", url),
+            ("--concurrency", concurrency),
+            ("--grace-period", grace_period),
+            ("--heartbeat-interval", heartbeat_interval),
+            ("--worker-timeout", worker_timeout),
+            ("--batch-size", batch_size),
+            ("--poll-interval", poll_interval),
+            ("--name", worker_name),
+        ):
+            if value is not None:
+                args += [flag, str(value)]
+        args += ["--exit-on-complete"] if exit_on_complete else []
+        args += ["--verbose"] if verbose else []
+        sys.exit(run(lambda: supervise(args, processes), verbose=verbose))
+
+    async def _serve() -> int:
+        app = open_app(app_ref, url, create=True)
+        try:
+            return await serve(app, options, exit_on_complete=exit_on_complete)
+        finally:
+            await app.aclose()
+
+    sys.exit(run(_serve, verbose=verbose))
