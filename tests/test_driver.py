@@ -1,0 +1,443 @@
+"""The driver seam's conformance suite, in the spirit of River's ``riverdrivertest``.
+
+Every test calls the ``Driver`` interface directly (no executor, no app) on both engines:
+what a claim returns and in which order, that every state change is guarded by the state
+it expects and says so when it loses a race, the release of unstarted rows, the rescue of
+lost workers, retention in bounded batches, and the reads. A new engine passes this file
+first. Times are plain numbers passed in: the driver never reads a clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from durafn import ArgumentError, FunctionKind, ScheduledFunctionId, SchemaError, State
+from durafn._store import SCHEMA_VERSION, Claimed, Driver, Outcome, driver_for_url, new_id
+from durafn._store._tables import sf
+
+pytestmark = pytest.mark.anyio
+
+T = TypeVar("T")
+T0 = 2_000_000_000.0
+MUTATION, ACTION = FunctionKind.MUTATION, FunctionKind.ACTION
+
+
+@dataclass
+class Store:
+    driver: Driver
+    engine: AsyncEngine
+
+    async def run(self, body: Callable[[AsyncConnection], Awaitable[T]]) -> T:
+        """``body`` in one committed transaction (SQLite: BEGIN IMMEDIATE, as durafn's)."""
+        async with self.engine.begin() as conn:
+            return await body(conn)
+
+    async def insert(self, *rows: dict[str, Any]) -> list[ScheduledFunctionId]:
+        await self.run(lambda conn: self.driver.insert_rows(conn, rows))
+        return [r["id"] for r in rows]
+
+    async def claim_actions(self, worker: str, now: float, limit: int = 1) -> list[Claimed]:
+        return await self.run(lambda conn: self.driver.claim_actions(conn, now, limit, worker))
+
+    async def row(self, id: str) -> dict[str, Any]:
+        async with self.engine.connect() as conn:
+            found = (await conn.execute(select(sf).where(sf.c.id == id))).one()
+        return {**found._mapping, "id": str(found.id)}
+
+    async def states(self, ids: list[ScheduledFunctionId]) -> list[State]:
+        return [State((await self.row(i))["state"]) for i in ids]
+
+
+def new_row(
+    kind: FunctionKind = MUTATION,
+    *,
+    at: float = T0,
+    state: State = State.PENDING,
+    parent: str | None = None,
+    completed: float | None = None,
+    name: str = "f",
+) -> dict[str, Any]:
+    """A row as the scheduler writes it (the keys of ``NEW_ROW_COLUMNS``)."""
+    return {
+        "id": new_id(at),
+        "name": name,
+        "kind": kind.value,
+        "args": '{"n": 1}',
+        "state": state.value,
+        "scheduled_time": at,
+        "available_at": at,
+        "completed_time": completed,
+        "parent_id": parent,
+    }
+
+
+@pytest.fixture
+async def bare(db_url: str) -> AsyncIterator[Store]:
+    """A driver on an empty database: no system tables yet."""
+    driver = driver_for_url(db_url)
+    engine = driver.create_engine()
+    try:
+        yield Store(driver, engine)
+    finally:
+        await engine.dispose()
+
+
+@pytest.fixture
+async def store(bare: Store) -> Store:
+    await bare.run(lambda conn: bare.driver.migrate(conn, T0))
+    return bare
+
+
+# -- schema ------------------------------------------------------------------------------
+
+
+async def test_migrate_creates_the_schema_once_and_check_schema_accepts_it(bare: Store) -> None:
+    driver = bare.driver
+    with pytest.raises(SchemaError, match="do not exist"):
+        await bare.run(driver.check_schema)
+    assert await bare.run(lambda conn: driver.migrate(conn, T0)) == SCHEMA_VERSION
+    assert await bare.run(lambda conn: driver.migrate(conn, T0 + 1)) == SCHEMA_VERSION
+    await bare.run(driver.check_schema)
+
+
+# -- claims ------------------------------------------------------------------------------
+
+
+async def test_claim_mutations_takes_due_pending_mutations_in_due_order(store: Store) -> None:
+    late, tie_a, tie_b, early = await store.insert(
+        new_row(at=T0 + 2), new_row(at=T0), new_row(at=T0), new_row(at=T0 - 5)
+    )
+    await store.insert(
+        new_row(at=T0 + 60),  # not due yet
+        new_row(ACTION, at=T0 - 10),  # another kind
+        new_row(at=T0 - 20, state=State.SUCCESS, completed=T0 - 19),  # finished
+    )
+    driver = store.driver
+    claimed = await store.run(lambda conn: driver.claim_mutations(conn, T0 + 2, 10))
+    # Due time, then id (the order of scheduling) among rows due at the same time.
+    assert [c.id for c in claimed] == [early, tie_a, tie_b, late]
+    first = claimed[0]
+    assert (first.name, first.args, first.attempts, first.parent_id) == ("f", '{"n": 1}', 0, None)
+    assert first.available_at == T0 - 5
+    assert [c.id for c in await store.run(lambda c: driver.claim_mutations(c, T0 + 2, 2))] == [
+        early,
+        tie_a,
+    ]
+    # Claiming a mutation only locks it: the batch's own finish moves it out of Pending.
+    assert await store.states([early, tie_a]) == [State.PENDING, State.PENDING]
+
+
+async def test_claim_actions_commits_in_progress_under_the_worker(store: Store) -> None:
+    ids = await store.insert(*(new_row(ACTION, at=T0 - i) for i in range(5)))
+    await store.insert(new_row(ACTION, at=T0 + 60), new_row(MUTATION, at=T0 - 30))
+    driver = store.driver
+    first = await store.claim_actions("w1", T0, 3)
+    assert [c.id for c in first] == ids[::-1][:3]  # oldest due first
+    assert [c.attempts for c in first] == [1, 1, 1]  # counted when claimed
+    row = await store.row(first[0].id)
+    assert (row["state"], row["worker_id"], row["started_time"]) == ("InProgress", "w1", T0)
+    # A second claim takes the rest: never a row twice.
+    second = await store.claim_actions("w2", T0, 10)
+    assert sorted(c.id for c in second) == sorted(ids[::-1][3:])
+    assert await store.claim_actions("w3", T0, 10) == []
+    mine = await store.run(lambda conn: driver.claimed_by(conn, "w1"))
+    assert [c.id for c in mine] == [c.id for c in first]
+
+
+@pytest.mark.postgres_only  # SKIP LOCKED: SQLite's BEGIN IMMEDIATE makes claims take turns
+async def test_concurrent_claims_skip_each_others_locked_rows(postgres_url: str) -> None:
+    driver = driver_for_url(postgres_url)
+    engine = driver.create_engine()
+    store = Store(driver, engine)
+    try:
+        await store.run(lambda conn: driver.migrate(conn, T0))
+        ids = await store.insert(*(new_row(at=T0 - i) for i in range(4)))
+        async with engine.begin() as one, engine.begin() as two:
+            held = await driver.claim_mutations(one, T0, 2)
+            other = await driver.claim_mutations(two, T0, 10)
+        assert [c.id for c in held] == ids[::-1][:2]
+        assert [c.id for c in other] == ids[::-1][2:]  # the rest, without waiting
+    finally:
+        await engine.dispose()
+
+
+# -- finishes: guarded by the state they expect -------------------------------------------
+
+
+async def test_finish_pending_writes_each_outcome_and_loses_to_a_finished_row(
+    store: Store,
+) -> None:
+    plain, with_result, failing, cancelled = await store.insert(*(new_row() for _ in range(4)))
+    driver = store.driver
+    await store.run(lambda conn: driver.cancel(conn, cancelled, T0))
+    outcomes = [
+        Outcome(plain, State.SUCCESS),
+        Outcome(with_result, State.SUCCESS, result='{"ok": true}'),
+        Outcome(failing, State.FAILED, error_type="ValueError", error_message="no"),
+        Outcome(cancelled, State.SUCCESS),  # cancelled meanwhile: the guard says no
+    ]
+    assert await store.run(lambda conn: driver.finish_pending(conn, T0 + 1, outcomes)) == 3
+    rows = [await store.row(i) for i in (plain, with_result, failing, cancelled)]
+    assert [r["state"] for r in rows] == ["Success", "Success", "Failed", "Canceled"]
+    assert [r["attempts"] for r in rows] == [1, 1, 1, 0]  # a mutation's run counts at its end
+    assert [r["completed_time"] for r in rows[:3]] == [T0 + 1] * 3
+    assert rows[1]["result"] == '{"ok": true}'
+    assert (rows[2]["error_type"], rows[2]["error_message"]) == ("ValueError", "no")
+    # Run again (a retry after an unseen outcome): nothing is written twice.
+    assert await store.run(lambda conn: driver.finish_pending(conn, T0 + 2, outcomes)) == 0
+    assert (await store.row(plain))["completed_time"] == T0 + 1
+
+
+async def test_finish_in_progress_never_overwrites_a_cancel(store: Store) -> None:
+    ids = await store.insert(*(new_row(ACTION) for _ in range(3)))
+    driver = store.driver
+    await store.claim_actions("w", T0, 10)
+    assert await store.run(lambda conn: driver.cancel(conn, ids[0], T0)) is State.IN_PROGRESS
+    outcomes = [Outcome(ids[0], State.SUCCESS), Outcome(ids[1], State.SUCCESS)]
+    outcomes.append(Outcome(ids[2], State.FAILED, error_type="E", error_message="m"))
+    assert await store.run(lambda conn: driver.finish_in_progress(conn, T0 + 1, outcomes)) == 2
+    assert await store.states(ids) == [State.CANCELED, State.SUCCESS, State.FAILED]
+    assert [(await store.row(i))["attempts"] for i in ids] == [1, 1, 1]  # counted at the claim
+    # Finishing a Pending row as if it were running is refused as well.
+    pending = (await store.insert(new_row(ACTION, at=T0 + 60)))[0]
+    assert (
+        await store.run(
+            lambda conn: driver.finish_in_progress(conn, T0, [Outcome(pending, State.SUCCESS)])
+        )
+        == 0
+    )
+
+
+async def test_many_plain_successes_finish_in_one_call(store: Store) -> None:
+    """More ids than SQLite binds in one statement: the driver splits, the count is whole."""
+    ids = await store.insert(*(new_row() for _ in range(1200)))
+    driver = store.driver
+    outcomes = [Outcome(i, State.SUCCESS) for i in ids]
+    assert await store.run(lambda conn: driver.finish_pending(conn, T0, outcomes)) == 1200
+    counts = await store.run(driver.count_by_state)
+    assert counts[State.SUCCESS] == 1200 and counts[State.PENDING] == 0
+
+
+async def test_count_retry_counts_only_pending_rows(store: Store) -> None:
+    pending, done = await store.insert(new_row(), new_row(state=State.SUCCESS, completed=T0))
+    await store.run(lambda conn: store.driver.count_retry(conn, [pending, done]))
+    assert [(await store.row(i))["attempts"] for i in (pending, done)] == [1, 0]
+
+
+# -- release of unstarted rows --------------------------------------------------------------
+
+
+async def test_release_unstarted_returns_only_this_workers_running_rows(store: Store) -> None:
+    a1, a2, a3, b1 = await store.insert(*(new_row(ACTION, at=T0 - 4 + i) for i in range(4)))
+    driver = store.driver
+    await store.claim_actions("a", T0, 3)
+    await store.claim_actions("b", T0, 1)
+    finished = [Outcome(a3, State.SUCCESS)]
+    await store.run(lambda conn: driver.finish_in_progress(conn, T0, finished))
+    released = await store.run(lambda conn: driver.release_unstarted(conn, [a1, a2, a3, b1], "a"))
+    assert released == 2  # a3 finished, b1 is another worker's
+    assert await store.states([a1, a2, a3, b1]) == [
+        State.PENDING,
+        State.PENDING,
+        State.SUCCESS,
+        State.IN_PROGRESS,
+    ]
+    row = await store.row(a1)
+    assert (row["attempts"], row["worker_id"], row["started_time"]) == (0, None, None)
+    assert await store.run(lambda conn: driver.release_unstarted(conn, [a1, a2], "a")) == 0
+    # Released rows are due again for any worker.
+    again = await store.claim_actions("c", T0, 10)
+    assert [c.id for c in again] == [a1, a2]
+
+
+# -- workers and the rescue of lost ones ----------------------------------------------------
+
+
+async def test_heartbeats_renew_a_registered_worker_only(store: Store) -> None:
+    driver = store.driver
+    assert not await store.run(lambda conn: driver.heartbeat(conn, "w", T0))
+    await store.run(lambda conn: driver.register_worker(conn, "w", "host", 42, 8, T0))
+    assert await store.run(lambda conn: driver.heartbeat(conn, "w", T0 + 5))
+    (info,) = await store.run(driver.list_workers)
+    assert (info.id, info.hostname, info.pid, info.concurrency, info.running) == (
+        "w",
+        "host",
+        42,
+        8,
+        0,
+    )
+    assert info.heartbeat_at.timestamp() == T0 + 5
+    await store.run(lambda conn: driver.unregister_worker(conn, "w"))
+    assert await store.run(driver.list_workers) == []
+    assert not await store.run(lambda conn: driver.heartbeat(conn, "w", T0 + 10))
+
+
+async def test_rescue_fails_the_running_actions_of_lost_workers_only(store: Store) -> None:
+    driver = store.driver
+    await store.run(lambda conn: driver.register_worker(conn, "alive", "h", 1, 1, T0))
+    await store.run(lambda conn: driver.register_worker(conn, "dead", "h", 2, 1, T0 - 100))
+    old_alive, old_dead, new_dead, gone = await store.insert(
+        *(new_row(ACTION, at=T0 - 200 + i) for i in range(4))
+    )
+    await store.claim_actions("alive", T0 - 90)
+    await store.claim_actions("dead", T0 - 90)
+    await store.claim_actions("dead", T0 - 1)  # since the cutoff: not lost yet
+    await store.claim_actions("never-registered", T0 - 90)
+    running = {w.id: w.running for w in await store.run(driver.list_workers)}
+    assert running == {"alive": 1, "dead": 2}
+    lost = await store.run(
+        lambda conn: driver.rescue_lost(conn, T0, T0 - 30, "lost {worker}: not retried")
+    )
+    # The dead worker's row claimed before the cutoff, and the row of a worker that never
+    # registered; not the live worker's, nor one claimed more recently than the cutoff.
+    assert sorted((i, w) for i, _, w in lost) == sorted(
+        [(old_dead, "dead"), (gone, "never-registered")]
+    )
+    assert await store.states([old_alive, old_dead, new_dead, gone]) == [
+        State.IN_PROGRESS,
+        State.FAILED,
+        State.IN_PROGRESS,
+        State.FAILED,
+    ]
+    row = await store.row(old_dead)
+    assert (row["error_type"], row["error_message"]) == (
+        "durafn.WorkerLostError",
+        "lost dead: not retried",
+    )
+    assert row["completed_time"] == T0
+    assert [w.id for w in await store.run(driver.list_workers)] == ["alive"]  # its row is gone
+    assert await store.run(lambda conn: driver.rescue_lost(conn, T0, T0 - 30, "{worker}")) == []
+
+
+# -- scheduling: cancel ---------------------------------------------------------------------
+
+
+async def test_cancel_says_what_the_row_was_and_changes_only_unfinished_rows(
+    store: Store,
+) -> None:
+    pending, done = await store.insert(new_row(), new_row(state=State.FAILED, completed=T0))
+    driver = store.driver
+    assert await store.run(lambda conn: driver.cancel(conn, pending, T0 + 1)) is State.PENDING
+    assert await store.run(lambda conn: driver.cancel(conn, pending, T0 + 2)) is State.CANCELED
+    assert await store.run(lambda conn: driver.cancel(conn, done, T0 + 1)) is State.FAILED
+    assert await store.states([pending, done]) == [State.CANCELED, State.FAILED]
+    assert (await store.row(pending))["completed_time"] == T0 + 1
+    unknown = new_id(T0)
+    assert await store.run(lambda conn: driver.cancel(conn, unknown, T0)) is None
+    assert await store.run(lambda conn: driver.cancel(conn, "not-an-id", T0)) is None  # type: ignore[arg-type]
+
+
+async def test_cancelling_a_running_row_cancels_its_unfinished_descendants(store: Store) -> None:
+    (parent,) = await store.insert(new_row(ACTION))
+    driver = store.driver
+    await store.claim_actions("w", T0, 1)
+    child, finished_child = await store.insert(
+        new_row(parent=parent, at=T0 + 60),
+        new_row(parent=parent, state=State.SUCCESS, completed=T0),
+    )
+    (grandchild,) = await store.insert(new_row(parent=finished_child, at=T0 + 60))
+    (unrelated,) = await store.insert(new_row(at=T0 + 60))
+    assert await store.run(lambda conn: driver.cancel(conn, parent, T0)) is State.IN_PROGRESS
+    assert await store.states([parent, child, finished_child, grandchild, unrelated]) == [
+        State.CANCELED,
+        State.CANCELED,
+        State.SUCCESS,
+        State.CANCELED,  # found through its finished parent
+        State.PENDING,
+    ]
+
+
+async def test_state_reads_a_row(store: Store) -> None:
+    (id,) = await store.insert(new_row())
+    driver = store.driver
+    assert await store.run(lambda conn: driver.state(conn, id)) is State.PENDING
+    assert await store.run(lambda conn: driver.lock_for_share(conn, id)) is State.PENDING
+    missing = new_id(T0)
+    assert await store.run(lambda conn: driver.lock_for_share(conn, missing)) is None
+
+
+# -- next due, retention and reads ----------------------------------------------------------
+
+
+async def test_next_due_is_the_first_pending_row_of_its_kind(store: Store) -> None:
+    driver = store.driver
+    assert await store.run(lambda conn: driver.next_due(conn, MUTATION)) is None
+    await store.insert(
+        new_row(at=T0 + 10),
+        new_row(at=T0 + 5),
+        new_row(ACTION, at=T0 + 1),
+        new_row(at=T0, state=State.CANCELED, completed=T0),
+    )
+    assert await store.run(lambda conn: driver.next_due(conn, MUTATION)) == T0 + 5
+    assert await store.run(lambda conn: driver.next_due(conn, ACTION)) == T0 + 1
+    # ``after``: rows due by then are taken by others; only later ones are waited for.
+    assert await store.run(lambda conn: driver.next_due(conn, MUTATION, after=T0 + 5)) == T0 + 10
+    assert await store.run(lambda conn: driver.next_due(conn, MUTATION, after=T0 + 10)) is None
+    assert await store.run(lambda conn: driver.backlog(conn, T0 + 6)) == (T0 + 1, T0 + 10)
+
+
+async def test_retention_deletes_finished_rows_in_bounded_batches_oldest_first(
+    store: Store,
+) -> None:
+    # Inserted newest first, so that the table's own order is not the answer.
+    failed, *successes = await store.insert(
+        new_row(state=State.FAILED, completed=T0 - 50),
+        *(new_row(state=State.SUCCESS, completed=T0 - 98 - i) for i in range(3)),
+    )
+    recent, pending = await store.insert(
+        new_row(state=State.CANCELED, completed=T0), new_row(at=T0 - 1000)
+    )
+    driver = store.driver
+    assert await store.run(lambda conn: driver.count_finished(conn, T0 - 10)) == 4
+    failed_only = [State.FAILED]
+    assert await store.run(lambda conn: driver.count_finished(conn, T0 - 10, failed_only)) == 1
+    assert await store.run(lambda conn: driver.delete_finished(conn, T0 - 10, 2)) == 2
+    left = {r.id for r in (await store.run(_all_rows(driver))).items}
+    assert left == {failed, successes[0], recent, pending}  # the two oldest went first
+    assert await store.run(lambda conn: driver.delete_finished(conn, T0 - 10, 2)) == 2
+    assert await store.run(lambda conn: driver.delete_finished(conn, T0 - 10, 2)) == 0
+    with pytest.raises(ArgumentError, match="only finished rows"):
+        await store.run(lambda conn: driver.delete_finished(conn, T0, 10, [State.PENDING]))
+    assert await store.states([recent, pending]) == [State.CANCELED, State.PENDING]
+
+
+async def test_list_pages_through_rows_in_scheduled_order(store: Store) -> None:
+    ids = await store.insert(*(new_row(at=T0 + i // 2) for i in range(5)))
+    await store.run(lambda conn: store.driver.cancel(conn, ids[4], T0))
+    seen: list[str] = []
+    cursor: str | None = None
+    while True:
+        page = await store.run(_all_rows(store.driver, limit=2, cursor=cursor))
+        seen += [r.id for r in page.items]
+        if page.next_cursor is None:
+            break
+        cursor = page.next_cursor
+    assert seen == ids
+    canceled = await store.run(_all_rows(store.driver, states=[State.CANCELED]))
+    assert [r.id for r in canceled.items] == [ids[4]]
+    with pytest.raises(ArgumentError, match="not a cursor"):
+        await store.run(_all_rows(store.driver, cursor="nonsense"))
+    got = await store.run(lambda conn: store.driver.get(conn, ids[0]))
+    assert got is not None and (got.args, got.state, got.attempts) == ({"n": 1}, State.PENDING, 0)
+    assert await store.run(lambda conn: store.driver.get(conn, "not-an-id")) is None
+
+
+def _all_rows(
+    driver: Driver,
+    *,
+    limit: int = 100,
+    cursor: str | None = None,
+    states: list[State] | None = None,
+) -> Callable[[AsyncConnection], Awaitable[Any]]:
+    def _list(conn: AsyncConnection) -> Awaitable[Any]:
+        return driver.list(
+            conn, states=states, name=None, after=None, before=None, limit=limit, cursor=cursor
+        )
+
+    return _list
