@@ -2,13 +2,13 @@
 
 How a row travels, and which task owns each step (every box is a module here)::
 
-                         Pending row in _scheduled_functions
-                 mutation │                               │ action
-                          ▼                               ▼
-    mutations.py  ── lane tasks (mutation_lanes)    actions.py ── dispatcher task
-      one MutationBatch per turn                    action_claims.py: ActionClaims.claim
-    mutation_batch.py (one transaction)               Pending -> InProgress, COMMITTED
-      claim ... FOR UPDATE SKIP LOCKED                before any row starts (worker_id)
+                           Pending row in _scheduled_functions
+                 mutation │                                   │ action
+                          ▼                                   ▼
+    mutations.py ── lane tasks (mutation_lanes)   actions.py ── dispatcher task
+      one MutationBatch per turn                  action_claims.py: ActionClaims.claim
+    mutation_batch.py (one transaction)             Pending -> InProgress, COMMITTED
+      claim ... FOR UPDATE SKIP LOCKED              before any row starts (worker_id)
       run each mutation on that connection                    │ queue
       finish_pending: Pending -> Success/Failed               ▼
       COMMIT (effects + state together)           actions.py ── worker tasks (concurrency)
