@@ -136,12 +136,13 @@ class Runtime:
                 else:
                     await self.driver.check_schema(conn)
 
-            await self.transaction(_prepare, ready=False)
+            # Checking reads only: inspection works on a database it may not write.
+            await self.transaction(_prepare, ready=False, read_only=not self.auto_migrate)
             self._ready = True
 
     async def dispose(self) -> None:
         if self._engine is not None:
-            await self._engine.dispose()
+            await self.driver.dispose(self._engine)
             self._engine = None
         self._ready = False
 
@@ -208,7 +209,9 @@ class Runtime:
                         if options:
                             await conn.execution_options(**options)
                         await conn.begin()
-                        if read_only and not single_statement:
+                        if user_code:
+                            value = await self._user_body(conn, body, read_only)
+                        elif read_only and not single_statement:
                             async with self.driver.read_only(conn):
                                 value = await body(conn)
                         else:
@@ -243,6 +246,27 @@ class Runtime:
                 self.health.fault(exc, doing, delay)
                 attempt += 1
                 await anyio.sleep(delay)
+
+    async def _user_body(
+        self,
+        conn: AsyncConnection,
+        body: Callable[[AsyncConnection], Awaitable[T]],
+        read_only: bool,
+    ) -> T:
+        """Run a body with user code; if its time limit or its caller cancels it in the
+        middle of a statement, stop that statement too. (Cancelling the await alone leaves
+        the statement running on the server, or in SQLite's thread, with its locks.)"""
+        handle = await self.driver.statement_handle(conn)
+        try:
+            if not read_only:
+                return await body(conn)
+            async with self.driver.read_only(conn):
+                return await body(conn)
+        except BaseException:
+            if conn.invalidated:
+                with anyio.CancelScope(shield=True):
+                    await self.driver.abandon(conn, handle)
+            raise
 
 
 def one_line(exc: BaseException) -> str:

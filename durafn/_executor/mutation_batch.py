@@ -91,6 +91,7 @@ class MutationBatch:
             if not rows:
                 await conn.rollback()
                 return
+            handle = await driver.statement_handle(conn)
             self.claimed.extend(rows)
             # Optimistic: one session for the batch. With savepoints each mutation gets its
             # own session joined to its own savepoint. "rollback_only": a user's
@@ -124,7 +125,7 @@ class MutationBatch:
                 # A mutation outlived its time limit and was cancelled, possibly in the middle
                 # of a statement: stop that statement, roll everything back, drop the
                 # connection.
-                await driver.abandon(conn)
+                await driver.abandon(conn, handle)
                 assert self._current is not None
                 raise BatchTimeout(
                     self._current,

@@ -77,8 +77,20 @@ class EngineDriver:
         """True if a COMMIT that raised ``exc`` may nonetheless have taken effect."""
         return False
 
-    async def abandon(self, conn: AsyncConnection) -> None:
-        """Drop a connection whose statement was cut off (a mutation's time limit)."""
+    async def dispose(self, engine: AsyncEngine) -> None:
+        """Close the engine's connections (and whatever the driver runs beside them)."""
+        await engine.dispose()
+
+    async def statement_handle(self, conn: AsyncConnection) -> Any:
+        """What ``abandon`` needs to stop the statement ``conn`` runs, taken before user
+        code runs: a cancelled await leaves ``conn`` invalidated, with no way back to the
+        driver's connection, while the statement itself goes on (holding its locks)."""
+        return None
+
+    async def abandon(self, conn: AsyncConnection, handle: Any) -> None:
+        """Stop the statement a timed-out mutation left running on ``conn`` (``handle``
+        from ``statement_handle``), so that its transaction rolls back and its locks go
+        now, not when the statement ends; then drop the connection."""
         await conn.invalidate()
 
     def translate(self, exc: BaseException) -> BaseException | None:

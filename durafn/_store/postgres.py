@@ -150,14 +150,28 @@ class PostgresDriver(Driver):
         await conn.exec_driver_sql("SET TRANSACTION READ ONLY")
         yield
 
-    async def abandon(self, conn: AsyncConnection) -> None:
-        # terminate() closes the socket at once, so the server stops the timed-out statement
-        # and rolls back; a polite close would wait for the statement to finish.
+    async def statement_handle(self, conn: AsyncConnection) -> Any:
+        # The backend's pid: the asyncpg connection itself is closed by the invalidation.
+        driver_connection: asyncpg.Connection[Any] = (
+            await conn.get_raw_connection()
+        ).driver_connection
+        return driver_connection.get_server_pid()
+
+    async def abandon(self, conn: AsyncConnection, handle: Any) -> None:
+        # Closing our socket does not stop the statement: the server notices a vanished
+        # client only when it next talks to it, so a pg_sleep(20) kept its row locks for 20
+        # s. pg_terminate_backend, from another connection, stops the statement now, rolls
+        # its transaction back, and waits (up to 5 s) for the backend to be gone, locks
+        # released. Terminate rather than cancel: the connection is dropped either way,
+        # and a cancel that lands between two statements of the mutation stops nothing.
         try:
-            raw = await conn.get_raw_connection()
-            raw.driver_connection.terminate()  # type: ignore[union-attr]
-        except Exception as exc:
-            logger.debug("could not terminate a timed-out connection: %s", exc)
+            with anyio.fail_after(5.0):
+                async with conn.engine.connect() as admin:
+                    await admin.execute(
+                        text("SELECT pg_terminate_backend(:pid, 5000)"), {"pid": handle}
+                    )
+        except Exception as exc:  # the database is away: the server ends it with our socket
+            logger.warning("could not stop the statement of a timed-out mutation: %s", exc)
         await conn.invalidate()
 
     async def lock_for_share(self, conn: AsyncConnection, id: ScheduledFunctionId) -> State | None:

@@ -12,13 +12,17 @@ from __future__ import annotations
 import logging
 import operator
 import sqlite3
+import threading
 from collections.abc import AsyncIterator, Collection, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, ClassVar, TypeGuard
 
+import anyio
+import anyio.to_thread
 from sqlalchemy import event
 from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from .._errors import DatabaseError, ReadOnlyError, SchemaError
@@ -65,8 +69,10 @@ def _is_file(database: str | None) -> TypeGuard[str]:
     )
 
 
-def _stop_thread(dbapi_connection: Any) -> None:
-    dbapi_connection.driver_connection.stop()
+def _thread_of(connection: Any) -> threading.Thread | None:
+    """aiosqlite's worker thread (its own attribute since 0.21; the connection itself before)."""
+    thread = getattr(connection, "_thread", connection)
+    return thread if isinstance(thread, threading.Thread) else None
 
 
 class SQLiteDriver(Driver):
@@ -77,6 +83,10 @@ class SQLiteDriver(Driver):
 
     busy_timeout: float = 30.0
     synchronous: str = "FULL"
+
+    def __init__(self, url: URL) -> None:
+        super().__init__(url)
+        self._stopping: list[threading.Thread] = []
 
     def require_existing(self) -> None:
         # Opening a missing file creates it, so a mistyped path would otherwise look like
@@ -107,6 +117,18 @@ class SQLiteDriver(Driver):
         # the graceful close then waits forever on a thread that has exited: a leaked task
         # that hangs the event loop's shutdown. Stopping the thread without waiting is all
         # that terminating needs (closing rolls back an open transaction).
+        # The threads so stopped are joined when the engine is disposed: one still running
+        # when the event loop closes prints a traceback ("Event loop is closed") as it
+        # hands back its last result (a failed connect's clean-up, say).
+        stopping = self._stopping
+
+        def _stop_thread(dbapi_connection: Any) -> None:
+            connection = dbapi_connection.driver_connection
+            connection.stop()
+            stopping[:] = [t for t in stopping if t.is_alive()]
+            if (thread := _thread_of(connection)) is not None:
+                stopping.append(thread)
+
         engine.sync_engine.dialect.do_terminate = _stop_thread  # type: ignore[method-assign]
         synchronous = self.synchronous
         busy_ms = int(self.busy_timeout * 1000)
@@ -127,7 +149,15 @@ class SQLiteDriver(Driver):
             # Take transaction control away from the sqlite3 module so that BEGIN is ours.
             dbapi_conn.isolation_level = None
             cursor = dbapi_conn.cursor()
-            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA journal_mode")
+            if cursor.fetchone()[0] != "wal":
+                try:
+                    cursor.execute("PRAGMA journal_mode=WAL")
+                except sqlite3.OperationalError as exc:
+                    # A file this process may not write (a backup, another user's file):
+                    # read it in the mode it has; any write will say it is read-only.
+                    if "readonly" not in str(exc):
+                        raise
             cursor.execute(f"PRAGMA synchronous={synchronous}")
             cursor.execute(f"PRAGMA busy_timeout={busy_ms}")
             cursor.close()
@@ -157,15 +187,31 @@ class SQLiteDriver(Driver):
             return ReadOnlyError("a query cannot write to the database; do the write in a mutation")
         return None
 
-    async def abandon(self, conn: AsyncConnection) -> None:
-        # The timed-out statement may still run in aiosqlite's thread, holding the write
-        # lock: interrupt it (sqlite3's interrupt() is thread-safe) before dropping it.
+    async def statement_handle(self, conn: AsyncConnection) -> Any:
+        return (await conn.get_raw_connection()).driver_connection  # aiosqlite's Connection
+
+    async def abandon(self, conn: AsyncConnection, handle: Any) -> None:
+        # The timed-out statement still runs in aiosqlite's thread, holding the write lock
+        # that every process needs. sqlite3's interrupt() is thread-safe and stops it at
+        # once; the thread then closes the connection (rolling back) on the stop that
+        # invalidating queues, and exits. Waiting for that exit means the lock is free
+        # when the caller records the failure and re-runs the batch's other rows.
         try:
-            raw = await conn.get_raw_connection()
-            raw.driver_connection._conn.interrupt()  # type: ignore[union-attr]
-        except Exception as exc:  # already gone: nothing left to interrupt
+            handle._conn.interrupt()
+        except Exception as exc:  # the connection is closed already: nothing runs on it
             logger.debug("could not interrupt a timed-out statement: %s", exc)
         await conn.invalidate()
+        await self._join(_thread_of(handle))
+
+    async def dispose(self, engine: AsyncEngine) -> None:
+        await engine.dispose()
+        for thread in self._stopping:
+            await self._join(thread)
+        self._stopping.clear()
+
+    async def _join(self, thread: threading.Thread | None) -> None:
+        if thread is not None and thread.is_alive():
+            await anyio.to_thread.run_sync(thread.join, self.busy_timeout, abandon_on_cancel=True)
 
     async def insert_rows(
         self,
@@ -185,4 +231,5 @@ class SQLiteDriver(Driver):
         try:
             yield
         finally:
-            await conn.exec_driver_sql("PRAGMA query_only = OFF")
+            if not conn.invalidated:  # else the connection is dropped, pragma and all
+                await conn.exec_driver_sql("PRAGMA query_only = OFF")
