@@ -11,7 +11,8 @@ from typing import Any, Concatenate, ParamSpec, TypeVar, overload
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from typing_extensions import Unpack
 
-from ._clock import Clock, SystemClock, from_datetime, to_datetime
+from ._checks import aware_time, flag, integer, optional, positive_seconds, state_list, text
+from ._clock import Clock, SystemClock, to_datetime
 from ._context import ActionCtx, MutationCtx, QueryCtx, SystemTable
 from ._errors import ArgumentError
 from ._executor import Executor, ExecutorOptions, make_config
@@ -58,16 +59,20 @@ class App:
         auto_migrate: bool | None = None,
         direct_retries: int = 8,
     ) -> None:
+        if url is not None:
+            text("url", url)
+        if clock is not None and not isinstance(clock, Clock):
+            raise ArgumentError(f"clock must have now() and sleep_until(), not {clock!r}")
+        timeouts = Timeouts(
+            positive_seconds("mutation_timeout", mutation_timeout),
+            positive_seconds("action_timeout", action_timeout),
+            positive_seconds("query_timeout", query_timeout),
+        )
+        max_scheduled_per_run = integer("max_scheduled_per_run", max_scheduled_per_run)
+        max_scheduled_args_bytes = integer("max_scheduled_args_bytes", max_scheduled_args_bytes)
+        direct_retries = integer("direct_retries", direct_retries, low=0, high=1000)
+        optional(flag, "auto_migrate", auto_migrate)
         driver = driver_for_url(url or os.environ.get("DURAFN_DATABASE_URL") or DEFAULT_URL)
-        for name, value in (
-            ("mutation_timeout", mutation_timeout),
-            ("action_timeout", action_timeout),
-            ("query_timeout", query_timeout),
-            ("max_scheduled_per_run", max_scheduled_per_run),
-            ("max_scheduled_args_bytes", max_scheduled_args_bytes),
-        ):
-            if not value > 0:
-                raise ArgumentError(f"{name} must be positive, not {value!r}")
         self._rt = Runtime(
             registry=Registry(),
             driver=driver,
@@ -79,7 +84,7 @@ class App:
             # schema changes are an explicit, deliberate step (`durafn migrate`).
             auto_migrate=driver.auto_migrate if auto_migrate is None else auto_migrate,
         )
-        self._invoker = Invoker(self._rt, Timeouts(mutation_timeout, action_timeout, query_timeout))
+        self._invoker = Invoker(self._rt, timeouts)
 
     def _inspect_only(self) -> None:
         """Create nothing on first use: neither the system tables nor, on SQLite, the
@@ -270,7 +275,8 @@ class App:
         self, *, completed_before: datetime, states: Collection[State] = FINISHED_STATES
     ) -> int:
         """How many rows ``delete_finished`` with the same arguments would delete."""
-        cutoff = from_datetime(completed_before)
+        cutoff = aware_time("completed_before", completed_before)
+        states = _finished_states(states)
 
         async def _count(conn: AsyncConnection) -> int:
             return await self._rt.driver.count_finished(conn, cutoff, states)
@@ -289,9 +295,9 @@ class App:
 
         One transaction per ``batch_size`` rows, so that no lock is held for long.
         """
-        if batch_size < 1:
-            raise ArgumentError(f"batch_size must be positive, not {batch_size}")
-        cutoff = from_datetime(completed_before)
+        cutoff = aware_time("completed_before", completed_before)
+        states = _finished_states(states)
+        batch_size = integer("batch_size", batch_size, high=1_000_000)
 
         async def _delete(conn: AsyncConnection) -> int:
             return await self._rt.driver.delete_finished(conn, cutoff, batch_size, states)
@@ -346,3 +352,8 @@ class App:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
+
+
+def _finished_states(value: object) -> list[State]:
+    # Unfinished states are refused by the driver, with the reason.
+    return state_list("states", value)

@@ -17,8 +17,9 @@ from typing import Any, NoReturn, ParamSpec, Protocol, TypeVar
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
-from ._clock import from_datetime, to_datetime
-from ._errors import ArgumentError, ReadOnlyError
+from ._checks import aware_time, integer, optional, scheduled_id, state_list, text
+from ._clock import to_datetime
+from ._errors import ReadOnlyError
 from ._registry import ActionRef, MutationRef, QueryRef
 from ._runtime import Runtime
 from ._scheduler import DirectWriter, Scheduler
@@ -42,10 +43,16 @@ class SystemTable:
         self._before_read = before_read
 
     async def get(self, id: ScheduledFunctionId | str) -> ScheduledFunction | None:
-        """The row with this id, or None if there is none (or it was removed by retention)."""
+        """The row with this id, or None if there is none (or it was removed by retention).
+
+        Any form of the id that ``uuid.UUID`` reads finds the row; one that is not an id
+        finds none."""
+        canonical = scheduled_id(id)
+        if canonical is None:
+            return None
 
         async def _read(conn: AsyncConnection) -> ScheduledFunction | None:
-            return await self._rt.driver.get(conn, str(id))
+            return await self._rt.driver.get(conn, canonical)
 
         return await self._run(_read)
 
@@ -60,17 +67,20 @@ class SystemTable:
         cursor: str | None = None,
     ) -> Page:
         """Rows in ``scheduled_time`` order, filtered; follow ``next_cursor`` for more."""
-        if limit < 1 or limit > 10_000:
-            raise ArgumentError(f"limit must be between 1 and 10000, not {limit}")
-        states = [state] if isinstance(state, State | str) else list(state) if state else None
+        states = None if state is None else state_list("state", state)
+        optional(text, "name", name)
+        after = optional(aware_time, "scheduled_after", scheduled_after)
+        before = optional(aware_time, "scheduled_before", scheduled_before)
+        limit = integer("limit", limit, high=10_000)
+        optional(text, "cursor", cursor)
 
         async def _read(conn: AsyncConnection) -> Page:
             return await self._rt.driver.list(
                 conn,
-                states=[State(s) for s in states] if states else None,
+                states=states,
                 name=name,
-                after=from_datetime(scheduled_after) if scheduled_after else None,
-                before=from_datetime(scheduled_before) if scheduled_before else None,
+                after=after,
+                before=before,
                 limit=limit,
                 cursor=cursor,
             )

@@ -67,9 +67,11 @@ class CancelOwnRunError(SchedulingError):
 class NotFoundError(DurafnError, LookupError):
     """No scheduled function has the given id (it may have been removed by retention)."""
 
-    def __init__(self, id: str) -> None:
+    def __init__(self, id: str, *, malformed: bool = False) -> None:
         super().__init__(
-            f"no scheduled function has id {id!r}; finished rows are removed after the "
+            f"{id!r} is not a scheduled function id (ids are UUIDs, as run_after returns them)"
+            if malformed
+            else f"no scheduled function has id {id!r}; finished rows are removed after the "
             "retention period"
         )
         self.id = id

@@ -8,9 +8,11 @@ pydantic adapter built from the type hints so the same call is validated at run 
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
+import math
 import typing
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Generic, ParamSpec, TypeVar, cast
 
 import pydantic
@@ -18,6 +20,7 @@ import pydantic_core
 import typing_extensions
 from pydantic import ConfigDict, TypeAdapter
 
+from ._checks import optional, positive_seconds, text
 from ._errors import ArgumentError, RegistrationError, UnknownFunctionError
 from ._types import FunctionKind
 
@@ -55,13 +58,15 @@ class FunctionRef(Generic[P, R]):
             raise RegistrationError(
                 f"the durable name of {_describe(fn)} must be a non-empty string"
             )
-        if timeout is not None and not (timeout > 0):
-            raise RegistrationError(
-                f"the timeout of {_describe(fn)} must be a positive number of seconds"
-            )
         self.fn = fn
-        self.name: str = name or f"{fn.__module__}:{fn.__qualname__}"
-        self.timeout = timeout
+        self.name: str = text(
+            f"the durable name of {_describe(fn)}",
+            name or f"{fn.__module__}:{fn.__qualname__}",
+            error=RegistrationError,
+        )
+        self.timeout = optional(
+            positive_seconds, f"the timeout of {_describe(fn)}", timeout, error=RegistrationError
+        )
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
         self._signature, self._params = _parse_signature(fn, self.kind, ctx_types)
@@ -95,6 +100,11 @@ class FunctionRef(Generic[P, R]):
 
     def validate_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
         """Validate a direct call's arguments; returns them by name, defaults filled in."""
+        values = self._validate(args, kwargs)
+        _refuse_non_finite(values, f"arguments for {self.name!r}")
+        return values
+
+    def _validate(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
         try:
             return self._args_adapter.validate_python(self._bind(args, kwargs))
         except pydantic.ValidationError as exc:
@@ -122,14 +132,17 @@ class FunctionRef(Generic[P, R]):
 
     def encode_args(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
         """Validate a call's arguments and return their JSON text (defaults filled in)."""
-        value = self.validate_call(args, kwargs)
+        value = self._validate(args, kwargs)
         try:
-            return self._args_adapter.dump_json(value).decode()
+            data = self._args_adapter.dump_json(value)
         except pydantic_core.PydanticSerializationError as exc:
             raise ArgumentError(
                 f"arguments for {self.name!r} cannot be stored as JSON: {exc}; annotate the "
                 "parameter with a JSON-serialisable type (pydantic models, datetimes, ...)"
             ) from None
+        if b"null" in data:  # where a NaN or an infinity would have gone: look closer
+            _refuse_non_finite(value, f"arguments for {self.name!r}")
+        return data.decode()
 
     def decode_args(self, text: str) -> dict[str, Any]:
         """Validate stored arguments back into Python values for a run."""
@@ -144,11 +157,14 @@ class FunctionRef(Generic[P, R]):
         if value is None:
             return None
         try:
-            return self._result_adapter.dump_json(value).decode()
+            data = self._result_adapter.dump_json(value)
         except pydantic_core.PydanticSerializationError as exc:
             raise ArgumentError(
                 f"the return value of {self.name!r} cannot be stored as JSON: {exc}"
             ) from None
+        if b"null" in data:
+            _refuse_non_finite(value, f"the return value of {self.name!r}")
+        return data.decode()
 
 
 class QueryRef(FunctionRef[P, R]):
@@ -216,6 +232,40 @@ class Registry:
 
     def names(self) -> list[str]:
         return sorted(self._by_name)
+
+
+def _refuse_non_finite(value: object, what: str) -> None:
+    """ArgumentError if a NaN or an infinity is anywhere in ``value``: JSON has none, and
+    pydantic would store them as null, so the function would later run with other
+    arguments than it was given (or fail validation days later)."""
+    where = _non_finite_at(value, "", 0)
+    if where is not None:
+        raise ArgumentError(
+            f"{what} contain a NaN or an infinity (at {where.lstrip('.') or 'the top'}), "
+            "which cannot be stored as JSON; pass a finite number or None"
+        )
+
+
+def _non_finite_at(value: object, path: str, depth: int) -> str | None:
+    """The path of the first non-finite float in ``value`` (containers, pydantic models,
+    dataclasses), or None."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else path
+    if depth > 100 or isinstance(value, str | bytes | int):
+        return None  # deeper than any JSON pydantic writes; scalars hold no floats
+    if isinstance(value, dict):
+        steps: Iterable[tuple[str, object]] = ((f".{k}", v) for k, v in value.items())
+    elif isinstance(value, list | tuple | set | frozenset):
+        steps = ((f"[{i}]", v) for i, v in enumerate(value))
+    elif isinstance(value, pydantic.BaseModel) or dataclasses.is_dataclass(value):
+        steps = ((f".{k}", v) for k, v in vars(value).items())
+    else:
+        return None
+    for step, item in steps:
+        found = _non_finite_at(item, path + step, depth + 1)
+        if found is not None:
+            return found
+    return None
 
 
 def _problems(exc: pydantic.ValidationError) -> str:

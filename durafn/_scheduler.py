@@ -12,7 +12,6 @@ writers:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Awaitable, Callable, Collection
 from datetime import datetime, timedelta
 from typing import Any, ParamSpec, Protocol, overload
@@ -21,6 +20,7 @@ from sqlalchemy import event
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
+from ._checks import aware_time, finite_seconds, is_number, scheduled_id
 from ._errors import (
     CancelOwnRunError,
     NotFoundError,
@@ -133,7 +133,9 @@ class Scheduler:
         not recorded over Canceled, and what it scheduled and has not started is cancelled
         too, transitively. Already finished: nothing changes and ``canceled`` is False.
         """
-        target = ScheduledFunctionId(str(id))
+        target = scheduled_id(id)
+        if target is None:
+            raise NotFoundError(str(id), malformed=True)
         if self._own_run_id is not None and target == self._own_run_id:
             raise CancelOwnRunError(
                 f"a mutation cannot cancel its own run ({target}); raise an exception to "
@@ -207,12 +209,10 @@ _PENDING = State.PENDING.value
 def _delay_seconds(delay: object) -> float:
     if isinstance(delay, timedelta):
         seconds = delay.total_seconds()
-    elif isinstance(delay, int | float) and not isinstance(delay, bool):
-        seconds = float(delay)
+    elif is_number(delay):
+        seconds = finite_seconds("delay", delay, error=SchedulingError)
     else:
         raise SchedulingError(f"delay must be seconds (a number) or a timedelta, not {delay!r}")
-    if not math.isfinite(seconds):
-        raise SchedulingError(f"delay must be a finite number of seconds, not {delay!r}")
     if seconds < 0:
         raise SchedulingError(
             f"delay must not be negative ({seconds}s); use run_at for a past time"
@@ -227,11 +227,9 @@ def _when_seconds(when: object, now: float) -> float:
                 f"run_at needs an aware datetime, got naive {when.isoformat()}; "
                 "use datetime.now(UTC) or attach a tzinfo"
             )
-        seconds = when.timestamp()
-    elif isinstance(when, int | float) and not isinstance(when, bool):
-        if not math.isfinite(when):
-            raise SchedulingError(f"run_at time must be finite, not {when!r}")
-        seconds = float(when)
+        seconds = aware_time("run_at time", when, error=SchedulingError)
+    elif is_number(when):
+        seconds = finite_seconds("run_at time", when, error=SchedulingError)
     else:
         raise SchedulingError(f"run_at takes an aware datetime or epoch seconds, not {when!r}")
     if seconds < 0:

@@ -26,6 +26,8 @@ from collections.abc import AsyncIterator, Sequence
 import anyio
 import anyio.abc
 
+from . import _signals
+
 logger = logging.getLogger("durafn.supervisor")
 
 _RESTART_DELAY = 1.0
@@ -40,7 +42,9 @@ configuration problem (a bad schema, an unreachable database), not a crash: give
 
 class Supervisor:
     def __init__(self, worker_args: Sequence[str], processes: int) -> None:
-        self.command = [sys.executable, "-m", "durafn", "worker", *worker_args]
+        # Through the command's entry point, so that a child records a signal from its
+        # first instant (``_signals``) instead of dying of it during its imports.
+        self.command = [sys.executable, "-m", "_durafn_cli", "worker", *worker_args]
         self.processes = processes
         self.children: dict[int, anyio.abc.Process] = {}
         self.stopping = False
@@ -49,7 +53,14 @@ class Supervisor:
         self.failed = 0
 
     async def run(self) -> int:
+        early = _signals.received()
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as received:
+            if early:  # before it started: start no children
+                logger.warning(
+                    "%s received while starting: no worker processes started",
+                    signal.Signals(early[0]).name,
+                )
+                return 0
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._forward, received)
                 async with anyio.create_task_group() as children:

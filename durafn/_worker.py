@@ -16,9 +16,11 @@ from typing import TextIO
 
 import anyio
 
+from . import _signals
 from ._app import App
 from ._executor import ExecutorOptions
 from ._executor.tasks import first_of, single_errors_unwrapped
+from ._signals import SIGNALS
 
 logger = logging.getLogger("durafn.worker")
 
@@ -64,8 +66,17 @@ async def serve(app: App, options: ExecutorOptions, *, exit_on_complete: bool = 
                 executor.stop_now()
 
     # Installed before the executor starts, so that a signal during start-up is a graceful
-    # stop too rather than the default (immediate death).
-    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as received:
+    # stop too rather than the default (immediate death). One that came earlier still (the
+    # command was being imported: see ``_signals``) means the executor never starts. On
+    # the way out, the recording handler is back: a late signal cannot kill the exit.
+    early = _signals.received()
+    with anyio.open_signal_receiver(*SIGNALS) as received:
+        if early:
+            logger.warning(
+                "%s received while starting: stopping before any work was claimed",
+                signal.Signals(early[0]).name,
+            )
+            return 0
         async with single_errors_unwrapped(), anyio.create_task_group() as tg:
             tg.start_soon(_watch, received)
             async with executor:

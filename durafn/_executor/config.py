@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
+from .._checks import integer, non_negative_seconds, optional, positive_seconds, text
 from .._errors import ArgumentError
 
 
@@ -45,26 +46,17 @@ class ExecutorConfig:
     """A readable label for this executor's worker id (default ``host:pid``)."""
 
     def __post_init__(self) -> None:
-        for name in ("concurrency", "batch_size", "retention_batch", "mutation_lanes"):
-            value = getattr(self, name)
-            if value is not None and (not _is_int(value) or value < 1):
-                raise ArgumentError(f"{name} must be an integer of at least 1, not {value!r}")
+        # Upper bounds far above any use, so that a typo is an error here rather than a
+        # driver's overflow in a LIMIT.
+        integer("concurrency", self.concurrency, high=100_000)
+        integer("batch_size", self.batch_size, high=100_000)
+        integer("retention_batch", self.retention_batch, high=1_000_000)
+        optional(integer, "mutation_lanes", self.mutation_lanes, high=1_000)
         for name in ("retention", "grace_period"):
-            value = getattr(self, name)
-            if not _is_number(value) or not value >= 0:
-                raise ArgumentError(
-                    f"{name} must be a non-negative number of seconds, not {value!r}"
-                )
-        for name in (
-            "retention_interval",
-            "poll_interval",
-            "heartbeat_interval",
-            "worker_timeout",
-            "batch_time",
-        ):
-            value = getattr(self, name)
-            if value is not None and (not _is_number(value) or not value > 0):
-                raise ArgumentError(f"{name} must be a positive number of seconds, not {value!r}")
+            non_negative_seconds(name, getattr(self, name))
+        for name in ("retention_interval", "heartbeat_interval", "worker_timeout", "batch_time"):
+            positive_seconds(name, getattr(self, name))
+        optional(positive_seconds, "poll_interval", self.poll_interval)
         if self.worker_timeout < 3 * self.heartbeat_interval:
             # A pause shorter than the two intervals that reset a rescuer's streak leaves
             # live heartbeats at most three intervals old: still within the timeout.
@@ -73,16 +65,7 @@ class ExecutorConfig:
                 f"heartbeat_interval ({self.heartbeat_interval!r}), or a late heartbeat "
                 "could declare a live worker lost"
             )
-        if self.worker_name is not None and not isinstance(self.worker_name, str):
-            raise ArgumentError(f"worker_name must be a string, not {self.worker_name!r}")
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+        optional(text, "worker_name", self.worker_name)
 
 
 class ExecutorOptions(TypedDict, total=False):

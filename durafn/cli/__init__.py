@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import click
 
+from .. import _signals
 from .database import migrate, stats
 from .rows import cancel, clear, list_rows, show
 from .running import CliError, load_app
@@ -29,11 +30,19 @@ __all__ = ["CliError", "load_app", "main"]
 
 @click.group()
 @click.version_option(package_name="durafn")
-def main() -> None:
+@click.pass_context
+def main(ctx: click.Context) -> None:
     """durafn: durable scheduled functions.
 
     Run workers, create the system tables, and inspect or cancel scheduled functions.
     """
+    # SIGTERM and SIGINT have been recorded since the process started (``_signals``): a
+    # worker handles them itself and keeps recording until it exits; every other command
+    # gets default handling back, and what came meanwhile now.
+    if ctx.invoked_subcommand == "worker":
+        _signals.record()
+    else:
+        _signals.release()
 
 
 main.add_command(worker)

@@ -3,6 +3,7 @@ parsing of option values (states, date-times)."""
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Callable, Collection, Sequence
 from datetime import UTC, datetime
@@ -71,6 +72,35 @@ def to_datetime_option(
             f"{value!r} is not an ISO 8601 date-time (e.g. 2030-01-31T12:00:00Z)"
         ) from None
     return when if when.tzinfo else when.replace(tzinfo=UTC)
+
+
+class Seconds(click.ParamType):  # type: ignore[type-arg]
+    """A finite number of seconds, at least ``minimum`` (``positive``: above it) and at
+    most a century: ``nan``, ``inf`` and ``1e300`` are usage errors, not an overflow later."""
+
+    name = "seconds"
+    CENTURY = 100 * 365.25 * 86400
+
+    def __init__(self, minimum: float = 0.0, *, positive: bool = False) -> None:
+        self.minimum = minimum
+        self.positive = positive
+
+    def convert(
+        self, value: object, param: click.Parameter | None, ctx: click.Context | None
+    ) -> float:
+        if isinstance(value, float):
+            seconds = value
+        else:
+            try:
+                seconds = float(str(value))
+            except ValueError:
+                self.fail(f"{value!r} is not a number of seconds", param, ctx)
+        if not math.isfinite(seconds) or seconds > self.CENTURY:
+            self.fail(f"{value} is not a finite number of seconds up to a century", param, ctx)
+        if seconds < self.minimum or (self.positive and seconds == self.minimum):
+            relation = ">" if self.positive else ">="
+            self.fail(f"{seconds!r} is not in the range x{relation}{self.minimum:g}", param, ctx)
+        return seconds
 
 
 def stdin_is_terminal() -> bool:

@@ -13,11 +13,19 @@ import click
 from rich.table import Column
 
 from .._app import App
+from .._checks import scheduled_id
 from .._clock import to_datetime
 from .._errors import NotFoundError
 from .._types import FINISHED_STATES, CancelResult, ScheduledFunction, State
 from . import options
-from .options import app_options, output_options, state_choice, to_datetime_option, to_states
+from .options import (
+    Seconds,
+    app_options,
+    output_options,
+    state_choice,
+    to_datetime_option,
+    to_states,
+)
 from .output import ERROR_WIDTH, Output, error_text, field_value, iso, shorten, state_text
 from .running import fail, run_with_app
 
@@ -127,7 +135,7 @@ def show(
 async def get_row(function_id: str, app: App) -> ScheduledFunction:
     row = await app.get(function_id)
     if row is None:
-        raise NotFoundError(function_id)
+        raise NotFoundError(function_id, malformed=scheduled_id(function_id) is None)
     return row
 
 
@@ -189,7 +197,7 @@ def describe_cancel(result: CancelResult) -> str:
 )
 @click.option(
     "--older-than",
-    type=click.FloatRange(min=0),
+    type=Seconds(),
     default=0.0,
     metavar="SECONDS",
     help="Only rows completed at least this many seconds ago.",

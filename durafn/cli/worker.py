@@ -10,7 +10,7 @@ from .._errors import DurafnError
 from .._executor import ExecutorConfig, ExecutorOptions, make_config
 from .._supervisor import supervise
 from .._worker import configure_logging, serve
-from .options import app_options, verbose_option
+from .options import Seconds, app_options, verbose_option
 from .running import fail, load_app, open_app, run
 
 # The worker's defaults are the executor's: one place to change them.
@@ -21,7 +21,7 @@ _DEFAULTS = ExecutorConfig()
 @app_options
 @click.option(
     "--concurrency",
-    type=click.IntRange(min=1),
+    type=click.IntRange(1, 100_000),
     default=_DEFAULTS.concurrency,
     show_default=True,
     help="Actions running at once in each process.",
@@ -29,7 +29,7 @@ _DEFAULTS = ExecutorConfig()
 @click.option(
     "-n",
     "--processes",
-    type=click.IntRange(min=1),
+    type=click.IntRange(1, 1_000),
     default=1,
     show_default=True,
     help="Worker processes to run under one supervisor.",
@@ -41,21 +41,21 @@ _DEFAULTS = ExecutorConfig()
 )
 @click.option(
     "--grace-period",
-    type=click.FloatRange(min=0),
+    type=Seconds(),
     default=_DEFAULTS.grace_period,
     show_default=True,
     help="Seconds running actions get to finish after SIGTERM/SIGINT.",
 )
 @click.option(
     "--heartbeat-interval",
-    type=click.FloatRange(min=0, min_open=True),
+    type=Seconds(positive=True),
     default=_DEFAULTS.heartbeat_interval,
     show_default=True,
     help="Seconds between heartbeats.",
 )
 @click.option(
     "--worker-timeout",
-    type=click.FloatRange(min=0, min_open=True),
+    type=Seconds(positive=True),
     default=_DEFAULTS.worker_timeout,
     show_default=True,
     help="Seconds without a heartbeat after which a worker is lost and its running "
@@ -63,13 +63,13 @@ _DEFAULTS = ExecutorConfig()
 )
 @click.option(
     "--poll-interval",
-    type=click.FloatRange(min=0, min_open=True),
+    type=Seconds(positive=True),
     default=None,
     help="Fallback poll for work no wake-up announced [default: 0.5 SQLite, 5 PostgreSQL].",
 )
 @click.option(
     "--batch-size",
-    type=click.IntRange(min=1),
+    type=click.IntRange(1, 100_000),
     default=_DEFAULTS.batch_size,
     show_default=True,
     help="Mutations committed together.",
