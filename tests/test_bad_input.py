@@ -277,6 +277,117 @@ async def test_non_finite_floats_are_rejected_when_scheduled(app: durafn.App) ->
     await assert_nothing_written(app)
 
 
+class Reading(BaseModel):
+    value: float  # a model's own config allows NaN: only durafn's check refuses it
+
+
+async def test_non_finite_floats_are_refused_anywhere_in_arguments_and_results(
+    app: durafn.App,
+) -> None:
+    """Inside Any, lists, dicts, nested structures and models too, on every route: a NaN
+    stored as null would run the function with other arguments than it was given."""
+
+    @app.mutation
+    async def takes(ctx: MutationCtx, x: Any = None, r: Reading | None = None) -> None:
+        pass
+
+    @app.mutation
+    async def returns(ctx: MutationCtx, which: int) -> Any:
+        return [{"a": 1.0}, {"b": [math.nan]}][which]
+
+    bad: list[dict[str, Any]] = [
+        {"x": [1.0, math.inf]},
+        {"x": {"a": math.nan}},
+        {"x": {"deep": [{"deeper": (1, -math.inf)}]}},
+        {"r": Reading(value=math.nan)},
+    ]
+    for kwargs in bad:
+        with pytest.raises(durafn.ArgumentError, match="NaN or an infinity"):
+            await app.scheduler().run_after(0, takes, **kwargs)
+        with pytest.raises(durafn.ArgumentError, match="NaN or an infinity"):
+            await app.run_mutation(takes, **kwargs)
+    await assert_nothing_written(app)
+    # A null that is a None is fine, and stays a None.
+    fine = await app.scheduler().run_after(0, takes, x=[None, 1.5])
+    ok = await app.scheduler().run_after(0, returns, which=0)
+    nan = await app.scheduler().run_after(0, returns, which=1)
+    await app.executor().run_until_idle()
+    rows = {r.id: r for r in await all_rows(app)}
+    assert rows[fine].state is durafn.State.SUCCESS
+    assert rows[ok].result == {"a": 1.0}
+    refused = rows[nan]
+    assert refused.state is durafn.State.FAILED
+    assert refused.error is not None and "NaN or an infinity" in refused.error.message
+
+
+async def test_huge_numbers_and_bad_values_are_typed_errors(app: durafn.App) -> None:
+    """Each of these escaped as a raw Python exception once."""
+
+    @app.mutation
+    async def target(ctx: MutationCtx) -> None:
+        pass
+
+    sched = app.scheduler()
+    with pytest.raises(durafn.SchedulingError, match="delay"):
+        await sched.run_after(10**400, target)
+    with pytest.raises(durafn.SchedulingError, match="run_at"):
+        await sched.run_at(10**400, target)
+    with pytest.raises(durafn.ArgumentError, match="limit"):
+        await app.list(limit="5")  # type: ignore[arg-type]
+    with pytest.raises(durafn.ArgumentError, match="'bogus' is not one of"):
+        await app.list(state="bogus")  # type: ignore[arg-type]
+    with pytest.raises(durafn.ArgumentError, match="scheduled_after must be an aware datetime"):
+        await app.list(scheduled_after="2020-01-01")  # type: ignore[arg-type]
+    with pytest.raises(durafn.ArgumentError, match="not valid Unicode"):
+        await app.list(name="\ud800")
+    with pytest.raises(durafn.ArgumentError, match="NUL"):
+        await app.list(name="a\x00b")
+    with pytest.raises(durafn.ArgumentError, match="mutation_timeout"):
+        durafn.App("sqlite+aiosqlite:///unused.db", mutation_timeout="5")  # type: ignore[arg-type]
+    with pytest.raises(durafn.ArgumentError, match="completed_before"):
+        await app.delete_finished(completed_before=datetime(2020, 1, 1))
+    with pytest.raises(durafn.ArgumentError, match="batch_size"):
+        await app.executor(batch_size=10**30).run_until_idle()
+    await assert_nothing_written(app)
+
+
+def test_durable_names_both_engines_can_store() -> None:
+    app = durafn.App("sqlite+aiosqlite:///unused.db")
+    for name in ("bad\x00name", "lone\ud800surrogate"):
+        with pytest.raises(durafn.RegistrationError, match="durable name"):
+
+            @app.mutation(name=name)
+            async def f(ctx: MutationCtx) -> None:
+                pass
+
+    with pytest.raises(durafn.RegistrationError, match="timeout"):
+
+        @app.mutation(timeout="5")  # type: ignore[call-overload, untyped-decorator]
+        async def g(ctx: MutationCtx) -> None:
+            pass
+
+
+async def test_every_form_of_an_id_finds_the_same_row(app: durafn.App) -> None:
+    """Upper case, braces and urn:uuid: name the row on both engines; text that is no id is
+    NotFoundError (saying it is malformed) or None, never a driver error."""
+
+    @app.mutation
+    async def target(ctx: MutationCtx) -> None:
+        pass
+
+    first = await app.scheduler().run_after(60, target)
+    second = await app.scheduler().run_after(60, target)
+    for form in (first.upper(), "{" + first + "}", "urn:uuid:" + first):
+        row = await app.get(form)
+        assert row is not None and row.id == first
+    result = await app.cancel("urn:uuid:" + second.upper())
+    assert result.canceled and result.id == second
+    for junk in ("nope", "urn:uuid:zz", first + "0", first[:-1], "\ud800", ""):
+        assert await app.get(junk) is None
+        with pytest.raises(durafn.NotFoundError, match="not a scheduled function id"):
+            await app.cancel(junk)
+
+
 @pytest.mark.parametrize(
     "bad_call",
     ["argument", "time", "function", "query"],

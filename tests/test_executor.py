@@ -126,6 +126,111 @@ async def test_mutation_time_limit(db_url: str, clock: FakeClock) -> None:
         await app.aclose()
 
 
+# A statement that would run for minutes unless stopped.
+_ENDLESS = {
+    "sqlite": "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c "
+    "WHERE x < 100000000000) SELECT count(*) FROM c",
+    "postgresql": "SELECT pg_sleep(600)",
+}
+
+
+async def _still_running(app: durafn.App) -> bool:
+    """Is the endless statement still running anywhere (PostgreSQL), or holding the
+    write lock (SQLite: a write that may not wait fails at once)?"""
+    if app.engine.dialect.name == "postgresql":
+        async with app.engine.connect() as conn:
+            found = await conn.scalar(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'SELECT pg_sleep(600)%'"
+                )
+            )
+        return bool(found)
+    database = app.engine.url.database
+    assert database is not None
+    probe = sqlite3.connect(database, timeout=0, isolation_level=None)
+    try:
+        probe.execute("BEGIN IMMEDIATE")
+        probe.execute("ROLLBACK")
+        return False
+    except sqlite3.OperationalError:
+        return True
+    finally:
+        probe.close()
+
+
+async def test_a_mutation_time_limit_stops_its_statement(app: durafn.App) -> None:
+    """The statement is stopped at the limit, not left running with its locks: the row is
+    Failed, its batch neighbours run, and no lock is left behind. (Without the interrupt,
+    the bound below is hit: the statement runs for minutes.)"""
+    endless = _ENDLESS[app.engine.dialect.name]
+
+    @app.mutation(timeout=0.2)
+    async def runs_forever(ctx: MutationCtx) -> None:
+        await ctx.db.execute(text(endless))
+
+    @app.mutation
+    async def neighbour(ctx: MutationCtx, n: int) -> int:
+        ctx.db.add(Effect(key=f"n{n}"))
+        return n
+
+    sched = app.scheduler()
+    before = await sched.run_after(0, neighbour, n=1)
+    stuck = await sched.run_after(0, runs_forever)
+    after = await sched.run_after(0, neighbour, n=2)
+    with anyio.fail_after(60):  # a liveness bound, far above the limit: not a timing
+        assert await app.executor().run_until_idle() == 3
+    row = await app.get(stuck)
+    assert row is not None and row.state is State.FAILED
+    assert row.error is not None and row.error.type == "durafn.FunctionTimeoutError"
+    assert [(await app.get(i)).state for i in (before, after)] == [State.SUCCESS] * 2  # type: ignore[union-attr]
+    assert await count(app, Effect) == 2
+    assert not await _still_running(app)
+
+
+async def test_a_direct_call_time_limit_stops_its_statement(app: durafn.App) -> None:
+    """run_mutation and run_query past their limits stop the statement, too."""
+    endless = _ENDLESS[app.engine.dialect.name]
+
+    @app.mutation(timeout=0.2)
+    async def writes_forever(ctx: MutationCtx) -> None:
+        ctx.db.add(Effect(key="never"))
+        await ctx.db.flush()
+        await ctx.db.execute(text(endless))
+
+    @app.query(timeout=0.2)
+    async def reads_forever(ctx: durafn.QueryCtx) -> None:
+        await ctx.db.execute(text(endless))
+
+    with anyio.fail_after(60):  # a liveness bound, as above
+        with pytest.raises(durafn.FunctionTimeoutError):
+            await app.run_mutation(writes_forever)
+        assert not await _still_running(app)
+        with pytest.raises(durafn.FunctionTimeoutError):
+            await app.run_query(reads_forever)
+        assert not await _still_running(app)
+    assert await count(app, Effect) == 0
+
+
+async def test_a_stop_is_not_held_by_a_timed_out_statement(app: durafn.App) -> None:
+    """Stopping while a mutation's statement runs waits for its time limit, no longer,
+    and leaves the row Failed (not Pending for the next worker to stall on)."""
+    endless = _ENDLESS[app.engine.dialect.name]
+    started = anyio.Event()
+
+    @app.mutation(timeout=0.3)
+    async def runs_forever(ctx: MutationCtx) -> None:
+        started.set()
+        await ctx.db.execute(text(endless))
+
+    with anyio.fail_after(60):  # a liveness bound, as above
+        async with app.run_executor():
+            stuck = await app.scheduler().run_after(0, runs_forever)
+            await started.wait()
+    row = await app.get(stuck)
+    assert row is not None and row.state is State.FAILED
+    assert not await _still_running(app)
+
+
 async def test_action_time_limit_and_per_function_override(app: durafn.App) -> None:
     @app.action(timeout=0.05)
     async def slow(ctx: ActionCtx) -> None:
@@ -583,9 +688,9 @@ def test_executor_options_are_checked(tmp_path: Path) -> None:
     with pytest.raises(durafn.ArgumentError, match=r"unknown executor option.*lanes; the options"):
         app.executor(lanes=2)  # type: ignore[call-arg]
     for options, message in [
-        ({"mutation_lanes": 0}, "mutation_lanes must be an integer of at least 1"),
+        ({"mutation_lanes": 0}, "mutation_lanes must be an integer between 1 and 1000"),
         ({"poll_interval": 0.0}, "poll_interval must be a positive number"),
-        ({"concurrency": 0}, "concurrency must be an integer of at least 1"),
+        ({"concurrency": 0}, "concurrency must be an integer between 1 and 100000"),
         ({"grace_period": -1.0}, "grace_period must be a non-negative"),
         ({"retention_interval": 0}, "retention_interval must be a positive"),
         ({"batch_size": 2.5}, "batch_size must be an integer"),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -64,7 +65,8 @@ async def wapp(db_url: str) -> AsyncIterator[tuple[durafn.App, Functions]]:
 
 
 def durafn_command(*args: str) -> list[str]:
-    return [sys.executable, "-m", "durafn", *args]
+    """The ``durafn`` command, as its console script runs it."""
+    return [sys.executable, "-m", "_durafn_cli", *args]
 
 
 @asynccontextmanager
@@ -231,6 +233,50 @@ async def test_a_second_signal_stops_at_once(
     row = await app.get(stuck)
     assert row is not None and row.state is State.FAILED
     assert row.error is not None and row.error.type == "durafn.ExecutorShutdownError"
+
+
+@pytest.mark.parametrize("processes", ["1", "2"])
+async def test_a_signal_during_start_up_stops_a_worker_cleanly(
+    wapp: tuple[durafn.App, Functions], db_url: str, tmp_path: Path, processes: str
+) -> None:
+    """SIGTERM while the command is still importing (caught by its entry point) is a clean
+    stop before any work is claimed: status 0, the row still Pending. The moment is found
+    with ``-X importtime``, whose lines show that durafn's own imports are under way."""
+    app, fns = wapp
+    due = await app.scheduler().run_after(0, fns.apply, 1, 0.0)
+    command = durafn_command("worker", "--app", "tests.worker_app:app", "--url", db_url)
+    proc = await anyio.open_process(
+        [sys.executable, "-X", "importtime", *command[1:], "-n", processes],
+        cwd=ROOT,
+        stdout=None,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert proc.stderr is not None
+        seen = b""
+        with anyio.fail_after(SLACK):
+            while b"| durafn." not in seen:  # a module of durafn finished importing
+                seen += await proc.stderr.receive()
+        proc.send_signal(signal.SIGTERM)
+        async with anyio.create_task_group() as tg:  # keep the pipe drained
+            tg.start_soon(_drain, proc.stderr)
+            with anyio.fail_after(SLACK):
+                code = await proc.wait()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+        await proc.wait()
+    assert code == 0
+    row = await app.get(due)
+    assert row is not None and row.state is State.PENDING
+
+
+async def _drain(stream: anyio.abc.ByteReceiveStream) -> None:
+    try:
+        async for _ in stream:
+            pass
+    except anyio.EndOfStream:
+        pass
 
 
 async def test_exit_on_complete_runs_what_is_due_and_exits_0(
