@@ -2,9 +2,13 @@
 start lag on an idle worker in another process, and recovery time after ``kill -9``.
 
     python -m benchmarks.workers [--n 20000] [--processes 1,2,4] [--lag-samples 300]
-                                 [--recovery "5,30;0.2,2"] [--json PATH]
+                                 [--recovery "5,30;0.2,2"] [--kills 24]
+                                 [--kills-engines sqlite,postgres] [--kills-timing 0.5,1.5]
+                                 [--json PATH]
 
-``--processes ""``, ``--lag-samples 0`` or ``--recovery ""`` skip a scenario.
+``--processes ""``, ``--lag-samples 0``, ``--recovery ""`` or ``--kills-engines ""`` skip a
+scenario. ``--kills`` repeats the recovery after ``kill -9`` on both engines, the killed
+worker replaced at once, and reports min, median and max.
 
 The workers are real subprocesses (``python -m durafn worker --app benchmarks.worker_app:app``);
 times come from the rows themselves (completed_time, the function's own start stamp), so
@@ -14,14 +18,16 @@ the benchmark's polling does not enter the figures. Nothing here is asserted.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import signal
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +46,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @asynccontextmanager
 async def workers(url: str, count: int, *args: str) -> AsyncIterator[list[anyio.abc.Process]]:
-    command = [sys.executable, "-m", "durafn", "worker", "--app", "benchmarks.worker_app:app"]
+    command = [sys.executable, "-m", "_durafn_cli", "worker", "--app", "benchmarks.worker_app:app"]
     procs = [
         await anyio.open_process(
             [*command, "--url", url, "--log-level", "WARNING", *args],
@@ -68,8 +74,11 @@ async def _until(app: durafn.App, condition: Any, timeout: float = 600) -> None:
         await anyio.sleep(0.01)
 
 
-async def _fresh_app() -> tuple[str, durafn.App, Any]:
-    url = await _fresh_postgres()
+async def _fresh_app(engine: str = "postgres") -> tuple[str, durafn.App, Any]:
+    if engine == "postgres":
+        url = await _fresh_postgres()
+    else:
+        url = f"sqlite+aiosqlite:///{tempfile.mkdtemp(prefix='durafn-bench-')}/bench.db"
     app = durafn.App(url)
     fns = register(app)
     await app.migrate()
@@ -148,6 +157,59 @@ async def recovery(heartbeat: float, timeout: float) -> float:
         await app.aclose()
 
 
+async def recovery_after_kills(
+    engine: str, kills: int, heartbeat: float, timeout: float
+) -> dict[str, list[float]]:
+    """``kill -9`` the worker running an action, ``kills`` times; two workers at all times
+    (the killed one is replaced at once, as a supervisor would). Seconds from the kill to
+    the row being Failed, in two cases taken in turn: the surviving worker (the rescuer)
+    has been up for longer than ``worker_timeout``, or it was itself restarted just before
+    the kill (a rescuer needs ``worker_timeout`` of its own heartbeats before it rescues
+    anything, so that a pause is never taken for a death)."""
+    url, app, fns = await _fresh_app(engine)
+    args = ("--heartbeat-interval", str(heartbeat), "--worker-timeout", str(timeout))
+    steady, fresh = "rescuer up for worker_timeout", "rescuer restarted just before"
+    delays: dict[str, list[float]] = {steady: [], fresh: []}
+    procs: dict[int, anyio.abc.Process] = {}
+    try:
+        async with AsyncExitStack() as stack:
+
+            async def start() -> None:
+                [proc] = await stack.enter_async_context(workers(url, 1, *args))
+                procs[proc.pid] = proc
+
+            await start()
+            await start()
+            for i in range(kills):
+                await _until(app, lambda: _workers_are(app, 2))
+                sid = await app.scheduler().run_after(0, fns.hang)
+                await _until(app, functools.partial(_state_is, app, sid, State.IN_PROGRESS))
+                [victim] = [w.pid for w in await app.workers() if w.running]
+                case = fresh if i % 2 else steady
+                if case == fresh:
+                    [survivor] = [pid for pid in procs if pid != victim]
+                    procs.pop(survivor).send_signal(signal.SIGTERM)
+                    await start()
+                    await _until(app, lambda: _workers_are(app, 2))
+                else:
+                    await anyio.sleep(timeout)  # the survivor is older than that by now
+                killed = time.monotonic()
+                os.kill(victim, signal.SIGKILL)
+                del procs[victim]
+                await start()
+                await _until(app, functools.partial(_state_is, app, sid, State.FAILED))
+                delays[case].append(time.monotonic() - killed)
+                await _until(app, lambda: _no_stale_workers(app))
+    finally:
+        await app.aclose()
+    return delays
+
+
+async def _no_stale_workers(app: durafn.App) -> bool:
+    """The killed worker's row is gone (the rescue removes it with its actions)."""
+    return len(await app.workers()) <= 2
+
+
 def peak_rss_mb(pid: int) -> float:
     """The process's peak resident set size so far (Linux: VmHWM)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -221,6 +283,25 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             f"{seconds:.2f} s",
             flush=True,
         )
+    for engine in filter(None, args.kills_engines.split(",")):
+        heartbeat, timeout = (float(x) for x in args.kills_timing.split(","))
+        by_case = await recovery_after_kills(engine, args.kills, heartbeat, timeout)
+        every = [d for values in by_case.values() for d in values]
+        for label, values in [("all", every), *by_case.items()]:
+            if not values:
+                continue
+            summary = {
+                "kills": len(values),
+                "min": round(min(values), 2),
+                "median": round(statistics.median(values), 2),
+                "max": round(max(values), 2),
+            }
+            results["recovery_s"][f"{engine}, {args.kills} kills, {label}"] = summary
+            print(
+                f"kill -9 to Failed on {engine} (heartbeat {heartbeat:g}s, worker timeout "
+                f"{timeout:g}s), {label}: {summary}",
+                flush=True,
+            )
     return results
 
 
@@ -230,6 +311,9 @@ def cli() -> None:
     parser.add_argument("--processes", default="1,2,4")
     parser.add_argument("--lag-samples", type=int, default=300)
     parser.add_argument("--recovery", default="5,30;0.2,2")
+    parser.add_argument("--kills", type=int, default=24)
+    parser.add_argument("--kills-engines", default="sqlite,postgres")
+    parser.add_argument("--kills-timing", default="0.5,1.5", metavar="HEARTBEAT,TIMEOUT")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     results = anyio.run(main, args)
