@@ -224,10 +224,13 @@ async def test_many_plain_successes_finish_in_one_call(store: Store) -> None:
     assert counts[State.SUCCESS] == 1200 and counts[State.PENDING] == 0
 
 
-async def test_count_retry_counts_only_pending_rows(store: Store) -> None:
-    pending, done = await store.insert(new_row(), new_row(state=State.SUCCESS, completed=T0))
+async def test_count_retry_counts_a_run_whatever_the_state_now(store: Store) -> None:
+    """A rolled-back run began: it counts even if another lane finished the row since."""
+    pending, done, other = await store.insert(
+        new_row(), new_row(state=State.SUCCESS, completed=T0), new_row()
+    )
     await store.run(lambda conn: store.driver.count_retry(conn, [pending, done]))
-    assert [(await store.row(i))["attempts"] for i in (pending, done)] == [1, 0]
+    assert [(await store.row(i))["attempts"] for i in (pending, done, other)] == [1, 1, 0]
 
 
 # -- release of unstarted rows --------------------------------------------------------------

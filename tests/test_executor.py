@@ -434,6 +434,61 @@ async def test_internal_fault_is_retried_without_double_effects(
         assert max(r.attempts for r in rows) == 2
 
 
+async def test_attempts_count_every_run_that_began(app: durafn.App) -> None:
+    """A mutation that raises in an optimistic batch rolls the batch back and re-runs it
+    with savepoints: the neighbour that ran before it ran twice, and says so."""
+    runs: dict[str, int] = {}
+
+    @app.mutation
+    async def apply(ctx: MutationCtx, key: str) -> None:
+        runs[key] = runs.get(key, 0) + 1
+        ctx.db.add(Effect(key=key))
+        if key == "bad":
+            raise ValueError("bad")
+
+    ids = {key: await app.scheduler().run_after(0, apply, key=key) for key in ("a", "bad", "c")}
+    await app.executor().run_until_idle()
+    rows = {r.id: r for r in await all_rows(app)}
+    assert {key: rows[i].attempts for key, i in ids.items()} == runs == {"a": 2, "bad": 2, "c": 1}
+    assert await count(app, Effect) == 2
+
+
+@pytest.mark.postgres_only  # a connection terminated by the server, with lanes in parallel
+@pytest.mark.parametrize("where", ["before a user statement", "before the finishing write"])
+async def test_attempts_count_runs_cut_by_a_terminated_connection(
+    postgres_url: str, where: str
+) -> None:
+    """The batch's connection dies mid-run; the row's next run may be another lane's, at
+    once. Each run that began is counted (a count guarded by Pending missed the run when
+    the other lane had finished the row first: attempts 1 for 2 runs, at random)."""
+    app = durafn.App(postgres_url)
+    await app.migrate()
+    runs: dict[str, int] = {}
+
+    async def terminate(pid: int) -> None:
+        async with app.engine.connect() as conn:
+            await conn.execute(text("SELECT pg_terminate_backend(:pid, 5000)"), {"pid": pid})
+
+    @app.mutation
+    async def apply(ctx: MutationCtx, key: str) -> None:
+        runs[key] = runs.get(key, 0) + 1
+        if runs[key] == 1:
+            await terminate(await ctx.db.scalar(text("SELECT pg_backend_pid()")))
+            if where == "before a user statement":
+                await ctx.db.execute(text("SELECT 1"))
+
+    try:
+        ids = {k: await app.scheduler().run_after(0, apply, key=k) for k in ("x", "y", "z")}
+        async with app.run_executor() as executor:
+            for i in ids.values():
+                await executor.wait_for(i, timeout=30)
+        rows = {r.id: r for r in await all_rows(app)}
+        assert {k: rows[i].attempts for k, i in ids.items()} == runs
+        assert min(runs.values()) >= 2  # every first run was cut (and so were neighbours')
+    finally:
+        await app.aclose()
+
+
 async def test_run_until_idle_stops_runaway_self_scheduling(
     app: durafn.App, clock: FakeClock
 ) -> None:

@@ -59,8 +59,9 @@ class BatchTimeout(Exception):
 
 
 class MutationBatch:
-    """One batch's transaction. ``run`` once; then ``claimed``, ``outcomes`` (committed
-    if ``run`` returned) and ``woken`` (kinds its mutations scheduled) describe it. The
+    """One batch's transaction. ``run`` once; then ``claimed``, ``begun``, ``outcomes``
+    (committed if ``run`` returned) and ``woken`` (kinds its mutations scheduled) describe
+    it. The
     wall time per mutation it ran goes to ``pace``."""
 
     def __init__(self, runtime: Runtime, invoker: Invoker, mode: Mode, pace: Pace) -> None:
@@ -69,6 +70,9 @@ class MutationBatch:
         self._mode = mode
         self._pace = pace
         self.claimed: list[Claimed] = []
+        self.begun: list[Claimed] = []
+        """Rows whose function this batch started: if the batch rolls back, each of these
+        runs still counts as an attempt (``MutationLanes`` records it)."""
         self.outcomes: list[Outcome] = []
         self.woken: set[FunctionKind] = set()
         self._written = 0
@@ -167,6 +171,7 @@ class MutationBatch:
         scheduler = Scheduler(rt, writer, parent_id=row.id, own_run_id=row.id)
         ctx = MutationCtx(rt, session, scheduler, SystemTable(rt, conn, writer.flush), row.id)
         mark = self._written
+        self.begun.append(row)
         timeout = self._invoker.timeouts.for_(ref)
         self._current, self._timeout = row, timeout
         limit.deadline = anyio.current_time() + timeout

@@ -83,9 +83,11 @@ class MutationLanes:
             try:
                 await shielded(batch.run(now, size, self._config.batch_time if timed else math.inf))
             except BatchRestart:
+                await self._count_rolled_back(batch.begun)
                 self._escalate(Mode.SAVEPOINTS)
                 continue
             except BatchTimeout as timeout:
+                await self._count_rolled_back([r for r in batch.begun if r is not timeout.row])
                 await self._fail_alone(timeout.row, timeout.error)
                 return 1, True
             except Exception as exc:
@@ -95,7 +97,7 @@ class MutationLanes:
                     failures += 1
                     self._tally.stats["retries"] += 1
                     rt.health.fault(exc, f"running a batch of {len(claimed)} mutations", delay)
-                    await self._count_retry(claimed)
+                    await self._count_rolled_back(batch.begun)
                     await anyio.sleep(delay)
                     continue
                 if isinstance(exc, DurafnError):
@@ -108,6 +110,7 @@ class MutationLanes:
                 if mode is Mode.ALONE:
                     await self._fail_alone(claimed[0], exc)
                     return 1, True
+                await self._count_rolled_back(batch.begun)
                 logger.warning(
                     "mutation batch of %d failed outside any mutation (%s); re-running it %s",
                     len(claimed),
@@ -162,9 +165,13 @@ class MutationLanes:
         if await self._rt.transaction(_write, doing="recording a failure"):
             self._tally.record(FunctionKind.MUTATION, [outcome])
 
-    async def _count_retry(self, rows: list[Claimed]) -> None:
-        # The backoff itself is the lane's sleep (real time): the rows stay due, so another
-        # executor may take them meanwhile, and a fake clock does not strand them.
+    async def _count_rolled_back(self, rows: list[Claimed]) -> None:
+        """Count the runs of a batch that rolled back: each began, so each is an attempt
+        (the row's final run is counted as it finishes). Counted whatever the row's state
+        is by now: on PostgreSQL another lane may have claimed and finished it already.
+
+        The backoff itself is the lane's sleep (real time): the rows stay due, so another
+        executor may take them meanwhile, and a fake clock does not strand them."""
         if not rows:
             return
 
@@ -172,6 +179,6 @@ class MutationLanes:
             await self._rt.driver.count_retry(conn, [r.id for r in rows])
 
         try:
-            await self._rt.transaction(_write, doing="counting a retried batch")
+            await self._rt.transaction(_write, doing="counting the attempts of a batch")
         except Exception as exc:  # the database may still be away; the retry will tell
-            logger.info("could not count the retry (%s)", one_line(exc))
+            logger.info("could not count the attempts (%s)", one_line(exc))

@@ -193,12 +193,10 @@ class Driver(EngineDriver):
         return result.rowcount
 
     async def count_retry(self, conn: AsyncConnection, ids: Sequence[ScheduledFunctionId]) -> None:
-        """Count an internal retry on rows whose batch was rolled back by a fault."""
-        await conn.execute(
-            update(sf)
-            .where(sf.c.id.in_(ids), sf.c.state == State.PENDING.value)
-            .values(attempts=sf.c.attempts + 1)
-        )
+        """Count a run that began in a batch that was rolled back. Not guarded by state:
+        the run began whatever has happened to the row since (finished by another lane,
+        cancelled), and the count is all this writes."""
+        await conn.execute(update(sf).where(sf.c.id.in_(ids)).values(attempts=sf.c.attempts + 1))
 
     # -- executor: actions ---------------------------------------------------------------
 
