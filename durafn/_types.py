@@ -38,12 +38,15 @@ class FunctionKind(enum.StrEnum):
 
 
 class ErrorInfo(BaseModel):
-    """What a Failed row records of the error: its qualified type name and its message."""
+    """What a Failed row records of the error: its qualified type name, its message, and
+    the traceback of where it was raised (the last frames, when the function raised it;
+    None when durafn recorded the failure itself: a lost worker, a time limit)."""
 
     model_config = ConfigDict(frozen=True)
 
     type: str
     message: str
+    traceback: str | None = None
 
 
 class ScheduledFunction(BaseModel):

@@ -258,6 +258,7 @@ def test_show_prints_every_field(rows: Rows) -> None:
     for field in durafn.ScheduledFunction.model_fields:
         assert re.search(rf"^\W*{field}\b", text, re.MULTILINE), field
     assert "ValueError: b must not be negative [got -1]" in text
+    assert "Traceback (most recent call last)" in text  # where it was raised, too
     assert '"a": 1,' in text and '"b": -1' in text
     assert iso(datetime.fromisoformat(row["completed_time"])) in text
     success = invoke_json("show", "--url", rows.url, rows.success)

@@ -59,9 +59,9 @@ async def test_a_failing_mutation_does_not_take_its_batch_down(app: durafn.App) 
     for n, sid in enumerate(ids):
         if n == 5:
             assert rows[sid].state is State.FAILED
-            assert rows[sid].error == durafn.ErrorInfo(
-                type="ValueError", message="five is right out"
-            )
+            error = rows[sid].error
+            assert error is not None
+            assert (error.type, error.message) == ("ValueError", "five is right out")
         else:
             assert rows[sid].state is State.SUCCESS
             assert rows[sid].result == n * 10
@@ -432,6 +432,42 @@ async def test_internal_fault_is_retried_without_double_effects(
         # The fault struck after the claim: the rolled-back attempt is counted on the rows.
         # (On SQLite it struck at BEGIN, before any row was claimed.)
         assert max(r.attempts for r in rows) == 2
+
+
+def _look_up(table: dict[str, int], key: str) -> int:
+    return table[key]  # the frame a traceback must lead to
+
+
+async def test_a_failed_run_keeps_its_traceback(app: durafn.App) -> None:
+    """A KeyError deep in user code can be traced from the row, for both kinds; an error
+    durafn records itself (a time limit) has no traceback to keep."""
+
+    @app.mutation
+    async def mutation(ctx: MutationCtx, key: str) -> int:
+        return _look_up({}, key)
+
+    @app.action
+    async def action(ctx: ActionCtx, key: str) -> int:
+        return _look_up({}, key)
+
+    @app.action(timeout=0.01)
+    async def slow(ctx: ActionCtx) -> None:
+        await anyio.sleep(5)
+
+    ids = [
+        await app.scheduler().run_after(0, mutation, key="m"),
+        await app.scheduler().run_after(0, action, key="a"),
+    ]
+    timed_out = await app.scheduler().run_after(0, slow)
+    await app.executor().run_until_idle()
+    for sid in ids:
+        row = await app.get(sid)
+        assert row is not None and row.error is not None and row.error.type == "KeyError"
+        assert row.error.traceback is not None
+        assert "Traceback (most recent call last)" in row.error.traceback
+        assert "in _look_up" in row.error.traceback and "return table[key]" in row.error.traceback
+    row = await app.get(timed_out)
+    assert row is not None and row.error is not None and row.error.traceback is None
 
 
 async def test_attempts_count_every_run_that_began(app: durafn.App) -> None:

@@ -37,8 +37,9 @@ async def test_migrate_is_idempotent_and_versioned(db_url: str, clock: FakeClock
 async def test_a_version_1_database_is_upgraded_in_place(
     db_url: str, engine_name: str, clock: FakeClock
 ) -> None:
-    """Version 2 added worker heartbeats: an existing version 1 database keeps its rows,
-    refuses to run until migrated (PostgreSQL), and gains the new table and index."""
+    """Version 2 added worker heartbeats, version 3 the traceback column: an existing
+    version 1 database keeps its rows, refuses to run until migrated (PostgreSQL), and
+    gains the new table, index and column, one recorded step each."""
     app = durafn.App(db_url, clock=clock)
 
     @app.mutation
@@ -51,23 +52,28 @@ async def test_a_version_1_database_is_upgraded_in_place(
         async with app.engine.begin() as conn:  # back to what version 1 created
             await conn.execute(text("DROP INDEX ix_scheduled_functions_running"))
             await conn.execute(text("DROP TABLE _durafn_workers"))
+            await conn.execute(text("ALTER TABLE _scheduled_functions DROP COLUMN error_traceback"))
             await conn.execute(delete(schema_version))
             await conn.execute(insert(schema_version).values(version=1, applied_at=0))
         await app.aclose()
         if engine_name == "postgres":
             stale = durafn.App(db_url, clock=clock)
-            with pytest.raises(durafn.SchemaError, match="at version 1, this durafn needs 2"):
+            with pytest.raises(durafn.SchemaError, match="at version 1, this durafn needs 3"):
                 await stale.executor().run_until_idle()
             await stale.aclose()
-        assert await app.migrate() == 2
+        assert await app.migrate() == 3
         async with app.engine.connect() as conn:
             tables = await conn.run_sync(lambda c: set(inspect(c).get_table_names()))
             indexes = await conn.run_sync(
                 lambda c: {i["name"] for i in inspect(c).get_indexes("_scheduled_functions")}
             )
             versions = (await conn.execute(select(schema_version.c.version))).scalars().all()
+            columns = await conn.run_sync(
+                lambda c: {col["name"] for col in inspect(c).get_columns("_scheduled_functions")}
+            )
         assert "_durafn_workers" in tables and "ix_scheduled_functions_running" in indexes
-        assert sorted(versions) == [1, 2]
+        assert "error_traceback" in columns
+        assert sorted(versions) == [1, 2, 3]
         row = await app.get(sid)
         assert row is not None and row.state is durafn.State.PENDING
         async with app.run_executor() as executor:

@@ -9,6 +9,9 @@ are committed, and wakes whoever waits for progress (``wait_for``, ``wait_until_
 from __future__ import annotations
 
 import logging
+import os
+import traceback
+from pathlib import Path
 from typing import Any
 
 from .._errors import ExecutorShutdownError
@@ -20,6 +23,9 @@ from .tasks import Signal
 logger = logging.getLogger("durafn.executor")
 
 MAX_ERROR_MESSAGE = 8000
+MAX_TRACEBACK = 16000
+"""Characters of a traceback a row keeps: its end, where the error was raised."""
+_DURAFN_DIR = str(Path(__file__).resolve().parent.parent) + os.sep
 
 
 def error_fields(exc: BaseException) -> tuple[str, str]:
@@ -38,10 +44,28 @@ def error_fields(exc: BaseException) -> tuple[str, str]:
     return name, message
 
 
+def traceback_text(exc: BaseException) -> str | None:
+    """Where ``exc`` was raised, for the row (its last ``MAX_TRACEBACK`` characters), or
+    None when no frame of it is the user's: an error durafn made itself (a time limit, a
+    stop) says all in its message."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if all(frame.filename.startswith(_DURAFN_DIR) for frame in frames):
+        return None
+    text = "".join(traceback.format_exception(exc)).replace("\x00", "\\x00")
+    if len(text) > MAX_TRACEBACK:
+        text = "…" + text[-MAX_TRACEBACK:]
+    return text
+
+
 def failed(row: Claimed | Outcome, exc: BaseException) -> Outcome:
     error_type, message = error_fields(exc)
     return Outcome(
-        row.id, State.FAILED, error_type=error_type, error_message=message, name=row.name
+        row.id,
+        State.FAILED,
+        error_type=error_type,
+        error_message=message,
+        error_traceback=traceback_text(exc),
+        name=row.name,
     )
 
 
@@ -86,13 +110,14 @@ class Tally:
             if o.state is State.FAILED:
                 failures += 1
                 logger.warning(
-                    "%s %s (%s) %s -> Failed: %s: %s",
+                    "%s %s (%s) %s -> Failed: %s: %s%s",
                     kind,
                     o.id,
                     o.name,
                     before,
                     o.error_type,
                     o.error_message,
+                    f"\n{o.error_traceback.rstrip()}" if o.error_traceback else "",
                     extra=log_fields(kind, o.id, o.name, o.state),
                 )
             elif debug:

@@ -184,6 +184,7 @@ class Driver(EngineDriver):
                     "b_result": o.result,
                     "b_error_type": o.error_type,
                     "b_error_message": o.error_message,
+                    "b_error_traceback": o.error_traceback,
                     **common,
                 }
                 for o in outcomes

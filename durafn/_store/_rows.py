@@ -99,6 +99,7 @@ class Outcome:
     result: str | None = None
     error_type: str | None = None
     error_message: str | None = None
+    error_traceback: str | None = None
     name: str = ""
     """The function's durable name, for logs."""
 
@@ -124,7 +125,11 @@ def to_model(row: Row[Any]) -> ScheduledFunction:
     m = row._mapping
     error = None
     if m["error_type"] is not None:
-        error = ErrorInfo(type=m["error_type"], message=m["error_message"] or "")
+        error = ErrorInfo(
+            type=m["error_type"],
+            message=m["error_message"] or "",
+            traceback=m["error_traceback"],
+        )
     return ScheduledFunction(
         id=ScheduledFunctionId(str(m["id"])),
         name=m["name"],

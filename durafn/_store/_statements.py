@@ -100,6 +100,7 @@ FINISH_ONE = (
         result=bindparam("b_result"),
         error_type=bindparam("b_error_type"),
         error_message=bindparam("b_error_message"),
+        error_traceback=bindparam("b_error_traceback"),
         attempts=sf.c.attempts + bindparam("counted"),
     )
 )

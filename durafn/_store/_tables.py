@@ -18,10 +18,12 @@ from sqlalchemy import (
     Table,
     Text,
     Uuid,
+    inspect,
+    text,
 )
 from sqlalchemy.engine import Connection
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """Bump with a new step in ``MIGRATIONS`` whenever the tables change."""
 
 metadata = MetaData()
@@ -48,6 +50,7 @@ scheduled_functions = Table(
     Column("attempts", Integer, nullable=False, server_default="0"),
     Column("error_type", Text),
     Column("error_message", Text),
+    Column("error_traceback", Text),  # version 3
     Column("result", Text),
     Column("worker_id", Text),
     # Reserved for priorities, serial queues, dedupe keys and retry policies (next issue);
@@ -127,5 +130,13 @@ def _step_2(conn: Connection) -> None:
     ix_running.create(conn, checkfirst=True)
 
 
-MIGRATIONS: dict[int, Callable[[Connection], None]] = {2: _step_2}
+def _step_3(conn: Connection) -> None:
+    """Version 3: a failed run's traceback (``error_traceback``). A nullable column without
+    a default: a change of the catalogue only, on both engines, however many rows."""
+    columns = {c["name"] for c in inspect(conn).get_columns(scheduled_functions.name)}
+    if "error_traceback" not in columns:  # tables adopted from durafn.metadata have it
+        conn.execute(text("ALTER TABLE _scheduled_functions ADD COLUMN error_traceback TEXT"))
+
+
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {2: _step_2, 3: _step_3}
 """Steps from version N-1 to N. A fresh database gets the latest tables in one go."""

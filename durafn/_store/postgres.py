@@ -43,11 +43,13 @@ _FINISH_SQL = text(
            completed_time = :now,
            result = v.result,
            error_type = v.error_type,
-           error_message = v.error_message
+           error_message = v.error_message,
+           error_traceback = v.error_traceback
            , attempts = sf.attempts + :counted
       FROM unnest(CAST(:ids AS uuid[]), CAST(:states AS text[]), CAST(:results AS text[]),
-                  CAST(:error_types AS text[]), CAST(:error_messages AS text[]))
-           AS v(id, state, result, error_type, error_message)
+                  CAST(:error_types AS text[]), CAST(:error_messages AS text[]),
+                  CAST(:error_tracebacks AS text[]))
+           AS v(id, state, result, error_type, error_message, error_traceback)
      WHERE sf.id = v.id
        AND sf.state = :expected
     """
@@ -232,6 +234,7 @@ class PostgresDriver(Driver):
                 "results": [o.result for o in outcomes],
                 "error_types": [o.error_type for o in outcomes],
                 "error_messages": [o.error_message for o in outcomes],
+                "error_tracebacks": [o.error_traceback for o in outcomes],
             },
         )
         assert isinstance(result, CursorResult)

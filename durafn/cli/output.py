@@ -113,7 +113,8 @@ def field_value(name: str, value: Any) -> RenderableType:
     if isinstance(value, datetime):
         return cell(iso(value))
     if isinstance(value, ErrorInfo):
-        return cell(error_text(value))
+        traceback = f"\n\n{value.traceback.rstrip()}" if value.traceback else ""
+        return cell(error_text(value) + traceback)
     if isinstance(value, enum.Enum):
         return cell(value.value)
     return cell(value)
