@@ -19,6 +19,9 @@ builtin a caller would naturally catch, so ``except LookupError`` finds an unkno
     ├── SchemaError                        the system tables are missing or too new
     └── DatabaseError                      the database failed and retrying did not help
 
+and one warning, ``DurableNameWarning`` (a ``UserWarning``): a durable name no worker
+will find, registered from ``__main__``.
+
 A failure raised *by a user's function* is never wrapped: the executor records its type and
 message on the function's row, and ``app.run_mutation`` re-raises it unchanged.
 """
@@ -113,3 +116,8 @@ class DatabaseError(DurafnError):
     def __init__(self, message: str, *, transient: bool = False) -> None:
         super().__init__(message)
         self.transient = transient
+
+
+class DurableNameWarning(UserWarning):
+    """A function's durable name is one no worker will find: it starts with ``__main__``
+    (the function was registered by a script run as ``python file.py``)."""

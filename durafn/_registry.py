@@ -12,6 +12,7 @@ import dataclasses
 import inspect
 import math
 import typing
+import warnings
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Generic, ParamSpec, TypeVar, cast
 
@@ -21,7 +22,7 @@ import typing_extensions
 from pydantic import ConfigDict, TypeAdapter
 
 from ._checks import optional, positive_seconds, text
-from ._errors import ArgumentError, RegistrationError, UnknownFunctionError
+from ._errors import ArgumentError, DurableNameWarning, RegistrationError, UnknownFunctionError
 from ._types import FunctionKind
 
 P = ParamSpec("P")
@@ -64,6 +65,16 @@ class FunctionRef(Generic[P, R]):
             name or f"{fn.__module__}:{fn.__qualname__}",
             error=RegistrationError,
         )
+        if self.name.startswith("__main__:"):
+            warnings.warn(
+                f"{_describe(fn)} is registered as {self.name!r}: a worker that imports "
+                "your app by its module name (durafn worker --app module:app) finds no "
+                "function of that name, and rows scheduled under it end Failed. Give it a "
+                "name (@app.mutation(name='messages:send')), or run your program as a "
+                "module (python -m ...)",
+                DurableNameWarning,
+                stacklevel=4,
+            )
         self.timeout = optional(
             positive_seconds, f"the timeout of {_describe(fn)}", timeout, error=RegistrationError
         )

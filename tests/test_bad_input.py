@@ -7,6 +7,7 @@ warn_unused_ignores, so if a wrong call here stopped being a type error, `make t
 from __future__ import annotations
 
 import math
+import warnings
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -365,6 +366,20 @@ def test_durable_names_both_engines_can_store() -> None:
         @app.mutation(timeout="5")  # type: ignore[call-overload, untyped-decorator]
         async def g(ctx: MutationCtx) -> None:
             pass
+
+
+def test_a_function_registered_from_main_warns() -> None:
+    """``python first.py`` stores ``__main__:f``, which no worker importing the app by its
+    module name can run: say so at registration, with the fix."""
+    app = durafn.App("sqlite+aiosqlite:///unused.db")
+    namespace: dict[str, Any] = {"__name__": "__main__", "MutationCtx": MutationCtx}
+    exec("async def send(ctx: MutationCtx) -> None:\n    pass\n", namespace)
+    with pytest.warns(durafn.DurableNameWarning, match=r"'__main__:send'.*name="):
+        app.mutation(namespace["send"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        namespace["send"].__module__ = "__main__"
+        app.mutation(name="messages:send")(namespace["send"])  # named: no warning
 
 
 async def test_every_form_of_an_id_finds_the_same_row(app: durafn.App) -> None:

@@ -32,7 +32,8 @@ def test_errors_subclass_the_builtins_callers_catch() -> None:
     assert issubclass(durafn.ArgumentError, ValueError)
     assert issubclass(durafn.SchedulingLimitError, durafn.SchedulingError)
     assert issubclass(durafn.FunctionTimeoutError, TimeoutError)
+    assert issubclass(durafn.DurableNameWarning, UserWarning)  # the one warning
     for name in durafn.__all__:
         obj = getattr(durafn, name)
-        if isinstance(obj, type) and issubclass(obj, Exception):
+        if isinstance(obj, type) and issubclass(obj, Exception) and not issubclass(obj, Warning):
             assert issubclass(obj, durafn.DurafnError)

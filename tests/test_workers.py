@@ -379,6 +379,8 @@ def test_worker_errors_are_one_line(db_url: str, engine_name: str) -> None:
     ]
     if engine_name == "postgres":  # no tables yet: PostgreSQL needs `durafn migrate`
         cases.append((["worker", "--app", "tests.worker_app:app", "--url", db_url], "migrate"))
+    # Under a supervisor (-n) too: the same line at once, before any child is started.
+    cases += [([*args, "-n", "2"], message) for args, message in cases]
     for args, message in cases:
         result = CliRunner().invoke(cli.main, args)
         assert result.exit_code == 1, (args, result.output)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import sys
 
 import click
@@ -11,7 +12,7 @@ from .._executor import ExecutorConfig, ExecutorOptions, make_config
 from .._supervisor import supervise
 from .._worker import configure_logging, serve
 from .options import Seconds, app_options, verbose_option
-from .running import fail, load_app, open_app, run
+from .running import fail, open_app, run
 
 # The worker's defaults are the executor's: one place to change them.
 _DEFAULTS = ExecutorConfig()
@@ -118,11 +119,12 @@ def worker(
     }
     try:
         make_config(options)  # a bad combination fails here, not in every child
-        if processes > 1:
-            load_app(app_ref)  # likewise a bad --app: before any child is started
     except DurafnError as exc:
         fail(str(exc))
     if processes > 1:
+        # Likewise a bad --app or a database that is not ready (not migrated, away): one
+        # error line now, the one a single worker gives, not children dying for 18 s.
+        run(functools.partial(_check_ready, app_ref, url), verbose=verbose)
         args = ["--app", app_ref, "--log-level", log_level]
         for flag, value in (
             ("--url", url),
@@ -148,3 +150,11 @@ def worker(
             await app.aclose()
 
     sys.exit(run(_serve, verbose=verbose))
+
+
+async def _check_ready(app_ref: str, url: str | None) -> None:
+    app = open_app(app_ref, url, create=True)
+    try:
+        await app._rt.ensure_ready()
+    finally:
+        await app.aclose()
