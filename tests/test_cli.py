@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+import pty
 import re
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -410,6 +412,39 @@ def test_clear_asks_first(rows: Rows, monkeypatch: pytest.MonkeyPatch) -> None:
     assert "Delete 1 finished rows? [y/N]" in accepted.stderr
     assert accepted.stdout == "deleted 1 finished rows\n"
     assert rows.failed not in states_by_id(rows.url)
+
+
+def test_ctrl_c_at_the_clear_prompt_stops_it_at_once(rows: Rows) -> None:
+    """The real command on a terminal: the first SIGINT at the prompt ends it (exit 1,
+    "Aborted!", no traceback) and nothing is deleted."""
+    primary, secondary = pty.openpty()
+    env = {k: v for k, v in os.environ.items() if k not in CLEAN_ENV}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "_durafn_cli", "clear", "--url", rows.url],
+        cwd=ROOT,
+        env=env,
+        stdin=secondary,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert proc.stderr is not None
+        seen = b""
+        while b"[y/N]" not in seen:
+            chunk = os.read(proc.stderr.fileno(), 4096)
+            assert chunk, seen  # the prompt, not an early exit
+            seen += chunk
+        proc.send_signal(signal.SIGINT)
+        _, rest = proc.communicate(timeout=30)
+    finally:
+        os.close(primary)
+        os.close(secondary)
+        if proc.poll() is None:
+            proc.kill()
+    stderr = (seen + rest).decode()
+    assert proc.returncode == 1, stderr
+    assert "Aborted" in stderr and "Traceback" not in stderr
+    assert rows.finished <= set(states_by_id(rows.url))
 
 
 def test_clear_without_a_terminal_needs_yes(rows: Rows) -> None:

@@ -218,27 +218,32 @@ def clear(
     rows are never deleted."""
     if not yes and not options.stdin_is_terminal():
         fail("clear asks before deleting, but stdin is not a terminal; pass --yes to confirm")
-    deleted = run_with_app(
-        app_ref,
-        url,
-        functools.partial(clear_rows, states or FINISHED_STATES, older_than, confirm=not yes),
-        verbose=verbose,
+    states = states or list(FINISHED_STATES)
+    # Count, ask, delete: the question is asked between two runs of the event loop, not
+    # inside one, so that Ctrl-C at the prompt stops the command at once ("Aborted!").
+    # One cutoff for the count and the delete: what is deleted is what was confirmed.
+    before, count = run_with_app(
+        app_ref, url, functools.partial(count_rows, states, older_than), verbose=verbose
     )
+    if count and not yes:
+        click.confirm(f"Delete {count} finished rows?", abort=True, err=True)
+    deleted = 0
+    if count:
+        deleted = run_with_app(
+            app_ref, url, functools.partial(delete_rows, states, before), verbose=verbose
+        )
     if as_json:
         Output(True).json({"deleted": deleted})
     else:
         Output(False).line(f"deleted {deleted} finished rows" if deleted else "nothing to delete")
 
 
-async def clear_rows(
-    states: Collection[State], older_than: float, app: App, *, confirm: bool
-) -> int:
-    # One cutoff for the count and the delete: what is deleted is what was confirmed.
+async def count_rows(
+    states: Collection[State], older_than: float, app: App
+) -> tuple[datetime, int]:
     before = to_datetime(app.clock.now() - older_than)
-    if confirm:
-        count = await app.count_finished(completed_before=before, states=states)
-        if count == 0:
-            return 0
-        # Blocks the event loop while it waits for the answer; nothing else runs meanwhile.
-        click.confirm(f"Delete {count} finished rows?", abort=True, err=True)
+    return before, await app.count_finished(completed_before=before, states=states)
+
+
+async def delete_rows(states: Collection[State], before: datetime, app: App) -> int:
     return await app.delete_finished(completed_before=before, states=states)
