@@ -233,8 +233,10 @@ class App:
         scheduled_before: datetime | None = None,
         limit: int = 100,
         cursor: str | None = None,
+        newest_first: bool = False,
     ) -> Page:
-        """Rows in ``scheduled_time`` order, filtered and paginated (``next_cursor``)."""
+        """Rows in ``scheduled_time`` order (``newest_first``: latest first), filtered and
+        paginated: pass ``next_cursor`` back as ``cursor`` for the next page."""
         return await SystemTable(self._rt, None).list(
             state=state,
             name=name,
@@ -242,6 +244,7 @@ class App:
             scheduled_before=scheduled_before,
             limit=limit,
             cursor=cursor,
+            newest_first=newest_first,
         )
 
     async def workers(self) -> builtins.list[WorkerInfo]:

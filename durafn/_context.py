@@ -17,7 +17,7 @@ from typing import Any, NoReturn, ParamSpec, Protocol, TypeVar
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
-from ._checks import aware_time, integer, optional, scheduled_id, state_list, text
+from ._checks import aware_time, flag, integer, optional, scheduled_id, state_list, text
 from ._clock import to_datetime
 from ._errors import ReadOnlyError
 from ._registry import ActionRef, MutationRef, QueryRef
@@ -65,14 +65,17 @@ class SystemTable:
         scheduled_before: datetime | None = None,
         limit: int = 100,
         cursor: str | None = None,
+        newest_first: bool = False,
     ) -> Page:
-        """Rows in ``scheduled_time`` order, filtered; follow ``next_cursor`` for more."""
+        """Rows in ``scheduled_time`` order (``newest_first``: latest first), filtered;
+        follow ``next_cursor`` for more."""
         states = None if state is None else state_list("state", state)
         optional(text, "name", name)
         after = optional(aware_time, "scheduled_after", scheduled_after)
         before = optional(aware_time, "scheduled_before", scheduled_before)
         limit = integer("limit", limit, high=10_000)
         optional(text, "cursor", cursor)
+        flag("newest_first", newest_first)
 
         async def _read(conn: AsyncConnection) -> Page:
             return await self._rt.driver.list(
@@ -83,6 +86,7 @@ class SystemTable:
                 before=before,
                 limit=limit,
                 cursor=cursor,
+                newest_first=newest_first,
             )
 
         return await self._run(_read)

@@ -180,6 +180,43 @@ def test_ls_colours_the_state_on_a_terminal(rows: Rows) -> None:
     assert re.search(r"│ Pending +│", text)
 
 
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def test_ls_is_readable_in_80_columns(rows: Rows) -> None:
+    """On a narrow terminal: id (never cut), name, state, and when it is due or was
+    completed; --wide shows every column anyway."""
+    terminal = {"FORCE_COLOR": "1", "TERM": "xterm", "COLUMNS": "80"}
+    result = invoke("ls", "--url", rows.url, env=terminal)
+    assert result.exit_code == 0, result.output
+    lines = ANSI.sub("", result.stdout).splitlines()
+    assert max(map(len, lines)) <= 80
+    assert lines[0].split() == ["id", "name", "state", "due", "/", "completed"]
+    for row_id in rows.in_order:
+        [line] = [line for line in lines if row_id in line]  # whole, copyable
+        assert line.startswith(row_id)
+    failed = next(line for line in lines if rows.failed in line)
+    assert failed.split()[1:3] == [ADD, "Failed"]
+    wide = ANSI.sub("", invoke("ls", "--url", rows.url, "--wide", env=terminal).stdout)
+    assert re.search(r"┃ id +┃ name +┃ kind +┃ state +┃ scheduled", wide)
+    assert all(f"│ {row_id} │" in wide for row_id in rows.in_order)
+
+
+def test_ls_newest_first_and_its_pages(rows: Rows) -> None:
+    url = ("--url", rows.url)
+    newest = list(reversed(rows.in_order))
+    later_first = [rows.later, rows.canceled]  # scheduled an hour ahead: latest of all
+    assert set(ids(*url, "--newest")[:2]) == set(later_first)
+    assert sorted(ids(*url, "--newest")) == sorted(newest)
+    first = invoke_json("ls", *url, "--newest", "--limit", "3")
+    rest = invoke_json("ls", *url, "--newest", "--cursor", first["next_cursor"])
+    assert [i["id"] for i in first["items"] + rest["items"]] == ids(*url, "--newest")
+    wrong_order = invoke("ls", *url, "--cursor", first["next_cursor"])
+    assert wrong_order.exit_code == 2 and "other order" in wrong_order.stderr
+    junk = invoke("ls", *url, "--cursor", "nonsense")
+    assert junk.exit_code == 2 and "--cursor" in junk.stderr
+
+
 def test_ls_filters_by_state_name_and_time(rows: Rows) -> None:
     url = ("--url", rows.url)
     assert ids(*url, "--state", "FAILED", "--state", "in-progress") == [rows.failed, rows.running]

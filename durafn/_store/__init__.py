@@ -7,7 +7,7 @@ from sqlalchemy.exc import ArgumentError as _SAArgumentError
 
 from .._errors import DatabaseError
 from ._driver import Driver
-from ._rows import Claimed, LostAction, Outcome, new_id
+from ._rows import Claimed, LostAction, Outcome, decode_cursor, new_id
 from ._tables import SCHEMA_VERSION, metadata, scheduled_functions, schema_version
 from .postgres import PostgresDriver
 from .sqlite import SQLiteDriver
@@ -18,6 +18,7 @@ __all__ = [
     "Driver",
     "LostAction",
     "Outcome",
+    "decode_cursor",
     "driver_for_url",
     "metadata",
     "new_id",

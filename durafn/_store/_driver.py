@@ -380,8 +380,12 @@ class Driver(EngineDriver):
         before: float | None,
         limit: int,
         cursor: str | None,
+        newest_first: bool = False,
     ) -> Page:
-        stmt = select(sf).order_by(sf.c.scheduled_time, sf.c.id).limit(limit + 1)
+        # ix_scheduled_functions_scheduled (scheduled_time, id), read forwards or backwards.
+        columns = (sf.c.scheduled_time, sf.c.id)
+        order = [c.desc() for c in columns] if newest_first else list(columns)
+        stmt = select(sf).order_by(*order).limit(limit + 1)
         if states:
             stmt = stmt.where(sf.c.state.in_([State(s).value for s in states]))
         if name is not None:
@@ -391,16 +395,22 @@ class Driver(EngineDriver):
         if before is not None:
             stmt = stmt.where(sf.c.scheduled_time < before)
         if cursor is not None:
-            at, last_id = decode_cursor(cursor)
-            stmt = stmt.where(
-                or_(sf.c.scheduled_time > at, and_(sf.c.scheduled_time == at, sf.c.id > last_id))
-            )
+            at, last_id = decode_cursor(cursor, newest_first)
+            if newest_first:
+                later = or_(
+                    sf.c.scheduled_time < at, and_(sf.c.scheduled_time == at, sf.c.id < last_id)
+                )
+            else:
+                later = or_(
+                    sf.c.scheduled_time > at, and_(sf.c.scheduled_time == at, sf.c.id > last_id)
+                )
+            stmt = stmt.where(later)
         rows = list(await conn.execute(stmt))
         items = [to_model(r) for r in rows[:limit]]
         next_cursor = None
         if len(rows) > limit:
             last = rows[limit - 1]
-            next_cursor = encode_cursor(last.scheduled_time, last.id)
+            next_cursor = encode_cursor(last.scheduled_time, last.id, newest_first)
         return Page(items=items, next_cursor=next_cursor)
 
     async def list_workers(self, conn: AsyncConnection) -> builtins.list[WorkerInfo]:

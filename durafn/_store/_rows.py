@@ -148,14 +148,24 @@ def to_model(row: Row[Any]) -> ScheduledFunction:
     )
 
 
-def encode_cursor(at: float, id: object) -> str:
-    raw = json.dumps([at, str(id)]).encode()
+def encode_cursor(at: float, id: object, newest_first: bool = False) -> str:
+    raw = json.dumps([at, str(id), *(["newest"] if newest_first else [])]).encode()
     return base64.urlsafe_b64encode(raw).decode()
 
 
-def decode_cursor(cursor: str) -> tuple[float, str]:
+def decode_cursor(cursor: str, newest_first: bool = False) -> tuple[float, str]:
+    """The position a cursor marks, for a listing in the same order as the one that made
+    it (a cursor of a newest-first listing says so)."""
     try:
-        at, last_id = json.loads(base64.urlsafe_b64decode(cursor.encode()))
-        return float(at), str(uuid.UUID(last_id))
+        at, last_id, *order = json.loads(base64.urlsafe_b64decode(cursor.encode()))
+        position = float(at), str(uuid.UUID(last_id))
     except Exception:
-        raise ArgumentError(f"{cursor!r} is not a cursor returned by list()") from None
+        raise ArgumentError(
+            f"{cursor!r} is not a cursor printed by a listing (next_cursor)"
+        ) from None
+    if (order == ["newest"]) != newest_first:
+        raise ArgumentError(
+            "this cursor continues a listing in the other order; keep newest_first "
+            "(--newest) as it was"
+        )
+    return position

@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import click
+from rich import box
 from rich.console import Console, RenderableType
 from rich.table import Column, Table
 from rich.text import Text
@@ -33,16 +34,33 @@ class Output:
     def json(self, value: Any) -> None:
         click.echo(json.dumps(value, indent=2, default=str))
 
+    @property
+    def width(self) -> int:
+        return self.console.width
+
+    @width.setter
+    def width(self, columns: int) -> None:
+        self.console.width = columns
+
     def table(
-        self, columns: Sequence[str | Column], rows: Iterable[Sequence[Any]], title: str = ""
+        self,
+        columns: Sequence[str | Column],
+        rows: Iterable[Sequence[Any]],
+        title: str = "",
+        *,
+        compact: bool = False,
     ) -> None:
-        """``columns``: names, or rich ``Column``s made for this table (they keep its cells)."""
+        """``columns``: names, or rich ``Column``s made for this table (they keep its cells).
+        ``compact``: no vertical rules, to fit a narrow terminal."""
         table = Table(
             *(Column(c, overflow="fold") if isinstance(c, str) else c for c in columns),
             title=title or None,
             title_justify="left",
             header_style="bold",
         )
+        if compact:  # no rules, one space between columns: 9 more for the name at 80
+            table.box, table.padding, table.pad_edge = box.SIMPLE_HEAD, (0, 0, 0, 0), False
+            table.show_edge = False
         for row in rows:
             table.add_row(*map(cell, row))
         self.console.print(table)
@@ -86,6 +104,11 @@ def iso(when: datetime | None) -> str:
     if when is None:
         return ""
     return when.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def short_time(when: datetime) -> str:
+    """UTC to the second, for a narrow table: ``2030-01-31 12:00:00``."""
+    return when.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def state_text(state: State) -> Text:

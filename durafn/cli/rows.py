@@ -15,7 +15,8 @@ from rich.table import Column
 from .._app import App
 from .._checks import scheduled_id
 from .._clock import to_datetime
-from .._errors import NotFoundError
+from .._errors import ArgumentError, NotFoundError
+from .._store import decode_cursor
 from .._types import FINISHED_STATES, CancelResult, ScheduledFunction, State
 from . import options
 from .options import (
@@ -26,7 +27,17 @@ from .options import (
     to_datetime_option,
     to_states,
 )
-from .output import ERROR_WIDTH, Output, error_text, field_value, iso, shorten, state_text
+from .output import (
+    ERROR_WIDTH,
+    PIPE_WIDTH,
+    Output,
+    error_text,
+    field_value,
+    iso,
+    short_time,
+    shorten,
+    state_text,
+)
 from .running import fail, run_with_app
 
 
@@ -56,6 +67,10 @@ from .running import fail, run_with_app
     "--limit", type=click.IntRange(1, 10_000), default=50, show_default=True, help="Page size."
 )
 @click.option("--cursor", help="Show the page after the one that printed this cursor.")
+@click.option("--newest", is_flag=True, help="Latest scheduled first.")
+@click.option(
+    "--wide", is_flag=True, help="Every column, however narrow the terminal (kind, times, ...)."
+)
 @app_options
 @output_options
 def list_rows(
@@ -65,12 +80,21 @@ def list_rows(
     before: datetime | None,
     limit: int,
     cursor: str | None,
+    newest: bool,
+    wide: bool,
     app_ref: str | None,
     url: str | None,
     as_json: bool,
     verbose: bool,
 ) -> None:
-    """List scheduled functions in scheduled-time order, a page at a time."""
+    """List scheduled functions in scheduled-time order (--newest: latest first), a page
+    at a time. On a narrow terminal: id, name, state and when it is due or was completed
+    (--wide, or `show ID`, for the rest)."""
+    if cursor is not None:
+        try:
+            decode_cursor(cursor, newest)
+        except ArgumentError as exc:
+            raise click.BadParameter(str(exc), param_hint="--cursor") from None
     page = run_with_app(
         app_ref,
         url,
@@ -81,6 +105,7 @@ def list_rows(
             scheduled_before=before,
             limit=limit,
             cursor=cursor,
+            newest_first=newest,
         ),
         verbose=verbose,
     )
@@ -88,18 +113,44 @@ def list_rows(
     if as_json:
         out.json(page.model_dump(mode="json"))
         return
-    if page.items:
+    if not page.items:
+        out.line("no scheduled functions match")
+    elif wide or out.width >= WIDE_FROM:
+        if wide:  # as wide as the columns need: the terminal wraps the lines, cuts nothing
+            out.width = PIPE_WIDTH
         out.table(list_columns(), map(list_row, page.items))
     else:
-        out.line("no scheduled functions match")
+        out.table(narrow_columns(), map(narrow_row, page.items), compact=True)
     if page.next_cursor:
-        out.line(f"next page: --cursor {page.next_cursor}")
+        more = " --newest" if newest else ""
+        out.line(f"next page: --cursor {page.next_cursor}{more}")
+
+
+WIDE_FROM = 160
+"""Terminal columns from which ``ls`` shows every column: below, the four that matter
+fit in 80 (an id is 36 characters and is never cut: it is what ``show`` and ``cancel``
+take)."""
 
 
 def list_columns() -> list[str | Column]:
     # Ids and times never wrap: on a narrow terminal the name and error columns give way.
     whole = [Column(name, no_wrap=True) for name in ("id", "scheduled", "started", "completed")]
     return [whole[0], "name", "kind", "state", *whole[1:], "attempts", "error"]
+
+
+def narrow_columns() -> list[str | Column]:
+    return [
+        Column("id", no_wrap=True, min_width=36),
+        Column("name", overflow="fold", ratio=1),
+        Column("state", no_wrap=True),
+        Column("due / completed", no_wrap=True),
+    ]
+
+
+def narrow_row(row: ScheduledFunction) -> list[Any]:
+    """Completed rows show when they completed; the others when they are due."""
+    when = row.completed_time if row.completed_time is not None else row.scheduled_time
+    return [row.id, row.name, state_text(row.state), short_time(when)]
 
 
 def list_row(row: ScheduledFunction) -> list[Any]:
