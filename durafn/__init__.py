@@ -5,6 +5,7 @@ with ``ctx.scheduler.run_after`` / ``run_at``; run an executor to execute what i
 """
 
 import logging
+from typing import NewType as _NewType
 
 from ._app import DEFAULT_URL, App
 from ._clock import Clock, SystemClock
@@ -95,3 +96,11 @@ __all__ = [
     "metadata",
     "scheduled_functions",
 ]
+
+# Tracebacks and reprs name the classes as users import them: durafn.SchemaError, not
+# durafn._errors.SchemaError (the modules behind the names are private).
+for _name in __all__:
+    _obj = globals()[_name]
+    if isinstance(_obj, type | _NewType) and _obj.__module__.startswith("durafn._"):
+        _obj.__module__ = __name__
+del _name, _obj

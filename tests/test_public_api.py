@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import traceback
 from pathlib import Path
 
 import durafn
@@ -37,3 +38,12 @@ def test_errors_subclass_the_builtins_callers_catch() -> None:
         obj = getattr(durafn, name)
         if isinstance(obj, type) and issubclass(obj, Exception) and not issubclass(obj, Warning):
             assert issubclass(obj, durafn.DurafnError)
+
+
+def test_public_classes_are_named_as_users_import_them() -> None:
+    """Tracebacks and reprs say durafn.SchemaError, not durafn._errors.SchemaError."""
+    line = traceback.format_exception_only(durafn.SchemaError("missing"))[0]
+    assert line == "durafn.SchemaError: missing\n"
+    assert repr(durafn.App) == "<class 'durafn.App'>"
+    for name in durafn.__all__:
+        assert not getattr(getattr(durafn, name), "__module__", "durafn").startswith("durafn._")

@@ -10,7 +10,7 @@ from rich.table import Column
 from .._app import App
 from .._types import Stats, WorkerInfo
 from .options import app_options, output_options
-from .output import Output, iso, state_text
+from .output import Output, duration, iso, state_text
 from .running import run_with_app
 
 
@@ -62,14 +62,15 @@ def print_stats(out: Output, snapshot: Stats) -> None:
         [(state_text(state), n) for state, n in snapshot.counts.items()],
     )
     if snapshot.oldest_due is None:
-        out.line("lag: 0.000s (nothing is due)")
+        out.line("lag: 0 s (nothing is due)")
     else:
-        out.line(f"lag: {snapshot.lag:.3f}s (oldest due row: due at {iso(snapshot.oldest_due)})")
+        lag = duration(snapshot.lag)
+        out.line(f"lag: {lag} (oldest due row: due at {iso(snapshot.oldest_due)})")
     if snapshot.next_due is None:
         out.line("next due: nothing is scheduled later")
     else:
         wait = (snapshot.next_due - snapshot.at).total_seconds()
-        out.line(f"next due: {iso(snapshot.next_due)} (in {wait:.3f}s)")
+        out.line(f"next due: {iso(snapshot.next_due)} (in {duration(wait)})")
 
 
 def print_workers(out: Output, workers: Sequence[WorkerInfo], ages: Sequence[float]) -> None:

@@ -106,6 +106,28 @@ def iso(when: datetime | None) -> str:
     return when.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+def plural(count: int, noun: str) -> str:
+    """``1 finished row``, ``4 finished rows``."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
+def duration(seconds: float) -> str:
+    """For people: ``0.4 s``, ``12 min 5 s``, ``2 h 10 min``, ``3 d 4 h`` (``--json`` has
+    the exact seconds)."""
+    if abs(seconds) < 60:
+        return f"{seconds:.1f} s"
+    whole = round(abs(seconds))
+    sign = "-" if seconds < 0 else ""
+    for unit, size, sub_unit, sub_size in (
+        ("d", 86400, "h", 3600),
+        ("h", 3600, "min", 60),
+        ("min", 60, "s", 1),
+    ):
+        if whole >= size:
+            return f"{sign}{whole // size} {unit} {whole % size // sub_size} {sub_unit}"
+    return f"{seconds:.1f} s"  # pragma: no cover - every whole >= 60 is matched above
+
+
 def short_time(when: datetime) -> str:
     """UTC to the second, for a narrow table: ``2030-01-31 12:00:00``."""
     return when.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")

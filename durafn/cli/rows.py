@@ -34,6 +34,7 @@ from .output import (
     error_text,
     field_value,
     iso,
+    plural,
     short_time,
     shorten,
     state_text,
@@ -277,7 +278,7 @@ def clear(
         app_ref, url, functools.partial(count_rows, states, older_than), verbose=verbose
     )
     if count and not yes:
-        click.confirm(f"Delete {count} finished rows?", abort=True, err=True)
+        click.confirm(f"Delete {plural(count, 'finished row')}?", abort=True, err=True)
     deleted = 0
     if count:
         deleted = run_with_app(
@@ -286,7 +287,8 @@ def clear(
     if as_json:
         Output(True).json({"deleted": deleted})
     else:
-        Output(False).line(f"deleted {deleted} finished rows" if deleted else "nothing to delete")
+        done = f"deleted {plural(deleted, 'finished row')}" if deleted else "nothing to delete"
+        Output(False).line(done)
 
 
 async def count_rows(

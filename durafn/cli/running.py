@@ -43,7 +43,9 @@ def load_app(ref: str) -> App:
                 f"cannot import {module_name!r} (from --app {ref!r}): no module named "
                 f"{exc.name!r}; run durafn from your project's directory or fix the path"
             ) from exc
-        raise  # the user's module failed to import something itself: show that
+        raise _import_failed(module_name, ref, exc) from exc
+    except Exception as exc:  # the user's module itself failed: say where it happened
+        raise _import_failed(module_name, ref, exc) from exc
     try:
         value = functools.reduce(getattr, attr.split("."), module)
     except AttributeError:
@@ -54,6 +56,13 @@ def load_app(ref: str) -> App:
         what = "a class" if isinstance(value, type) else f"a {type(value).__name__}"
         raise CliError(f"{ref!r} is {what}, not a durafn.App")
     return value
+
+
+def _import_failed(module_name: str, ref: str, exc: Exception) -> CliError:
+    return CliError(
+        f"importing {module_name!r} (from --app {ref!r}) failed: "
+        f"{type(exc).__qualname__}: {exc} (--verbose shows where)"
+    )
 
 
 def open_app(app_ref: str | None, url: str | None, *, create: bool = False) -> App:
