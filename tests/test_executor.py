@@ -673,8 +673,16 @@ async def test_idle_lanes_do_not_spin_while_a_long_mutation_runs(app: durafn.App
     sid = await app.scheduler().run_after(0, slow)
     async with app.run_executor(mutation_lanes=4, poll_interval=3600) as executor:
         await started.wait()
-        await anyio.sleep(0.05)  # let the idle lanes settle
         event.listen(app.engine.sync_engine, "before_cursor_execute", _count)
+        # Settled: a quiet 0.1 s. (Until the LISTEN connection is up, which can take a
+        # while on a busy server, its first wake-up sends every loop to claim once.)
+        with anyio.fail_after(10):
+            while True:
+                before = statements
+                await anyio.sleep(0.1)
+                if statements == before:
+                    break
+        statements = 0
         await anyio.sleep(0.2)  # a spinning lane would issue hundreds of statements here
         event.remove(app.engine.sync_engine, "before_cursor_execute", _count)
         release.set()
