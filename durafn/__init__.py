@@ -13,6 +13,7 @@ from ._context import ActionCtx, MutationCtx, QueryCtx, SystemTable
 from ._errors import (
     ArgumentError,
     CancelOwnRunError,
+    CronSyntaxError,
     DatabaseError,
     DurableNameWarning,
     DurafnError,
@@ -56,6 +57,7 @@ __all__ = [
     "CancelOwnRunError",
     "CancelResult",
     "Clock",
+    "CronSyntaxError",
     "DEFAULT_URL",
     "DatabaseError",
     "DurableNameWarning",

@@ -7,6 +7,7 @@ builtin a caller would naturally catch, so ``except LookupError`` finds an unkno
     ├── RegistrationError (TypeError)      a function cannot be registered as written
     ├── UnknownFunctionError (LookupError) no function has that durable name
     ├── ArgumentError (ValueError)         arguments fail validation or cannot be stored
+    ├── CronSyntaxError (ValueError)       a cron expression or time zone cannot be used
     ├── SchedulingError (ValueError)       a bad time, delay, or place to schedule from
     │   ├── SchedulingLimitError           too many functions / too many bytes in one run
     │   └── CancelOwnRunError              a mutation tried to cancel its own run
@@ -50,6 +51,11 @@ class UnknownFunctionError(DurafnError, LookupError):
 
 class ArgumentError(DurafnError, ValueError):
     """Arguments do not match the function's signature, or cannot be stored as JSON."""
+
+
+class CronSyntaxError(DurafnError, ValueError):
+    """A cron expression, crontab line or time zone cannot be used; the message names the
+    field, the token and the problem (``day-of-month: 32 is out of range 1-31``)."""
 
 
 class SchedulingError(DurafnError, ValueError):

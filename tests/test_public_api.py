@@ -11,7 +11,7 @@ import durafn.testing
 
 def test_all_is_exact_and_sorted() -> None:
     public = {name for name in dir(durafn) if not name.startswith("_")}
-    modules = {"cli", "testing", "logging"}
+    modules = {"cli", "cron", "testing", "logging"}
     assert set(durafn.__all__) == public - modules
     assert list(durafn.__all__) == sorted(durafn.__all__)
 

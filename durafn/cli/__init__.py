@@ -11,7 +11,8 @@ commands (``ls``, ``show``, ``cancel``, ``stats``, ``clear``) create nothing: ne
 system tables nor a SQLite file where a path was mistyped.
 
 One module per command group (``worker``; ``database``: migrate, stats; ``rows``: ls,
-show, cancel, clear), each a plain ``click.command`` added to ``main`` here. What they
+show, cancel, clear; ``cron``: check), each a plain ``click.command`` (or group) added to
+``main`` here. What they
 share: ``running`` (the app, the async body, errors), ``options`` and ``output``.
 """
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 import click
 
 from .. import _signals
+from .cron import cron
 from .database import migrate, stats
 from .rows import cancel, clear, list_rows, show
 from .running import CliError, load_app
@@ -52,3 +54,4 @@ main.add_command(list_rows)
 main.add_command(show)
 main.add_command(cancel)
 main.add_command(clear)
+main.add_command(cron)
