@@ -1,8 +1,10 @@
 """Cron expressions (durafn.cron): the OJS grammar, the day rules, time zones and DST.
 
 Pure computation, no database: each case gives an expression, a zone, a start and the
-next fire times. ``source`` says where a case comes from: "croniter:NAME" a test of
-croniter's published suite (where its answer is OJS's too), "OJS" the OJS cron text in
+next fire times. ``source`` says where a case comes from: "croniter:NAME" or
+"cronsim:NAME" a test of their published suites (where their answer is OJS's too: not,
+for example, cronsim's substitute 04:00 for a 03:30 that does not exist), "OJS" the OJS
+cron text in
 ../shared/reference/ojs-cron.md (its examples and rules, quoted in the issue), "Vixie"
 the day rule of Vixie cron as the issue states it, "calendar" a case whose answer is read
 off the calendar (month ends, leap years, weekdays), "tzdb" a transition of the IANA
@@ -76,6 +78,134 @@ CASES: list[tuple[str, str, str, str, list[str]]] = [
         "UTC",
         "2024-01-25T04:46",
         ["2024-01-25T04:50:00+00:00", "2024-01-25T04:55:00+00:00", "2024-01-25T05:00:00+00:00"],
+    ),
+    # -- cronsim's published tests (tests/test_cronsim.py), where OJS agrees ----------------
+    ("cronsim:test_it_handles_l", "1 1 L * *", "UTC", "2020-01-01", ["2020-01-31T01:01:00+00:00"]),
+    (
+        "cronsim:test_it_handles_last_friday",
+        "1 1 * * 5L",
+        "UTC",
+        "2020-01-01",
+        [
+            "2020-01-31T01:01:00+00:00",
+            "2020-02-28T01:01:00+00:00",
+            "2020-03-27T01:01:00+00:00",
+            "2020-04-24T01:01:00+00:00",
+            "2020-05-29T01:01:00+00:00",
+        ],
+    ),
+    (
+        "cronsim:test_it_handles_last_sunday_two_notations",
+        "1 1 * * 0L",
+        "UTC",
+        "2020-01-01",
+        ["2020-01-26T01:01:00+00:00"],
+    ),
+    (
+        "cronsim:test_it_handles_last_sunday_two_notations",
+        "1 1 * * 7L",
+        "UTC",
+        "2020-01-01",
+        ["2020-01-26T01:01:00+00:00"],
+    ),
+    (
+        "cronsim:test_it_handles_nth_weekday",
+        "1 1 * * 1#2",
+        "UTC",
+        "2020-01-01",
+        ["2020-01-13T01:01:00+00:00"],
+    ),
+    (
+        "cronsim:test_it_handles_dow_star",
+        "1 1 1-7 * */7",
+        "UTC",
+        "2020-01-01",
+        [
+            "2020-01-05T01:01:00+00:00",
+            "2020-02-02T01:01:00+00:00",
+            "2020-03-01T01:01:00+00:00",
+            "2020-04-05T01:01:00+00:00",
+        ],
+    ),
+    (
+        "cronsim:test_it_handles_dom_star",
+        "1 1 */100,1-7 * MON",
+        "UTC",
+        "2020-01-01",
+        [
+            "2020-01-06T01:01:00+00:00",
+            "2020-02-03T01:01:00+00:00",
+            "2020-03-02T01:01:00+00:00",
+            "2020-04-06T01:01:00+00:00",
+        ],
+    ),
+    (
+        "cronsim:test_001_every_hour_mar",
+        "0 * * * *",
+        "Europe/Riga",
+        "2021-03-28T01:30",
+        ["2021-03-28T02:00:00+02:00", "2021-03-28T04:00:00+03:00"],
+    ),
+    (
+        "cronsim:test_001_every_hour_oct",
+        "0 * * * *",
+        "Europe/Riga",
+        "2021-10-31T01:30",
+        [
+            "2021-10-31T02:00:00+03:00",
+            "2021-10-31T03:00:00+03:00",
+            "2021-10-31T03:00:00+02:00",
+            "2021-10-31T04:00:00+02:00",
+        ],
+    ),
+    (
+        "cronsim:test_002_every_30_minutes_mar",
+        "*/30 * * * *",
+        "Europe/Riga",
+        "2021-03-28T02:10",
+        ["2021-03-28T02:30:00+02:00", "2021-03-28T04:00:00+03:00", "2021-03-28T04:30:00+03:00"],
+    ),
+    (
+        "cronsim:test_002_every_30_minutes_oct",
+        "*/30 * * * *",
+        "Europe/Riga",
+        "2021-10-31T02:10",
+        [
+            "2021-10-31T02:30:00+03:00",
+            "2021-10-31T03:00:00+03:00",
+            "2021-10-31T03:30:00+03:00",
+            "2021-10-31T03:00:00+02:00",
+            "2021-10-31T03:30:00+02:00",
+            "2021-10-31T04:00:00+02:00",
+        ],
+    ),
+    (
+        "cronsim:test_004_every_2_hours_oct",
+        "0 */2 * * *",
+        "Europe/Riga",
+        "2021-10-31T01:30",
+        ["2021-10-31T02:00:00+03:00", "2021-10-31T04:00:00+02:00", "2021-10-31T06:00:00+02:00"],
+    ),
+    (
+        "cronsim:test_006_every_3_hours_oct",
+        "0 */3 * * *",
+        "Europe/Riga",
+        "2021-10-31T01:30",
+        ["2021-10-31T03:00:00+03:00", "2021-10-31T03:00:00+02:00", "2021-10-31T06:00:00+02:00"],
+    ),
+    (
+        "cronsim:test_008_at_1_2_3_4_5_oct",
+        "0 1,2,3,4,5 * * *",
+        "Europe/Riga",
+        "2021-10-31T01:30",
+        ["2021-10-31T02:00:00+03:00", "2021-10-31T03:00:00+03:00", "2021-10-31T04:00:00+02:00"],
+    ),
+    (
+        "cronsim:test_010_at_2_mar",
+        "0 2 * * *",
+        "Europe/Riga",
+        "2021-03-28T01:30",
+        ["2021-03-28T02:00:00+02:00", "2021-03-29T02:00:00+03:00"],
     ),
     # -- the grammar ------------------------------------------------------------------
     ("OJS", "* * * * *", "UTC", "2026-01-01T00:00:30", ["2026-01-01T00:01:00+00:00"]),
