@@ -677,11 +677,19 @@ def test_zones_without_daylight_rules_or_in_the_wrong_case_are_refused(zone: str
 
 
 @pytest.mark.parametrize(
-    "expression", ["0 0 31 2 *", "0 0 30 2 *", "0 0 31 4,6,9,11 *", "0 0 30,31 2 *"]
+    "expression",
+    [
+        "0 0 31 2 *",
+        "0 0 30 2 *",
+        "0 0 31 4,6,9,11 *",
+        "0 0 30,31 2 *",
+        "1 1 */100 * MON#4",  # cronsim:test_it_handles_no_matches: the 1st is no 4th Monday
+    ],
 )
 def test_a_day_no_month_has_is_accepted_and_never_fires(expression: str) -> None:
-    """OJS: accepted at registration, never fires; and found out at once, not by a search
-    through the centuries (the schedule knows it is impossible)."""
+    """OJS: accepted at registration, never fires; and found out at once, or after a few
+    years of search at most, not centuries: the schedule checks every shape a month can
+    have (its length, the weekday of its 1st)."""
     assert cron.parse(expression).next_after(at("2026-01-01")) is None
 
 

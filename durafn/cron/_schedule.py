@@ -64,41 +64,55 @@ class Days:
         return self._month_days(year, month)
 
     def _compute(self, year: int, month: int) -> tuple[int, ...]:
-        length = calendar.monthrange(year, month)[1]
-        by_dom = _dom_days(self.dom, year, month, length)
-        by_dow = _dow_days(self.dow, year, month, length)
-        days = by_dom | by_dow if self._or else by_dom & by_dow
-        return tuple(sorted(days))
+        first = (calendar.weekday(year, month, 1) + 1) % 7  # cron: Sunday 0 .. Saturday 6
+        return self._days(first, calendar.monthrange(year, month)[1])
+
+    def _days(self, first: int, length: int) -> tuple[int, ...]:
+        """The matching days of a month of ``length`` days whose 1st is weekday ``first``."""
+        by_dom = _dom_days(self.dom, first, length)
+        by_dow = _dow_days(self.dow, first, length)
+        return tuple(sorted(by_dom | by_dow if self._or else by_dom & by_dow))
+
+    @functools.cached_property
+    def ever(self) -> bool:
+        """Whether any month can match: a month is one of a few shapes (its length, the
+        weekday of its 1st), so trying each shape of each allowed month settles it.
+        Asked only after a long fruitless search (``0 0 */100 * MON#4``: the 1st is
+        never a fourth Monday), so that parsing stays cheap."""
+        for month in self.months.values:
+            lengths = (28, 29) if month == 2 else (calendar.monthrange(2001, month)[1],)
+            for length in lengths:
+                if any(self._days(first, length) for first in range(7)):
+                    return True
+        return False
 
 
-def _dom_days(field: Field, year: int, month: int, length: int) -> set[int]:
+def _dom_days(field: Field, first: int, length: int) -> set[int]:
     days = {d for d in field.values if d <= length}
     if field.last_day:
         days.add(length)
     if field.last_weekday:
-        days.add(_nearest_weekday(year, month, length, length))
+        days.add(_nearest_weekday(first, length, length))
     for day in field.nearest_weekdays:
         if day <= length:  # a day the month lacks does not fire that month
-            days.add(_nearest_weekday(year, month, day, length))
+            days.add(_nearest_weekday(first, day, length))
     return days
 
 
-def _nearest_weekday(year: int, month: int, day: int, length: int) -> int:
+def _nearest_weekday(first: int, day: int, length: int) -> int:
     """The weekday (Mon-Fri) nearest ``day``, never crossing into another month."""
-    weekday = calendar.weekday(year, month, day)  # Monday 0 .. Sunday 6
-    if weekday == 5:  # Saturday: Friday, or Monday if the 1st is a Saturday
+    weekday = (first + day - 1) % 7  # Sunday 0 .. Saturday 6
+    if weekday == 6:  # Saturday: Friday, or Monday if the 1st is a Saturday
         return day - 1 if day > 1 else day + 2
-    if weekday == 6:  # Sunday: Monday, or Friday if it is the month's last day
+    if weekday == 0:  # Sunday: Monday, or Friday if it is the month's last day
         return day + 1 if day < length else day - 2
     return day
 
 
-def _dow_days(field: Field, year: int, month: int, length: int) -> set[int]:
-    first = (calendar.weekday(year, month, 1) + 1) % 7  # cron: Sunday 0 .. Saturday 6
+def _dow_days(field: Field, first: int, length: int) -> set[int]:
     days = {d for d in range(1, length + 1) if (first + d - 1) % 7 in field.values}
     for weekday in field.last_of_weekdays:
-        last = length - ((first + length - 1 - weekday) % 7)
-        days.add(last)
+        days.add(length - ((first + length - 1 - weekday) % 7))
     for weekday, nth in field.nth_weekdays:
         day = 1 + (weekday - first) % 7 + 7 * (nth - 1)
         if day <= length:
@@ -154,13 +168,18 @@ class Clock:
         first_day = True
         end = day.replace(year=min(_LAST_YEAR, day.year + _SEARCH_YEARS))
         months = self.days.months.values
+        empty = 0  # months in a row without a matching day
         while day < end:
             if day.month not in months or not (
                 month_days := self.days.in_month(day.year, day.month)
             ):
+                empty += 1
+                if empty == 48 and not self.days.ever:
+                    return  # no month of any year matches: it never fires
                 day = _next_month(day)
                 first_day = False
                 continue
+            empty = 0
             i = bisect.bisect_left(month_days, day.day)
             if i == len(month_days):
                 day = _next_month(day)
