@@ -9,6 +9,7 @@ runs from ``a`` to the end of the field), and in the day fields the month-depend
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 
@@ -19,7 +20,7 @@ MONTHS = {name: n for n, name in enumerate(_MONTH_NAMES, 1)}
 WEEKDAYS = {name: n for n, name in enumerate(("SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT"))}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # compared and hashed as the singletons they are
 class Bounds:
     name: str
     low: int
@@ -64,8 +65,12 @@ class Field:
 _NUMBER = re.compile(r"\d+")
 
 
+@functools.lru_cache(maxsize=1024)
 def parse_field(text: str, bounds: Bounds) -> Field:
-    """Parse one field; CronSyntaxError names the field, the token and the problem."""
+    """Parse one field; CronSyntaxError names the field, the token and the problem.
+
+    Cached (a ``Field`` is immutable): most expressions share most of their fields
+    (``*`` above all), and parsing them again was most of a parse's time."""
     if not text:
         raise CronSyntaxError(f"{bounds.name}: the field is empty")
     values: set[int] = set()

@@ -30,6 +30,7 @@ from ._fields import Field
 
 _LAST_YEAR = 9999
 _SEARCH_YEARS = 400  # the calendar repeats every 400 years: no match by then, none ever
+_LONGEST = {m: 29 if m == 2 else calendar.monthrange(2001, m)[1] for m in range(1, 13)}
 
 
 class Days:
@@ -48,7 +49,7 @@ class Days:
     def _possible(self) -> bool:
         by_dom = by_dow = False
         for month in self.months.values:
-            longest = 29 if month == 2 else calendar.monthrange(2001, month)[1]
+            longest = _LONGEST[month]
             by_dom = by_dom or (
                 any(d <= longest for d in self.dom.values)
                 or self.dom.last_day
