@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import builtins
 import os
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Concatenate, ParamSpec, TypeVar, overload
 
@@ -14,12 +14,13 @@ from typing_extensions import Unpack
 from ._checks import aware_time, flag, integer, optional, positive_seconds, state_list, text
 from ._clock import Clock, SystemClock, to_datetime
 from ._context import ActionCtx, MutationCtx, QueryCtx, SystemTable
-from ._errors import ArgumentError
+from ._errors import ArgumentError, RegistrationError
 from ._executor import Executor, ExecutorOptions, make_config
 from ._invoke import Invoker, Timeouts
+from ._options import JobOptionArgs, JobOptions, Queue, check_name
 from ._registry import ActionRef, FunctionRef, MutationRef, QueryRef, Registry
 from ._runtime import Backoff, Health, Limits, Runtime
-from ._scheduler import DirectWriter, JoinedWriter, Scheduler
+from ._scheduler import Scheduler
 from ._store import driver_for_url
 from ._types import (
     FINISHED_STATES,
@@ -31,6 +32,7 @@ from ._types import (
     Stats,
     WorkerInfo,
 )
+from ._writers import DirectWriter, JoinedWriter
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -58,6 +60,7 @@ class App:
         max_scheduled_args_bytes: int = 8 * 1024 * 1024,
         auto_migrate: bool | None = None,
         direct_retries: int = 8,
+        queues: Mapping[str, Queue] | None = None,
     ) -> None:
         if url is not None:
             text("url", url)
@@ -72,6 +75,7 @@ class App:
         max_scheduled_args_bytes = integer("max_scheduled_args_bytes", max_scheduled_args_bytes)
         direct_retries = integer("direct_retries", direct_retries, low=0, high=1000)
         optional(flag, "auto_migrate", auto_migrate)
+        queues = _queue_attributes(queues)
         driver = driver_for_url(url or os.environ.get("DURAFN_DATABASE_URL") or DEFAULT_URL)
         self._rt = Runtime(
             registry=Registry(),
@@ -83,6 +87,7 @@ class App:
             # SQLite is embedded: create the tables on first use. PostgreSQL is shared:
             # schema changes are an explicit, deliberate step (`durafn migrate`).
             auto_migrate=driver.auto_migrate if auto_migrate is None else auto_migrate,
+            queues=queues,
         )
         self._invoker = Invoker(self._rt, timeouts)
 
@@ -129,34 +134,55 @@ class App:
 
     @overload
     def mutation(
-        self, *, name: str | None = None, timeout: float | None = None
+        self,
+        *,
+        name: str | None = None,
+        timeout: float | None = None,
+        **options: Unpack[JobOptionArgs],
     ) -> Callable[[Callable[Concatenate[MutationCtx, P], Awaitable[R]]], MutationRef[P, R]]: ...
 
     def mutation(
-        self, fn: Any = None, *, name: str | None = None, timeout: float | None = None
+        self,
+        fn: Any = None,
+        *,
+        name: str | None = None,
+        timeout: float | None = None,
+        **options: Unpack[JobOptionArgs],
     ) -> Any:
         """Register a transactional function: ``async def f(ctx: MutationCtx, ...)``.
 
         Scheduled, it runs exactly once; ``timeout`` (seconds) overrides the app default.
+        Job options (``priority``, ``queue``, ``key``, ``key_mode``, ``flags``) are the
+        defaults of its scheduled calls; ``ref.options(...)`` overrides them per call.
         """
-        return self._register(MutationRef, (MutationCtx,), fn, name, timeout)
+        return self._register(MutationRef, (MutationCtx,), fn, name, timeout, options)
 
     @overload
     def action(self, fn: Callable[Concatenate[ActionCtx, P], Awaitable[R]]) -> ActionRef[P, R]: ...
 
     @overload
     def action(
-        self, *, name: str | None = None, timeout: float | None = None
+        self,
+        *,
+        name: str | None = None,
+        timeout: float | None = None,
+        **options: Unpack[JobOptionArgs],
     ) -> Callable[[Callable[Concatenate[ActionCtx, P], Awaitable[R]]], ActionRef[P, R]]: ...
 
     def action(
-        self, fn: Any = None, *, name: str | None = None, timeout: float | None = None
+        self,
+        fn: Any = None,
+        *,
+        name: str | None = None,
+        timeout: float | None = None,
+        **options: Unpack[JobOptionArgs],
     ) -> Any:
         """Register a side-effecting function: ``async def f(ctx: ActionCtx, ...)``.
 
-        Scheduled, it runs at most once and is never retried by durafn.
+        Scheduled, it runs at most once and is never retried by durafn. Job options as
+        for ``mutation``.
         """
-        return self._register(ActionRef, (ActionCtx,), fn, name, timeout)
+        return self._register(ActionRef, (ActionCtx,), fn, name, timeout, options)
 
     def _register(
         self,
@@ -165,9 +191,14 @@ class App:
         fn: Any,
         name: str | None,
         timeout: float | None,
+        options: JobOptionArgs | None = None,
     ) -> Any:
+        # Checked before decorating, so a bad option names the decorator's line.
+        defaults = JobOptions.checked(error=RegistrationError, **(options or {}))
+
         def decorate(f: Callable[..., Awaitable[Any]]) -> FunctionRef[Any, Any]:
             ref = cls(f, name=name, timeout=timeout, ctx_types=ctx_types)
+            ref.job_options = defaults
             self._rt.registry.add(ref)
             return ref
 
@@ -355,6 +386,23 @@ class App:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
+
+
+def _queue_attributes(value: object) -> dict[str, Queue]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ArgumentError(f"queues must be a mapping of names to durafn.Queue, not {value!r}")
+    out: dict[str, Queue] = {}
+    for name, attributes in value.items():
+        check_name("a queue's name", name, error=ArgumentError)
+        if not isinstance(attributes, Queue):
+            raise ArgumentError(
+                f"queues[{name!r}] must be a durafn.Queue(concurrency=..., priority=...), "
+                f"not {attributes!r}"
+            )
+        out[name] = attributes
+    return out
 
 
 def _finished_states(value: object) -> list[State]:

@@ -22,8 +22,9 @@ from ._clock import to_datetime
 from ._errors import ReadOnlyError
 from ._registry import ActionRef, MutationRef, QueryRef
 from ._runtime import Runtime
-from ._scheduler import DirectWriter, Scheduler
+from ._scheduler import Scheduler
 from ._types import Page, ScheduledFunction, ScheduledFunctionId, State
+from ._writers import DirectWriter
 
 P = ParamSpec("P")
 R = TypeVar("R")

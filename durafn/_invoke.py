@@ -11,8 +11,9 @@ from ._context import ActionCtx, MutationCtx, QueryCtx, SystemTable, read_only_s
 from ._errors import ArgumentError, FunctionTimeoutError, TransactionError
 from ._registry import ActionRef, FunctionRef, MutationRef, QueryRef
 from ._runtime import Runtime
-from ._scheduler import BufferedWriter, Scheduler
+from ._scheduler import Scheduler
 from ._types import FunctionKind, ScheduledFunctionId
+from ._writers import BufferedWriter
 
 R = TypeVar("R")
 

@@ -14,7 +14,8 @@ import math
 import typing
 import warnings
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, Generic, ParamSpec, TypeVar, cast
+from datetime import datetime, timedelta
+from typing import Any, Generic, ParamSpec, Self, TypeVar, cast
 
 import pydantic
 import pydantic_core
@@ -23,6 +24,7 @@ from pydantic import ConfigDict, TypeAdapter
 
 from ._checks import optional, positive_seconds, text
 from ._errors import ArgumentError, DurableNameWarning, RegistrationError, UnknownFunctionError
+from ._options import JobOptions, KeyMode
 from ._types import FunctionKind
 
 P = ParamSpec("P")
@@ -82,6 +84,10 @@ class FunctionRef(Generic[P, R]):
         )
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
+        self.job_options = JobOptions()
+        """Options for scheduling it: the decorator's, with ``options()``'s over them."""
+        self.registered: FunctionRef[Any, Any] = self
+        """The reference the app registered (``options()`` returns copies of it)."""
         self._signature, self._params = _parse_signature(fn, self.kind, ctx_types)
         # For the fast path of validate_call (see there).
         self._by_position = [p.name for p in self._params if p.kind is p.POSITIONAL_OR_KEYWORD]
@@ -109,7 +115,10 @@ class FunctionRef(Generic[P, R]):
             ) from exc
 
     def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.name!r}>"
+        options = self.job_options
+        if options == JobOptions():
+            return f"<{type(self).__name__} {self.name!r}>"
+        return f"<{type(self).__name__} {self.name!r} {options}>"
 
     def validate_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
         """Validate a direct call's arguments; returns them by name, defaults filled in."""
@@ -186,8 +195,59 @@ class QueryRef(FunctionRef[P, R]):
     kind = FunctionKind.QUERY
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Call:
+    """One call of a function, with its arguments and options, to schedule with others
+    (``scheduler.run_many``). Build it with ``fn.call(...)`` (mypy checks the arguments);
+    its time is now unless ``after``/``at`` say otherwise."""
+
+    fn: SchedulableRef[Any, Any]
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    delay: float | timedelta | None = None
+    when: datetime | float | None = None
+
+    def after(self, delay: float | timedelta) -> Call:
+        """This call, ``delay`` seconds (or a timedelta) from when it is scheduled."""
+        return dataclasses.replace(self, delay=delay, when=None)
+
+    def at(self, when: datetime | float) -> Call:
+        """This call, at an aware datetime or epoch seconds."""
+        return dataclasses.replace(self, when=when, delay=None)
+
+
 class SchedulableRef(FunctionRef[P, R]):
     """A function that can be scheduled: a mutation or an action."""
+
+    def call(self, *args: P.args, **kwargs: P.kwargs) -> Call:
+        """This function called with these arguments, for ``scheduler.run_many``."""
+        return Call(self, args, kwargs)
+
+    def options(
+        self,
+        *,
+        priority: int | None = None,
+        queue: str | None = None,
+        key: str | None = None,
+        key_mode: KeyMode | None = None,
+        flags: Iterable[str] | None = None,
+    ) -> Self:
+        """This function with job options for the calls scheduled through the result
+        (which has the same parameters, so mypy still checks the arguments).
+
+        ``priority``: lower runs first among due rows (default 0, or the queue's).
+        ``queue``: a named queue; its rows run one at a time across every worker, in
+        order (or up to the queue's ``concurrency``). ``key``/``key_mode``: a job key
+        (at most one Pending row per key; see ``durafn.KeyMode``). ``flags``: strings a
+        worker can refuse (``forbidden_flags``). Options not given keep the decorator's.
+        """
+        chosen = JobOptions.checked(
+            priority=priority, queue=queue, key=key, key_mode=key_mode, flags=flags
+        )
+        copy = object.__new__(type(self))
+        copy.__dict__.update(self.__dict__)
+        copy.job_options = chosen.over(self.job_options)
+        return copy
 
 
 class MutationRef(SchedulableRef[P, R]):
@@ -239,7 +299,7 @@ class Registry:
             return self.get(fn)
         if not isinstance(fn, FunctionRef):
             raise UnknownFunctionError(repr(fn))
-        if self._by_name.get(fn.name) is not fn:
+        if self._by_name.get(fn.name) is not fn.registered:
             raise UnknownFunctionError(fn.name)
         return fn
 

@@ -19,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from ._clock import Clock
 from ._errors import DatabaseError, DurafnError
+from ._options import Queue
 from ._registry import Registry
 from ._store import Driver
 from ._store.sqlite import READ_ONLY_OPTION
@@ -99,11 +100,18 @@ class Runtime:
     _ready: bool = False
     _ready_lock: anyio.Lock | None = None
     auto_migrate: bool = True
+    queues: dict[str, Queue] = field(default_factory=dict)
+    """The app's queue attributes (``App(queues=...)``)."""
     _wake_listeners: set[Callable[[Collection[FunctionKind]], None]] = field(default_factory=set)
     health: Health = field(init=False)
 
     def __post_init__(self) -> None:
         self.health = Health(self.driver)
+
+    def concurrency_of(self, queue: str) -> int | None:
+        """A queue's concurrency as this app declares it (1, serial, if it does not)."""
+        attributes = self.queues.get(queue)
+        return 1 if attributes is None else attributes.concurrency
 
     @property
     def ready(self) -> bool:

@@ -1,24 +1,17 @@
-"""``ctx.scheduler``: run_after, run_at and cancel, validated when called.
+"""``ctx.scheduler``: run_after, run_at, run_many and cancel, validated when called.
 
-Where the rows go depends on who schedules, so the scheduler writes through one of three
-writers:
-
-* a mutation buffers its rows and writes them in one multi-row INSERT just before its
-  transaction commits (or earlier, when it cancels or reads the system table): atomic with
-  the mutation, and one round trip for a thousand rows;
-* an action commits each call at once, so the row survives the action failing later;
-* code outside durafn writes through its own session or connection, committing with it.
+Every route builds rows the same way (``_row``): arguments validated against the
+function's signature, options taken from the reference (``ref.options(...)`` over the
+decorator's, over the queue's attributes), limits counted. Where the rows go depends on
+who schedules: the writers of ``_writers.py``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any, ParamSpec, Protocol, overload
-
-from sqlalchemy import event
-from sqlalchemy import exc as sa_exc
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from ._checks import aware_time, finite_seconds, is_number, scheduled_id
 from ._errors import (
@@ -27,10 +20,11 @@ from ._errors import (
     SchedulingError,
     SchedulingLimitError,
 )
-from ._registry import SchedulableRef
-from ._runtime import Runtime
+from ._options import OptionError, resolve
+from ._registry import Call, SchedulableRef
+from ._runtime import Limits, Runtime
 from ._store import new_id
-from ._types import CancelResult, FunctionKind, ScheduledFunctionId, State
+from ._types import CancelResult, ScheduledFunctionId, State
 
 P = ParamSpec("P")
 
@@ -38,8 +32,13 @@ MAX_HORIZON = 5 * 365.25 * 86400.0
 """How far ahead a function may be scheduled: 5 years."""
 
 
+OUTSIDE_BATCH = Limits(max_scheduled=10_000, max_args_bytes=64 * 1024 * 1024)
+"""What one ``run_many`` from outside durafn may write (a function execution has its own
+limits, for all it schedules)."""
+
+
 class _Writer(Protocol):
-    async def add(self, row: dict[str, Any]) -> None: ...
+    async def add(self, rows: list[dict[str, Any]]) -> list[ScheduledFunctionId]: ...
 
     async def cancel(self, id: ScheduledFunctionId, now: float) -> State | None: ...
 
@@ -63,6 +62,7 @@ class Scheduler:
         self._own_run_id = own_run_id
         self._count = 0
         self._bytes = 0
+        self._limits = runtime.limits
         self.limit_error: SchedulingLimitError | None = None
         """Set once a limit was exceeded: the enclosing mutation must then fail."""
 
@@ -146,6 +146,49 @@ class Scheduler:
             raise NotFoundError(target)
         return CancelResult(id=target, canceled=not previous.finished, previous_state=previous)
 
+    async def run_many(self, calls: Iterable[Call], /) -> list[ScheduledFunctionId]:
+        """Schedule many calls at once: ``[send.call(user=1), send.options(priority=5)
+        .call(user=2).after(60), ...]``, each with its own function, arguments, options
+        and time (``Call.after``/``Call.at``; default: now). Returns the id that runs for
+        each, in order.
+
+        One statement writes the rows without keys, one per key mode those with keys.
+        Inside a function the calls count against its limits (1000 functions, 8 MB);
+        from outside one call takes at most 10,000. All or nothing: a bad call (or
+        option) raises before anything is written. Keys follow Graphile's batch rules:
+        ``unsafe_dedupe`` is refused, and a key may appear once per batch.
+        """
+        if isinstance(calls, Call) or not isinstance(calls, Iterable):
+            raise SchedulingError(
+                f"run_many takes a list of calls (fn.call(...)), not {type(calls).__name__}"
+            )
+        batch = list(calls)
+        if not batch:
+            return []
+        now = self._rt.clock.now()
+        rows: list[dict[str, Any]] = []
+        keys: set[str] = set()
+        with self._counting(OUTSIDE_BATCH if self._per_call else None):
+            for i, call in enumerate(batch):
+                if not isinstance(call, Call):
+                    raise SchedulingError(
+                        f"run_many: item {i} is {call!r}, not a call; build one with "
+                        "fn.call(*args, **kwargs)"
+                    )
+                due = _call_time(call, now)
+                row = self._row(due, now, call.fn, call.args, call.kwargs)
+                if (key := row["job_key"]) is not None:
+                    if row["key_mode"] == "unsafe_dedupe":
+                        raise OptionError(
+                            f"run_many: item {i} uses key_mode='unsafe_dedupe', which a "
+                            "batch refuses (Graphile's rule); schedule it on its own"
+                        )
+                    if key in keys:
+                        raise OptionError(f"run_many: the key {key!r} appears twice in one batch")
+                    keys.add(key)
+                rows.append(row)
+        return await self._writer.add(rows)
+
     async def _schedule(
         self,
         due: float,
@@ -154,6 +197,33 @@ class Scheduler:
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
     ) -> ScheduledFunctionId:
+        with self._counting(None):
+            row = self._row(due, now, fn, args, kwargs)
+        [id] = await self._writer.add([row])
+        return id
+
+    @contextmanager
+    def _counting(self, limits: Limits | None) -> Iterator[None]:
+        """Count rows against ``limits`` (default the app's per-run limits); a call that
+        raises counts nothing (nothing of it is written)."""
+        if self._per_call:
+            self._count = self._bytes = 0
+        saved = self._count, self._bytes
+        self._limits = limits or self._rt.limits
+        try:
+            yield
+        except BaseException:
+            self._count, self._bytes = saved
+            raise
+
+    def _row(
+        self,
+        due: float,
+        now: float,
+        fn: SchedulableRef[Any, Any] | str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> dict[str, Any]:
         if due - now > MAX_HORIZON:
             raise SchedulingError(
                 f"cannot schedule more than 5 years ahead ({(due - now) / 86400:.0f} days asked)"
@@ -164,36 +234,35 @@ class Scheduler:
                 f"{ref.name!r} is a {ref.kind}; only mutations and actions can be scheduled"
             )
         args_json = ref.encode_args(args, kwargs)
+        options = resolve(ref.job_options, self._rt.queues)
         size = len(args_json) if args_json.isascii() else len(args_json.encode())
-        limits = self._rt.limits
-        if self._per_call:
-            self._count = self._bytes = 0
+        limits = self._limits
+        who = "one call from outside" if limits is OUTSIDE_BATCH else "one function execution"
         if self._count + 1 > limits.max_scheduled:
-            self._limit(
-                f"one function execution may schedule at most {limits.max_scheduled} functions"
-            )
+            self._limit(f"{who} may schedule at most {limits.max_scheduled} functions")
         if self._bytes + size > limits.max_args_bytes:
             self._limit(
-                f"one function execution may schedule at most {limits.max_args_bytes} bytes of "
+                f"{who} may schedule at most {limits.max_args_bytes} bytes of "
                 f"arguments; this call would bring it to {self._bytes + size}"
             )
         self._count += 1
         self._bytes += size
-        id = new_id(now)
-        await self._writer.add(
-            {
-                "id": id,
-                "name": ref.name,
-                "kind": ref.kind.value,
-                "args": args_json,
-                "state": _PENDING,
-                "scheduled_time": due,
-                "available_at": due,
-                "completed_time": None,
-                "parent_id": self._parent_id,
-            }
-        )
-        return id
+        return {
+            "id": new_id(now),
+            "name": ref.name,
+            "kind": ref.kind.value,
+            "args": args_json,
+            "state": _PENDING,
+            "scheduled_time": due,
+            "available_at": due,
+            "completed_time": None,
+            "parent_id": self._parent_id,
+            "priority": options.priority,
+            "queue_name": options.queue,
+            "job_key": options.key,
+            "key_mode": options.key_mode,
+            "flags": options.flags,
+        }
 
     def _limit(self, message: str) -> None:
         self.limit_error = SchedulingLimitError(
@@ -240,170 +309,8 @@ def _when_seconds(when: object, now: float) -> float:
     return seconds
 
 
-def _pending_kinds(rows: list[dict[str, Any]]) -> set[FunctionKind]:
-    return {FunctionKind(k) for k in {r["kind"] for r in rows if r["state"] == _PENDING}}
-
-
-class BufferedWriter:
-    """A mutation's rows: held until flushed into the mutation's own transaction."""
-
-    FLUSH_AT = 1000
-
-    def __init__(
-        self,
-        runtime: Runtime,
-        conn: AsyncConnection,
-        check_parent: ScheduledFunctionId | None,
-        before_cancel: Callable[[], Awaitable[None]] | None = None,
-    ) -> None:
-        self._rt = runtime
-        self._conn = conn
-        self._check_parent = check_parent
-        self._before_cancel = before_cancel
-        self._rows: list[dict[str, Any]] = []
-        self.woken: set[FunctionKind] = set()
-        """Kinds of Pending rows written: wake executors for them once committed."""
-
-    async def add(self, row: dict[str, Any]) -> None:
-        self._rows.append(row)
-        if len(self._rows) >= self.FLUSH_AT:
-            await self.flush()
-
-    async def flush(self) -> None:
-        if not self._rows:
-            return
-        rows, self._rows = self._rows, []
-        new = await _write(self._rt, self._conn, rows, self._check_parent, self.woken)
-        self.woken |= new
-
-    def discard(self) -> None:
-        self._rows.clear()
-        self.woken.clear()
-
-    async def cancel(self, id: ScheduledFunctionId, now: float) -> State | None:
-        await self.flush()
-        if self._before_cancel is not None:
-            await self._before_cancel()
-        return await self._rt.driver.cancel(self._conn, id, now)
-
-
-async def _write(
-    rt: Runtime,
-    conn: AsyncConnection,
-    rows: list[dict[str, Any]],
-    check_parent: ScheduledFunctionId | None,
-    notified: Collection[FunctionKind] = (),
-) -> set[FunctionKind]:
-    """Insert ``rows`` with a NOTIFY for the kinds of Pending rows among them not in
-    ``notified`` (one per kind per transaction is enough); returns those kinds."""
-    if check_parent is not None:
-        # The parent is an action that may be cancelled while it runs: what it schedules
-        # after that is written Canceled, never left to run.
-        parent_state = await rt.driver.lock_for_share(conn, check_parent)
-        if parent_state is State.CANCELED:
-            now = rt.clock.now()
-            for row in rows:
-                row["state"] = State.CANCELED.value
-                row["completed_time"] = now
-    new = _pending_kinds(rows) - set(notified)
-    await rt.driver.insert_rows(conn, rows, new)
-    return new
-
-
-class DirectWriter:
-    """An action's rows: each call commits on its own, at once."""
-
-    def __init__(self, runtime: Runtime, check_parent: ScheduledFunctionId | None) -> None:
-        self._rt = runtime
-        self._check_parent = check_parent
-
-    async def add(self, row: dict[str, Any]) -> None:
-        rt = self._rt
-
-        attempts = 0
-
-        async def _body(conn: AsyncConnection) -> set[FunctionKind]:
-            nonlocal attempts
-            attempts += 1
-            try:
-                return await _write(rt, conn, [row], self._check_parent)
-            except sa_exc.IntegrityError:
-                # A retry after a fault whose outcome we could not see: the id was chosen
-                # here, so if that row exists, with our function and time, the earlier
-                # attempt did commit. On a first attempt it is never ours.
-                stored = await rt.driver.get(conn, row["id"]) if attempts > 1 else None
-                if (
-                    stored is None
-                    or stored.name != row["name"]
-                    # Stored times come back at microsecond precision.
-                    or abs(stored.scheduled_time.timestamp() - row["scheduled_time"]) > 1e-3
-                ):
-                    raise
-            kinds = _pending_kinds([row])
-            if kinds:
-                await rt.driver.notify(conn, kinds)
-            return kinds
-
-        # Without a parent to lock, the write is one statement (its NOTIFY included): on
-        # PostgreSQL one autocommit round trip instead of four. Retrying it is safe (above).
-        single = self._check_parent is None
-        rt.wake(await rt.transaction(_body, doing="scheduling a function", single_statement=single))
-
-    async def cancel(self, id: ScheduledFunctionId, now: float) -> State | None:
-        async def _body(conn: AsyncConnection) -> State | None:
-            return await self._rt.driver.cancel(conn, id, now)
-
-        return await self._rt.transaction(_body, doing="cancelling a scheduled function")
-
-
-class JoinedWriter:
-    """Rows written at once through a caller's session or connection; they commit with it."""
-
-    def __init__(self, runtime: Runtime, target: AsyncSession | AsyncConnection) -> None:
-        self._rt = runtime
-        self._target = target
-        self._to_wake: set[FunctionKind] = set()
-
-    async def _conn(self) -> AsyncConnection:
-        if isinstance(self._target, AsyncSession):
-            conn = await self._target.connection()
-        else:
-            conn = self._target
-        if not self._rt.ready:
-            # Checked through the caller's own transaction: creating the tables from a
-            # second connection could wait on the lock that very transaction holds.
-            await self._rt.driver.check_schema(conn)
-            self._rt.mark_ready()
-        return conn
-
-    async def add(self, row: dict[str, Any]) -> None:
-        conn = await self._conn()
-        try:
-            # The caller may reuse this scheduler across transactions, so notify every
-            # time (PostgreSQL folds identical notifications within one transaction).
-            kinds = await _write(self._rt, conn, [row], None)
-        except sa_exc.SQLAlchemyError as exc:
-            raise self._rt.driver.wrap(exc, "scheduling through your transaction") from exc
-        if not self._to_wake:
-            self._after_commit(self._wake)
-        self._to_wake |= kinds
-
-    def _wake(self) -> None:
-        kinds, self._to_wake = self._to_wake, set()
-        self._rt.wake(kinds)
-
-    def _after_commit(self, callback: Callable[[], None]) -> None:
-        # In-process executors wake at once; other processes learn by NOTIFY or the poll.
-        if isinstance(self._target, AsyncSession):
-            event.listen(
-                self._target.sync_session, "after_commit", lambda _s: callback(), once=True
-            )
-        else:
-            event.listen(self._target.sync_connection, "commit", lambda _c: callback(), once=True)
-
-    async def cancel(self, id: ScheduledFunctionId, now: float) -> State | None:
-        conn = await self._conn()
-        try:
-            return await self._rt.driver.cancel(conn, id, now)
-        except sa_exc.SQLAlchemyError as exc:
-            raise self._rt.driver.wrap(exc, "cancelling through your transaction") from exc
+def _call_time(call: Call, now: float) -> float:
+    """A ``Call``'s time: now, after its delay, or at its time."""
+    if call.when is not None:
+        return _when_seconds(call.when, now)
+    return now if call.delay is None else now + _delay_seconds(call.delay)

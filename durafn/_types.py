@@ -72,6 +72,14 @@ class ScheduledFunction(BaseModel):
     """The scheduled run that scheduled this one, if any."""
     attempts: int
     """How many times the executor started this row (internal retries included)."""
+    priority: int = 0
+    """Lower runs first, among due rows (then due time, then id)."""
+    queue: str | None = None
+    """The named queue the row runs in, if any."""
+    key: str | None = None
+    """The job key it was scheduled with, if any."""
+    flags: list[str] = []
+    """Its flags, sorted."""
 
 
 class Page(BaseModel):
@@ -126,3 +134,20 @@ class Stats(BaseModel):
     """Seconds that row has waited (``at - oldest_due``): 0 when nothing is due."""
     next_due: datetime | None
     """When the next Pending row that is not due yet becomes due; None if there is none."""
+
+
+class QueueInfo(BaseModel):
+    """A named queue (``app.queues()``, ``durafn queue ls``)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    concurrency: int | None
+    """How many of its rows may run at once (1: serial); None: no limit."""
+    paused: bool
+    due: int
+    """Pending rows due now."""
+    pending: int
+    """Pending rows, due now or later."""
+    running: int
+    """Actions InProgress."""

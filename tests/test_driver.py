@@ -62,6 +62,8 @@ def new_row(
     parent: str | None = None,
     completed: float | None = None,
     name: str = "f",
+    priority: int = 0,
+    queue: str | None = None,
 ) -> dict[str, Any]:
     """A row as the scheduler writes it (the keys of ``NEW_ROW_COLUMNS``)."""
     return {
@@ -74,6 +76,10 @@ def new_row(
         "available_at": at,
         "completed_time": completed,
         "parent_id": parent,
+        "priority": priority,
+        "queue_name": queue,
+        "job_key": None,
+        "flags": None,
     }
 
 

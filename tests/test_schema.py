@@ -25,7 +25,10 @@ async def test_migrate_is_idempotent_and_versioned(db_url: str, clock: FakeClock
             )
         assert {"_scheduled_functions", "_durafn_schema"} <= tables
         assert {
-            "ix_scheduled_functions_due",
+            "ix_scheduled_functions_claim",
+            "ix_scheduled_functions_claim_queued",
+            "ix_scheduled_functions_queue",
+            "ix_scheduled_functions_key",
             "ix_scheduled_functions_parent",
             "ix_scheduled_functions_completed",
             "ix_scheduled_functions_scheduled",
@@ -37,9 +40,10 @@ async def test_migrate_is_idempotent_and_versioned(db_url: str, clock: FakeClock
 async def test_a_version_1_database_is_upgraded_in_place(
     db_url: str, engine_name: str, clock: FakeClock
 ) -> None:
-    """Version 2 added worker heartbeats, version 3 the traceback column: an existing
-    version 1 database keeps its rows, refuses to run until migrated (PostgreSQL), and
-    gains the new table, index and column, one recorded step each."""
+    """Version 2 added worker heartbeats, version 3 the traceback column, version 4 job
+    options (flags, queues, the priority-first claim indexes): an existing version 1
+    database keeps its rows, refuses to run until migrated (PostgreSQL), and gains the new
+    tables, indexes and columns, one recorded step each."""
     app = durafn.App(db_url, clock=clock)
 
     @app.mutation
@@ -53,15 +57,25 @@ async def test_a_version_1_database_is_upgraded_in_place(
             await conn.execute(text("DROP INDEX ix_scheduled_functions_running"))
             await conn.execute(text("DROP TABLE _durafn_workers"))
             await conn.execute(text("ALTER TABLE _scheduled_functions DROP COLUMN error_traceback"))
+            for index in ("claim", "claim_queued", "queue", "key"):
+                await conn.execute(text(f"DROP INDEX ix_scheduled_functions_{index}"))
+            await conn.execute(text("DROP TABLE _durafn_queues"))
+            await conn.execute(text("ALTER TABLE _scheduled_functions DROP COLUMN flags"))
+            await conn.execute(
+                text(
+                    "CREATE INDEX ix_scheduled_functions_due ON _scheduled_functions "
+                    "(kind, available_at, id) WHERE state = 'Pending'"
+                )
+            )
             await conn.execute(delete(schema_version))
             await conn.execute(insert(schema_version).values(version=1, applied_at=0))
         await app.aclose()
         if engine_name == "postgres":
             stale = durafn.App(db_url, clock=clock)
-            with pytest.raises(durafn.SchemaError, match="at version 1, this durafn needs 3"):
+            with pytest.raises(durafn.SchemaError, match="at version 1, this durafn needs 4"):
                 await stale.executor().run_until_idle()
             await stale.aclose()
-        assert await app.migrate() == 3
+        assert await app.migrate() == 4
         async with app.engine.connect() as conn:
             tables = await conn.run_sync(lambda c: set(inspect(c).get_table_names()))
             indexes = await conn.run_sync(
@@ -72,8 +86,11 @@ async def test_a_version_1_database_is_upgraded_in_place(
                 lambda c: {col["name"] for col in inspect(c).get_columns("_scheduled_functions")}
             )
         assert "_durafn_workers" in tables and "ix_scheduled_functions_running" in indexes
-        assert "error_traceback" in columns
-        assert sorted(versions) == [1, 2, 3]
+        assert {"error_traceback", "flags"} <= columns
+        assert "_durafn_queues" in tables
+        assert "ix_scheduled_functions_due" not in indexes
+        assert {"ix_scheduled_functions_claim", "ix_scheduled_functions_key"} <= indexes
+        assert sorted(versions) == [1, 2, 3, 4]
         row = await app.get(sid)
         assert row is not None and row.state is durafn.State.PENDING
         async with app.run_executor() as executor:

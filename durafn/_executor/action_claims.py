@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from .._errors import DatabaseError
 from .._runtime import Runtime, one_line
-from .._store import Claimed
+from .._store import SERVE_ALL, Claimed, ClaimFilter
 from .._types import FunctionKind, ScheduledFunctionId, State
 from .outcomes import log_fields
 
@@ -28,9 +28,13 @@ class ActionClaims:
     ``worker_id`` gives the current worker id (it is new for every run of the executor).
     """
 
-    def __init__(self, runtime: Runtime, worker_id: Callable[[], str]) -> None:
+    def __init__(
+        self, runtime: Runtime, worker_id: Callable[[], str], serve: ClaimFilter = SERVE_ALL
+    ) -> None:
         self._rt = runtime
         self._worker_id = worker_id
+        self.serve = serve
+        """Which rows this worker serves (its queues, its forbidden flags)."""
         # Claimed actions whose outcome is not written yet; held with the lock so that
         # adopting this worker's unaccounted InProgress rows never races a claim.
         self.unrecorded: set[ScheduledFunctionId] = set()
@@ -62,16 +66,18 @@ class ActionClaims:
     ) -> list[Claimed]:
         """Pending -> InProgress for up to ``limit`` due actions, committed on return.
 
-        ``retries=0``: the caller backs off itself. Only then does the claim run as one
-        autocommit statement: a claim run again after an unseen outcome would leave the
-        first one's rows InProgress, unstarted; the next claim adopts them (below).
+        ``retries=0``: the caller backs off itself. A claim run again after an unseen
+        outcome would leave the first one's rows InProgress, unstarted; the next claim
+        adopts them (below).
         """
         now = self._rt.clock.now() if now is None else now
         driver = self._rt.driver
         worker_id = self._worker_id()
 
         async def _claim(conn: AsyncConnection) -> list[Claimed]:
-            return await driver.claim_actions(conn, now, limit - len(adopted), worker_id)
+            return await driver.claim_actions(
+                conn, now, limit - len(adopted), worker_id, self.serve
+            )
 
         async def _ours(conn: AsyncConnection) -> list[Claimed]:
             return await driver.claimed_by(conn, worker_id)
@@ -105,7 +111,6 @@ class ActionClaims:
                             _claim,
                             doing="claiming actions",
                             retries=retries,
-                            single_statement=retries == 0,
                         )
                 except DatabaseError:
                     self.uncertain = True

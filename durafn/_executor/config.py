@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
 from .._checks import integer, non_negative_seconds, optional, positive_seconds, text
 from .._errors import ArgumentError
+from .._options import check_flags, check_name
+from .._store import ClaimFilter
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +46,19 @@ class ExecutorConfig:
     crash takes at most about ``worker_timeout + heartbeat_interval``."""
     worker_name: str | None = None
     """A readable label for this executor's worker id (default ``host:pid``)."""
+    queues: tuple[str, ...] | None = None
+    """Serve only rows of these named queues (a worker pool: ``durafn worker --queues``);
+    None, the default, serves every row, queued or not."""
+    forbidden_flags: tuple[str, ...] = ()
+    """Never claim rows carrying any of these flags (to shed a kind of work)."""
+
+    @property
+    def serve(self) -> ClaimFilter:
+        """What this executor's claims may take."""
+        return ClaimFilter(
+            queues=None if self.queues is None else frozenset(self.queues),
+            forbidden_flags=frozenset(self.forbidden_flags),
+        )
 
     def __post_init__(self) -> None:
         # Upper bounds far above any use, so that a typo is an error here rather than a
@@ -66,6 +81,18 @@ class ExecutorConfig:
                 "could declare a live worker lost"
             )
         optional(text, "worker_name", self.worker_name)
+        if self.queues is not None:
+            if isinstance(self.queues, str) or not self.queues:
+                raise ArgumentError(
+                    f"queues must be a non-empty list of queue names, not {self.queues!r}"
+                )
+            object.__setattr__(
+                self,
+                "queues",
+                tuple(check_name("queues", q, error=ArgumentError) for q in self.queues),
+            )
+        flags = check_flags("forbidden_flags", self.forbidden_flags, error=ArgumentError)
+        object.__setattr__(self, "forbidden_flags", tuple(sorted(flags)))
 
 
 class ExecutorOptions(TypedDict, total=False):
@@ -84,6 +111,8 @@ class ExecutorOptions(TypedDict, total=False):
     heartbeat_interval: float
     worker_timeout: float
     worker_name: str | None
+    queues: Sequence[str] | None
+    forbidden_flags: Sequence[str]
 
 
 def make_config(options: Mapping[str, Any]) -> ExecutorConfig:

@@ -54,7 +54,7 @@ class Executor:
         """Rows this executor finished ("mutations", "actions", "failed") and internal
         retries of mutation batches ("retries")."""
         self._membership = Membership(runtime, config, self._tally.progress, self._on_leave)
-        self._claims = ActionClaims(runtime, lambda: self._membership.worker_id)
+        self._claims = ActionClaims(runtime, lambda: self._membership.worker_id, config.serve)
         self._finisher = Finisher(runtime, self._tally, self._claims)
         self._mutations = MutationLanes(runtime, invoker, config, self._tally, self._wakeups)
         self._actions = ActionPool(
@@ -179,6 +179,7 @@ class Executor:
     @asynccontextmanager
     async def _running(self) -> AsyncIterator[Executor]:
         await self._rt.ensure_ready()
+        await self._declare_queues()
         self._hurry = 0
         wakeups = self._wakeups
         wakeups.begin()
@@ -213,6 +214,19 @@ class Executor:
         finally:
             self._rt._wake_listeners.discard(wakeups.on_wake)
             self._actions.end()
+
+    async def _declare_queues(self) -> None:
+        """Write the concurrency of the queues the app declares (``App(queues=...)``), so
+        that every worker's claims, on every host, hold the queues to it."""
+        rt = self._rt
+        declared = {name: q.concurrency for name, q in rt.queues.items()}
+        if not declared:
+            return
+
+        async def _declare(conn: AsyncConnection) -> None:
+            await rt.driver.declare_queues(conn, declared, rt.clock.now())
+
+        await rt.transaction(_declare, doing="declaring the app's queues")
 
     async def _stop(self) -> None:
         """Stop claiming, give running actions their grace period, cancel the rest, and

@@ -21,6 +21,7 @@ from .._types import FunctionKind, ScheduledFunctionId
 from .action_claims import ActionClaims
 from .outcomes import Tally, failed
 from .tasks import Signal
+from .wakeups import KINDS
 
 logger = logging.getLogger("durafn.executor")
 
@@ -119,17 +120,23 @@ class Finisher:
         if not outcomes:
             return
         failures = 0
+        # Rows of named queues free their queues as they end: wake the claimers that
+        # skipped those queues, here and (NOTIFY) in other processes.
+        queued = any(o.queue is not None for o in outcomes)
         while True:
 
             async def _write(conn: AsyncConnection) -> int:
-                return await self._rt.driver.finish_in_progress(
+                written = await self._rt.driver.finish_in_progress(
                     conn, self._rt.clock.now(), outcomes
                 )
+                if queued:
+                    await self._rt.driver.notify(conn, KINDS)
+                return written
 
             stuck: set[ScheduledFunctionId] = set()
             try:
                 written = await self._rt.transaction(
-                    _write, doing="recording action outcomes", single_statement=True
+                    _write, doing="recording action outcomes", single_statement=not queued
                 )
                 break
             except DatabaseError as exc:
@@ -150,6 +157,8 @@ class Finisher:
                 len(outcomes) - written,
             )
         self._tally.record(FunctionKind.ACTION, outcomes)
+        if queued:
+            self._rt.wake(KINDS)
 
     async def _write_one_by_one(
         self, outcomes: list[Outcome], cause: Exception

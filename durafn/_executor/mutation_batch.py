@@ -31,11 +31,13 @@ from .._errors import DatabaseError, DurafnError, FunctionTimeoutError
 from .._invoke import Invoker, check_transaction, mutation_session
 from .._registry import MutationRef
 from .._runtime import Runtime
-from .._scheduler import BufferedWriter, Scheduler
-from .._store import Claimed, Outcome
+from .._scheduler import Scheduler
+from .._store import SERVE_ALL, Claimed, ClaimFilter, Outcome
 from .._types import FunctionKind, State
+from .._writers import BufferedWriter
 from .outcomes import failed
 from .tasks import Pace
+from .wakeups import KINDS
 
 
 class Mode(enum.Enum):
@@ -64,8 +66,16 @@ class MutationBatch:
     it. The
     wall time per mutation it ran goes to ``pace``."""
 
-    def __init__(self, runtime: Runtime, invoker: Invoker, mode: Mode, pace: Pace) -> None:
+    def __init__(
+        self,
+        runtime: Runtime,
+        invoker: Invoker,
+        mode: Mode,
+        pace: Pace,
+        serve: ClaimFilter = SERVE_ALL,
+    ) -> None:
         self._rt = runtime
+        self._serve = serve
         self._invoker = invoker
         self._mode = mode
         self._pace = pace
@@ -91,7 +101,7 @@ class MutationBatch:
         async with rt.engine.connect() as conn:
             root = await conn.begin()
             claim_at = rt.clock.now() if now is None else now
-            rows = await driver.claim_mutations(conn, claim_at, size)
+            rows = await driver.claim_mutations(conn, claim_at, size, self._serve)
             if not rows:
                 await conn.rollback()
                 return
@@ -144,6 +154,11 @@ class MutationBatch:
                 # poll: tell them, at our commit, that they are free again.
                 await driver.notify(conn, {FunctionKind.MUTATION})
                 self.woken.add(FunctionKind.MUTATION)
+            if any(row.queue_name is not None for row in rows):
+                # Our queues' locks end with this commit: their next rows (of either kind)
+                # may start, and claimers that skipped them may be idle.
+                await driver.notify(conn, KINDS)
+                self.woken.update(KINDS)
             if outcomes:
                 self._pace.add((time.monotonic() - started) / len(outcomes))
             await self._write(conn)
@@ -207,7 +222,7 @@ class MutationBatch:
             elif session.identity_map:
                 session.expunge_all()
         self.woken |= writer.woken
-        return Outcome(row.id, State.SUCCESS, result=encoded, name=row.name)
+        return Outcome(row.id, State.SUCCESS, result=encoded, name=row.name, queue=row.queue_name)
 
     async def _before_cancel(self, conn: AsyncConnection) -> None:
         await self._write(conn)

@@ -79,7 +79,7 @@ class MutationLanes:
         while True:
             mode = self._mode
             size = 1 if mode is Mode.ALONE else self.claim_size(timed)
-            batch = MutationBatch(rt, self._invoker, mode, self.pace)
+            batch = MutationBatch(rt, self._invoker, mode, self.pace, self._config.serve)
             try:
                 await shielded(batch.run(now, size, self._config.batch_time if timed else math.inf))
             except BatchRestart:

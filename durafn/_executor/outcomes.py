@@ -66,6 +66,7 @@ def failed(row: Claimed | Outcome, exc: BaseException) -> Outcome:
         error_message=message,
         error_traceback=traceback_text(exc),
         name=row.name,
+        queue=row.queue_name if isinstance(row, Claimed) else row.queue,
     )
 
 
@@ -84,7 +85,7 @@ def succeeded(row: Claimed, ref: ActionRef[Any, Any], result: Any) -> Outcome:
         encoded = ref.encode_result(result)
     except Exception as exc:  # a result that cannot be stored fails the row, not the worker
         return failed(row, exc)
-    return Outcome(row.id, State.SUCCESS, result=encoded, name=row.name)
+    return Outcome(row.id, State.SUCCESS, result=encoded, name=row.name, queue=row.queue_name)
 
 
 def log_fields(kind: FunctionKind, id: str, name: str, state: State) -> dict[str, str]:

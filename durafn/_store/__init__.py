@@ -6,6 +6,7 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError as _SAArgumentError
 
 from .._errors import DatabaseError
+from ._claims import SERVE_ALL, ClaimFilter
 from ._driver import Driver
 from ._rows import Claimed, LostAction, Outcome, decode_cursor, new_id
 from ._tables import SCHEMA_VERSION, metadata, scheduled_functions, schema_version
@@ -14,6 +15,8 @@ from .sqlite import SQLiteDriver
 
 __all__ = [
     "SCHEMA_VERSION",
+    "SERVE_ALL",
+    "ClaimFilter",
     "Claimed",
     "Driver",
     "LostAction",

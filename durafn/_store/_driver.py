@@ -32,23 +32,26 @@ from .._types import (
     State,
     WorkerInfo,
 )
-from ._engine import EngineDriver
-from ._rows import Claimed, LostAction, Outcome, decode_cursor, encode_cursor, is_id, to_model
-from ._statements import (
-    CLAIM_ACTIONS,
+from ._claims import (
     CLAIM_COLUMNS,
-    CLAIM_MUTATIONS,
-    FINISH_ONE,
-    FINISH_PLAIN,
-    FinishParams,
+    SERVE_ALL,
+    ClaimFilter,
     claimed,
+    next_due,
+    start_actions,
+    take,
 )
+from ._engine import EngineDriver
+from ._keys import insert_keyed
+from ._queues import QueueStatements
+from ._rows import Claimed, LostAction, Outcome, decode_cursor, encode_cursor, is_id, to_model
+from ._statements import FINISH_ONE, FINISH_PLAIN, FinishParams
 from ._tables import sf, workers
 
 _RUNNABLE = (State.PENDING.value, State.IN_PROGRESS.value)
 
 
-class Driver(EngineDriver):
+class Driver(QueueStatements, EngineDriver):
     """Dialect-neutral statements on the system tables."""
 
     # -- one row ---------------------------------------------------------------------------
@@ -72,6 +75,12 @@ class Driver(EngineDriver):
         """Insert rows (their keys are ``NEW_ROW_COLUMNS``), and ``notify`` executors of
         these kinds when this commits. Each driver has its own one-statement form."""
         raise NotImplementedError
+
+    async def insert_keyed(
+        self, conn: AsyncConnection, rows: Sequence[dict[str, Any]]
+    ) -> builtins.list[ScheduledFunctionId]:
+        """Write rows that carry job keys (``_keys``); returns the id that runs for each."""
+        return await insert_keyed(conn, self.dialect_insert, rows)
 
     async def cancel(
         self, conn: AsyncConnection, id: ScheduledFunctionId, now: float
@@ -131,10 +140,12 @@ class Driver(EngineDriver):
 
     # -- executor: mutations -------------------------------------------------------------
 
-    async def claim_mutations(self, conn: AsyncConnection, now: float, limit: int) -> list[Claimed]:
-        """Select due mutations inside the batch transaction, locked until it ends."""
-        rows = await conn.execute(CLAIM_MUTATIONS, {"now": now, "limit": limit})
-        return claimed(rows)
+    async def claim_mutations(
+        self, conn: AsyncConnection, now: float, limit: int, serve: ClaimFilter = SERVE_ALL
+    ) -> list[Claimed]:
+        """Choose due mutations inside the batch transaction (``_claims.take``), locked, with
+        their queues, until it ends."""
+        return await take(conn, FunctionKind.MUTATION, now, limit, serve)
 
     async def finish_pending(
         self, conn: AsyncConnection, now: float, outcomes: Sequence[Outcome]
@@ -202,13 +213,17 @@ class Driver(EngineDriver):
     # -- executor: actions ---------------------------------------------------------------
 
     async def claim_actions(
-        self, conn: AsyncConnection, now: float, limit: int, worker_id: str
+        self,
+        conn: AsyncConnection,
+        now: float,
+        limit: int,
+        worker_id: str,
+        serve: ClaimFilter = SERVE_ALL,
     ) -> list[Claimed]:
-        """Pending -> InProgress for up to ``limit`` due actions; commit before running them."""
-        rows = await conn.execute(
-            CLAIM_ACTIONS, {"now": now, "limit": limit, "worker_id": worker_id}
-        )
-        return claimed(rows)
+        """Pending -> InProgress for up to ``limit`` due actions (``_claims.take``); commit
+        before running them."""
+        rows = await take(conn, FunctionKind.ACTION, now, limit, serve)
+        return await start_actions(conn, rows, now, worker_id)
 
     async def release_unstarted(
         self, conn: AsyncConnection, ids: Sequence[ScheduledFunctionId], worker_id: str
@@ -243,7 +258,7 @@ class Driver(EngineDriver):
                 sf.c.state == State.IN_PROGRESS.value, sf.c.worker_id == worker_id
             )
         )
-        return claimed(rows)
+        return claimed(list(rows))
 
     async def finish_in_progress(
         self, conn: AsyncConnection, now: float, outcomes: Sequence[Outcome]
@@ -262,16 +277,9 @@ class Driver(EngineDriver):
         ``after`` lets an idle executor skip rows that are due but locked by another lane
         or executor: waiting for those would be a busy loop.
         """
-        # The first entry of ix_scheduled_functions_due for this kind: O(log n).
-        stmt = (
-            select(sf.c.available_at)
-            .where(sf.c.state == State.PENDING.value, sf.c.kind == kind.value)
-            .order_by(sf.c.available_at)
-            .limit(1)
-        )
-        if after is not None:
-            stmt = stmt.where(sf.c.available_at > after)
-        return (await conn.execute(stmt)).scalar()
+        # The first entry of each priority level's range of the two claim indexes: one
+        # probe per level, whatever the backlog (_claims.next_due).
+        return await next_due(conn, kind, after)
 
     # -- workers -------------------------------------------------------------------------
 
@@ -451,8 +459,8 @@ class Driver(EngineDriver):
         """(``available_at`` of the longest-waiting due Pending row, the earliest
         ``available_at`` after ``now``): each None when there is no such row.
 
-        Up to four ``next_due`` reads, each the first entry of a range of
-        ix_scheduled_functions_due, rather than a MIN over the Pending rows.
+        Up to four ``next_due`` reads, each a few index probes, rather than a MIN over the
+        Pending rows.
         """
         oldest: list[float] = []
         upcoming: list[float] = []

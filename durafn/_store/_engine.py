@@ -34,6 +34,8 @@ class EngineDriver:
     """Create the system tables on first use (an embedded database), or require
     ``durafn migrate`` (a shared server, whose schema changes deliberately)."""
 
+    dialect_insert: ClassVar[Callable[..., Any]]
+    """The dialect's ``insert`` construct (it has the upsert clauses)."""
     single_statement_options: ClassVar[dict[str, Any]] = {}
     """Execution options for a transaction that is one statement: on PostgreSQL,
     autocommit, which saves the BEGIN and COMMIT round trips."""

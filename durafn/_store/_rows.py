@@ -20,6 +20,7 @@ from sqlalchemy import Row
 
 from .._clock import to_datetime
 from .._errors import ArgumentError
+from .._options import read_flags
 from .._types import ErrorInfo, FunctionKind, ScheduledFunction, ScheduledFunctionId, State
 
 NEW_ROW_COLUMNS = (
@@ -32,6 +33,10 @@ NEW_ROW_COLUMNS = (
     "available_at",
     "completed_time",
     "parent_id",
+    "priority",
+    "queue_name",
+    "job_key",
+    "flags",
 )
 """The keys of a row passed to ``Driver.insert_rows``; the other columns take defaults."""
 
@@ -88,6 +93,12 @@ class Claimed:
     attempts: int
     parent_id: ScheduledFunctionId | None
     available_at: float
+    priority: int = 0
+    queue_name: str | None = None
+
+    def order(self) -> tuple[int, float, str]:
+        """Claim order: priority (lower first), then due time, then id."""
+        return (self.priority, self.available_at, self.id)
 
 
 @dataclass(slots=True)
@@ -102,6 +113,8 @@ class Outcome:
     error_traceback: str | None = None
     name: str = ""
     """The function's durable name, for logs."""
+    queue: str | None = None
+    """The row's named queue: its end frees the queue for the next row (wake claimers)."""
 
 
 class LostAction(NamedTuple):
@@ -145,6 +158,10 @@ def to_model(row: Row[Any]) -> ScheduledFunction:
         result=json.loads(m["result"]) if m["result"] is not None else None,
         parent_id=ScheduledFunctionId(str(m["parent_id"])) if m["parent_id"] else None,
         attempts=m["attempts"],
+        priority=m["priority"],
+        queue=m["queue_name"],
+        key=m["job_key"],
+        flags=read_flags(m["flags"]),
     )
 
 

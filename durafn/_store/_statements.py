@@ -1,4 +1,5 @@
-"""The hot statements, built once, each with the index it uses.
+"""The hot finish statements, built once, each with the index it uses (the claims are in
+``_claims``).
 
 Constructing a Core statement costs ~0.3 ms of Python, as much as running it, so the
 statements the executor runs per batch are built at import. Values arrive as bind
@@ -9,66 +10,12 @@ runs it, in their own module.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any, TypedDict
+from typing import TypedDict
 
-from sqlalchemy import Row, bindparam, select, update
+from sqlalchemy import bindparam, update
 
-from .._types import FunctionKind, State
-from ._rows import Claimed
+from .._types import State
 from ._tables import sf
-
-CLAIM_COLUMNS = (sf.c.id, sf.c.name, sf.c.args, sf.c.attempts, sf.c.parent_id, sf.c.available_at)
-
-
-def claimed(rows: Iterable[Row[Any]]) -> list[Claimed]:
-    """Claimed rows in due order (an UPDATE ... RETURNING returns them in no order)."""
-    out = [Claimed(*row) for row in rows]
-    out.sort(key=lambda c: (c.available_at, c.id))
-    return out
-
-
-def _due(kind: FunctionKind) -> Any:
-    # ix_scheduled_functions_due: (kind, available_at, id) WHERE state = 'Pending'.
-    return (
-        select(*CLAIM_COLUMNS)
-        .where(
-            sf.c.state == State.PENDING.value,
-            sf.c.kind == kind.value,
-            sf.c.available_at <= bindparam("now"),
-        )
-        .order_by(sf.c.available_at, sf.c.id)
-        .limit(bindparam("limit"))
-    )
-
-
-# FOR UPDATE SKIP LOCKED on PostgreSQL: concurrent lanes and executors take disjoint rows.
-# SQLite ignores the clause; its BEGIN IMMEDIATE already makes the batch the only writer.
-CLAIM_MUTATIONS = _due(FunctionKind.MUTATION).with_for_update(skip_locked=True)
-
-# A MATERIALIZED CTE, not ``id IN (SELECT ... LIMIT n)``: PostgreSQL may re-run an
-# IN-subquery per row and so claim more than ``limit`` rows (caught by
-# test_actions_run_concurrently_up_to_the_limit).
-DUE_ACTIONS = (
-    _due(FunctionKind.ACTION)
-    .with_only_columns(sf.c.id)
-    .with_for_update(skip_locked=True)
-    .cte("due")
-    .prefix_with("MATERIALIZED")
-)
-# The due rows through DUE_ACTIONS (ix_scheduled_functions_due), each updated by its
-# primary key.
-CLAIM_ACTIONS = (
-    update(sf)
-    .where(sf.c.id == DUE_ACTIONS.c.id, sf.c.state == State.PENDING.value)
-    .values(
-        state=State.IN_PROGRESS.value,
-        started_time=bindparam("now"),
-        worker_id=bindparam("worker_id"),
-        attempts=sf.c.attempts + 1,
-    )
-    .returning(*CLAIM_COLUMNS)
-)
 
 
 class FinishParams(TypedDict):

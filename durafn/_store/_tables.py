@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from sqlalchemy import (
+    Boolean,
     CheckConstraint,
     Column,
     Double,
@@ -18,12 +19,14 @@ from sqlalchemy import (
     Table,
     Text,
     Uuid,
+    and_,
+    false,
     inspect,
     text,
 )
 from sqlalchemy.engine import Connection
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """Bump with a new step in ``MIGRATIONS`` whenever the tables change."""
 
 metadata = MetaData()
@@ -53,12 +56,13 @@ scheduled_functions = Table(
     Column("error_traceback", Text),  # version 3
     Column("result", Text),
     Column("worker_id", Text),
-    # Reserved for priorities, serial queues, dedupe keys and retry policies (next issue);
-    # present now so that adding them is not a table rewrite.
+    # Job options (durafn/_options.py). Lower priority runs first.
     Column("priority", Integer, nullable=False, server_default="0"),
     Column("queue_name", Text),
+    # Held by at most one row that is not Success (ix_scheduled_functions_key).
     Column("job_key", Text),
-    Column("max_attempts", Integer),
+    Column("max_attempts", Integer),  # reserved for retry policies
+    Column("flags", Text),  # version 4: ",a,b," (sorted), so "carries x" is one LIKE
     CheckConstraint(
         "state IN ('Pending', 'InProgress', 'Success', 'Failed', 'Canceled')",
         name="ck_scheduled_functions_state",
@@ -67,15 +71,53 @@ scheduled_functions = Table(
 )
 sf = scheduled_functions
 
-# Claims and "when is the next row due": only Pending rows are in it, so the index stays
-# as small as the backlog of unstarted work however many finished rows await retention.
+# Claims and "when is the next row due": only Pending rows are in them, so they stay as
+# small as the backlog of unstarted work however many finished rows await retention.
+# Priority comes before time: a claim reads each priority level present as one range
+# (``priority = p AND available_at <= now``, in order), so neither a future row nor a row
+# of a later level is read to find a due one (_claims.py). Unqueued and queued rows have
+# an index each, so that finding the few due rows of named queues never reads through a
+# backlog of unqueued ones, nor the other way round.
 Index(
-    "ix_scheduled_functions_due",
+    "ix_scheduled_functions_claim",
     sf.c.kind,
+    sf.c.priority,
     sf.c.available_at,
     sf.c.id,
-    postgresql_where=sf.c.state == "Pending",
-    sqlite_where=sf.c.state == "Pending",
+    postgresql_where=and_(sf.c.state == "Pending", sf.c.queue_name.is_(None)),
+    sqlite_where=and_(sf.c.state == "Pending", sf.c.queue_name.is_(None)),
+)
+# queue_name last, so that finding which queues have due rows reads the index alone.
+Index(
+    "ix_scheduled_functions_claim_queued",
+    sf.c.kind,
+    sf.c.priority,
+    sf.c.available_at,
+    sf.c.id,
+    sf.c.queue_name,
+    postgresql_where=and_(sf.c.state == "Pending", sf.c.queue_name.is_not(None)),
+    sqlite_where=and_(sf.c.state == "Pending", sf.c.queue_name.is_not(None)),
+)
+# The head of each named queue: a claim that found rows of queue Q re-reads Q's first
+# due rows in queue order, holding Q's lock, so a queue starts its rows in order.
+ix_queue = Index(
+    "ix_scheduled_functions_queue",
+    sf.c.queue_name,
+    sf.c.priority,
+    sf.c.available_at,
+    sf.c.id,
+    postgresql_where=and_(sf.c.state == "Pending", sf.c.queue_name.is_not(None)),
+    sqlite_where=and_(sf.c.state == "Pending", sf.c.queue_name.is_not(None)),
+)
+# Job keys: one row holds a key until it succeeds (or gives the key up to a new row).
+# Also the upsert's conflict target.
+KEY_HOLDER = and_(sf.c.job_key.is_not(None), sf.c.state != "Success")
+ix_key = Index(
+    "ix_scheduled_functions_key",
+    sf.c.job_key,
+    unique=True,
+    postgresql_where=KEY_HOLDER,
+    sqlite_where=KEY_HOLDER,
 )
 # Transitive cancel walks children by parent.
 Index(
@@ -116,6 +158,25 @@ workers = Table(
     # No index on heartbeat_at: one row per live worker, read by a full scan.
 )
 
+queues = Table(
+    "_durafn_queues",
+    metadata,
+    # One row per named queue, written when a row of it is first scheduled (and by an
+    # executor for the queues its app declares). Claims lock it (FOR UPDATE SKIP LOCKED on
+    # PostgreSQL) while they choose a queue's rows, so two claims never both start one.
+    Column("name", Text, primary_key=True),
+    Column("concurrency", Integer),  # None: no limit
+    Column("paused", Boolean, nullable=False, server_default=false()),
+    Column("created_at", Double, nullable=False),
+)
+# Claims exclude paused queues: as few entries as paused queues, however many queues.
+Index(
+    "ix_durafn_queues_paused",
+    queues.c.name,
+    postgresql_where=queues.c.paused,
+    sqlite_where=queues.c.paused,
+)
+
 schema_version = Table(
     "_durafn_schema",
     metadata,
@@ -138,5 +199,18 @@ def _step_3(conn: Connection) -> None:
         conn.execute(text("ALTER TABLE _scheduled_functions ADD COLUMN error_traceback TEXT"))
 
 
-MIGRATIONS: dict[int, Callable[[Connection], None]] = {2: _step_2, 3: _step_3}
+def _step_4(conn: Connection) -> None:
+    """Version 4: job options. ``flags``; the claim index with priority before time (it
+    replaces ``ix_scheduled_functions_due``); queue heads; job keys; ``_durafn_queues``.
+    Building the indexes reads the table once (seconds at 10^6 rows, writes wait)."""
+    columns = {c["name"] for c in inspect(conn).get_columns(scheduled_functions.name)}
+    if "flags" not in columns:
+        conn.execute(text("ALTER TABLE _scheduled_functions ADD COLUMN flags TEXT"))
+    conn.execute(text("DROP INDEX IF EXISTS ix_scheduled_functions_due"))
+    for index in scheduled_functions.indexes:
+        index.create(conn, checkfirst=True)
+    queues.create(conn, checkfirst=True)  # with its index
+
+
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {2: _step_2, 3: _step_3, 4: _step_4}
 """Steps from version N-1 to N. A fresh database gets the latest tables in one go."""

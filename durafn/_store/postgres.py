@@ -17,6 +17,7 @@ import anyio
 import asyncpg
 from sqlalchemy import CursorResult, text
 from sqlalchemy import exc as sa_exc
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from .._errors import ReadOnlyError
@@ -73,12 +74,14 @@ _INSERT_SQL = text(
     """
     WITH inserted AS (
         INSERT INTO _scheduled_functions
-            (id, name, kind, args, state, scheduled_time, available_at, completed_time, parent_id)
+            (id, name, kind, args, state, scheduled_time, available_at, completed_time, parent_id,
+             priority, queue_name, job_key, flags)
         SELECT * FROM unnest(
             CAST(:id AS uuid[]), CAST(:name AS text[]), CAST(:kind AS text[]),
             CAST(:args AS text[]), CAST(:state AS text[]), CAST(:scheduled_time AS float8[]),
             CAST(:available_at AS float8[]), CAST(:completed_time AS float8[]),
-            CAST(:parent_id AS uuid[]))
+            CAST(:parent_id AS uuid[]), CAST(:priority AS int[]), CAST(:queue_name AS text[]),
+            CAST(:job_key AS text[]), CAST(:flags AS text[]))
     )
     SELECT pg_notify(:channel, CAST(:payload AS text)) WHERE CAST(:payload AS text) <> ''
     """
@@ -98,6 +101,7 @@ def _sqlstate(exc: BaseException) -> str | None:
 
 
 class PostgresDriver(Driver):
+    dialect_insert = staticmethod(postgresql_insert)
     name: ClassVar[str] = "PostgreSQL"
     max_mutation_lanes: ClassVar[int] = 4
     default_poll_interval: ClassVar[float] = 5.0

@@ -22,6 +22,7 @@ import anyio
 import anyio.to_thread
 from sqlalchemy import event
 from sqlalchemy import exc as sa_exc
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
@@ -76,6 +77,7 @@ def _thread_of(connection: Any) -> threading.Thread | None:
 
 
 class SQLiteDriver(Driver):
+    dialect_insert = staticmethod(sqlite_insert)
     name: ClassVar[str] = "SQLite"
     max_mutation_lanes: ClassVar[int] = 1
     default_poll_interval: ClassVar[float] = 0.5

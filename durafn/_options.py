@@ -1,0 +1,203 @@
+"""Job options: how a scheduled call runs, apart from its arguments.
+
+One mechanism everywhere: options are a ``JobOptions`` value that travels with a function
+reference (``@app.action(queue="mail")`` sets a function's defaults, ``ref.options(...)``
+returns a reference carrying per-call ones), so every scheduling route (``run_after``,
+``run_at``, ``run_many``, and whatever schedules from a reference later) reads them from
+the reference it is given, never from its own keyword arguments, which belong to the
+function. An app's ``Queue`` attributes are the defaults beneath both.
+
+Precedence, field by field: per call > decorator > the queue's attributes > built-in
+default (priority 0, no queue, no key, no flags).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, fields, replace
+from typing import Any, Literal, TypedDict, get_args
+
+from ._checks import Error, integer, is_integer, optional, text
+from ._errors import SchedulingError
+
+KeyMode = Literal["replace", "preserve_run_at", "unsafe_dedupe"]
+"""What scheduling a key that a row already holds does (Graphile Worker's job key modes):
+
+* ``replace``: a Pending row with the key takes the new function, arguments, time,
+  priority, queue and flags (its attempts reset); the call returns that row's id.
+* ``preserve_run_at``: the same, but a row not yet attempted keeps its time.
+* ``unsafe_dedupe``: the existing row is kept unchanged, whatever its state (even Failed
+  or Canceled: nothing new runs); the call returns its id.
+
+With ``replace`` and ``preserve_run_at``, a row holding the key that is no longer Pending
+(InProgress, Failed, Canceled) gives the key up and a new row is written. A Success row
+never holds its key (Graphile deletes a completed job); it keeps it only to be listed.
+"""
+
+KEY_MODES: tuple[str, ...] = get_args(KeyMode)
+
+PRIORITY_RANGE = (-(2**31), 2**31 - 1)
+"""The stored column is a 32-bit integer on both engines."""
+
+MAX_NAME = 255
+MAX_KEY = 512
+MAX_FLAG = 64
+MAX_FLAGS = 32
+
+# A flag is stored between commas (",a,b,") so that "carries flag x" is one LIKE on both
+# engines; a flag therefore cannot contain a comma, and is kept to a plain alphabet so a
+# shell or a URL can carry it too.
+_FLAG = re.compile(r"[A-Za-z0-9_.:@/+-]+")
+
+
+class JobOptionArgs(TypedDict, total=False):
+    """The job options as keyword arguments (of ``@app.mutation``/``@app.action``)."""
+
+    priority: int | None
+    queue: str | None
+    key: str | None
+    key_mode: KeyMode | None
+    flags: Iterable[str] | None
+
+
+class OptionError(SchedulingError):
+    """A job option (priority, queue, key, key mode, flags) is not valid."""
+
+
+@dataclass(frozen=True, slots=True)
+class Queue:
+    """App-wide attributes of a named queue: ``App(queues={"mail": Queue(...)})``.
+
+    ``concurrency``: how many of its rows may run at once, across every worker, process
+    and host (1, the default, is a serial queue: Graphile's ``queue_name``); None: no limit
+    (a queue that only routes rows to workers and pools, as delayed_job's queues do).
+    ``priority``: the default priority of its rows (delayed_job's ``queue_attributes``).
+    """
+
+    concurrency: int | None = 1
+    priority: int | None = None
+
+    def __post_init__(self) -> None:
+        optional(integer, "Queue concurrency", self.concurrency, high=100_000)
+        check_priority(self.priority, "Queue priority", error=SchedulingError)
+
+
+@dataclass(frozen=True, slots=True)
+class JobOptions:
+    """Options of a scheduled call; None means "not set here" (a lower layer decides)."""
+
+    priority: int | None = None
+    queue: str | None = None
+    key: str | None = None
+    key_mode: KeyMode | None = None
+    flags: frozenset[str] | None = None
+
+    @classmethod
+    def checked(cls, error: Error = OptionError, **values: Any) -> JobOptions:
+        """Options from keyword values, each validated; unknown names are an error."""
+        known = {f.name for f in fields(cls)}
+        if unknown := sorted(set(values) - known):
+            raise error(
+                f"unknown job option(s) {', '.join(unknown)}; the options are "
+                f"{', '.join(sorted(known))}"
+            )
+        key_mode = values.get("key_mode")
+        if key_mode is not None and key_mode not in KEY_MODES:
+            raise error(f"key_mode must be one of {', '.join(KEY_MODES)}, not {key_mode!r}")
+        return cls(
+            priority=check_priority(values.get("priority"), "priority", error=error),
+            queue=optional(check_name, "queue", values.get("queue"), error=error),
+            key=optional(check_key, "key", values.get("key"), error=error),
+            key_mode=key_mode,
+            flags=optional(check_flags, "flags", values.get("flags"), error=error),
+        )
+
+    def over(self, base: JobOptions) -> JobOptions:
+        """These options, with ``base`` filling what they leave unset."""
+        changes = {
+            f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None
+        }
+        return replace(base, **changes) if changes else base
+
+
+@dataclass(frozen=True, slots=True)
+class RowOptions:
+    """The options a row is written with: every layer applied, defaults filled in."""
+
+    priority: int
+    queue: str | None
+    key: str | None
+    key_mode: KeyMode
+    flags: str | None
+    """Stored form: ",a,b," (sorted), or None."""
+
+
+def resolve(options: JobOptions, queues: Mapping[str, Queue]) -> RowOptions:
+    """The row's options: ``options`` (call over decorator), then the queue's attributes."""
+    priority = options.priority
+    if priority is None and options.queue is not None:
+        attributes = queues.get(options.queue)
+        priority = attributes.priority if attributes is not None else None
+    if options.key_mode is not None and options.key is None:
+        raise OptionError(f"key_mode={options.key_mode!r} was given without a key")
+    return RowOptions(
+        priority=priority or 0,
+        queue=options.queue,
+        key=options.key,
+        key_mode=options.key_mode or "replace",
+        flags=stored_flags(options.flags),
+    )
+
+
+def stored_flags(flags: Iterable[str] | None) -> str | None:
+    return f",{','.join(sorted(flags))}," if flags else None
+
+
+def read_flags(stored: str | None) -> list[str]:
+    return stored.strip(",").split(",") if stored else []
+
+
+def check_priority(value: object, name: str, *, error: Error = OptionError) -> int | None:
+    if value is None:
+        return None
+    low, high = PRIORITY_RANGE
+    if not is_integer(value) or not low <= value <= high:
+        raise error(
+            f"{name} must be an integer between {low} and {high} (lower runs first), not {value!r}"
+        )
+    return value
+
+
+def check_name(name: str, value: object, *, error: Error = OptionError) -> str:
+    """A queue's name: non-empty text, at most 255 characters."""
+    value = text(name, value, error=error)
+    if not value.strip() or len(value) > MAX_NAME:
+        raise error(f"{name} must be a non-empty name of at most {MAX_NAME} characters")
+    return value
+
+
+def check_key(name: str, value: object, *, error: Error = OptionError) -> str:
+    value = text(name, value, error=error)
+    if not value or len(value) > MAX_KEY:
+        raise error(f"{name} must be a non-empty string of at most {MAX_KEY} characters")
+    return value
+
+
+def check_flag(name: str, value: object, *, error: Error = OptionError) -> str:
+    if not isinstance(value, str) or len(value) > MAX_FLAG or not _FLAG.fullmatch(value):
+        raise error(
+            f"{name}: {value!r} is not a flag; a flag is 1 to {MAX_FLAG} characters of "
+            "letters, digits and _ . : @ / + -"
+        )
+    return value
+
+
+def check_flags(name: str, value: object, *, error: Error = OptionError) -> frozenset[str]:
+    """A collection of flags (a lone string is refused: it would be read letter by letter)."""
+    if isinstance(value, str) or not isinstance(value, Iterable):
+        raise error(f"{name} must be a list or set of strings, not {value!r}")
+    flags = frozenset(check_flag(name, item, error=error) for item in value)
+    if len(flags) > MAX_FLAGS:
+        raise error(f"{name}: at most {MAX_FLAGS} flags per row, not {len(flags)}")
+    return flags

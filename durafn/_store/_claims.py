@@ -1,0 +1,331 @@
+"""Which due rows a claim takes: priority order, named queues, pauses, flags, pools.
+
+A claim (a mutation batch's, or an action dispatcher's) takes up to ``limit`` due rows in
+the order **priority, then due time, then id**, within what its ``ClaimFilter`` lets it
+serve (a worker's queues, its forbidden flags). Three reads make it, each an index range:
+
+1. **Levels.** The priority levels present among Pending rows, by a loose index scan
+   (a recursive CTE: one probe of the claim index per level). Each level is then read
+   as one range ``priority = p AND available_at <= now``, ascending: no future row and no
+   row of a later level is ever read to find a due one, however many there are.
+2. **Unqueued rows**, level by level from ``ix_scheduled_functions_claim``, locked
+   (``FOR UPDATE SKIP LOCKED`` on PostgreSQL; SQLite's write lock holds the whole claim).
+3. **Queued rows**: which queues have due rows, level by level from
+   ``ix_scheduled_functions_claim_queued`` (index only, no lock), skipping paused queues
+   and queues at their concurrency. For each such queue, in order: lock its
+   ``_durafn_queues`` row (``SKIP LOCKED``: a queue another claim is choosing from, or a
+   mutation batch is running, is skipped, never waited for), count its running rows, and
+   read its **head** (its first due rows, whatever their kind, from
+   ``ix_scheduled_functions_queue``). A claim takes only head rows it may run, so a queue
+   starts its rows in queue order and never more at once than its concurrency.
+
+A mutation batch keeps its queues' locks until it commits, so rows of one queue may run
+one after another inside a batch (group commit kept), never in two batches at once. An
+action claim commits its rows InProgress before releasing the locks; the count of
+InProgress rows then keeps the queue busy until they finish.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import (
+    Row,
+    Select,
+    and_,
+    bindparam,
+    false,
+    func,
+    literal_column,
+    or_,
+    select,
+    true,
+    update,
+)
+from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.sql.elements import ColumnElement
+
+from .._types import FunctionKind, State
+from ._rows import Claimed
+from ._tables import queues, sf
+
+CLAIM_COLUMNS = (
+    sf.c.id,
+    sf.c.name,
+    sf.c.args,
+    sf.c.attempts,
+    sf.c.parent_id,
+    sf.c.available_at,
+    sf.c.priority,
+    sf.c.queue_name,
+)
+# Literals, not bind parameters: a partial index is used only when the query's WHERE
+# visibly implies the index's (SQLite does not look into parameters).
+_PENDING: ColumnElement[str] = literal_column(f"'{State.PENDING.value}'")
+_RUNNING: ColumnElement[str] = literal_column(f"'{State.IN_PROGRESS.value}'")
+
+
+def claimed(rows: Sequence[Row[Any]]) -> list[Claimed]:
+    """Claimed rows in claim order (an UPDATE ... RETURNING returns them in no order)."""
+    out = [Claimed(*row[: len(CLAIM_COLUMNS)]) for row in rows]
+    out.sort(key=Claimed.order)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimFilter:
+    """What one executor serves."""
+
+    queues: frozenset[str] | None = None
+    """Only rows of these named queues (a worker pool); None: every row, queued or not."""
+    forbidden_flags: frozenset[str] = frozenset()
+    """Never rows carrying any of these flags (Graphile's ``forbiddenFlags``)."""
+
+
+SERVE_ALL = ClaimFilter()
+
+
+def _pending(queued: bool) -> tuple[ColumnElement[bool], ...]:
+    """Pending rows of ``:kind`` in one of the two claim indexes (their predicates)."""
+    return (
+        sf.c.state == _PENDING,
+        sf.c.kind == bindparam("kind"),
+        sf.c.queue_name.is_not(None) if queued else sf.c.queue_name.is_(None),
+    )
+
+
+def _levels_cte(queued: bool) -> Any:
+    """The priority levels of Pending rows of ``:kind``, ascending: one index probe each
+    (a loose index scan; neither engine skips through an index by itself)."""
+    first = select(func.min(sf.c.priority).label("p")).where(*_pending(queued))
+    levels = first.cte(f"levels_{int(queued)}", recursive=True)
+    following = select(func.min(sf.c.priority)).where(*_pending(queued), sf.c.priority > levels.c.p)
+    return levels.union_all(select(following.scalar_subquery()).where(levels.c.p.is_not(None)))
+
+
+def _levels(queued: bool) -> Select[Any]:
+    levels = _levels_cte(queued)
+    return select(levels.c.p).where(levels.c.p.is_not(None))
+
+
+def _next_due(queued: bool, after: bool) -> Select[Any]:
+    """The earliest ``available_at`` (later than ``:after``) over every level's range."""
+    levels = _levels_cte(queued)
+    first = (
+        select(sf.c.available_at)
+        .where(*_pending(queued), sf.c.priority == levels.c.p)
+        .order_by(sf.c.available_at)
+        .limit(1)
+    )
+    if after:
+        first = first.where(sf.c.available_at > bindparam("after"))
+    return select(func.min(first.scalar_subquery())).where(levels.c.p.is_not(None))
+
+
+LEVELS = {False: _levels(False), True: _levels(True)}
+NEXT_DUE = {(q, a): _next_due(q, a) for q in (False, True) for a in (False, True)}
+
+
+async def next_due(conn: AsyncConnection, kind: FunctionKind, after: float | None) -> float | None:
+    """When the next Pending row of ``kind`` (due later than ``after``) becomes due."""
+    params = {"kind": kind.value, "after": after}
+    found = [
+        (await conn.execute(NEXT_DUE[queued, after is not None], params)).scalar()
+        for queued in (False, True)
+    ]
+    return min((t for t in found if t is not None), default=None)
+
+
+def _flags_allowed(forbidden: frozenset[str]) -> ColumnElement[bool]:
+    if not forbidden:
+        return true()
+    return or_(
+        sf.c.flags.is_(None),
+        and_(*(~sf.c.flags.contains(f",{f},", autoescape=True) for f in sorted(forbidden))),
+    )
+
+
+def _due_at_level(queued: bool) -> tuple[ColumnElement[bool], ...]:
+    return (
+        *_pending(queued),
+        sf.c.priority == bindparam("level"),
+        sf.c.available_at <= bindparam("now"),
+    )
+
+
+def _blocked_queues() -> ColumnElement[bool]:
+    """The row's queue is neither paused nor at its concurrency (judged without locks;
+    the claim checks again under the queue's lock)."""
+    running = sf.alias("running")
+    full = (
+        select(running.c.queue_name)
+        .join(queues, queues.c.name == running.c.queue_name)
+        # ix_scheduled_functions_running: as many entries as actions running anywhere.
+        .where(running.c.state == _RUNNING, queues.c.concurrency.is_not(None))
+        .group_by(running.c.queue_name, queues.c.concurrency)
+        .having(func.count() >= queues.c.concurrency)
+    )
+    paused = select(queues.c.name).where(queues.c.paused)  # ix_durafn_queues_paused
+    return and_(~sf.c.queue_name.in_(paused), ~sf.c.queue_name.in_(full))
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimStatements:
+    """The statements of one ``ClaimFilter``, built once (see ``statements``)."""
+
+    unqueued: Select[Any] | None
+    """Due unqueued rows at ``:level``, locked; None when the filter serves queues only."""
+    queued: Select[Any]
+    """(queue, priority, due, id) of due queued rows at ``:level`` whose queue may run."""
+
+
+@functools.cache
+def statements(serve: ClaimFilter) -> ClaimStatements:
+    flags_ok = _flags_allowed(serve.forbidden_flags)
+    unqueued = None
+    if serve.queues is None:
+        # ix_scheduled_functions_claim: (kind, priority, available_at, id), one range.
+        unqueued = (
+            select(*CLAIM_COLUMNS)
+            .where(*_due_at_level(False), flags_ok)
+            .order_by(sf.c.available_at, sf.c.id)
+            .limit(bindparam("limit"))
+            .with_for_update(skip_locked=True)
+        )
+    served = true() if serve.queues is None else sf.c.queue_name.in_(sorted(serve.queues))
+    # ix_scheduled_functions_claim_queued, read alone (queue_name is its last column).
+    queued = (
+        select(sf.c.queue_name, sf.c.priority, sf.c.available_at, sf.c.id)
+        .where(*_due_at_level(True), served, _blocked_queues(), flags_ok)
+        .order_by(sf.c.available_at, sf.c.id)
+        .limit(bindparam("limit"))
+    )
+    return ClaimStatements(unqueued, queued)
+
+
+# Taken while choosing a queue's rows; SKIP LOCKED: another claim has it (primary key).
+LOCK_QUEUES = (
+    select(queues.c.name, queues.c.concurrency)
+    .where(queues.c.name.in_(bindparam("names", expanding=True)), queues.c.paused == false())
+    .order_by(queues.c.name)
+    .with_for_update(skip_locked=True)
+)
+RUNNING_IN = (
+    select(sf.c.queue_name, func.count())
+    .where(sf.c.state == _RUNNING, sf.c.queue_name.in_(bindparam("names", expanding=True)))
+    .group_by(sf.c.queue_name)
+)
+# ix_scheduled_functions_queue: (queue_name, priority, available_at, id). Every kind:
+# a queue's order is across its mutations and actions. No SKIP LOCKED: holding the
+# queue's lock, only a momentary writer (a cancel, a key's replace) can hold its rows.
+QUEUE_HEAD = (
+    select(*CLAIM_COLUMNS, sf.c.kind, sf.c.flags)
+    .where(
+        sf.c.state == _PENDING,
+        sf.c.queue_name == bindparam("queue"),
+        sf.c.available_at <= bindparam("now"),
+    )
+    .order_by(sf.c.priority, sf.c.available_at, sf.c.id)
+    .limit(bindparam("limit"))
+    .with_for_update()
+)
+START_ACTIONS = (
+    update(sf)
+    .where(sf.c.id.in_(bindparam("ids", expanding=True)), sf.c.state == _PENDING)
+    .values(
+        state=_RUNNING,
+        started_time=bindparam("now"),
+        worker_id=bindparam("worker_id"),
+        attempts=sf.c.attempts + 1,
+    )
+    .returning(*CLAIM_COLUMNS)
+)
+
+
+async def levels(conn: AsyncConnection, kind: FunctionKind, queued: bool) -> list[int]:
+    return list((await conn.execute(LEVELS[queued], {"kind": kind.value})).scalars())
+
+
+async def take(
+    conn: AsyncConnection, kind: FunctionKind, now: float, limit: int, serve: ClaimFilter
+) -> list[Claimed]:
+    """Choose and lock up to ``limit`` due rows of ``kind`` (see the module docstring).
+    Actions are then started by ``START_ACTIONS``; mutations run in this transaction."""
+    st = statements(serve)
+    free: list[Claimed] = []
+    if st.unqueued is not None:
+        for level in await levels(conn, kind, queued=False):
+            params = {"kind": kind.value, "level": level, "now": now, "limit": limit - len(free)}
+            free.extend(claimed(list(await conn.execute(st.unqueued, params))))
+            if len(free) >= limit:
+                break
+    waiting: list[tuple[Any, ...]] = []
+    for level in await levels(conn, kind, queued=True):
+        params = {"kind": kind.value, "level": level, "now": now, "limit": limit - len(waiting)}
+        waiting.extend(tuple(r) for r in await conn.execute(st.queued, params))
+        if len(waiting) >= limit:
+            break
+    if not waiting:
+        return free
+    # The first ``limit`` rows in claim order decide how much room the queues get.
+    order = sorted(
+        [(c.priority, c.available_at, c.id, None) for c in free]
+        + [(p, at, id, q) for q, p, at, id in waiting]
+    )[:limit]
+    names = list(dict.fromkeys(q for *_, q in order if q is not None))
+    heads = await _queue_heads(conn, kind, now, names, limit, serve)
+    chosen = sorted(free + heads, key=Claimed.order)[:limit]
+    return chosen
+
+
+async def _queue_heads(
+    conn: AsyncConnection,
+    kind: FunctionKind,
+    now: float,
+    names: list[str],
+    room: int,
+    serve: ClaimFilter,
+) -> list[Claimed]:
+    """The rows of ``names`` this claim may run: each queue's lock taken, then its head."""
+    held = {r.name: r.concurrency for r in await conn.execute(LOCK_QUEUES, {"names": names})}
+    if not held:
+        return []
+    running = dict((await conn.execute(RUNNING_IN, {"names": list(held)})).tuples().all())
+    taken: list[Claimed] = []
+    for name in names:  # in claim order
+        if name not in held or len(taken) >= room:
+            continue
+        concurrency = held[name]
+        free_slots = room if concurrency is None else concurrency - running.get(name, 0)
+        if free_slots <= 0:
+            continue
+        # A mutation batch runs its rows of a queue one after another: one slot for all.
+        limit = room - len(taken) if kind is FunctionKind.MUTATION else free_slots
+        params = {"queue": name, "now": now, "limit": min(limit, room - len(taken))}
+        for row in await conn.execute(QUEUE_HEAD, params):
+            if row.kind != kind.value or _forbidden(row.flags, serve.forbidden_flags):
+                break  # the queue's next row is not ours to run: nothing after it either
+            taken.append(Claimed(*row[: len(CLAIM_COLUMNS)]))
+    return taken
+
+
+def _forbidden(stored: str | None, forbidden: frozenset[str]) -> bool:
+    return stored is not None and any(f",{f}," in stored for f in forbidden)
+
+
+async def start_actions(
+    conn: AsyncConnection,
+    rows: list[Claimed],
+    now: float,
+    worker_id: str,
+) -> list[Claimed]:
+    """Pending -> InProgress for chosen (locked) actions, guarded by state."""
+    if not rows:
+        return []
+    result = await conn.execute(
+        START_ACTIONS, {"ids": [r.id for r in rows], "now": now, "worker_id": worker_id}
+    )
+    return claimed(list(result))

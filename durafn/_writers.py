@@ -1,0 +1,227 @@
+"""The writers: how a scheduler's rows reach the database, by who schedules.
+
+* ``BufferedWriter`` (a mutation) buffers its rows and writes them in one multi-row INSERT
+  just before its transaction commits (or earlier, when it cancels, reads the system
+  table, or schedules a key): atomic with the mutation, one round trip for a thousand rows;
+* ``DirectWriter`` (an action, or code outside durafn) commits each call at once, so the
+  row survives the action failing later;
+* ``JoinedWriter`` writes through a caller's own session or connection, committing with it.
+
+Every write goes through ``write``: named queues are created with their first row, keyed
+rows go through the driver's upsert (``_store/_keys.py``), and executors are notified.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Collection
+from typing import Any
+
+from sqlalchemy import event
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+
+from ._runtime import Runtime
+from ._types import FunctionKind, ScheduledFunctionId, State
+
+_PENDING = State.PENDING.value
+
+
+def _pending_kinds(rows: list[dict[str, Any]]) -> set[FunctionKind]:
+    return {FunctionKind(k) for k in {r["kind"] for r in rows if r["state"] == _PENDING}}
+
+
+class BufferedWriter:
+    """A mutation's rows: held until flushed into the mutation's own transaction."""
+
+    FLUSH_AT = 1000
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        conn: AsyncConnection,
+        check_parent: ScheduledFunctionId | None,
+        before_cancel: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        self._rt = runtime
+        self._conn = conn
+        self._check_parent = check_parent
+        self._before_cancel = before_cancel
+        self._rows: list[dict[str, Any]] = []
+        self.woken: set[FunctionKind] = set()
+        """Kinds of Pending rows written: wake executors for them once committed."""
+
+    async def add(self, rows: list[dict[str, Any]]) -> list[ScheduledFunctionId]:
+        if any(row["job_key"] is not None for row in rows):
+            # The id of a keyed row is the holder's, known only once written: write now
+            # (after the rows buffered before it, to keep their order).
+            await self.flush()
+            kinds, ids = await write(self._rt, self._conn, rows, self._check_parent, self.woken)
+            self.woken |= kinds
+            return ids
+        self._rows.extend(rows)
+        if len(self._rows) >= self.FLUSH_AT:
+            await self.flush()
+        return [row["id"] for row in rows]
+
+    async def flush(self) -> None:
+        if not self._rows:
+            return
+        rows, self._rows = self._rows, []
+        kinds, _ = await write(self._rt, self._conn, rows, self._check_parent, self.woken)
+        self.woken |= kinds
+
+    def discard(self) -> None:
+        self._rows.clear()
+        self.woken.clear()
+
+    async def cancel(self, id: ScheduledFunctionId, now: float) -> State | None:
+        await self.flush()
+        if self._before_cancel is not None:
+            await self._before_cancel()
+        return await self._rt.driver.cancel(self._conn, id, now)
+
+
+async def write(
+    rt: Runtime,
+    conn: AsyncConnection,
+    rows: list[dict[str, Any]],
+    check_parent: ScheduledFunctionId | None,
+    notified: Collection[FunctionKind] = (),
+) -> tuple[set[FunctionKind], list[ScheduledFunctionId]]:
+    """Write ``rows`` with a NOTIFY for the kinds of Pending rows among them not in
+    ``notified`` (one per kind per transaction is enough); returns those kinds, and the id
+    that runs for each row (a keyed row's may be an existing row's)."""
+    driver = rt.driver
+    if check_parent is not None:
+        # The parent is an action that may be cancelled while it runs: what it schedules
+        # after that is written Canceled, never left to run (nor to take a key).
+        parent_state = await driver.lock_for_share(conn, check_parent)
+        if parent_state is State.CANCELED:
+            now = rt.clock.now()
+            for row in rows:
+                row.update(state=State.CANCELED.value, completed_time=now, job_key=None)
+    names = {row["queue_name"] for row in rows if row["queue_name"] is not None}
+    if names:
+        await driver.ensure_queues(conn, {n: rt.concurrency_of(n) for n in names}, rt.clock.now())
+    new = _pending_kinds(rows) - set(notified)
+    plain = [row for row in rows if row["job_key"] is None]
+    keyed = [row for row in rows if row["job_key"] is not None]
+    if plain:
+        await driver.insert_rows(conn, plain, new)
+    ids = {row["id"]: row["id"] for row in plain}
+    if keyed:
+        for row, id in zip(keyed, await driver.insert_keyed(conn, keyed), strict=True):
+            ids[row["id"]] = id
+        if new and not plain:
+            await driver.notify(conn, new)
+    return new, [ids[row["id"]] for row in rows]
+
+
+class DirectWriter:
+    """An action's rows: each call commits on its own, at once."""
+
+    def __init__(self, runtime: Runtime, check_parent: ScheduledFunctionId | None) -> None:
+        self._rt = runtime
+        self._check_parent = check_parent
+
+    async def add(self, rows: list[dict[str, Any]]) -> list[ScheduledFunctionId]:
+        rt = self._rt
+
+        attempts = 0
+
+        async def _body(
+            conn: AsyncConnection,
+        ) -> tuple[set[FunctionKind], list[ScheduledFunctionId]]:
+            nonlocal attempts
+            attempts += 1
+            try:
+                kinds, ids = await write(rt, conn, rows, self._check_parent)
+            except sa_exc.IntegrityError:
+                # A retry after a fault whose outcome we could not see: the ids were
+                # chosen here, so if the first row exists, with our function and time,
+                # the earlier attempt did commit. On a first attempt it is never ours.
+                # (Keyed rows are upserts: writing them again changes nothing.)
+                first = rows[0]
+                stored = await rt.driver.get(conn, first["id"]) if attempts > 1 else None
+                if (
+                    stored is None
+                    or stored.name != first["name"]
+                    # Stored times come back at microsecond precision.
+                    or abs(stored.scheduled_time.timestamp() - first["scheduled_time"]) > 1e-3
+                ):
+                    raise
+                kinds, ids = _pending_kinds(rows), [row["id"] for row in rows]
+                if kinds:
+                    await rt.driver.notify(conn, kinds)
+            return kinds, ids
+
+        # A plain write with no parent to lock is one statement (its NOTIFY included): on
+        # PostgreSQL one autocommit round trip instead of four. Retrying it is safe (above).
+        single = self._check_parent is None and all(
+            row["job_key"] is None and row["queue_name"] is None for row in rows
+        )
+        kinds, ids = await rt.transaction(
+            _body, doing="scheduling a function", single_statement=single
+        )
+        rt.wake(kinds)
+        return ids
+
+    async def cancel(self, id: ScheduledFunctionId, now: float) -> State | None:
+        async def _body(conn: AsyncConnection) -> State | None:
+            return await self._rt.driver.cancel(conn, id, now)
+
+        return await self._rt.transaction(_body, doing="cancelling a scheduled function")
+
+
+class JoinedWriter:
+    """Rows written at once through a caller's session or connection; they commit with it."""
+
+    def __init__(self, runtime: Runtime, target: AsyncSession | AsyncConnection) -> None:
+        self._rt = runtime
+        self._target = target
+        self._to_wake: set[FunctionKind] = set()
+
+    async def _conn(self) -> AsyncConnection:
+        if isinstance(self._target, AsyncSession):
+            conn = await self._target.connection()
+        else:
+            conn = self._target
+        if not self._rt.ready:
+            # Checked through the caller's own transaction: creating the tables from a
+            # second connection could wait on the lock that very transaction holds.
+            await self._rt.driver.check_schema(conn)
+            self._rt.mark_ready()
+        return conn
+
+    async def add(self, rows: list[dict[str, Any]]) -> list[ScheduledFunctionId]:
+        conn = await self._conn()
+        try:
+            # The caller may reuse this scheduler across transactions, so notify every
+            # time (PostgreSQL folds identical notifications within one transaction).
+            kinds, ids = await write(self._rt, conn, rows, None)
+        except sa_exc.SQLAlchemyError as exc:
+            raise self._rt.driver.wrap(exc, "scheduling through your transaction") from exc
+        if not self._to_wake:
+            self._after_commit(self._wake)
+        self._to_wake |= kinds
+        return ids
+
+    def _wake(self) -> None:
+        kinds, self._to_wake = self._to_wake, set()
+        self._rt.wake(kinds)
+
+    def _after_commit(self, callback: Callable[[], None]) -> None:
+        # In-process executors wake at once; other processes learn by NOTIFY or the poll.
+        if isinstance(self._target, AsyncSession):
+            event.listen(
+                self._target.sync_session, "after_commit", lambda _s: callback(), once=True
+            )
+        else:
+            event.listen(self._target.sync_connection, "commit", lambda _c: callback(), once=True)
+
+    async def cancel(self, id: ScheduledFunctionId, now: float) -> State | None:
+        conn = await self._conn()
+        try:
+            return await self._rt.driver.cancel(conn, id, now)
+        except sa_exc.SQLAlchemyError as exc:
+            raise self._rt.driver.wrap(exc, "cancelling through your transaction") from exc
