@@ -30,7 +30,8 @@ from ._errors import (
     WorkerLostError,
 )
 from ._executor import Executor, ExecutorConfig, ExecutorOptions, RunawayError
-from ._registry import ActionRef, FunctionRef, MutationRef, QueryRef, SchedulableRef
+from ._options import JobOptions, KeyMode, OptionError, Queue
+from ._registry import ActionRef, Call, FunctionRef, MutationRef, QueryRef, SchedulableRef
 from ._scheduler import Scheduler
 from ._store import SCHEMA_VERSION, metadata, scheduled_functions
 from ._types import (
@@ -38,6 +39,7 @@ from ._types import (
     ErrorInfo,
     FunctionKind,
     Page,
+    QueueInfo,
     ScheduledFunction,
     ScheduledFunctionId,
     State,
@@ -55,6 +57,7 @@ __all__ = [
     "App",
     "ArgumentError",
     "CancelOwnRunError",
+    "Call",
     "CancelResult",
     "Clock",
     "CronSyntaxError",
@@ -70,12 +73,17 @@ __all__ = [
     "FunctionKind",
     "FunctionRef",
     "FunctionTimeoutError",
+    "JobOptions",
+    "KeyMode",
     "MutationCtx",
     "MutationRef",
     "NotFoundError",
+    "OptionError",
     "Page",
     "QueryCtx",
     "QueryRef",
+    "Queue",
+    "QueueInfo",
     "ReadOnlyError",
     "RegistrationError",
     "RunawayError",

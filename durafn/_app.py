@@ -25,7 +25,9 @@ from ._store import driver_for_url
 from ._types import (
     FINISHED_STATES,
     CancelResult,
+    FunctionKind,
     Page,
+    QueueInfo,
     ScheduledFunction,
     ScheduledFunctionId,
     State,
@@ -36,6 +38,8 @@ from ._writers import DirectWriter, JoinedWriter
 
 P = ParamSpec("P")
 R = TypeVar("R")
+
+KINDS = (FunctionKind.MUTATION, FunctionKind.ACTION)
 
 DEFAULT_URL = "sqlite+aiosqlite:///durafn.sqlite3"
 """Used when no URL is given and ``DURAFN_DATABASE_URL`` is unset: a file in the cwd."""
@@ -265,9 +269,13 @@ class App:
         limit: int = 100,
         cursor: str | None = None,
         newest_first: bool = False,
+        queue: str | None = None,
+        key: str | None = None,
+        flag: str | None = None,
     ) -> Page:
-        """Rows in ``scheduled_time`` order (``newest_first``: latest first), filtered and
-        paginated: pass ``next_cursor`` back as ``cursor`` for the next page."""
+        """Rows in ``scheduled_time`` order (``newest_first``: latest first), filtered
+        (by state, function name, time, queue, job key, flag) and paginated: pass
+        ``next_cursor`` back as ``cursor`` for the next page."""
         return await SystemTable(self._rt, None).list(
             state=state,
             name=name,
@@ -276,7 +284,46 @@ class App:
             limit=limit,
             cursor=cursor,
             newest_first=newest_first,
+            queue=queue,
+            key=key,
+            flag=flag,
         )
+
+    async def queues(self) -> builtins.list[QueueInfo]:
+        """The named queues, with their rows waiting and running, and whether paused."""
+        now = self._rt.clock.now()
+
+        async def _read(conn: AsyncConnection) -> builtins.list[QueueInfo]:
+            return await self._rt.driver.list_queues(conn, now)
+
+        return await self._rt.transaction(_read, read_only=True, doing="listing queues")
+
+    async def pause_queue(self, *names: str) -> int:
+        """Stop these queues' rows from starting (they stay Pending; running ones finish),
+        on every worker; returns how many queues were not paused already. A queue can be
+        paused before its first row."""
+        return await self._set_paused(names, True)
+
+    async def resume_queue(self, *names: str) -> int:
+        """Let paused queues' rows start again; returns how many were paused."""
+        return await self._set_paused(names, False)
+
+    async def _set_paused(self, names: tuple[str, ...], paused: bool) -> int:
+        if not names:
+            raise ArgumentError("name at least one queue")
+        checked = {check_name("queue", n, error=ArgumentError) for n in names}
+        now = self._rt.clock.now()
+
+        async def _write(conn: AsyncConnection) -> int:
+            changed = await self._rt.driver.set_paused(conn, checked, paused, now)
+            if not paused:
+                await self._rt.driver.notify(conn, KINDS)
+            return changed
+
+        changed = await self._rt.transaction(_write, doing="pausing or resuming queues")
+        if not paused:
+            self._rt.wake(KINDS)
+        return changed
 
     async def workers(self) -> builtins.list[WorkerInfo]:
         """The executors registered on this database (each renews a heartbeat row)."""

@@ -17,12 +17,15 @@ from typing import Any, NoReturn, ParamSpec, Protocol, TypeVar
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
-from ._checks import aware_time, flag, integer, optional, scheduled_id, state_list, text
+from ._checks import aware_time, integer, optional, scheduled_id, state_list, text
+from ._checks import flag as boolean
 from ._clock import to_datetime
-from ._errors import ReadOnlyError
+from ._errors import ArgumentError, ReadOnlyError
+from ._options import check_flag
 from ._registry import ActionRef, MutationRef, QueryRef
 from ._runtime import Runtime
 from ._scheduler import Scheduler
+from ._store import RowFilter
 from ._types import Page, ScheduledFunction, ScheduledFunctionId, State
 from ._writers import DirectWriter
 
@@ -67,24 +70,29 @@ class SystemTable:
         limit: int = 100,
         cursor: str | None = None,
         newest_first: bool = False,
+        queue: str | None = None,
+        key: str | None = None,
+        flag: str | None = None,
     ) -> Page:
         """Rows in ``scheduled_time`` order (``newest_first``: latest first), filtered;
         follow ``next_cursor`` for more."""
-        states = None if state is None else state_list("state", state)
-        optional(text, "name", name)
-        after = optional(aware_time, "scheduled_after", scheduled_after)
-        before = optional(aware_time, "scheduled_before", scheduled_before)
+        where = row_filter(
+            state=state,
+            name=name,
+            scheduled_after=scheduled_after,
+            scheduled_before=scheduled_before,
+            queue=queue,
+            key=key,
+            flag=flag,
+        )
         limit = integer("limit", limit, high=10_000)
         optional(text, "cursor", cursor)
-        flag("newest_first", newest_first)
+        boolean("newest_first", newest_first)
 
         async def _read(conn: AsyncConnection) -> Page:
             return await self._rt.driver.list(
                 conn,
-                states=states,
-                name=name,
-                after=after,
-                before=before,
+                where=where,
                 limit=limit,
                 cursor=cursor,
                 newest_first=newest_first,
@@ -216,3 +224,25 @@ def read_only_session(conn: AsyncConnection) -> AsyncSession:
 
     event.listen(session.sync_session, "before_flush", _refuse)
     return session
+
+
+def row_filter(
+    *,
+    state: State | Sequence[State] | None = None,
+    name: str | None = None,
+    scheduled_after: datetime | None = None,
+    scheduled_before: datetime | None = None,
+    queue: str | None = None,
+    key: str | None = None,
+    flag: str | None = None,
+) -> RowFilter:
+    """A ``RowFilter`` from the public keyword arguments, each checked."""
+    return RowFilter(
+        states=None if state is None else state_list("state", state),
+        name=optional(text, "name", name),
+        queue=optional(text, "queue", queue),
+        key=optional(text, "key", key),
+        flag=optional(check_flag, "flag", flag, error=ArgumentError),
+        after=optional(aware_time, "scheduled_after", scheduled_after),
+        before=optional(aware_time, "scheduled_before", scheduled_before),
+    )

@@ -18,7 +18,15 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from durafn import ArgumentError, FunctionKind, ScheduledFunctionId, SchemaError, State
-from durafn._store import SCHEMA_VERSION, Claimed, Driver, Outcome, driver_for_url, new_id
+from durafn._store import (
+    SCHEMA_VERSION,
+    Claimed,
+    Driver,
+    Outcome,
+    RowFilter,
+    driver_for_url,
+    new_id,
+)
 from durafn._store._tables import sf
 
 pytestmark = pytest.mark.anyio
@@ -445,8 +453,6 @@ def _all_rows(
     states: list[State] | None = None,
 ) -> Callable[[AsyncConnection], Awaitable[Any]]:
     def _list(conn: AsyncConnection) -> Awaitable[Any]:
-        return driver.list(
-            conn, states=states, name=None, after=None, before=None, limit=limit, cursor=cursor
-        )
+        return driver.list(conn, where=RowFilter(states=states), limit=limit, cursor=cursor)
 
     return _list

@@ -26,3 +26,20 @@ async def uses() -> None:
     total: int = await app.run_query(count_messages) + await app.run_mutation(post, body="x")
     ref: durafn.QueryRef[[], object] = count_messages
     print(total, ref)
+
+
+@app.action(queue="mail", priority=-1)
+async def send(ctx: durafn.ActionCtx, to: str, retries: int = 0) -> None:
+    pass
+
+
+async def schedules(sched: durafn.Scheduler) -> None:
+    """Options keep the function's parameters: the arguments are still checked."""
+    urgent = send.options(priority=-10, key="welcome:1", flags=["email"])
+    same: durafn.ActionRef[[str, int], None] = urgent
+    await sched.run_after(0, urgent, "a@example.com", retries=2)
+    await sched.run_after(0, urgent, 5)  # type: ignore[call-overload]
+    await sched.run_many([urgent.call("a@example.com"), post.call("hi").after(5)])
+    send.call(to=3)  # type: ignore[arg-type]
+    send.options(key_mode="overwrite")  # type: ignore[arg-type]
+    print(same)

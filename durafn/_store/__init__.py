@@ -8,6 +8,7 @@ from sqlalchemy.exc import ArgumentError as _SAArgumentError
 from .._errors import DatabaseError
 from ._claims import SERVE_ALL, ClaimFilter
 from ._driver import Driver
+from ._filters import RowFilter
 from ._rows import Claimed, LostAction, Outcome, decode_cursor, new_id
 from ._tables import SCHEMA_VERSION, metadata, scheduled_functions, schema_version
 from .postgres import PostgresDriver
@@ -21,6 +22,7 @@ __all__ = [
     "Driver",
     "LostAction",
     "Outcome",
+    "RowFilter",
     "decode_cursor",
     "driver_for_url",
     "metadata",

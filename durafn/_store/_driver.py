@@ -42,6 +42,7 @@ from ._claims import (
     take,
 )
 from ._engine import EngineDriver
+from ._filters import RowFilter
 from ._keys import insert_keyed
 from ._queues import QueueStatements
 from ._rows import Claimed, LostAction, Outcome, decode_cursor, encode_cursor, is_id, to_model
@@ -382,10 +383,7 @@ class Driver(QueueStatements, EngineDriver):
         self,
         conn: AsyncConnection,
         *,
-        states: Sequence[State] | None,
-        name: str | None,
-        after: float | None,
-        before: float | None,
+        where: RowFilter,
         limit: int,
         cursor: str | None,
         newest_first: bool = False,
@@ -393,15 +391,7 @@ class Driver(QueueStatements, EngineDriver):
         # ix_scheduled_functions_scheduled (scheduled_time, id), read forwards or backwards.
         columns = (sf.c.scheduled_time, sf.c.id)
         order = [c.desc() for c in columns] if newest_first else list(columns)
-        stmt = select(sf).order_by(*order).limit(limit + 1)
-        if states:
-            stmt = stmt.where(sf.c.state.in_([State(s).value for s in states]))
-        if name is not None:
-            stmt = stmt.where(sf.c.name == name)
-        if after is not None:
-            stmt = stmt.where(sf.c.scheduled_time >= after)
-        if before is not None:
-            stmt = stmt.where(sf.c.scheduled_time < before)
+        stmt = select(sf).where(*where.where()).order_by(*order).limit(limit + 1)
         if cursor is not None:
             at, last_id = decode_cursor(cursor, newest_first)
             if newest_first:

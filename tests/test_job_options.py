@@ -1,0 +1,551 @@
+"""Job options in one process, on both engines: priority, named queues (serial, limited,
+paused), flags, worker pools, job keys in every mode and state, batches, bad options.
+
+The cross-process guarantees (a serial queue under 4 racing worker processes, a limit
+across processes, pools) are in ``test_queue_workers.py``.
+"""
+
+from __future__ import annotations
+
+import anyio
+import anyio.lowlevel
+import pytest
+from sqlalchemy import func, select
+
+import durafn
+from durafn import ActionCtx, MutationCtx, Queue, State
+from durafn.testing import FakeClock, all_rows
+
+from .models import Effect
+
+pytestmark = pytest.mark.anyio
+
+
+async def _effects(app: durafn.App) -> list[str]:
+    async with app.engine.connect() as conn:
+        return list((await conn.execute(select(Effect.key).order_by(Effect.id))).scalars())
+
+
+async def _row(app: durafn.App, id: str) -> durafn.ScheduledFunction:
+    row = await app.get(id)
+    assert row is not None
+    return row
+
+
+# -- priority ---------------------------------------------------------------------------
+
+
+async def test_due_rows_run_by_priority_then_due_time_then_id(
+    app: durafn.App, clock: FakeClock
+) -> None:
+    @app.mutation
+    async def note(ctx: MutationCtx, tag: str) -> None:
+        ctx.db.add(Effect(key=tag))
+
+    sched = app.scheduler()
+    # (tag, priority, delay): scheduled in an order that is none of the expected ones.
+    for tag, priority, delay in [
+        ("p5-t1", 5, 1),
+        ("p0-t3", 0, 3),
+        ("m7-t2", -7, 2),
+        ("p0-t1a", 0, 1),
+        ("p0-t1b", 0, 1),  # same time as p0-t1a: the id (scheduling order) decides
+        ("m7-t1", -7, 1),
+    ]:
+        await sched.run_after(delay, note.options(priority=priority), tag)
+    clock.advance(10)
+    await app.executor(batch_size=2).run_until_idle()
+    assert await _effects(app) == ["m7-t1", "m7-t2", "p0-t1a", "p0-t1b", "p0-t3", "p5-t1"]
+
+
+async def test_actions_are_claimed_by_priority_too(app: durafn.App, clock: FakeClock) -> None:
+    order: list[str] = []
+
+    @app.action
+    async def act(ctx: ActionCtx, tag: str) -> None:
+        order.append(tag)
+
+    for tag, priority in [("low", 10), ("mid", 0), ("high", -10)]:
+        await app.scheduler().run_after(1, act.options(priority=priority), tag)
+    clock.advance(2)
+    await app.executor(concurrency=1).run_until_idle()
+    assert order == ["high", "mid", "low"]
+
+
+async def test_priority_never_runs_a_future_row_early(app: durafn.App, clock: FakeClock) -> None:
+    @app.mutation
+    async def note(ctx: MutationCtx, tag: str) -> None:
+        ctx.db.add(Effect(key=tag))
+
+    await app.scheduler().run_after(60, note.options(priority=-100), "urgent-but-later")
+    await app.scheduler().run_after(0, note.options(priority=100), "lowly-but-due")
+    executor = app.executor()
+    await executor.run_until_idle()
+    assert await _effects(app) == ["lowly-but-due"]
+    assert await executor.next_due() == clock.now() + 60
+    clock.advance(60)
+    await executor.run_until_idle()
+    assert await _effects(app) == ["lowly-but-due", "urgent-but-later"]
+
+
+# -- options: layers, rows, errors ------------------------------------------------------
+
+
+async def test_options_layer_call_over_decorator_over_queue(app: durafn.App) -> None:
+    app = durafn.App(app.engine.url.render_as_string(hide_password=False), clock=app.clock)
+    app._rt.queues["mail"] = Queue(priority=-10)
+
+    @app.action(queue="mail", flags=["email"])
+    async def send(ctx: ActionCtx, to: str) -> None:
+        pass
+
+    try:
+        plain = await app.scheduler().run_after(0, send, "a@example.com")
+        custom = await app.scheduler().run_after(
+            0, send.options(priority=3, key="welcome:1", flags=["email", "bulk"]), "b"
+        )
+        elsewhere = await app.scheduler().run_after(0, send.options(queue="user:1"), "c")
+        first, second, third = [await _row(app, i) for i in (plain, custom, elsewhere)]
+        assert (first.queue, first.priority, first.flags, first.key) == (
+            "mail",
+            -10,  # the queue's default priority
+            ["email"],
+            None,
+        )
+        assert (second.queue, second.priority, second.flags, second.key) == (
+            "mail",
+            3,
+            ["bulk", "email"],
+            "welcome:1",
+        )
+        assert (third.queue, third.priority) == ("user:1", 0)
+        assert send.job_options.priority is None  # options() left the reference alone
+        assert [r.id for r in (await app.list(flag="bulk")).items] == [custom]
+        assert [r.id for r in (await app.list(queue="mail")).items] == [plain, custom]
+        assert [r.id for r in (await app.list(key="welcome:1")).items] == [custom]
+    finally:
+        await app.aclose()
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"priority": "high"}, "priority must be an integer"),
+        ({"priority": 2**40}, "priority must be an integer between"),
+        ({"priority": True}, "priority must be an integer"),
+        ({"queue": ""}, "queue must be a non-empty name"),
+        ({"queue": "x" * 256}, "at most 255"),
+        ({"key": ""}, "key must be a non-empty string"),
+        ({"key_mode": "overwrite"}, "key_mode must be one of replace, preserve_run_at"),
+        ({"flags": "urgent"}, "flags must be a list or set of strings"),
+        ({"flags": ["a,b"]}, "is not a flag"),
+        ({"flags": [7]}, "is not a flag"),
+    ],
+)
+async def test_bad_options_are_typed_errors_and_write_nothing(
+    app: durafn.App, options: dict[str, object], message: str
+) -> None:
+    @app.mutation
+    async def noop(ctx: MutationCtx) -> None:
+        pass
+
+    with pytest.raises(durafn.OptionError, match=message):
+        await app.scheduler().run_after(0, noop.options(**options))  # type: ignore[arg-type, call-overload]
+    with pytest.raises(durafn.RegistrationError, match=message):
+        app.mutation(name="other", **options)  # type: ignore[call-overload]
+    assert await all_rows(app) == []
+
+
+async def test_a_key_mode_without_a_key_is_refused_when_scheduled(app: durafn.App) -> None:
+    @app.mutation
+    async def noop(ctx: MutationCtx) -> None:
+        pass
+
+    with pytest.raises(durafn.OptionError, match="without a key"):
+        await app.scheduler().run_after(0, noop.options(key_mode="preserve_run_at"))
+    assert await all_rows(app) == []
+
+
+# -- named queues -----------------------------------------------------------------------
+
+
+async def test_a_serial_queue_runs_one_row_at_a_time_in_queue_order(app: durafn.App) -> None:
+    running = 0
+    most = 0
+    order: list[str] = []
+
+    @app.action
+    async def step(ctx: ActionCtx, tag: str) -> None:
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        order.append(tag)
+        for _ in range(5):  # let every other claimed action start meanwhile
+            await anyio.lowlevel.checkpoint()
+        running -= 1
+
+    @app.mutation
+    async def note(ctx: MutationCtx, tag: str) -> None:
+        order.append(tag)
+
+    sched = app.scheduler()
+    serial = step.options(queue="account:1")
+    await sched.run_after(0, serial, "a1")
+    await sched.run_after(0, note.options(queue="account:1"), "m2")  # a mutation in line
+    await sched.run_after(0, serial.options(priority=-1), "a0")  # queue order is priority too
+    await sched.run_after(0, serial, "a3")
+    executor = app.executor(concurrency=8)
+    await executor.run_until_idle()
+    assert order == ["a0", "a1", "m2", "a3"]
+    assert most == 1
+    [queue] = await app.queues()
+    assert (queue.name, queue.concurrency, queue.pending, queue.running) == ("account:1", 1, 0, 0)
+
+
+async def test_rows_of_one_queue_run_one_after_another_in_a_mutation_batch(
+    app: durafn.App,
+) -> None:
+    @app.mutation
+    async def note(ctx: MutationCtx, tag: str) -> None:
+        ctx.db.add(Effect(key=tag))
+
+    calls = [note.options(queue="q").call(f"q{n}") for n in range(5)]
+    calls += [note.call(f"free{n}") for n in range(3)]
+    await app.scheduler().run_many(calls)
+    executor = app.executor(batch_size=64)
+    assert await executor.run_until_idle() == 8
+    queued = [e for e in await _effects(app) if e.startswith("q")]
+    assert queued == [f"q{n}" for n in range(5)]
+
+
+async def test_a_queue_with_concurrency_3_never_runs_more_than_3(
+    app: durafn.App, db_url: str, clock: FakeClock
+) -> None:
+    limited = durafn.App(db_url, clock=clock, queues={"pool": Queue(concurrency=3)})
+    running = 0
+    most = 0
+
+    @limited.action
+    async def work(ctx: ActionCtx, n: int) -> None:
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        for _ in range(5):
+            await anyio.lowlevel.checkpoint()
+        running -= 1
+
+    try:
+        await limited.scheduler().run_many([work.options(queue="pool").call(n) for n in range(10)])
+        async with limited.run_executor(concurrency=10) as executor:
+            with anyio.fail_after(10):
+                await executor.wait_until_idle()
+        assert most == 3
+        rows = await all_rows(limited)
+        assert [r.state for r in rows] == [State.SUCCESS] * 10
+        [queue] = await limited.queues()
+        assert queue.concurrency == 3
+    finally:
+        await limited.aclose()
+
+
+async def test_a_paused_queue_keeps_its_rows_pending_until_resumed(app: durafn.App) -> None:
+    @app.mutation
+    async def note(ctx: MutationCtx, tag: str) -> None:
+        ctx.db.add(Effect(key=tag))
+
+    assert await app.pause_queue("reports") == 1  # before its first row
+    assert await app.pause_queue("reports") == 0
+    held = await app.scheduler().run_after(0, note.options(queue="reports"), "held")
+    await app.scheduler().run_after(0, note.options(queue="other"), "other")
+    await app.scheduler().run_after(0, note, "free")
+    executor = app.executor()
+    await executor.run_until_idle()
+    assert sorted(await _effects(app)) == ["free", "other"]
+    assert (await _row(app, held)).state is State.PENDING
+    reports = {q.name: q for q in await app.queues()}["reports"]
+    assert (reports.paused, reports.due, reports.pending) == (True, 1, 1)
+    assert await app.resume_queue("reports") == 1
+    await executor.run_until_idle()
+    assert (await _row(app, held)).state is State.SUCCESS
+
+
+# -- flags and pools --------------------------------------------------------------------
+
+
+async def test_a_worker_skips_rows_with_forbidden_flags(app: durafn.App) -> None:
+    @app.mutation
+    async def note(ctx: MutationCtx, tag: str) -> None:
+        ctx.db.add(Effect(key=tag))
+
+    @app.action(flags=["heavy"])
+    async def crunch(ctx: ActionCtx) -> None:
+        pass
+
+    heavy = await app.scheduler().run_after(0, note.options(flags=["heavy", "x"]), "heavy")
+    heavy_queued = await app.scheduler().run_after(
+        0, note.options(flags=["heavy"], queue="q"), "heavy-q"
+    )
+    crunching = await app.scheduler().run_after(0, crunch)
+    await app.scheduler().run_after(0, note.options(flags=["light"]), "light")
+    await app.executor(forbidden_flags=["heavy"]).run_until_idle()
+    assert await _effects(app) == ["light"]
+    for id in (heavy, heavy_queued, crunching):
+        assert (await _row(app, id)).state is State.PENDING
+    await app.executor().run_until_idle()
+    assert sorted(await _effects(app)) == ["heavy", "heavy-q", "light"]
+
+
+async def test_a_worker_with_queues_serves_only_those(app: durafn.App) -> None:
+    @app.mutation
+    async def note(ctx: MutationCtx, tag: str) -> None:
+        ctx.db.add(Effect(key=tag))
+
+    for queue in ("mail", "reports", None):
+        await app.scheduler().run_after(0, note.options(queue=queue), str(queue))
+    await app.executor(queues=["mail"]).run_until_idle()
+    assert await _effects(app) == ["mail"]
+    await app.executor(queues=["reports", "mail"]).run_until_idle()
+    assert await _effects(app) == ["mail", "reports"]
+    await app.executor().run_until_idle()  # no queue option: every queue, and unqueued rows
+    assert await _effects(app) == ["mail", "reports", "None"]
+
+
+# -- job keys ---------------------------------------------------------------------------
+
+
+async def test_replace_updates_the_pending_holder_and_returns_its_id(
+    app: durafn.App, clock: FakeClock
+) -> None:
+    @app.mutation
+    async def note(ctx: MutationCtx, tag: str) -> None:
+        ctx.db.add(Effect(key=tag))
+
+    keyed = note.options(key="sync:1")
+    first = await app.scheduler().run_after(60, keyed, "old")
+    second = await app.scheduler().run_after(30, keyed.options(priority=4), "new")
+    assert second == first
+    [row] = await all_rows(app)
+    assert (row.args, row.priority, row.key) == ({"tag": "new"}, 4, "sync:1")
+    assert row.scheduled_time.timestamp() == clock.now() + 30
+    kept = await app.scheduler().run_after(90, keyed.options(key_mode="preserve_run_at"), "kept")
+    [row] = await all_rows(app)
+    assert kept == first and row.args == {"tag": "kept"}
+    assert row.scheduled_time.timestamp() == clock.now() + 30  # not attempted: time kept
+    clock.advance(30)
+    await app.executor().run_until_idle()
+    assert await _effects(app) == ["kept"]
+
+
+async def test_a_finished_or_running_holder_gives_its_key_up_to_a_new_row(
+    app: durafn.App, clock: FakeClock
+) -> None:
+    release = anyio.Event()
+    started = anyio.Event()
+
+    @app.action
+    async def slow(ctx: ActionCtx, n: int) -> None:
+        if n == 0:
+            started.set()
+            await release.wait()
+
+    @app.mutation
+    async def fail(ctx: MutationCtx, n: int) -> None:
+        raise ValueError("no")
+
+    keyed = slow.options(key="k")
+    running = await app.scheduler().run_after(0, keyed, 0)
+    async with app.run_executor() as executor:
+        with anyio.fail_after(10):
+            await started.wait()
+        replacement = await app.scheduler().run_after(60, keyed, 1)
+        release.set()
+        with anyio.fail_after(10):
+            await executor.wait_until_idle()
+    assert replacement != running
+    old, new = await _row(app, running), await _row(app, replacement)
+    assert (old.state, old.key) == (State.SUCCESS, None)  # gave its key up while running
+    assert (new.state, new.key) == (State.PENDING, "k")
+
+    # Failed and Canceled holders keep their key until a replace takes it...
+    failing = await app.scheduler().run_after(0, fail.options(key="f"), 0)
+    await app.executor().run_until_idle()
+    assert (await _row(app, failing)).key == "f"
+    # ... and unsafe_dedupe returns them as they are: nothing new runs.
+    dedupe = fail.options(key="f", key_mode="unsafe_dedupe")
+    assert await app.scheduler().run_after(0, dedupe, 1) == failing
+    again = await app.scheduler().run_after(0, fail.options(key="f"), 2)
+    assert again != failing and (await _row(app, failing)).key is None
+    await app.cancel(again)
+    third = await app.scheduler().run_after(0, fail.options(key="f"), 3)
+    assert third not in (again, failing)
+
+    # A Success row holds no key: every mode writes a new row.
+    done = await app.scheduler().run_after(0, slow.options(key="s"), 5)
+    clock.advance(1)
+    await app.executor().run_until_idle()
+    assert (await _row(app, done)).state is State.SUCCESS
+    fresh = await app.scheduler().run_after(0, slow.options(key="s", key_mode="unsafe_dedupe"), 6)
+    assert fresh != done and (await _row(app, done)).key == "s"
+
+
+async def test_unsafe_dedupe_keeps_the_pending_holder_unchanged(app: durafn.App) -> None:
+    @app.mutation
+    async def note(ctx: MutationCtx, tag: str) -> None:
+        pass
+
+    first = await app.scheduler().run_after(10, note.options(key="d"), "first")
+    dedupe = note.options(key="d", key_mode="unsafe_dedupe", priority=9)
+    assert await app.scheduler().run_after(0, dedupe, "second") == first
+    [row] = await all_rows(app)
+    assert (row.args, row.priority) == ({"tag": "first"}, 0)
+
+
+async def test_racing_schedulers_on_one_key_leave_one_pending_row(app: durafn.App) -> None:
+    release = anyio.Event()
+    started = anyio.Event()
+
+    @app.action
+    async def hold(ctx: ActionCtx, n: int) -> None:
+        if n < 0:
+            started.set()
+            await release.wait()
+
+    ids: list[str] = []
+
+    async def schedule(n: int) -> None:
+        # Later, so that no executor takes the new holder while the others race.
+        ids.append(await app.scheduler().run_after(60, hold.options(key="race"), n))
+
+    # Against a Pending holder, and then against an InProgress one (the give-up path).
+    async with anyio.create_task_group() as tg:
+        for n in range(12):
+            tg.start_soon(schedule, n)
+    assert len(set(ids)) == 1
+    await app.cancel(ids[0])
+    await app.scheduler().run_after(0, hold.options(key="race"), -1)
+    async with app.run_executor() as executor:
+        with anyio.fail_after(10):
+            await started.wait()
+        ids.clear()
+        async with anyio.create_task_group() as tg:
+            for n in range(12):
+                tg.start_soon(schedule, 100 + n)
+        assert len(set(ids)) == 1
+        pending = (await app.list(state=State.PENDING, key="race")).items
+        assert [r.id for r in pending] == ids[:1]
+        release.set()
+        with anyio.fail_after(10):
+            await executor.wait_until_idle()
+
+
+async def test_a_keyed_schedule_in_a_mutation_commits_or_rolls_back_with_it(
+    app: durafn.App,
+) -> None:
+    @app.mutation
+    async def note(ctx: MutationCtx, tag: str) -> None:
+        pass
+
+    @app.mutation
+    async def plan(ctx: MutationCtx, fail: bool) -> str:
+        await ctx.scheduler.run_after(0, note, "before")
+        id = await ctx.scheduler.run_after(5, note.options(key="plan"), "keyed")
+        again = await ctx.scheduler.run_after(9, note.options(key="plan"), "replaced")
+        assert again == id
+        if fail:
+            raise RuntimeError("abort")
+        return id
+
+    with pytest.raises(RuntimeError):
+        await app.run_mutation(plan, True)
+    assert await all_rows(app) == []
+    id = await app.run_mutation(plan, False)
+    rows = {r.args["tag"]: r for r in await all_rows(app)}
+    assert sorted(rows) == ["before", "replaced"] and rows["replaced"].id == id
+
+
+# -- batches ----------------------------------------------------------------------------
+
+
+async def test_run_many_schedules_calls_of_several_functions_with_their_options(
+    app: durafn.App, clock: FakeClock
+) -> None:
+    @app.mutation
+    async def note(ctx: MutationCtx, tag: str) -> None:
+        ctx.db.add(Effect(key=tag))
+
+    @app.action
+    async def ping(ctx: ActionCtx, n: int = 0) -> None:
+        pass
+
+    ids = await app.scheduler().run_many(
+        [
+            note.call("now"),
+            note.options(priority=-1, key="k").call(tag="keyed").after(5),
+            ping.options(queue="q").call(3).at(clock.now() + 60),
+            ping.call(),
+        ]
+    )
+    rows = {r.id: r for r in await all_rows(app)}
+    assert [rows[i].name for i in ids] == [note.name, note.name, ping.name, ping.name]
+    assert rows[ids[1]].key == "k" and rows[ids[1]].priority == -1
+    assert rows[ids[2]].queue == "q"
+    assert rows[ids[2]].scheduled_time.timestamp() == clock.now() + 60
+    again = await app.scheduler().run_many([note.options(key="k").call("again")])
+    assert again == [ids[1]]
+
+
+async def test_run_many_in_a_mutation_that_raises_writes_nothing(app: durafn.App) -> None:
+    @app.mutation
+    async def note(ctx: MutationCtx, tag: str) -> None:
+        pass
+
+    @app.mutation
+    async def fan_out(ctx: MutationCtx, n: int) -> None:
+        await ctx.scheduler.run_many([note.call(str(i)) for i in range(n)])
+        await ctx.scheduler.run_many([note.options(key="k", queue="q").call("k")])
+        raise RuntimeError("abort")
+
+    with pytest.raises(RuntimeError):
+        await app.run_mutation(fan_out, 500)
+    assert await all_rows(app) == []
+    with pytest.raises(durafn.SchedulingLimitError, match="at most 1000 functions"):
+        await app.run_mutation(fan_out, 1001)
+    assert await all_rows(app) == []
+
+
+async def test_run_many_refuses_bad_batches_and_writes_nothing(app: durafn.App) -> None:
+    @app.mutation
+    async def note(ctx: MutationCtx, tag: str) -> None:
+        pass
+
+    sched = app.scheduler()
+    with pytest.raises(durafn.OptionError, match="unsafe_dedupe"):
+        await sched.run_many([note.options(key="k", key_mode="unsafe_dedupe").call("a")])
+    with pytest.raises(durafn.OptionError, match="appears twice"):
+        await sched.run_many([note.options(key="k").call("a"), note.options(key="k").call("b")])
+    with pytest.raises(durafn.ArgumentError, match="invalid arguments"):
+        await sched.run_many([note.call("a"), note.call(5)])  # type: ignore[arg-type]
+    with pytest.raises(durafn.SchedulingError, match="item 1"):
+        await sched.run_many([note.call("a"), "note"])  # type: ignore[list-item]
+    with pytest.raises(durafn.SchedulingLimitError, match="one call from outside"):
+        await sched.run_many([note.call("x")] * 10_001)
+    assert await all_rows(app) == []
+    assert await sched.run_many([]) == []
+
+
+async def test_queues_lists_each_queue_with_its_rows(app: durafn.App, clock: FakeClock) -> None:
+    @app.mutation
+    async def note(ctx: MutationCtx, tag: str) -> None:
+        pass
+
+    await app.scheduler().run_many(
+        [note.options(queue="a").call("1"), note.options(queue="a").call("2").after(60)]
+    )
+    async with app.engine.connect() as conn:
+        assert (
+            await conn.execute(
+                select(func.count()).select_from(durafn.metadata.tables["_durafn_queues"])
+            )
+        ).scalar() == 1
+    [a] = await app.queues()
+    assert (a.name, a.due, a.pending, a.running, a.paused) == ("a", 1, 2, 0, False)
