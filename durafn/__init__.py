@@ -30,7 +30,7 @@ from ._errors import (
     WorkerLostError,
 )
 from ._executor import Executor, ExecutorConfig, ExecutorOptions, RunawayError
-from ._options import JobOptions, KeyMode, OptionError, Queue
+from ._options import JobOptions, OptionError, Queue
 from ._registry import ActionRef, Call, FunctionRef, MutationRef, QueryRef, SchedulableRef
 from ._scheduler import Scheduler
 from ._store import SCHEMA_VERSION, metadata, scheduled_functions
@@ -56,8 +56,8 @@ __all__ = [
     "ActionRef",
     "App",
     "ArgumentError",
-    "CancelOwnRunError",
     "Call",
+    "CancelOwnRunError",
     "CancelResult",
     "Clock",
     "CronSyntaxError",
@@ -74,7 +74,6 @@ __all__ = [
     "FunctionRef",
     "FunctionTimeoutError",
     "JobOptions",
-    "KeyMode",
     "MutationCtx",
     "MutationRef",
     "NotFoundError",

@@ -237,9 +237,11 @@ class SchedulableRef(FunctionRef[P, R]):
 
         ``priority``: lower runs first among due rows (default 0, or the queue's).
         ``queue``: a named queue; its rows run one at a time across every worker, in
-        order (or up to the queue's ``concurrency``). ``key``/``key_mode``: a job key
-        (at most one Pending row per key; see ``durafn.KeyMode``). ``flags``: strings a
-        worker can refuse (``forbidden_flags``). Options not given keep the decorator's.
+        order (or up to the queue's ``concurrency``). ``key``/``key_mode``: a job key,
+        at most one Pending row per key (``"replace"``, the default,
+        ``"preserve_run_at"`` or ``"unsafe_dedupe"``: Graphile Worker's modes, see the
+        README). ``flags``: strings a worker can refuse (``forbidden_flags``). Options
+        not given keep the decorator's.
         """
         chosen = JobOptions.checked(
             priority=priority, queue=queue, key=key, key_mode=key_mode, flags=flags

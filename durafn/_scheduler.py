@@ -20,7 +20,7 @@ from ._errors import (
     SchedulingError,
     SchedulingLimitError,
 )
-from ._options import OptionError, resolve
+from ._options import OptionError
 from ._registry import Call, SchedulableRef
 from ._runtime import Limits, Runtime
 from ._store import new_id
@@ -197,15 +197,17 @@ class Scheduler:
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
     ) -> ScheduledFunctionId:
-        with self._counting(None):
-            row = self._row(due, now, fn, args, kwargs)
-        [id] = await self._writer.add([row])
+        if self._per_call:
+            self._count = self._bytes = 0
+        self._limits = self._rt.limits
+        # _row counts the row last, once every check has passed: a bad call counts nothing.
+        [id] = await self._writer.add([self._row(due, now, fn, args, kwargs)])
         return id
 
     @contextmanager
     def _counting(self, limits: Limits | None) -> Iterator[None]:
-        """Count rows against ``limits`` (default the app's per-run limits); a call that
-        raises counts nothing (nothing of it is written)."""
+        """Count a batch's rows against ``limits`` (default the app's per-run limits); a
+        batch that raises counts nothing (nothing of it is written)."""
         if self._per_call:
             self._count = self._bytes = 0
         saved = self._count, self._bytes
@@ -234,7 +236,7 @@ class Scheduler:
                 f"{ref.name!r} is a {ref.kind}; only mutations and actions can be scheduled"
             )
         args_json = ref.encode_args(args, kwargs)
-        options = resolve(ref.job_options, self._rt.queues)
+        options = self._rt.row_options(ref.job_options)
         size = len(args_json) if args_json.isascii() else len(args_json.encode())
         limits = self._limits
         who = "one call from outside" if limits is OUTSIDE_BATCH else "one function execution"

@@ -100,10 +100,13 @@ async def write(
             now = rt.clock.now()
             for row in rows:
                 row.update(state=State.CANCELED.value, completed_time=now, job_key=None)
+    new = _pending_kinds(rows) - set(notified)
+    if all(row["queue_name"] is None and row["job_key"] is None for row in rows):
+        await driver.insert_rows(conn, rows, new)  # the common case: one statement
+        return new, [row["id"] for row in rows]
     names = {row["queue_name"] for row in rows if row["queue_name"] is not None}
     if names:
         await driver.ensure_queues(conn, {n: rt.concurrency_of(n) for n in names}, rt.clock.now())
-    new = _pending_kinds(rows) - set(notified)
     plain = [row for row in rows if row["job_key"] is None]
     keyed = [row for row in rows if row["job_key"] is not None]
     if plain:

@@ -74,10 +74,14 @@ class ActionClaims:
         driver = self._rt.driver
         worker_id = self._worker_id()
 
-        async def _claim(conn: AsyncConnection) -> list[Claimed]:
-            return await driver.claim_actions(
+        async def _fast(conn: AsyncConnection) -> list[Claimed]:
+            return await driver.claim_actions_fast(
                 conn, now, limit - len(adopted), worker_id, self.serve
             )
+
+        async def _claim(conn: AsyncConnection) -> list[Claimed]:
+            room = limit - len(adopted) - len(rows)
+            return await driver.claim_actions(conn, now, room, worker_id, self.serve)
 
         async def _ours(conn: AsyncConnection) -> list[Claimed]:
             return await driver.claimed_by(conn, worker_id)
@@ -104,17 +108,26 @@ class ActionClaims:
                             "found InProgress under this worker; starting them",
                             len(adopted),
                         )
-                rows = []
+                rows: list[Claimed] = []
                 try:
+                    # The fast path first, as one autocommit statement where the caller
+                    # backs off itself; then, if it fell short, the whole claim
+                    # (``_store/_claims.py``). Rows it committed stay in ``rows`` even if
+                    # the second part fails.
                     if len(adopted) < limit:
                         rows = await self._rt.transaction(
-                            _claim,
+                            _fast,
                             doing="claiming actions",
                             retries=retries,
+                            single_statement=retries == 0,
+                        )
+                    if len(adopted) + len(rows) < limit:
+                        rows += await self._rt.transaction(
+                            _claim, doing="claiming actions", retries=retries
                         )
                 except DatabaseError:
                     self.uncertain = True
-                    if not adopted:
+                    if not adopted and not rows:
                         raise
                 rows = adopted + rows
                 self.unrecorded.update(r.id for r in rows)

@@ -37,6 +37,7 @@ from sqlalchemy import (
     Select,
     and_,
     bindparam,
+    exists,
     false,
     func,
     literal_column,
@@ -92,7 +93,7 @@ def _pending(queued: bool) -> tuple[ColumnElement[bool], ...]:
     """Pending rows of ``:kind`` in one of the two claim indexes (their predicates)."""
     return (
         sf.c.state == _PENDING,
-        sf.c.kind == bindparam("kind"),
+        sf.c.kind == bindparam("b_kind"),
         sf.c.queue_name.is_not(None) if queued else sf.c.queue_name.is_(None),
     )
 
@@ -131,7 +132,7 @@ NEXT_DUE = {(q, a): _next_due(q, a) for q in (False, True) for a in (False, True
 
 async def next_due(conn: AsyncConnection, kind: FunctionKind, after: float | None) -> float | None:
     """When the next Pending row of ``kind`` (due later than ``after``) becomes due."""
-    params = {"kind": kind.value, "after": after}
+    params = {"b_kind": kind.value, "after": after}
     found = [
         (await conn.execute(NEXT_DUE[queued, after is not None], params)).scalar()
         for queued in (False, True)
@@ -180,6 +181,11 @@ class ClaimStatements:
     """Due unqueued rows at ``:level``, locked; None when the filter serves queues only."""
     queued: Select[Any]
     """(queue, priority, due, id) of due queued rows at ``:level`` whose queue may run."""
+    fast: Select[Any] | None
+    """The fast path: due rows of the lowest level, locked, when no queued row of the
+    kind is Pending at all; None when the filter serves queues only."""
+    fast_actions: Any
+    """``fast`` as one statement that starts the actions (Pending -> InProgress)."""
 
 
 @functools.cache
@@ -203,7 +209,43 @@ def statements(serve: ClaimFilter) -> ClaimStatements:
         .order_by(sf.c.available_at, sf.c.id)
         .limit(bindparam("limit"))
     )
-    return ClaimStatements(unqueued, queued)
+    fast = fast_actions = None
+    if serve.queues is None:
+        # One statement, as many round trips as before priorities and queues: the lowest
+        # level (one probe of ix_scheduled_functions_claim), its due range, and a probe of
+        # ix_scheduled_functions_claim_queued that finds no queued row. When it returns
+        # fewer rows than asked, the claim goes on with ``take`` (more levels, queues).
+        lowest = select(func.min(sf.c.priority)).where(*_pending(False)).scalar_subquery()
+        no_queued = ~exists().where(*_pending(True))
+        fast = (
+            select(*CLAIM_COLUMNS)
+            .where(
+                *_pending(False),
+                sf.c.priority == lowest,
+                sf.c.available_at <= bindparam("now"),
+                no_queued,
+                flags_ok,
+            )
+            .order_by(sf.c.available_at, sf.c.id)
+            .limit(bindparam("limit"))
+            .with_for_update(skip_locked=True)
+        )
+        # A MATERIALIZED CTE, not ``id IN (SELECT ... LIMIT n)``: PostgreSQL may re-run an
+        # IN-subquery per row and so claim more than ``limit`` rows (caught by
+        # test_actions_run_concurrently_up_to_the_limit).
+        due = fast.with_only_columns(sf.c.id).cte("due").prefix_with("MATERIALIZED")
+        fast_actions = (
+            update(sf)
+            .where(sf.c.id == due.c.id, sf.c.state == _PENDING)
+            .values(
+                state=_RUNNING,
+                started_time=bindparam("now"),
+                worker_id=bindparam("worker_id"),
+                attempts=sf.c.attempts + 1,
+            )
+            .returning(*CLAIM_COLUMNS)
+        )
+    return ClaimStatements(unqueued, queued, fast, fast_actions)
 
 
 # Taken while choosing a queue's rows; SKIP LOCKED: another claim has it (primary key).
@@ -245,8 +287,36 @@ START_ACTIONS = (
 )
 
 
+async def take_fast(
+    conn: AsyncConnection, kind: FunctionKind, now: float, limit: int, serve: ClaimFilter
+) -> list[Claimed]:
+    """The fast path (``ClaimStatements.fast``): mutations locked, nothing if not served."""
+    stmt = statements(serve).fast
+    if stmt is None:
+        return []
+    return claimed(
+        list(await conn.execute(stmt, {"b_kind": kind.value, "now": now, "limit": limit}))
+    )
+
+
+async def start_fast(
+    conn: AsyncConnection, now: float, limit: int, worker_id: str, serve: ClaimFilter
+) -> list[Claimed]:
+    """The fast path for actions, started in the same statement."""
+    stmt = statements(serve).fast_actions
+    if stmt is None:
+        return []
+    params = {
+        "b_kind": FunctionKind.ACTION.value,
+        "now": now,
+        "limit": limit,
+        "worker_id": worker_id,
+    }
+    return claimed(list(await conn.execute(stmt, params)))
+
+
 async def levels(conn: AsyncConnection, kind: FunctionKind, queued: bool) -> list[int]:
-    return list((await conn.execute(LEVELS[queued], {"kind": kind.value})).scalars())
+    return list((await conn.execute(LEVELS[queued], {"b_kind": kind.value})).scalars())
 
 
 async def take(
@@ -258,13 +328,13 @@ async def take(
     free: list[Claimed] = []
     if st.unqueued is not None:
         for level in await levels(conn, kind, queued=False):
-            params = {"kind": kind.value, "level": level, "now": now, "limit": limit - len(free)}
+            params = {"b_kind": kind.value, "level": level, "now": now, "limit": limit - len(free)}
             free.extend(claimed(list(await conn.execute(st.unqueued, params))))
             if len(free) >= limit:
                 break
     waiting: list[tuple[Any, ...]] = []
     for level in await levels(conn, kind, queued=True):
-        params = {"kind": kind.value, "level": level, "now": now, "limit": limit - len(waiting)}
+        params = {"b_kind": kind.value, "level": level, "now": now, "limit": limit - len(waiting)}
         waiting.extend(tuple(r) for r in await conn.execute(st.queued, params))
         if len(waiting) >= limit:
             break

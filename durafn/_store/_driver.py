@@ -39,7 +39,9 @@ from ._claims import (
     claimed,
     next_due,
     start_actions,
+    start_fast,
     take,
+    take_fast,
 )
 from ._engine import EngineDriver
 from ._filters import RowFilter
@@ -144,9 +146,15 @@ class Driver(QueueStatements, EngineDriver):
     async def claim_mutations(
         self, conn: AsyncConnection, now: float, limit: int, serve: ClaimFilter = SERVE_ALL
     ) -> list[Claimed]:
-        """Choose due mutations inside the batch transaction (``_claims.take``), locked, with
+        """Choose due mutations inside the batch transaction (``_claims``), locked, with
         their queues, until it ends."""
-        return await take(conn, FunctionKind.MUTATION, now, limit, serve)
+        kind = FunctionKind.MUTATION
+        rows = await take_fast(conn, kind, now, limit, serve)
+        if len(rows) < limit:
+            # Our own locks do not hide rows from us: ``take`` may find the same ones.
+            more = await take(conn, kind, now, limit, serve)
+            rows = _merged(rows, more, limit)
+        return rows
 
     async def finish_pending(
         self, conn: AsyncConnection, now: float, outcomes: Sequence[Outcome]
@@ -221,10 +229,23 @@ class Driver(QueueStatements, EngineDriver):
         worker_id: str,
         serve: ClaimFilter = SERVE_ALL,
     ) -> list[Claimed]:
-        """Pending -> InProgress for up to ``limit`` due actions (``_claims.take``); commit
-        before running them."""
+        """Pending -> InProgress for up to ``limit`` due actions (``_claims.take``, after
+        ``claim_actions_fast``); commit before running them."""
         rows = await take(conn, FunctionKind.ACTION, now, limit, serve)
         return await start_actions(conn, rows, now, worker_id)
+
+    async def claim_actions_fast(
+        self,
+        conn: AsyncConnection,
+        now: float,
+        limit: int,
+        worker_id: str,
+        serve: ClaimFilter = SERVE_ALL,
+    ) -> list[Claimed]:
+        """Pending -> InProgress for up to ``limit`` due actions of the lowest priority
+        level, in one statement, when no queued action is Pending; commit before running
+        them. Fewer than ``limit``: ``claim_actions`` may find more."""
+        return await start_fast(conn, now, limit, worker_id, serve)
 
     async def release_unstarted(
         self, conn: AsyncConnection, ids: Sequence[ScheduledFunctionId], worker_id: str
@@ -462,6 +483,14 @@ class Driver(QueueStatements, EngineDriver):
             if first is not None:
                 upcoming.append(first)
         return min(oldest, default=None), min(upcoming, default=None)
+
+
+def _merged(first: list[Claimed], more: list[Claimed], limit: int) -> list[Claimed]:
+    """``first`` and the rows of ``more`` not in it, in claim order, at most ``limit``."""
+    seen = {r.id for r in first}
+    rows = first + [r for r in more if r.id not in seen]
+    rows.sort(key=Claimed.order)
+    return rows[:limit]
 
 
 def _finished_before(cutoff: float, states: Collection[State]) -> ColumnElement[bool]:
