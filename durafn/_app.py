@@ -11,6 +11,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar, overload
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from typing_extensions import Unpack
 
+from ._admin import Operations
 from ._checks import aware_time, flag, integer, optional, positive_seconds, state_list, text
 from ._clock import Clock, SystemClock, to_datetime
 from ._context import ActionCtx, MutationCtx, QueryCtx, SystemTable
@@ -27,7 +28,6 @@ from ._types import (
     CancelResult,
     FunctionKind,
     Page,
-    QueueInfo,
     ScheduledFunction,
     ScheduledFunctionId,
     State,
@@ -45,7 +45,7 @@ DEFAULT_URL = "sqlite+aiosqlite:///durafn.sqlite3"
 """Used when no URL is given and ``DURAFN_DATABASE_URL`` is unset: a file in the cwd."""
 
 
-class App:
+class App(Operations):
     """A durafn application: register functions on it, run them, schedule them.
 
     ``App()`` uses a SQLite file (``DURAFN_DATABASE_URL`` or ``./durafn.sqlite3``);
@@ -288,42 +288,6 @@ class App:
             key=key,
             flag=flag,
         )
-
-    async def queues(self) -> builtins.list[QueueInfo]:
-        """The named queues, with their rows waiting and running, and whether paused."""
-        now = self._rt.clock.now()
-
-        async def _read(conn: AsyncConnection) -> builtins.list[QueueInfo]:
-            return await self._rt.driver.list_queues(conn, now)
-
-        return await self._rt.transaction(_read, read_only=True, doing="listing queues")
-
-    async def pause_queue(self, *names: str) -> int:
-        """Stop these queues' rows from starting (they stay Pending; running ones finish),
-        on every worker; returns how many queues were not paused already. A queue can be
-        paused before its first row."""
-        return await self._set_paused(names, True)
-
-    async def resume_queue(self, *names: str) -> int:
-        """Let paused queues' rows start again; returns how many were paused."""
-        return await self._set_paused(names, False)
-
-    async def _set_paused(self, names: tuple[str, ...], paused: bool) -> int:
-        if not names:
-            raise ArgumentError("name at least one queue")
-        checked = {check_name("queue", n, error=ArgumentError) for n in names}
-        now = self._rt.clock.now()
-
-        async def _write(conn: AsyncConnection) -> int:
-            changed = await self._rt.driver.set_paused(conn, checked, paused, now)
-            if not paused:
-                await self._rt.driver.notify(conn, KINDS)
-            return changed
-
-        changed = await self._rt.transaction(_write, doing="pausing or resuming queues")
-        if not paused:
-            self._rt.wake(KINDS)
-        return changed
 
     async def workers(self) -> builtins.list[WorkerInfo]:
         """The executors registered on this database (each renews a heartbeat row)."""

@@ -1,7 +1,8 @@
-"""``durafn worker -n K``: K worker processes under one supervisor.
+"""``durafn worker -n K`` / ``--pool``: worker processes under one supervisor.
 
-Each child is an ordinary ``durafn worker`` (same arguments, without ``-n``), so a worker
-behaves the same under the supervisor as on its own. The supervisor:
+Each child is an ordinary ``durafn worker`` (same arguments, without ``-n`` or ``--pool``;
+a pool's child gets its ``--queues``), so a worker behaves the same under the supervisor
+as on its own. The supervisor:
 
 * starts the children in their own session, so a terminal's Ctrl-C reaches only the
   supervisor, which forwards it once (the children would otherwise see it twice and read
@@ -41,11 +42,12 @@ configuration problem (a bad schema, an unreachable database), not a crash: give
 
 
 class Supervisor:
-    def __init__(self, worker_args: Sequence[str], processes: int) -> None:
+    def __init__(self, children: Sequence[Sequence[str]]) -> None:
+        """``children``: the ``durafn worker`` arguments of each child process."""
         # Through the command's entry point, so that a child records a signal from its
         # first instant (``_signals``) instead of dying of it during its imports.
-        self.command = [sys.executable, "-m", "_durafn_cli", "worker", *worker_args]
-        self.processes = processes
+        self.commands = [[sys.executable, "-m", "_durafn_cli", "worker", *a] for a in children]
+        self.processes = len(children)
         self.children: dict[int, anyio.abc.Process] = {}
         self.stopping = False
         self._stopped = anyio.Event()
@@ -76,7 +78,7 @@ class Supervisor:
         while not self.stopping:
             started = anyio.current_time()
             process = await anyio.open_process(
-                self.command, stdin=None, stdout=None, stderr=None, start_new_session=True
+                self.commands[slot], stdin=None, stdout=None, stderr=None, start_new_session=True
             )
             self.children[slot] = process
             if self.stopping:  # the signal came while this child was being started
@@ -145,5 +147,5 @@ def _describe(code: int) -> str:
     return f"exit status {code}"
 
 
-async def supervise(worker_args: Sequence[str], processes: int) -> int:
-    return await Supervisor(worker_args, processes).run()
+async def supervise(children: Sequence[Sequence[str]]) -> int:
+    return await Supervisor(children).run()

@@ -8,6 +8,8 @@ actions a line in a file, written before they do anything else.
 from __future__ import annotations
 
 import os
+import sys
+import time
 from typing import NamedTuple
 
 import anyio
@@ -37,6 +39,7 @@ class Functions(NamedTuple):
     fan_out: durafn.MutationRef[[int, int, float], None]
     touch: durafn.ActionRef[[int, str, float], int]
     hang: durafn.ActionRef[[int, str], None]
+    span: durafn.ActionRef[[int, str, float], None]
 
 
 async def _trace(path: str, n: int) -> None:
@@ -69,8 +72,22 @@ def register(app: durafn.App) -> Functions:
         await _trace(path, n)
         await anyio.sleep_forever()
 
-    return Functions(apply, fan_out, touch, hang)
+    @app.action(name="w:span")
+    async def span(ctx: ActionCtx, n: int, path: str, seconds: float) -> None:
+        """Records when it starts and ends (the system-wide monotonic clock, comparable
+        across processes) and the queues its worker serves."""
+        serves = sys.argv[sys.argv.index("--queues") + 1] if "--queues" in sys.argv else "*"
+        async with await anyio.open_file(path, "a") as f:
+            await f.write(f"start {n} {time.monotonic()} {os.getpid()} {serves}\n")
+        await anyio.sleep(seconds)
+        async with await anyio.open_file(path, "a") as f:
+            await f.write(f"end {n} {time.monotonic()} {os.getpid()} {serves}\n")
+
+    return Functions(apply, fan_out, touch, hang, span)
 
 
-app = durafn.App()
+QUEUES = {"limited": durafn.Queue(concurrency=3)}
+"""The queue attributes the workers and the tests declare alike."""
+
+app = durafn.App(queues=QUEUES)
 register(app)

@@ -8,9 +8,10 @@ import click
 from rich.table import Column
 
 from .._app import App
-from .._types import Stats, WorkerInfo
+from .._types import QueueInfo, Stats, WorkerInfo
 from .options import app_options, output_options
-from .output import Output, duration, iso, state_text
+from .output import Output, duration, iso, plural, state_text
+from .queues import print_queues
 from .running import run_with_app
 
 
@@ -31,8 +32,9 @@ def migrate(app_ref: str | None, url: str | None, as_json: bool, verbose: bool) 
 @app_options
 @output_options
 def stats(app_ref: str | None, url: str | None, as_json: bool, verbose: bool) -> None:
-    """Rows by state, how late due work is, when the next row is due, and the workers."""
-    workers, snapshot = run_with_app(app_ref, url, read_stats, verbose=verbose)
+    """Rows by state, how late due work is, when the next row is due, the queues with
+    work waiting or running, and the workers."""
+    workers, snapshot, queues = run_with_app(app_ref, url, read_stats, verbose=verbose)
     # Negative when a worker's host clock runs ahead of this one's: shown, not hidden.
     ages = [(snapshot.at - w.heartbeat_at).total_seconds() for w in workers]
     out = Output(as_json)
@@ -43,17 +45,31 @@ def stats(app_ref: str | None, url: str | None, as_json: bool, verbose: bool) ->
                 "workers": [
                     w.model_dump(mode="json") | {"seconds_since_heartbeat": age}
                     for w, age in zip(workers, ages, strict=True)
-                ]
+                ],
+                "queues": [q.model_dump(mode="json") for q in queues],
             }
         )
         return
     print_stats(out, snapshot)
+    busy = [q for q in queues if q.pending or q.running or q.paused]
+    if busy:
+        shown = sorted(busy, key=lambda q: (-q.due, -q.running, q.name))[:STATS_QUEUES]
+        more = len(busy) - len(shown)
+        print_queues(
+            out, shown, title="queues" + (f" (the {len(shown)} with most due)" if more else "")
+        )
+        if more:
+            out.line(f"{plural(more, 'more queue')} with work: durafn queue ls")
     print_workers(out, workers, ages)
 
 
-async def read_stats(app: App) -> tuple[list[WorkerInfo], Stats]:
+STATS_QUEUES = 20
+"""Queues ``stats`` lists (those with the most due rows); ``queue ls`` lists them all."""
+
+
+async def read_stats(app: App) -> tuple[list[WorkerInfo], Stats, list[QueueInfo]]:
     # Workers first, so that the snapshot's clock reading is later than any heartbeat read.
-    return await app.workers(), await app.stats()
+    return await app.workers(), await app.stats(), await app.queues()
 
 
 def print_stats(out: Output, snapshot: Stats) -> None:

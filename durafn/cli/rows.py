@@ -52,6 +52,9 @@ from .running import fail, run_with_app
     help="Only rows in this state (repeatable).",
 )
 @click.option("--name", help="Only rows of the function with this durable name.")
+@click.option("--queue", help="Only rows of this named queue.")
+@click.option("--key", help="Only rows scheduled with this job key.")
+@click.option("--flag", help="Only rows carrying this flag.")
 @click.option(
     "--after",
     callback=to_datetime_option,
@@ -77,6 +80,9 @@ from .running import fail, run_with_app
 def list_rows(
     states: list[State],
     name: str | None,
+    queue: str | None,
+    key: str | None,
+    flag: str | None,
     after: datetime | None,
     before: datetime | None,
     limit: int,
@@ -107,6 +113,9 @@ def list_rows(
             limit=limit,
             cursor=cursor,
             newest_first=newest,
+            queue=queue,
+            key=key,
+            flag=flag,
         ),
         verbose=verbose,
     )
@@ -136,7 +145,7 @@ take)."""
 def list_columns() -> list[str | Column]:
     # Ids and times never wrap: on a narrow terminal the name and error columns give way.
     whole = [Column(name, no_wrap=True) for name in ("id", "scheduled", "started", "completed")]
-    return [whole[0], "name", "kind", "state", *whole[1:], "attempts", "error"]
+    return [whole[0], "name", "kind", "state", "priority", "queue", *whole[1:], "attempts", "error"]
 
 
 def narrow_columns() -> list[str | Column]:
@@ -160,6 +169,8 @@ def list_row(row: ScheduledFunction) -> list[Any]:
         row.name,
         row.kind.value,
         state_text(row.state),
+        row.priority,
+        row.queue or "",
         iso(row.scheduled_time),
         iso(row.started_time),
         iso(row.completed_time),
@@ -191,19 +202,77 @@ async def get_row(function_id: str, app: App) -> ScheduledFunction:
     return row
 
 
+def filter_options(fn: Any) -> Any:
+    """The row filters of ``cancel`` and ``reschedule`` (as ``ls`` has them)."""
+    for option in reversed(
+        [
+            click.option("--name", help="Rows of the function with this durable name."),
+            click.option("--queue", help="Rows of this named queue."),
+            click.option("--key", help="Rows scheduled with this job key."),
+            click.option("--flag", help="Rows carrying this flag."),
+            click.option(
+                "--after",
+                callback=to_datetime_option,
+                metavar="DATETIME",
+                help="Rows scheduled at or after this time (ISO 8601; UTC if no zone).",
+            ),
+            click.option(
+                "--before",
+                callback=to_datetime_option,
+                metavar="DATETIME",
+                help="Rows scheduled before this time (ISO 8601; UTC if no zone).",
+            ),
+        ]
+    ):
+        fn = option(fn)
+    return fn
+
+
 @click.command()
-@click.argument("function_ids", metavar="ID...", nargs=-1, required=True)
+@click.argument("function_ids", metavar="[ID...]", nargs=-1)
+@filter_options
 @app_options
 @output_options
 def cancel(
     function_ids: tuple[str, ...],
+    name: str | None,
+    queue: str | None,
+    key: str | None,
+    flag: str | None,
+    after: datetime | None,
+    before: datetime | None,
     app_ref: str | None,
     url: str | None,
     as_json: bool,
     verbose: bool,
 ) -> None:
-    """Cancel scheduled functions: a Pending one never runs, a running action's result is
-    discarded, a finished one is left as it is. Exits 1 if an id was not found."""
+    """Cancel scheduled functions by id: a Pending one never runs, a running action's
+    result is discarded, a finished one is left as it is; exits 1 if an id was not found.
+    Or, with filters instead of ids, every Pending row they match, in batches."""
+    filtered = any(v is not None for v in (name, queue, key, flag, after, before))
+    if not function_ids:
+        if not filtered:
+            raise click.UsageError("name the rows to cancel: ids, or filters (--queue, ...)")
+        count = run_with_app(
+            app_ref,
+            url,
+            lambda app: app.cancel_where(
+                name=name,
+                queue=queue,
+                key=key,
+                flag=flag,
+                scheduled_after=after,
+                scheduled_before=before,
+            ),
+            verbose=verbose,
+        )
+        if as_json:
+            Output(True).json({"canceled": count})
+        else:
+            click.echo(f"{plural(count, 'Pending row')} canceled")
+        return
+    if filtered:
+        raise click.UsageError("give ids or filters, not both")
     outcomes = run_with_app(
         app_ref, url, functools.partial(cancel_each, function_ids), verbose=verbose
     )
@@ -218,6 +287,57 @@ def cancel(
             out.line(describe_cancel(outcome))
     if len(results) < len(outcomes):
         sys.exit(1)
+
+
+@click.command()
+@click.argument("function_ids", metavar="[ID...]", nargs=-1)
+@click.option(
+    "--run-at",
+    callback=to_datetime_option,
+    metavar="DATETIME",
+    help="The new time (ISO 8601; UTC if no zone is given).",
+)
+@click.option("--priority", type=int, help="The new priority (lower runs first).")
+@filter_options
+@app_options
+@output_options
+def reschedule(
+    function_ids: tuple[str, ...],
+    run_at: datetime | None,
+    priority: int | None,
+    name: str | None,
+    queue: str | None,
+    key: str | None,
+    flag: str | None,
+    after: datetime | None,
+    before: datetime | None,
+    app_ref: str | None,
+    url: str | None,
+    as_json: bool,
+    verbose: bool,
+) -> None:
+    """Change the time and/or priority of Pending rows: these ids, or every one the
+    filters match (none: every Pending row), in batches."""
+    count = run_with_app(
+        app_ref,
+        url,
+        lambda app: app.reschedule(
+            list(function_ids) or None,
+            run_at=run_at,
+            priority=priority,
+            name=name,
+            queue=queue,
+            key=key,
+            flag=flag,
+            scheduled_after=after,
+            scheduled_before=before,
+        ),
+        verbose=verbose,
+    )
+    if as_json:
+        Output(True).json({"rescheduled": count})
+    else:
+        click.echo(f"{plural(count, 'Pending row')} rescheduled")
 
 
 async def cancel_each(function_ids: Sequence[str], app: App) -> list[CancelResult | NotFoundError]:

@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from .._errors import DurafnError
+from .._errors import ArgumentError, DurafnError
 from .._executor import ExecutorConfig, ExecutorOptions, make_config
 from .._supervisor import supervise
 from .._worker import configure_logging, serve
@@ -79,6 +79,27 @@ _DEFAULTS = ExecutorConfig()
     "--name", "worker_name", default=None, help="Label for this worker [default: host:pid]."
 )
 @click.option(
+    "--queues",
+    default=None,
+    metavar="NAME,...",
+    help="Serve only rows of these named queues [default: every row, queued or not].",
+)
+@click.option(
+    "--pool",
+    "pools",
+    multiple=True,
+    metavar="QUEUES[:N]",
+    help="Start N processes (default 1) serving QUEUES (comma-separated, or * for every "
+    "row); repeat for more pools: --pool mail:2 --pool 'reports,exports' --pool '*:4'.",
+)
+@click.option(
+    "--forbid-flag",
+    "forbidden_flags",
+    multiple=True,
+    metavar="FLAG",
+    help="Never run rows carrying this flag (repeatable): shed a kind of work.",
+)
+@click.option(
     "--log-level",
     type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
     default="INFO",
@@ -98,6 +119,9 @@ def worker(
     poll_interval: float | None,
     batch_size: int,
     worker_name: str | None,
+    queues: str | None,
+    pools: tuple[str, ...],
+    forbidden_flags: tuple[str, ...],
     log_level: str,
     verbose: bool,
 ) -> None:
@@ -116,12 +140,16 @@ def worker(
         "poll_interval": poll_interval,
         "batch_size": batch_size,
         "worker_name": worker_name,
+        "forbidden_flags": forbidden_flags,
     }
     try:
+        if queues is not None:
+            options["queues"] = _names(queues, "--queues")
         make_config(options)  # a bad combination fails here, not in every child
+        children = _children(processes, pools, queues)
     except DurafnError as exc:
         fail(str(exc))
-    if processes > 1:
+    if len(children) > 1 or pools:
         # Likewise a bad --app or a database that is not ready (not migrated, away): one
         # error line now, the one a single worker gives, not children dying for 18 s.
         run(functools.partial(_check_ready, app_ref, url), verbose=verbose)
@@ -138,9 +166,12 @@ def worker(
         ):
             if value is not None:
                 args += [flag, str(value)]
+        for forbidden in forbidden_flags:
+            args += ["--forbid-flag", forbidden]
         args += ["--exit-on-complete"] if exit_on_complete else []
         args += ["--verbose"] if verbose else []
-        sys.exit(run(lambda: supervise(args, processes), verbose=verbose))
+        every = [[*args, *child] for child in children]
+        sys.exit(run(lambda: supervise(every), verbose=verbose))
 
     async def _serve() -> int:
         app = open_app(app_ref, url, create=True)
@@ -150,6 +181,31 @@ def worker(
             await app.aclose()
 
     sys.exit(run(_serve, verbose=verbose))
+
+
+def _names(text: str, option: str) -> list[str]:
+    names = [name.strip() for name in text.split(",")]
+    if not all(names):
+        raise ArgumentError(f"{option} takes queue names separated by commas, not {text!r}")
+    return names
+
+
+def _children(processes: int, pools: tuple[str, ...], queues: str | None) -> list[list[str]]:
+    """Each child's own arguments: ``--queues`` of its pool, or nothing (every row)."""
+    if not pools:
+        return [[]] * processes
+    if processes != 1 or queues is not None:
+        raise ArgumentError("--pool says which processes to start: leave out -n and --queues")
+    children: list[list[str]] = []
+    for pool in pools:
+        spec, _, count = pool.rpartition(":") if ":" in pool else (pool, "", "1")
+        if not count.isdigit() or not 1 <= int(count) <= 1_000:
+            raise ArgumentError(
+                f"--pool {pool!r}: the number of processes after ':' must be 1 to 1000"
+            )
+        own = [] if spec.strip() == "*" else ["--queues", ",".join(_names(spec, "--pool"))]
+        children += [own] * int(count)
+    return children
 
 
 async def _check_ready(app_ref: str, url: str | None) -> None:

@@ -1,0 +1,175 @@
+"""Operator utilities on ``App``: named queues (list, pause, resume), and changes to many
+rows at once (reschedule, cancel by filter), each in batches so that a million rows never
+hold one transaction (or, on SQLite, the write lock) for long.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from ._checks import aware_time, integer
+from ._context import row_filter
+from ._errors import ArgumentError
+from ._options import check_name, check_priority
+from ._runtime import Runtime
+from ._store import RowFilter
+from ._types import FunctionKind, QueueInfo, ScheduledFunctionId, State
+
+KINDS = (FunctionKind.MUTATION, FunctionKind.ACTION)
+
+
+class Operations:
+    """The operator half of ``App`` (a base class of it)."""
+
+    _rt: Runtime
+
+    # -- queues ------------------------------------------------------------------------
+
+    async def queues(self) -> list[QueueInfo]:
+        """The named queues, with their rows waiting and running, and whether paused."""
+        now = self._rt.clock.now()
+
+        async def _read(conn: AsyncConnection) -> list[QueueInfo]:
+            return await self._rt.driver.list_queues(conn, now)
+
+        return await self._rt.transaction(_read, read_only=True, doing="listing queues")
+
+    async def pause_queue(self, *names: str) -> int:
+        """Stop these queues' rows from starting (they stay Pending; running ones finish),
+        on every worker; returns how many queues were not paused already. A queue can be
+        paused before its first row."""
+        return await self._set_paused(names, True)
+
+    async def resume_queue(self, *names: str) -> int:
+        """Let paused queues' rows start again; returns how many were paused."""
+        return await self._set_paused(names, False)
+
+    async def _set_paused(self, names: tuple[str, ...], paused: bool) -> int:
+        if not names:
+            raise ArgumentError("name at least one queue")
+        checked = {check_name("queue", n, error=ArgumentError) for n in names}
+        now = self._rt.clock.now()
+
+        async def _write(conn: AsyncConnection) -> int:
+            changed = await self._rt.driver.set_paused(conn, checked, paused, now)
+            if not paused:
+                await self._rt.driver.notify(conn, KINDS)
+            return changed
+
+        changed = await self._rt.transaction(_write, doing="pausing or resuming queues")
+        if not paused:
+            self._rt.wake(KINDS)
+        return changed
+
+    # -- many rows at once -------------------------------------------------------------
+
+    async def reschedule(
+        self,
+        ids: list[ScheduledFunctionId | str] | None = None,
+        *,
+        run_at: datetime | None = None,
+        priority: int | None = None,
+        name: str | None = None,
+        queue: str | None = None,
+        key: str | None = None,
+        flag: str | None = None,
+        scheduled_after: datetime | None = None,
+        scheduled_before: datetime | None = None,
+        batch_size: int = 1000,
+    ) -> int:
+        """Change the time and/or priority of Pending rows (Graphile's
+        ``rescheduleJobs``): those of ``ids``, or every one matching the filters. Returns
+        how many changed. Rows that started meanwhile are left alone."""
+        values: dict[str, Any] = {}
+        if run_at is not None:
+            when = aware_time("run_at", run_at)
+            values.update(scheduled_time=when, available_at=when)
+        if priority is not None:
+            values["priority"] = check_priority(priority, "priority", error=ArgumentError)
+        if not values:
+            raise ArgumentError("reschedule needs run_at and/or priority: what to change")
+        where = self._selection(ids, name, queue, key, flag, scheduled_after, scheduled_before)
+        return await self._in_batches(where, batch_size, values, "rescheduling rows")
+
+    async def cancel_where(
+        self,
+        *,
+        name: str | None = None,
+        queue: str | None = None,
+        key: str | None = None,
+        flag: str | None = None,
+        scheduled_after: datetime | None = None,
+        scheduled_before: datetime | None = None,
+        batch_size: int = 1000,
+    ) -> int:
+        """Cancel every Pending row matching the filters (at least one); returns how many.
+        Running actions are left to ``cancel(id)``, which also cancels what they spawned."""
+        where = self._selection(None, name, queue, key, flag, scheduled_after, scheduled_before)
+        if where == RowFilter(states=[State.PENDING]):
+            raise ArgumentError(
+                "cancel_where needs a filter (name, queue, key, flag or a time window); "
+                "it would cancel every Pending row"
+            )
+        return await self._in_batches(where, batch_size, None, "cancelling rows")
+
+    def _selection(
+        self,
+        ids: list[ScheduledFunctionId | str] | None,
+        name: str | None,
+        queue: str | None,
+        key: str | None,
+        flag: str | None,
+        after: datetime | None,
+        before: datetime | None,
+    ) -> RowFilter:
+        where = row_filter(
+            state=State.PENDING,
+            name=name,
+            queue=queue,
+            key=key,
+            flag=flag,
+            scheduled_after=after,
+            scheduled_before=before,
+        )
+        if ids is not None:
+            if isinstance(ids, str) or not all(isinstance(i, str) for i in ids):
+                raise ArgumentError(f"ids must be a list of row ids, not {ids!r}")
+            where = RowFilter(**{**_fields(where), "ids": [str(i) for i in ids]})
+        return where
+
+    async def _in_batches(
+        self, where: RowFilter, batch_size: int, values: dict[str, Any] | None, doing: str
+    ) -> int:
+        """Reschedule (``values``) or cancel (None) the matching Pending rows, ``batch_size``
+        at a time in id order, one transaction each."""
+        batch_size = integer("batch_size", batch_size, high=100_000)
+        rt = self._rt
+        after: str | None = None
+        total = 0
+        while True:
+
+            async def _batch(
+                conn: AsyncConnection, start: str | None = after
+            ) -> tuple[int, str | None]:
+                now = rt.clock.now()
+                ids = await rt.driver.pending_batch(conn, where, start, batch_size)
+                if not ids:
+                    return 0, None
+                changed = await rt.driver.change_pending(conn, ids, values, now)
+                if values is not None:  # earlier rows may be due now: wake the executors
+                    await rt.driver.notify(conn, KINDS)
+                return changed, ids[-1] if len(ids) == batch_size else None
+
+            changed, after = await rt.transaction(_batch, doing=doing)
+            total += changed
+            if values is not None and changed:
+                rt.wake(KINDS)
+            if after is None:
+                return total
+
+
+def _fields(where: RowFilter) -> dict[str, Any]:
+    return {name: getattr(where, name) for name in RowFilter.__slots__}

@@ -1,0 +1,90 @@
+"""``durafn queue ls|pause|resume``: the named queues, and stopping or restarting them."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import click
+from rich.table import Column
+
+from .._app import App
+from .._types import QueueInfo
+from .options import app_options, output_options
+from .output import Output, plural
+from .running import run_with_app
+
+
+@click.group()
+def queue() -> None:
+    """Named queues: list them, pause and resume them (on every worker at once)."""
+
+
+@queue.command("ls")
+@app_options
+@output_options
+def list_queues(app_ref: str | None, url: str | None, as_json: bool, verbose: bool) -> None:
+    """Every named queue: its concurrency, whether paused, its rows due, Pending, running."""
+    found = run_with_app(app_ref, url, App.queues, verbose=verbose)
+    out = Output(as_json)
+    if as_json:
+        out.json([q.model_dump(mode="json") for q in found])
+    elif not found:
+        out.line("no named queues")
+    else:
+        print_queues(out, found)
+
+
+def print_queues(out: Output, queues: Sequence[QueueInfo], title: str = "") -> None:
+    out.table(
+        [
+            Column("queue", no_wrap=True),
+            Column("concurrency", justify="right"),
+            "paused",
+            *(Column(name, justify="right") for name in ("due", "pending", "running")),
+        ],
+        [
+            (
+                q.name,
+                "no limit" if q.concurrency is None else q.concurrency,
+                "paused" if q.paused else "",
+                q.due,
+                q.pending,
+                q.running,
+            )
+            for q in queues
+        ],
+        title=title,
+    )
+
+
+@queue.command()
+@click.argument("names", nargs=-1, required=True)
+@app_options
+@output_options
+def pause(
+    names: tuple[str, ...], app_ref: str | None, url: str | None, as_json: bool, verbose: bool
+) -> None:
+    """Stop these queues' rows from starting; they stay Pending (running ones finish)."""
+    changed = run_with_app(app_ref, url, lambda app: app.pause_queue(*names), verbose=verbose)
+    _report(Output(as_json), names, changed, "paused")
+
+
+@queue.command()
+@click.argument("names", nargs=-1, required=True)
+@app_options
+@output_options
+def resume(
+    names: tuple[str, ...], app_ref: str | None, url: str | None, as_json: bool, verbose: bool
+) -> None:
+    """Let paused queues' rows start again."""
+    changed = run_with_app(app_ref, url, lambda app: app.resume_queue(*names), verbose=verbose)
+    _report(Output(as_json), names, changed, "resumed")
+
+
+def _report(out: Output, names: Sequence[str], changed: int, done: str) -> None:
+    if out.as_json:
+        out.json({"queues": list(names), done: changed})
+    else:
+        already = len(set(names)) - changed
+        note = f" ({already} already {done})" if already else ""
+        out.line(f"{plural(changed, 'queue')} {done}{note}")

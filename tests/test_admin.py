@@ -1,0 +1,178 @@
+"""Operator utilities on both engines: reschedule and cancel by filter in batches (50,000
+rows), and the CLI over them and over queues (``queue ls|pause|resume``, ``ls`` filters,
+``stats`` by queue, ``worker --pool`` errors)."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from typing import Any
+
+import anyio
+import pytest
+from click.testing import CliRunner, Result
+from sqlalchemy import event, func, select
+
+import durafn
+from durafn import MutationCtx, State, cli, scheduled_functions
+from durafn.testing import FakeClock
+
+pytestmark = pytest.mark.anyio
+CLEAN_ENV: dict[str, str | None] = dict.fromkeys(
+    ["DURAFN_APP", "DURAFN_DATABASE_URL", "FORCE_COLOR", "NO_COLOR", "TTY_COMPATIBLE"]
+)
+
+
+def invoke(*args: str) -> Result:
+    return CliRunner().invoke(cli.main, list(args), env=CLEAN_ENV, catch_exceptions=False)
+
+
+def invoke_json(*args: str) -> Any:
+    result = invoke(*args, "--json")
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+async def _states(app: durafn.App) -> dict[str, int]:
+    sf = scheduled_functions
+    async with app.engine.connect() as conn:
+        rows = await conn.execute(select(sf.c.state, func.count()).group_by(sf.c.state))
+        return {state: n for state, n in rows}
+
+
+async def test_reschedule_and_cancel_50000_rows_in_batches(
+    app: durafn.App, clock: FakeClock
+) -> None:
+    @app.mutation
+    async def noop(ctx: MutationCtx, n: int) -> None:
+        pass
+
+    for start in range(0, 50_000, 10_000):
+        await app.scheduler().run_many(
+            [
+                noop.options(queue=f"q{n % 2}").call(n).after(3600)
+                for n in range(start, start + 10_000)
+            ]
+        )
+    begun = 0
+
+    def _begin(*_: object) -> None:
+        nonlocal begun
+        begun += 1
+
+    event.listen(app.engine.sync_engine, "begin", _begin)
+    later = clock.now_datetime() + timedelta(days=1)
+    assert await app.reschedule(queue="q0", run_at=later, priority=-3, batch_size=5000) == 25_000
+    assert begun >= 25_000 // 5000  # one transaction per batch, never one for all
+    moved = (await app.list(queue="q0", limit=1)).items[0]
+    assert (moved.scheduled_time, moved.priority) == (later, -3)
+    assert (await app.list(queue="q1", limit=1)).items[0].priority == 0
+    begun = 0
+    assert await app.cancel_where(queue="q1", batch_size=4000) == 25_000
+    assert begun >= 25_000 // 4000
+    assert await _states(app) == {"Pending": 25_000, "Canceled": 25_000}
+    assert await app.cancel_where(queue="q1") == 0
+    # Nothing due before the new time: the rescheduled rows wait for it.
+    assert await app.executor().run_until_idle() == 0
+
+
+async def test_reschedule_by_id_and_the_errors_of_bad_requests(
+    app: durafn.App, clock: FakeClock
+) -> None:
+    @app.mutation
+    async def noop(ctx: MutationCtx) -> None:
+        pass
+
+    ids = await app.scheduler().run_many([noop.call().after(60) for _ in range(3)])
+    soon = clock.now_datetime()
+    assert await app.reschedule(ids[:2], run_at=soon) == 2
+    assert await app.executor().run_until_idle() == 2
+    assert await app.reschedule(ids[:2], priority=1) == 0  # finished: left alone
+    with pytest.raises(durafn.ArgumentError, match="run_at and/or priority"):
+        await app.reschedule(ids)
+    with pytest.raises(durafn.ArgumentError, match="needs a filter"):
+        await app.cancel_where()
+    with pytest.raises(durafn.ArgumentError, match="priority must be an integer"):
+        await app.reschedule(ids, priority="high")  # type: ignore[arg-type]
+    with pytest.raises(durafn.ArgumentError, match="ids must be a list"):
+        await app.reschedule(ids[0], priority=1)  # type: ignore[arg-type]
+
+
+def test_the_cli_lists_pauses_resumes_and_filters_queues(db_url: str) -> None:
+    """Sync: the CLI runs its own event loop."""
+    app = durafn.App(db_url)
+
+    @app.mutation(name="cli:note")
+    async def note(ctx: MutationCtx, tag: str) -> None:
+        pass
+
+    async def _schedule() -> list[durafn.ScheduledFunctionId]:
+        await app.migrate()
+        try:
+            return await app.scheduler().run_many(
+                [
+                    note.options(queue="mail", key="k1", flags=["x"]).call("a"),
+                    note.options(queue="mail").call("b").after(60),
+                    note.options(queue="reports", priority=-2).call("c"),
+                ]
+            )
+        finally:
+            await app.aclose()
+
+    async def _run_and_read() -> durafn.ScheduledFunction | None:
+        try:
+            await app.executor().run_until_idle()
+            return await app.get(ids[0])
+        finally:
+            await app.aclose()
+
+    ids = anyio.run(_schedule)
+    assert invoke_json("queue", "pause", "mail", "--url", db_url) == {
+        "queues": ["mail"],
+        "paused": 1,
+    }
+    queues = {q["name"]: q for q in invoke_json("queue", "ls", "--url", db_url)}
+    assert (queues["mail"]["paused"], queues["mail"]["due"], queues["mail"]["pending"]) == (
+        True,
+        1,
+        2,
+    )
+    listing = invoke("queue", "ls", "--url", db_url).stdout
+    assert "mail" in listing and "paused" in listing and "reports" in listing
+    stats = invoke_json("stats", "--url", db_url)
+    assert {q["name"] for q in stats["queues"]} == {"mail", "reports"}
+    assert "queues" in invoke("stats", "--url", db_url).stdout
+    assert [r["id"] for r in invoke_json("ls", "--queue", "mail", "--url", db_url)["items"]] == (
+        ids[:2]
+    )
+    assert [r["id"] for r in invoke_json("ls", "--key", "k1", "--url", db_url)["items"]] == ids[:1]
+    assert [r["id"] for r in invoke_json("ls", "--flag", "x", "--url", db_url)["items"]] == ids[:1]
+    row = invoke_json("show", ids[2], "--url", db_url)
+    assert (row["queue"], row["priority"]) == ("reports", -2)
+    assert "reports" in invoke("ls", "--wide", "--url", db_url).stdout
+    first = anyio.run(_run_and_read)
+    assert first is not None and first.state is State.PENDING  # its queue is paused
+    assert invoke_json("queue", "resume", "mail", "--url", db_url)["resumed"] == 1
+    assert invoke("queue", "resume", "mail", "--url", db_url).stdout == (
+        "0 queues resumed (1 already resumed)\n"
+    )
+    assert invoke_json("reschedule", "--queue", "mail", "--priority", "5", "--url", db_url) == {
+        "rescheduled": 2
+    }
+    assert invoke_json("cancel", "--queue", "mail", "--url", db_url) == {"canceled": 2}
+    assert invoke("cancel", "--url", db_url).exit_code == 2  # neither ids nor filters
+    assert invoke("cancel", ids[2], "--queue", "x", "--url", db_url).exit_code == 2
+
+
+def test_worker_pool_options_are_checked_before_anything_starts() -> None:
+    url = "sqlite+aiosqlite:///never-created.sqlite3"
+    for args, message in [
+        (["--pool", "mail:0"], "must be 1 to 1000"),
+        (["--pool", "mail", "-n", "2"], "leave out -n and --queues"),
+        (["--pool", "mail", "--queues", "x"], "leave out -n and --queues"),
+        (["--queues", "a,,b"], "queue names separated by commas"),
+        (["--forbid-flag", "a b"], "is not a flag"),
+    ]:
+        result = invoke("worker", "--app", "tests.cli_app:app", "--url", url, *args)
+        assert result.exit_code == 1, result.output
+        assert message in result.stderr

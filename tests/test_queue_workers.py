@@ -1,0 +1,129 @@
+"""Named queues across real worker processes: a serial queue under 4 racing workers, a
+concurrency limit held across processes, and pools served by the right processes.
+
+Each row is a ``w:span`` action that writes when it starts and ends (the system-wide
+monotonic clock) and which queues its worker serves; overlaps are read off those spans.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import anyio
+import pytest
+
+import durafn
+from durafn import State
+
+from .test_workers import FAST, SLACK, stop, worker_processes
+from .worker_app import QUEUES, Base, Functions, register
+
+pytestmark = pytest.mark.anyio
+
+
+class Span:
+    def __init__(self, n: int, start: float, pid: int, serves: str) -> None:
+        self.n, self.start, self.pid, self.serves = n, start, pid, serves
+        self.end = float("inf")
+
+
+def spans_of(path: Path) -> dict[int, Span]:
+    spans: dict[int, Span] = {}
+    for line in path.read_text().splitlines():
+        what, n, at, pid, serves = line.split()
+        if what == "start":
+            spans[int(n)] = Span(int(n), float(at), int(pid), serves)
+        else:
+            spans[int(n)].end = float(at)
+    return spans
+
+
+def most_at_once(spans: dict[int, Span]) -> int:
+    events = sorted([(s.start, 1) for s in spans.values()] + [(s.end, -1) for s in spans.values()])
+    running = most = 0
+    for _, step in events:  # an end at the same instant as a start is counted first
+        running += step
+        most = max(most, running)
+    return most
+
+
+@pytest.fixture
+async def qapp(db_url: str) -> AsyncIterator[tuple[durafn.App, Functions]]:
+    app = durafn.App(db_url, queues=QUEUES)
+    fns = register(app)
+    await app.migrate()
+    async with app.engine.begin() as conn:
+        await conn.run_sync(Base.metadata.create_all)
+    try:
+        yield app, fns
+    finally:
+        await app.aclose()
+
+
+async def _wait_done(app: durafn.App, ids: list[durafn.ScheduledFunctionId]) -> None:
+    with anyio.fail_after(SLACK + 20):
+        while True:
+            rows = [await app.get(i) for i in ids]
+            if all(r is not None and r.state.finished for r in rows):
+                assert {r.state for r in rows if r is not None} == {State.SUCCESS}
+                return
+            await anyio.sleep(0.05)
+
+
+async def test_a_serial_queue_runs_one_row_at_a_time_across_4_workers_in_order(
+    qapp: tuple[durafn.App, Functions], db_url: str, tmp_path: Path
+) -> None:
+    app, fns = qapp
+    trace = tmp_path / "spans"
+    # Unqueued rows keep every worker busy claiming alongside the queue's.
+    calls = [fns.span.options(queue="account:1").call(n, str(trace), 0.02) for n in range(16)]
+    calls += [fns.span.call(100 + n, str(trace), 0.0) for n in range(40)]
+    async with worker_processes(db_url, 4, tmp_path, *FAST, "--concurrency", "4") as procs:
+        ids = await app.scheduler().run_many(calls)
+        await _wait_done(app, ids)
+        assert await stop(procs) == [0, 0, 0, 0]
+    spans = spans_of(trace)
+    queued = {n: s for n, s in spans.items() if n < 100}
+    assert most_at_once(queued) == 1
+    assert sorted(queued, key=lambda n: queued[n].start) == list(range(16))
+    assert len({s.pid for s in spans.values()}) > 1  # the workers did race
+
+
+async def test_a_queue_limit_of_3_holds_across_processes(
+    qapp: tuple[durafn.App, Functions], db_url: str, tmp_path: Path
+) -> None:
+    app, fns = qapp
+    trace = tmp_path / "spans"
+    calls = [fns.span.options(queue="limited").call(n, str(trace), 0.03) for n in range(24)]
+    async with worker_processes(db_url, 3, tmp_path, *FAST, "--concurrency", "5") as procs:
+        ids = await app.scheduler().run_many(calls)
+        await _wait_done(app, ids)
+        assert await stop(procs) == [0, 0, 0]
+    spans = spans_of(trace)
+    assert most_at_once(spans) == 3  # reached, never passed
+    assert len({s.pid for s in spans.values()}) > 1
+
+
+async def test_pools_run_each_queue_in_its_own_processes(
+    qapp: tuple[durafn.App, Functions], db_url: str, tmp_path: Path
+) -> None:
+    app, fns = qapp
+    trace = tmp_path / "spans"
+    mail = fns.span.options(queue="mail")
+    report = fns.span.options(queue="reports")
+    calls = [mail.call(n, str(trace), 0.0) for n in range(10)]
+    calls += [report.call(100 + n, str(trace), 0.0) for n in range(10)]
+    unserved = [fns.span.call(200 + n, str(trace), 0.0) for n in range(5)]
+    pools = ["--pool", "mail:2", "--pool", "reports,exports"]
+    async with worker_processes(db_url, 1, tmp_path, *FAST, *pools) as procs:
+        ids = await app.scheduler().run_many(calls)
+        left = await app.scheduler().run_many(unserved)
+        await _wait_done(app, ids)
+        assert len(await app.workers()) == 3  # the supervisor's children: 2 + 1
+        assert await stop(procs) == [0]  # the supervisor: its children stopped cleanly
+    spans = spans_of(trace)
+    assert {s.serves for n, s in spans.items() if n < 100} == {"mail"}
+    assert {s.serves for n, s in spans.items() if n >= 100} == {"reports,exports"}
+    # No pool serves unqueued rows (none is '*'): they wait.
+    assert {(await app.get(i)).state for i in left} == {State.PENDING}  # type: ignore[union-attr]
