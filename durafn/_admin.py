@@ -5,6 +5,7 @@ hold one transaction (or, on SQLite, the write lock) for long.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -68,7 +69,7 @@ class Operations:
 
     async def reschedule(
         self,
-        ids: list[ScheduledFunctionId | str] | None = None,
+        ids: Sequence[ScheduledFunctionId | str] | None = None,
         *,
         run_at: datetime | None = None,
         priority: int | None = None,
@@ -117,7 +118,7 @@ class Operations:
 
     def _selection(
         self,
-        ids: list[ScheduledFunctionId | str] | None,
+        ids: Sequence[ScheduledFunctionId | str] | None,
         name: str | None,
         queue: str | None,
         key: str | None,

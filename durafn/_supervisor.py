@@ -13,6 +13,8 @@ as on its own. The supervisor:
   backoff, and logs it. What that child had InProgress is recorded lost by the others;
 * gives up (exit 1) on a child that keeps dying right after it starts: that is a
   configuration error (schema not migrated, database unreachable), not a crash;
+* is watched by its children: one whose supervisor is gone (killed with SIGKILL, which
+  it cannot forward) stops gracefully within a second rather than run on as an orphan;
 * exits 0 when every child ended cleanly (a clean stop, or ``--exit-on-complete`` done);
   a crash it recovered from by restarting does not count against that.
 """
@@ -20,6 +22,7 @@ as on its own. The supervisor:
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 from collections.abc import AsyncIterator, Sequence
@@ -78,7 +81,13 @@ class Supervisor:
         while not self.stopping:
             started = anyio.current_time()
             process = await anyio.open_process(
-                self.commands[slot], stdin=None, stdout=None, stderr=None, start_new_session=True
+                self.commands[slot],
+                stdin=None,
+                stdout=None,
+                stderr=None,
+                start_new_session=True,
+                # A child stops by itself if this process dies without stopping it.
+                env={**os.environ, "DURAFN_SUPERVISOR_PID": str(os.getpid())},
             )
             self.children[slot] = process
             if self.stopping:  # the signal came while this child was being started

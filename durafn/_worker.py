@@ -9,6 +9,7 @@ which happened (0: clean stop or ``--exit-on-complete`` finished; 1: forced or f
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 from collections.abc import AsyncIterator
@@ -35,6 +36,23 @@ def configure_logging(level: str, stream: TextIO = sys.stderr) -> None:
     root.addHandler(handler)
     root.setLevel(logging.WARNING)  # other libraries: warnings only
     logging.getLogger("durafn").setLevel(level.upper())
+
+
+SUPERVISOR_ENV = "DURAFN_SUPERVISOR_PID"
+"""Set by the supervisor in its children's environment: the pid they belong to."""
+
+
+async def _watch_supervisor(stop: anyio.Event) -> None:
+    """Stop (gracefully) once the supervisor is gone: a supervisor killed with SIGKILL
+    cannot forward a stop, and its children, in their own sessions, would run on as
+    orphans nobody manages. Checked every second (the parent pid changes when it dies)."""
+    expected = os.environ.get(SUPERVISOR_ENV)
+    if not expected or not expected.isdigit():
+        return
+    while os.getppid() == int(expected):  # noqa: ASYNC110 - a parent dying sets no event
+        await anyio.sleep(1.0)
+    logger.warning("the supervisor (pid %s) is gone: stopping", expected)
+    stop.set()
 
 
 async def serve(app: App, options: ExecutorOptions, *, exit_on_complete: bool = False) -> int:
@@ -79,6 +97,7 @@ async def serve(app: App, options: ExecutorOptions, *, exit_on_complete: bool = 
             return 0
         async with single_errors_unwrapped(), anyio.create_task_group() as tg:
             tg.start_soon(_watch, received)
+            tg.start_soon(_watch_supervisor, stop)
             async with executor:
                 if exit_on_complete:
                     await first_of(stop.wait, executor.wait_until_idle)

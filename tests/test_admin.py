@@ -95,7 +95,7 @@ async def test_reschedule_by_id_and_the_errors_of_bad_requests(
     with pytest.raises(durafn.ArgumentError, match="priority must be an integer"):
         await app.reschedule(ids, priority="high")  # type: ignore[arg-type]
     with pytest.raises(durafn.ArgumentError, match="ids must be a list"):
-        await app.reschedule(ids[0], priority=1)  # type: ignore[arg-type]
+        await app.reschedule(ids[0], priority=1)
 
 
 def test_the_cli_lists_pauses_resumes_and_filters_queues(db_url: str) -> None:

@@ -16,10 +16,15 @@ import pytest
 import durafn
 from durafn import State
 
-from .test_workers import FAST, SLACK, stop, worker_processes
+from .helpers import equals, wait_until
+from .test_workers import SLACK, stop, worker_processes
 from .worker_app import QUEUES, Base, Functions, register
 
 pytestmark = pytest.mark.anyio
+# The default heartbeats (not test_workers' fast ones): on a loaded machine a worker that
+# misses a 0.6 s timeout is rescued while its action still runs, and the queue's next row
+# may then start beside it (a lost worker's row is recorded Failed, never waited for).
+QUICK_POLL = ["--poll-interval", "0.05"]
 
 
 class Span:
@@ -61,6 +66,10 @@ async def qapp(db_url: str) -> AsyncIterator[tuple[durafn.App, Functions]]:
         await app.aclose()
 
 
+async def _count_workers(app: durafn.App) -> int:
+    return len(await app.workers())
+
+
 async def _wait_done(app: durafn.App, ids: list[durafn.ScheduledFunctionId]) -> None:
     with anyio.fail_after(SLACK + 20):
         while True:
@@ -79,7 +88,7 @@ async def test_a_serial_queue_runs_one_row_at_a_time_across_4_workers_in_order(
     # Unqueued rows keep every worker busy claiming alongside the queue's.
     calls = [fns.span.options(queue="account:1").call(n, str(trace), 0.02) for n in range(16)]
     calls += [fns.span.call(100 + n, str(trace), 0.0) for n in range(40)]
-    async with worker_processes(db_url, 4, tmp_path, *FAST, "--concurrency", "4") as procs:
+    async with worker_processes(db_url, 4, tmp_path, *QUICK_POLL, "--concurrency", "4") as procs:
         ids = await app.scheduler().run_many(calls)
         await _wait_done(app, ids)
         assert await stop(procs) == [0, 0, 0, 0]
@@ -96,7 +105,7 @@ async def test_a_queue_limit_of_3_holds_across_processes(
     app, fns = qapp
     trace = tmp_path / "spans"
     calls = [fns.span.options(queue="limited").call(n, str(trace), 0.03) for n in range(24)]
-    async with worker_processes(db_url, 3, tmp_path, *FAST, "--concurrency", "5") as procs:
+    async with worker_processes(db_url, 3, tmp_path, *QUICK_POLL, "--concurrency", "5") as procs:
         ids = await app.scheduler().run_many(calls)
         await _wait_done(app, ids)
         assert await stop(procs) == [0, 0, 0]
@@ -116,11 +125,12 @@ async def test_pools_run_each_queue_in_its_own_processes(
     calls += [report.call(100 + n, str(trace), 0.0) for n in range(10)]
     unserved = [fns.span.call(200 + n, str(trace), 0.0) for n in range(5)]
     pools = ["--pool", "mail:2", "--pool", "reports,exports"]
-    async with worker_processes(db_url, 1, tmp_path, *FAST, *pools) as procs:
+    async with worker_processes(db_url, 1, tmp_path, *QUICK_POLL, *pools) as procs:
+        # The supervisor's children, 2 + 1, each registered before any row is there.
+        await wait_until(lambda: equals(_count_workers(app), 3), "3 workers", SLACK + 10)
         ids = await app.scheduler().run_many(calls)
         left = await app.scheduler().run_many(unserved)
         await _wait_done(app, ids)
-        assert len(await app.workers()) == 3  # the supervisor's children: 2 + 1
         assert await stop(procs) == [0]  # the supervisor: its children stopped cleanly
     spans = spans_of(trace)
     assert {s.serves for n, s in spans.items() if n < 100} == {"mail"}

@@ -4,6 +4,7 @@ point is that time passes (a long action must stay alive across many worker time
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -331,6 +332,31 @@ async def test_the_supervisor_restarts_a_killed_worker_and_stops_cleanly(
     assert "died (killed by SIGKILL); restarting it" in logs
     assert "Traceback" not in logs
     assert await live_workers(app) == 0
+
+
+async def test_the_children_of_a_killed_supervisor_stop_by_themselves(
+    wapp: tuple[durafn.App, Functions], db_url: str, tmp_path: Path
+) -> None:
+    """SIGKILL cannot be forwarded: the children (in their own sessions) notice their
+    supervisor is gone and stop gracefully, unregistering, instead of running on."""
+    app, _ = wapp
+    args = ["worker", "--app", "tests.worker_app:app", "--url", db_url, "-n", "2", *FAST]
+    with (tmp_path / "worker-supervisor.log").open("w") as log:
+        supervisor = await anyio.open_process(
+            durafn_command(*args), cwd=ROOT, stdout=log, stderr=log
+        )
+    children: list[int] = []
+    try:
+        await wait_until(lambda: equals(live_workers(app), 2), "2 workers registered")
+        children = [w.pid for w in await app.workers()]
+        supervisor.kill()
+        await supervisor.wait()
+        await wait_until(lambda: equals(live_workers(app), 0), "the children unregistered")
+    finally:
+        for pid in children:  # should they not have stopped: no orphan outlives the test
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert "the supervisor (pid" in logs_of(tmp_path)
 
 
 @pytest.mark.postgres_only  # a server that drops connections: SQLite has none

@@ -46,9 +46,11 @@ Where to add things: how a run's end becomes the row's next state (a retry at a 
 instead of Failed, say) is decided in ``outcomes.py`` and written by
 ``MutationBatch._write`` (mutations, in the batch's transaction) and ``Finisher.write``
 (actions) through the driver's guarded finish statements; the lost-worker path is
-``Membership._rescue_lost``. Which due rows may be claimed (skip a busy queue, order by
-priority) is the claim statements in ``_store`` (``claim_mutations``, ``claim_actions``),
-called from ``MutationBatch.run`` and ``ActionClaims.claim``. Periodic work (cron ticks)
+``Membership._rescue_lost``. Which due rows may be claimed (priority levels, named
+queues, pauses, flags, a worker's pools) is ``_store/_claims.py``, reached through the
+driver's ``claim_mutations`` and ``claim_actions``/``claim_actions_fast``, called from
+``MutationBatch.run`` and ``ActionClaims.claim`` with the executor's ``ClaimFilter``.
+Periodic work (cron ticks)
 is another pass of ``Maintenance.loop``.
 """
 

@@ -145,7 +145,7 @@ take)."""
 def list_columns() -> list[str | Column]:
     # Ids and times never wrap: on a narrow terminal the name and error columns give way.
     whole = [Column(name, no_wrap=True) for name in ("id", "scheduled", "started", "completed")]
-    return [whole[0], "name", "kind", "state", "priority", "queue", *whole[1:], "attempts", "error"]
+    return [whole[0], "name", "kind", "state", *whole[1:], "attempts", "priority", "queue", "error"]
 
 
 def narrow_columns() -> list[str | Column]:
@@ -169,12 +169,12 @@ def list_row(row: ScheduledFunction) -> list[Any]:
         row.name,
         row.kind.value,
         state_text(row.state),
-        row.priority,
-        row.queue or "",
         iso(row.scheduled_time),
         iso(row.started_time),
         iso(row.completed_time),
         row.attempts,
+        row.priority,
+        row.queue or "",
         shorten(error_text(row.error), ERROR_WIDTH),
     ]
 
