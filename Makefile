@@ -27,8 +27,10 @@ test: lint typecheck
 
 BENCH_STAMP := $(VENV)/.bench-installed
 
-$(BENCH_STAMP): $(STAMP)
+$(BENCH_STAMP): $(STAMP) benchmarks/graphile/package.json
 	$(BIN)/pip install --quiet -e '.[dev,bench]'
+	# Graphile Worker, a peer in the benchmarks, where Node is present (else: skipped).
+	if command -v npm >/dev/null; then npm install --prefix benchmarks/graphile --no-audit --no-fund --silent; fi
 	touch $(BENCH_STAMP)
 
 bench: $(BENCH_STAMP)

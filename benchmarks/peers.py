@@ -3,7 +3,10 @@ drained by one worker in this process; jobs per second of the drain.
 
 * pgqueuer (PostgreSQL, asyncpg, LISTEN/NOTIFY, batched dequeue);
 * procrastinate (PostgreSQL, psycopg 3; one job per fetch, as it works);
-* huey with its SQLite storage (its dequeue/execute loop: the consumer minus its sleeps).
+* huey with its SQLite storage (its dequeue/execute loop: the consumer minus its sleeps);
+* Graphile Worker (Node, PostgreSQL; the reference for queues and keys), run by
+  ``graphile/drain.mjs`` at concurrency 10, where Node is present (``make bench``
+  installs it with npm).
 
 They come from the optional ``bench`` extra; a peer that is not installed is reported as
 skipped, never as zero.
@@ -11,6 +14,8 @@ skipped, never as zero.
 
 from __future__ import annotations
 
+import json
+import shutil
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -111,6 +116,26 @@ def huey_drain(n: int) -> float:
     return n / elapsed
 
 
+GRAPHILE = Path(__file__).resolve().parent / "graphile"
+
+
+class NotInstalled(Exception):
+    """A peer this machine cannot run; reported as skipped, with the reason."""
+
+
+async def graphile_drain(n: int, concurrency: int = 10) -> float:
+    node = shutil.which("node")
+    if node is None:
+        raise NotInstalled("skipped: Node is not installed")
+    if not (GRAPHILE / "node_modules" / "graphile-worker").is_dir():
+        raise NotInstalled("skipped: not installed (npm install --prefix benchmarks/graphile)")
+    dsn = (await _fresh_postgres()).replace("postgresql+asyncpg", "postgresql")
+    result = await anyio.run_process(
+        [node, str(GRAPHILE / "drain.mjs"), dsn, str(n), str(concurrency)], check=True
+    )
+    return float(json.loads(result.stdout.decode().strip().splitlines()[-1])["per_s"])
+
+
 async def measure(
     n: int, engines: Iterable[str] = ("sqlite", "postgres"), repeats: int = 1
 ) -> dict[str, Any]:
@@ -120,6 +145,7 @@ async def measure(
     if "postgres" in engines:
         runs["pgqueuer"] = lambda: pgqueuer_drain(n)
         runs["procrastinate"] = lambda: procrastinate_drain(n)
+        runs["graphile-worker (Node)"] = lambda: graphile_drain(n)
     if "sqlite" in engines:
         runs["huey (SQLite)"] = lambda: anyio.to_thread.run_sync(huey_drain, n)
     results: dict[str, Any] = {}
@@ -129,6 +155,8 @@ async def measure(
             results[name] = rates[len(rates) // 2]
         except ImportError:
             results[name] = "skipped: not installed (pip install -e '.[bench]')"
+        except NotInstalled as reason:
+            results[name] = str(reason)
     return results
 
 

@@ -23,7 +23,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 import durafn
 
-from . import backlog, baselines, charts, peers, throughput, workers
+from . import backlog, baselines, charts, options, peers, throughput, workers
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -152,6 +152,15 @@ async def run(sizes: Sizes, engines: list[str]) -> dict[str, Any]:
                     f"{engine}: backlog of {rows:,} rows", 1, _backlog
                 )
             r["backlog"] = backlog_results
+
+            async def _options(_: Any, engine: str = engine) -> Any:
+                return await options.measure(
+                    lambda name: url_for(engine, name), sizes.drain, sizes.repeats, engine
+                )
+
+            r["options"] = await step(
+                f"{engine}: priorities, 1000 serial queues, one serial queue", 1, _options
+            )
             results[engine] = r
         if "postgres" in engines:
             procs: dict[str, dict[str, float]] = {}
@@ -180,6 +189,25 @@ def ratios(results: dict[str, Any]) -> dict[str, float]:
             for kind in ("mutations", "actions"):
                 mine = results[engine][f"drain_{kind}"]["drained_per_s"]
                 out[f"{engine} no-op {kind} / best peer ({best})"] = mine / found[best]
+                mixed = results[engine].get("options", {}).get(kind, {}).get("priorities_per_s")
+                if mixed:
+                    out[f"{engine} no-op {kind}, priorities mixed / best peer ({best})"] = (
+                        mixed / found[best]
+                    )
+    for engine in ("sqlite", "postgres"):
+        got = results.get(engine, {}).get("options")
+        if not got:
+            continue
+        for kind in ("mutations", "actions"):
+            out[f"{engine} {kind}, priorities mixed / plain (same run)"] = got[kind][
+                "priorities_ratio"
+            ]
+            out[f"{engine} {kind}, 1000 serial queues x 20 / unqueued (same run)"] = got[kind][
+                "queues_ratio"
+            ]
+        out[f"{engine} one serial queue of 2000 actions / its round-trip limit"] = got[
+            "one_serial_queue_2000_actions"
+        ]["of_limit"]
     if "postgres" in results:
         inserts = results["postgres"]["drain_inserts"]["drained_per_s"]
         out["postgres inserting mutations / raw 1-connection commits"] = (
@@ -258,7 +286,26 @@ def markdown(report: dict[str, Any]) -> str:
             lines.append(f"| {int(rows):,} | {got['drained_per_s']:,.0f} /s | {lag_text} |")
         largest = list(sizes.values())[-1]["plans"]
         lines += ["", f"Plans at the largest backlog ({engine}):", ""]
-        lines += [f"- {name}: `{plan}`" for name, plan in largest.items()]
+        for name, plan in largest.items():
+            lines += [f"{name}:", "", "```", plan, "```", ""]
+    for engine in engines:
+        got = results[engine].get("options")
+        if not got:
+            continue
+        lines += ["", f"{engine}: job options (rows/s, median of interleaved runs):", ""]
+        for kind in ("mutations", "actions"):
+            k = got[kind]
+            lines.append(
+                f"- {kind}: plain {k['plain_per_s']:,.0f}; half at random priorities "
+                f"{k['priorities_per_s']:,.0f} ({k['priorities_ratio']:.2f}x); 1000 serial "
+                f"queues x 20 {k['queues_1000x20_per_s']:,.0f} ({k['queues_ratio']:.2f}x)"
+            )
+        one = got["one_serial_queue_2000_actions"]
+        lines.append(
+            f"- one serial queue of 2000 actions: {one['per_s']:,.0f} /s; its limit, one "
+            f"claim and one finish round trip per row: {one['round_trip_limit_per_s']:,.0f} "
+            f"/s ({one['of_limit']:.2f} of it)"
+        )
     lines += ["", "Ratios:", ""]
     lines += [f"- {name}: {value}x" for name, value in report["ratios"].items()]
     return "\n".join(lines) + "\n"

@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from .._errors import DatabaseError
 from .._runtime import Runtime, one_line
-from .._store import SERVE_ALL, Claimed, ClaimFilter
+from .._store import SERVE_ALL, Claimed, ClaimFilter, FastPathHint
 from .._types import FunctionKind, ScheduledFunctionId, State
 from .outcomes import log_fields
 
@@ -35,6 +35,7 @@ class ActionClaims:
         self._worker_id = worker_id
         self.serve = serve
         """Which rows this worker serves (its queues, its forbidden flags)."""
+        self.hint = FastPathHint()
         # Claimed actions whose outcome is not written yet; held with the lock so that
         # adopting this worker's unaccounted InProgress rows never races a claim.
         self.unrecorded: set[ScheduledFunctionId] = set()
@@ -81,7 +82,7 @@ class ActionClaims:
 
         async def _claim(conn: AsyncConnection) -> list[Claimed]:
             room = limit - len(adopted) - len(rows)
-            return await driver.claim_actions(conn, now, room, worker_id, self.serve)
+            return await driver.claim_actions(conn, now, room, worker_id, self.serve, self.hint)
 
         async def _ours(conn: AsyncConnection) -> list[Claimed]:
             return await driver.claimed_by(conn, worker_id)
@@ -114,7 +115,7 @@ class ActionClaims:
                     # backs off itself; then, if it fell short, the whole claim
                     # (``_store/_claims.py``). Rows it committed stay in ``rows`` even if
                     # the second part fails.
-                    if len(adopted) < limit:
+                    if len(adopted) < limit and self.hint.use:
                         rows = await self._rt.transaction(
                             _fast,
                             doing="claiming actions",

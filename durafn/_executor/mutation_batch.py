@@ -32,7 +32,7 @@ from .._invoke import Invoker, check_transaction, mutation_session
 from .._registry import MutationRef
 from .._runtime import Runtime
 from .._scheduler import Scheduler
-from .._store import SERVE_ALL, Claimed, ClaimFilter, Outcome
+from .._store import SERVE_ALL, Claimed, ClaimFilter, FastPathHint, Outcome
 from .._types import FunctionKind, State
 from .._writers import BufferedWriter
 from .outcomes import failed
@@ -73,9 +73,11 @@ class MutationBatch:
         mode: Mode,
         pace: Pace,
         serve: ClaimFilter = SERVE_ALL,
+        hint: FastPathHint | None = None,
     ) -> None:
         self._rt = runtime
         self._serve = serve
+        self._hint = hint
         self._invoker = invoker
         self._mode = mode
         self._pace = pace
@@ -101,7 +103,7 @@ class MutationBatch:
         async with rt.engine.connect() as conn:
             root = await conn.begin()
             claim_at = rt.clock.now() if now is None else now
-            rows = await driver.claim_mutations(conn, claim_at, size, self._serve)
+            rows = await driver.claim_mutations(conn, claim_at, size, self._serve, self._hint)
             if not rows:
                 await conn.rollback()
                 return

@@ -21,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from .._errors import DurafnError
 from .._invoke import Invoker
 from .._runtime import Runtime, one_line
-from .._store import Claimed
+from .._store import Claimed, FastPathHint
 from .._types import FunctionKind
 from .config import ExecutorConfig
 from .mutation_batch import BatchRestart, BatchTimeout, Mode, MutationBatch
@@ -52,6 +52,7 @@ class MutationLanes:
         self._mode_batches = 0  # batches left before the mode reverts to optimistic
         self.pace = Pace()
         """Recent wall seconds per mutation run, for the claim size."""
+        self._hint = FastPathHint()
 
     async def lane(self) -> None:
         """Run batches until the executor stops; sleep while nothing is due."""
@@ -79,7 +80,9 @@ class MutationLanes:
         while True:
             mode = self._mode
             size = 1 if mode is Mode.ALONE else self.claim_size(timed)
-            batch = MutationBatch(rt, self._invoker, mode, self.pace, self._config.serve)
+            batch = MutationBatch(
+                rt, self._invoker, mode, self.pace, self._config.serve, self._hint
+            )
             try:
                 await shielded(batch.run(now, size, self._config.batch_time if timed else math.inf))
             except BatchRestart:

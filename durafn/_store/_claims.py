@@ -40,10 +40,12 @@ from sqlalchemy import (
     exists,
     false,
     func,
+    literal,
     literal_column,
     or_,
     select,
     true,
+    union_all,
     update,
 )
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -89,6 +91,15 @@ class ClaimFilter:
 SERVE_ALL = ClaimFilter()
 
 
+class FastPathHint:
+    """Whether a claimer should try the one-statement fast path first: not while queued
+    rows are Pending (it then finds nothing, by design), as the last full claim saw; a
+    round trip saved per claim of a queued workload."""
+
+    def __init__(self) -> None:
+        self.use = True
+
+
 def _pending(queued: bool) -> tuple[ColumnElement[bool], ...]:
     """Pending rows of ``:kind`` in one of the two claim indexes (their predicates)."""
     return (
@@ -107,12 +118,18 @@ def _levels_cte(queued: bool) -> Any:
     return levels.union_all(select(following.scalar_subquery()).where(levels.c.p.is_not(None)))
 
 
-def _levels(queued: bool) -> Select[Any]:
-    levels = _levels_cte(queued)
-    return select(levels.c.p).where(levels.c.p.is_not(None))
+def _levels() -> Any:
+    """(queued, level) of both claim indexes in one statement: one round trip."""
+    parts = []
+    for queued in (False, True):
+        levels = _levels_cte(queued)
+        parts.append(
+            select(literal(queued).label("queued"), levels.c.p).where(levels.c.p.is_not(None))
+        )
+    return union_all(*parts)
 
 
-def _next_due(queued: bool, after: bool) -> Select[Any]:
+def _next_due(queued: bool, after: bool) -> Any:
     """The earliest ``available_at`` (later than ``:after``) over every level's range."""
     levels = _levels_cte(queued)
     first = (
@@ -126,17 +143,29 @@ def _next_due(queued: bool, after: bool) -> Select[Any]:
     return select(func.min(first.scalar_subquery())).where(levels.c.p.is_not(None))
 
 
-LEVELS = {False: _levels(False), True: _levels(True)}
-NEXT_DUE = {(q, a): _next_due(q, a) for q in (False, True) for a in (False, True)}
+LEVELS = _levels()
+# The fast path's levels one at a time (ix_scheduled_functions_claim, one probe each),
+# none while a queued row of the kind is Pending.
+FIRST_LEVEL = select(func.min(sf.c.priority)).where(
+    *_pending(False), ~exists().where(*_pending(True))
+)
+NEXT_LEVEL = select(func.min(sf.c.priority)).where(
+    *_pending(False), sf.c.priority > bindparam("level")
+)
+# Both indexes in one statement (one round trip: the idle wait reads it after every
+# claim that came back short).
+NEXT_DUE = {
+    after: select(
+        _next_due(False, after).scalar_subquery(), _next_due(True, after).scalar_subquery()
+    )
+    for after in (False, True)
+}
 
 
 async def next_due(conn: AsyncConnection, kind: FunctionKind, after: float | None) -> float | None:
     """When the next Pending row of ``kind`` (due later than ``after``) becomes due."""
     params = {"b_kind": kind.value, "after": after}
-    found = [
-        (await conn.execute(NEXT_DUE[queued, after is not None], params)).scalar()
-        for queued in (False, True)
-    ]
+    found = (await conn.execute(NEXT_DUE[after is not None], params)).one()
     return min((t for t in found if t is not None), default=None)
 
 
@@ -189,7 +218,9 @@ class ClaimStatements:
 
 
 @functools.cache
-def statements(serve: ClaimFilter) -> ClaimStatements:
+def statements(serve: ClaimFilter, lateral: bool = False) -> ClaimStatements:
+    """``lateral``: the engine joins a subquery per row of another (PostgreSQL's
+    LATERAL), so the fast path reads every priority level in its one statement."""
     flags_ok = _flags_allowed(serve.forbidden_flags)
     unqueued = None
     if serve.queues is None:
@@ -215,25 +246,50 @@ def statements(serve: ClaimFilter) -> ClaimStatements:
         # level (one probe of ix_scheduled_functions_claim), its due range, and a probe of
         # ix_scheduled_functions_claim_queued that finds no queued row. When it returns
         # fewer rows than asked, the claim goes on with ``take`` (more levels, queues).
-        lowest = select(func.min(sf.c.priority)).where(*_pending(False)).scalar_subquery()
         no_queued = ~exists().where(*_pending(True))
-        fast = (
-            select(*CLAIM_COLUMNS)
-            .where(
-                *_pending(False),
-                sf.c.priority == lowest,
-                sf.c.available_at <= bindparam("now"),
-                no_queued,
-                flags_ok,
+        if lateral:
+            # Every level, ascending, each its own locked range (a LATERAL subquery per
+            # level): rows of several levels, or of a level after one another claim holds,
+            # in one round trip. The outer LIMIT stops the recursion once it has enough.
+            levels = _levels_cte(False)
+            at_level = (
+                select(*CLAIM_COLUMNS)
+                .where(
+                    *_pending(False),
+                    sf.c.priority == levels.c.p,
+                    sf.c.available_at <= bindparam("now"),
+                    flags_ok,
+                )
+                .order_by(sf.c.available_at, sf.c.id)
+                .limit(bindparam("limit"))
+                .with_for_update(skip_locked=True)
+                .lateral("at_level")
             )
-            .order_by(sf.c.available_at, sf.c.id)
-            .limit(bindparam("limit"))
-            .with_for_update(skip_locked=True)
-        )
+            fast = (
+                select(*at_level.c)
+                .select_from(levels.join(at_level, true()))
+                .where(levels.c.p.is_not(None), no_queued)
+                .limit(bindparam("limit"))
+            )
+        else:
+            lowest = select(func.min(sf.c.priority)).where(*_pending(False)).scalar_subquery()
+            fast = (
+                select(*CLAIM_COLUMNS)
+                .where(
+                    *_pending(False),
+                    sf.c.priority == lowest,
+                    sf.c.available_at <= bindparam("now"),
+                    no_queued,
+                    flags_ok,
+                )
+                .order_by(sf.c.available_at, sf.c.id)
+                .limit(bindparam("limit"))
+                .with_for_update(skip_locked=True)
+            )
         # A MATERIALIZED CTE, not ``id IN (SELECT ... LIMIT n)``: PostgreSQL may re-run an
         # IN-subquery per row and so claim more than ``limit`` rows (caught by
         # test_actions_run_concurrently_up_to_the_limit).
-        due = fast.with_only_columns(sf.c.id).cte("due").prefix_with("MATERIALIZED")
+        due = select(fast.subquery().c.id).cte("due").prefix_with("MATERIALIZED")
         fast_actions = (
             update(sf)
             .where(sf.c.id == due.c.id, sf.c.state == _PENDING)
@@ -288,22 +344,46 @@ START_ACTIONS = (
 
 
 async def take_fast(
-    conn: AsyncConnection, kind: FunctionKind, now: float, limit: int, serve: ClaimFilter
+    conn: AsyncConnection,
+    kind: FunctionKind,
+    now: float,
+    limit: int,
+    serve: ClaimFilter,
+    lateral: bool = False,
 ) -> list[Claimed]:
-    """The fast path (``ClaimStatements.fast``): mutations locked, nothing if not served."""
-    stmt = statements(serve).fast
-    if stmt is None:
+    """The fast path: due unqueued rows of every level, ascending, locked, while no queued
+    row of ``kind`` is Pending (else nothing). With LATERAL, one statement
+    (``ClaimStatements.fast``); without (SQLite, in-process, where a statement costs tens
+    of microseconds), the same plan run here: the next level (one index probe), its due
+    range, until ``limit`` rows or no level is left."""
+    st = statements(serve, lateral)
+    if st.fast is None or st.unqueued is None:
         return []
-    return claimed(
-        list(await conn.execute(stmt, {"b_kind": kind.value, "now": now, "limit": limit}))
-    )
+    params: dict[str, Any] = {"b_kind": kind.value, "now": now, "limit": limit}
+    if lateral:
+        return claimed(list(await conn.execute(st.fast, params)))
+    rows: list[Claimed] = []
+    level = (await conn.execute(FIRST_LEVEL, params)).scalar()
+    while level is not None and len(rows) < limit:
+        params.update(level=level, limit=limit - len(rows))
+        rows.extend(claimed(list(await conn.execute(st.unqueued, params))))
+        level = (await conn.execute(NEXT_LEVEL, params)).scalar()
+    return rows
 
 
 async def start_fast(
-    conn: AsyncConnection, now: float, limit: int, worker_id: str, serve: ClaimFilter
+    conn: AsyncConnection,
+    now: float,
+    limit: int,
+    worker_id: str,
+    serve: ClaimFilter,
+    lateral: bool = False,
 ) -> list[Claimed]:
-    """The fast path for actions, started in the same statement."""
-    stmt = statements(serve).fast_actions
+    """The fast path for actions, started: on one statement with LATERAL."""
+    if not lateral:
+        rows = await take_fast(conn, FunctionKind.ACTION, now, limit, serve)
+        return await start_actions(conn, rows, now, worker_id)
+    stmt = statements(serve, lateral).fast_actions
     if stmt is None:
         return []
     params = {
@@ -315,25 +395,37 @@ async def start_fast(
     return claimed(list(await conn.execute(stmt, params)))
 
 
-async def levels(conn: AsyncConnection, kind: FunctionKind, queued: bool) -> list[int]:
-    return list((await conn.execute(LEVELS[queued], {"b_kind": kind.value})).scalars())
+async def levels(conn: AsyncConnection, kind: FunctionKind) -> dict[bool, list[int]]:
+    """The priority levels of Pending rows of ``kind``, unqueued (False) and queued (True)."""
+    found: dict[bool, list[int]] = {False: [], True: []}
+    for queued, level in await conn.execute(LEVELS, {"b_kind": kind.value}):
+        found[bool(queued)].append(level)
+    return found
 
 
 async def take(
-    conn: AsyncConnection, kind: FunctionKind, now: float, limit: int, serve: ClaimFilter
+    conn: AsyncConnection,
+    kind: FunctionKind,
+    now: float,
+    limit: int,
+    serve: ClaimFilter,
+    hint: FastPathHint | None = None,
 ) -> list[Claimed]:
     """Choose and lock up to ``limit`` due rows of ``kind`` (see the module docstring).
     Actions are then started by ``START_ACTIONS``; mutations run in this transaction."""
     st = statements(serve)
+    present = await levels(conn, kind)
+    if hint is not None:
+        hint.use = not present[True]
     free: list[Claimed] = []
     if st.unqueued is not None:
-        for level in await levels(conn, kind, queued=False):
+        for level in present[False]:
             params = {"b_kind": kind.value, "level": level, "now": now, "limit": limit - len(free)}
             free.extend(claimed(list(await conn.execute(st.unqueued, params))))
             if len(free) >= limit:
                 break
     waiting: list[tuple[Any, ...]] = []
-    for level in await levels(conn, kind, queued=True):
+    for level in present[True]:
         params = {"b_kind": kind.value, "level": level, "now": now, "limit": limit - len(waiting)}
         waiting.extend(tuple(r) for r in await conn.execute(st.queued, params))
         if len(waiting) >= limit:

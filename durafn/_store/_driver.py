@@ -32,6 +32,7 @@ from ._claims import (
     CLAIM_COLUMNS,
     SERVE_ALL,
     ClaimFilter,
+    FastPathHint,
     claimed,
     next_due,
     start_actions,
@@ -166,15 +167,22 @@ class Driver(ReadStatements, QueueStatements, EngineDriver):
     # -- executor: mutations -------------------------------------------------------------
 
     async def claim_mutations(
-        self, conn: AsyncConnection, now: float, limit: int, serve: ClaimFilter = SERVE_ALL
+        self,
+        conn: AsyncConnection,
+        now: float,
+        limit: int,
+        serve: ClaimFilter = SERVE_ALL,
+        hint: FastPathHint | None = None,
     ) -> list[Claimed]:
         """Choose due mutations inside the batch transaction (``_claims``), locked, with
         their queues, until it ends."""
         kind = FunctionKind.MUTATION
-        rows = await take_fast(conn, kind, now, limit, serve)
+        rows: list[Claimed] = []
+        if hint is None or hint.use:
+            rows = await take_fast(conn, kind, now, limit, serve, self.lateral_claims)
         if len(rows) < limit:
             # Our own locks do not hide rows from us: ``take`` may find the same ones.
-            more = await take(conn, kind, now, limit, serve)
+            more = await take(conn, kind, now, limit, serve, hint)
             rows = _merged(rows, more, limit)
         return rows
 
@@ -250,10 +258,11 @@ class Driver(ReadStatements, QueueStatements, EngineDriver):
         limit: int,
         worker_id: str,
         serve: ClaimFilter = SERVE_ALL,
+        hint: FastPathHint | None = None,
     ) -> list[Claimed]:
         """Pending -> InProgress for up to ``limit`` due actions (``_claims.take``, after
         ``claim_actions_fast``); commit before running them."""
-        rows = await take(conn, FunctionKind.ACTION, now, limit, serve)
+        rows = await take(conn, FunctionKind.ACTION, now, limit, serve, hint)
         return await start_actions(conn, rows, now, worker_id)
 
     async def claim_actions_fast(
@@ -267,7 +276,7 @@ class Driver(ReadStatements, QueueStatements, EngineDriver):
         """Pending -> InProgress for up to ``limit`` due actions of the lowest priority
         level, in one statement, when no queued action is Pending; commit before running
         them. Fewer than ``limit``: ``claim_actions`` may find more."""
-        return await start_fast(conn, now, limit, worker_id, serve)
+        return await start_fast(conn, now, limit, worker_id, serve, self.lateral_claims)
 
     async def release_unstarted(
         self, conn: AsyncConnection, ids: Sequence[ScheduledFunctionId], worker_id: str

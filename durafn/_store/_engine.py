@@ -34,6 +34,8 @@ class EngineDriver:
     """Create the system tables on first use (an embedded database), or require
     ``durafn migrate`` (a shared server, whose schema changes deliberately)."""
 
+    lateral_claims: ClassVar[bool] = False
+    """The engine has LATERAL joins: the claim's fast path reads every priority level."""
     dialect_insert: ClassVar[Callable[..., Any]]
     """The dialect's ``insert`` construct (it has the upsert clauses)."""
     single_statement_options: ClassVar[dict[str, Any]] = {}

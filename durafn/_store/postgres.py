@@ -102,6 +102,7 @@ def _sqlstate(exc: BaseException) -> str | None:
 
 class PostgresDriver(Driver):
     dialect_insert = staticmethod(postgresql_insert)
+    lateral_claims: ClassVar[bool] = True
     name: ClassVar[str] = "PostgreSQL"
     max_mutation_lanes: ClassVar[int] = 4
     default_poll_interval: ClassVar[float] = 5.0
