@@ -134,24 +134,27 @@ async def measure(
 
 
 async def claim_plans(app: durafn.App) -> dict[str, str]:
-    """EXPLAIN of the claim's statements as the driver issues them (``_store/_claims``),
-    values inlined."""
-    st = claims.statements(SERVE_ALL)
+    """EXPLAIN of the claim's statements as the driver issues them on this engine
+    (``durafn/_store/_claims.py``), values inlined."""
+    lateral = app._rt.driver.lateral_claims
+    st = claims.statements(SERVE_ALL, lateral)
     values = {"b_kind": "mutation", "now": time.time(), "limit": 64, "level": 0, "after": 0.0}
-    hot = {
-        "claim, fast path (lowest level, no queued rows)": st.fast,
-        "priority levels (loose index scan)": claims.LEVELS,
-        "claim at one level": st.unqueued,
-        "queued rows at one level (which queues)": st.queued,
-        "a queue's head": claims.QUEUE_HEAD.params(queue="user:1"),
-        "next due": claims.NEXT_DUE[True],
-    }
+    hot: dict[str, Any] = {}
+    if st.fast is not None:
+        hot["claim, fast path: every level in one statement"] = st.fast
+    else:
+        hot["claim, fast path: the first level"] = claims.FIRST_LEVEL
+        hot["claim, fast path: the next level"] = claims.NEXT_LEVEL
+    hot["claim at one level"] = st.unqueued
+    hot["priority levels (the full claim)"] = claims.LEVELS
+    hot["queued rows at one level (which queues)"] = st.queued
+    hot["a queue's head"] = claims.QUEUE_HEAD.params(queue="user:1")
+    hot["next due"] = claims.NEXT_DUE[True]
     plans: dict[str, str] = {}
     async with app.engine.connect() as conn:
         explain = "EXPLAIN" if conn.dialect.name == "postgresql" else "EXPLAIN QUERY PLAN"
         for name, stmt in hot.items():
-            assert stmt is not None
-            sql = _inline(conn, stmt.params(**{k: v for k, v in values.items()}))
+            sql = _inline(conn, stmt.params(**values))
             rows = await conn.execute(text(f"{explain} {sql}"))
             plans[name] = "\n".join(str(r[-1]) for r in rows)
     return plans

@@ -33,11 +33,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import (
+    Double,
+    Integer,
     Row,
     Select,
+    Text,
     and_,
     bindparam,
-    exists,
     false,
     func,
     literal,
@@ -104,7 +106,7 @@ def _pending(queued: bool) -> tuple[ColumnElement[bool], ...]:
     """Pending rows of ``:kind`` in one of the two claim indexes (their predicates)."""
     return (
         sf.c.state == _PENDING,
-        sf.c.kind == bindparam("b_kind"),
+        sf.c.kind == bindparam("b_kind", type_=Text),
         sf.c.queue_name.is_not(None) if queued else sf.c.queue_name.is_(None),
     )
 
@@ -139,18 +141,20 @@ def _next_due(queued: bool, after: bool) -> Any:
         .limit(1)
     )
     if after:
-        first = first.where(sf.c.available_at > bindparam("after"))
+        first = first.where(sf.c.available_at > bindparam("after", type_=Double))
     return select(func.min(first.scalar_subquery())).where(levels.c.p.is_not(None))
 
 
+# No queued row of the kind is Pending: the first entry of ix_scheduled_functions_claim_
+# queued (a MIN over its leading columns, so both engines read one entry; an EXISTS let
+# SQLite pick ix_scheduled_functions_queue and scan the other kind's rows).
+NO_QUEUED = select(func.min(sf.c.priority)).where(*_pending(True)).scalar_subquery().is_(None)
 LEVELS = _levels()
 # The fast path's levels one at a time (ix_scheduled_functions_claim, one probe each),
 # none while a queued row of the kind is Pending.
-FIRST_LEVEL = select(func.min(sf.c.priority)).where(
-    *_pending(False), ~exists().where(*_pending(True))
-)
+FIRST_LEVEL = select(func.min(sf.c.priority)).where(*_pending(False), NO_QUEUED)
 NEXT_LEVEL = select(func.min(sf.c.priority)).where(
-    *_pending(False), sf.c.priority > bindparam("level")
+    *_pending(False), sf.c.priority > bindparam("level", type_=Integer)
 )
 # Both indexes in one statement (one round trip: the idle wait reads it after every
 # claim that came back short).
@@ -181,8 +185,8 @@ def _flags_allowed(forbidden: frozenset[str]) -> ColumnElement[bool]:
 def _due_at_level(queued: bool) -> tuple[ColumnElement[bool], ...]:
     return (
         *_pending(queued),
-        sf.c.priority == bindparam("level"),
-        sf.c.available_at <= bindparam("now"),
+        sf.c.priority == bindparam("level", type_=Integer),
+        sf.c.available_at <= bindparam("now", type_=Double),
     )
 
 
@@ -211,8 +215,8 @@ class ClaimStatements:
     queued: Select[Any]
     """(queue, priority, due, id) of due queued rows at ``:level`` whose queue may run."""
     fast: Select[Any] | None
-    """The fast path: due rows of the lowest level, locked, when no queued row of the
-    kind is Pending at all; None when the filter serves queues only."""
+    """The fast path as one statement (engines with LATERAL): due unqueued rows of every
+    level, locked, when no queued row of the kind is Pending; else None."""
     fast_actions: Any
     """``fast`` as one statement that starts the actions (Pending -> InProgress)."""
 
@@ -229,7 +233,7 @@ def statements(serve: ClaimFilter, lateral: bool = False) -> ClaimStatements:
             select(*CLAIM_COLUMNS)
             .where(*_due_at_level(False), flags_ok)
             .order_by(sf.c.available_at, sf.c.id)
-            .limit(bindparam("limit"))
+            .limit(bindparam("limit", type_=Integer))
             .with_for_update(skip_locked=True)
         )
     served = true() if serve.queues is None else sf.c.queue_name.in_(sorted(serve.queues))
@@ -238,56 +242,37 @@ def statements(serve: ClaimFilter, lateral: bool = False) -> ClaimStatements:
         select(sf.c.queue_name, sf.c.priority, sf.c.available_at, sf.c.id)
         .where(*_due_at_level(True), served, _blocked_queues(), flags_ok)
         .order_by(sf.c.available_at, sf.c.id)
-        .limit(bindparam("limit"))
+        .limit(bindparam("limit", type_=Integer))
     )
     fast = fast_actions = None
-    if serve.queues is None:
-        # One statement, as many round trips as before priorities and queues: the lowest
-        # level (one probe of ix_scheduled_functions_claim), its due range, and a probe of
-        # ix_scheduled_functions_claim_queued that finds no queued row. When it returns
-        # fewer rows than asked, the claim goes on with ``take`` (more levels, queues).
-        no_queued = ~exists().where(*_pending(True))
-        if lateral:
-            # Every level, ascending, each its own locked range (a LATERAL subquery per
-            # level): rows of several levels, or of a level after one another claim holds,
-            # in one round trip. The outer LIMIT stops the recursion once it has enough.
-            levels = _levels_cte(False)
-            at_level = (
-                select(*CLAIM_COLUMNS)
-                .where(
-                    *_pending(False),
-                    sf.c.priority == levels.c.p,
-                    sf.c.available_at <= bindparam("now"),
-                    flags_ok,
-                )
-                .order_by(sf.c.available_at, sf.c.id)
-                .limit(bindparam("limit"))
-                .with_for_update(skip_locked=True)
-                .lateral("at_level")
+    if serve.queues is None and lateral:
+        # The fast path in one statement, as many round trips as before priorities and
+        # queues: every level, ascending, each its own locked range (a LATERAL subquery
+        # per level), and one probe of ix_scheduled_functions_claim_queued that finds no
+        # queued row. The outer LIMIT stops the recursion once it has enough; fewer rows
+        # than asked, and the claim goes on with ``take`` (queues).
+        levels = _levels_cte(False)
+        at_level = (
+            select(*CLAIM_COLUMNS)
+            .where(
+                *_pending(False),
+                sf.c.priority == levels.c.p,
+                sf.c.available_at <= bindparam("now", type_=Double),
+                flags_ok,
             )
-            fast = (
-                select(*at_level.c)
-                .select_from(levels.join(at_level, true()))
-                .where(levels.c.p.is_not(None), no_queued)
-                .limit(bindparam("limit"))
-            )
-        else:
-            lowest = select(func.min(sf.c.priority)).where(*_pending(False)).scalar_subquery()
-            fast = (
-                select(*CLAIM_COLUMNS)
-                .where(
-                    *_pending(False),
-                    sf.c.priority == lowest,
-                    sf.c.available_at <= bindparam("now"),
-                    no_queued,
-                    flags_ok,
-                )
-                .order_by(sf.c.available_at, sf.c.id)
-                .limit(bindparam("limit"))
-                .with_for_update(skip_locked=True)
-            )
-        # A MATERIALIZED CTE, not ``id IN (SELECT ... LIMIT n)``: PostgreSQL may re-run an
-        # IN-subquery per row and so claim more than ``limit`` rows (caught by
+            .order_by(sf.c.available_at, sf.c.id)
+            .limit(bindparam("limit", type_=Integer))
+            .with_for_update(skip_locked=True)
+            .lateral("at_level")
+        )
+        fast = (
+            select(*at_level.c)
+            .select_from(levels.join(at_level, true()))
+            .where(levels.c.p.is_not(None), NO_QUEUED)
+            .limit(bindparam("limit", type_=Integer))
+        )
+        # A MATERIALIZED CTE, not ``id IN (SELECT ... LIMIT n)``: PostgreSQL may re-run
+        # an IN-subquery per row and so claim more than ``limit`` rows (caught by
         # test_actions_run_concurrently_up_to_the_limit).
         due = select(fast.subquery().c.id).cte("due").prefix_with("MATERIALIZED")
         fast_actions = (
@@ -295,7 +280,7 @@ def statements(serve: ClaimFilter, lateral: bool = False) -> ClaimStatements:
             .where(sf.c.id == due.c.id, sf.c.state == _PENDING)
             .values(
                 state=_RUNNING,
-                started_time=bindparam("now"),
+                started_time=bindparam("now", type_=Double),
                 worker_id=bindparam("worker_id"),
                 attempts=sf.c.attempts + 1,
             )
@@ -323,11 +308,11 @@ QUEUE_HEAD = (
     select(*CLAIM_COLUMNS, sf.c.kind, sf.c.flags)
     .where(
         sf.c.state == _PENDING,
-        sf.c.queue_name == bindparam("queue"),
-        sf.c.available_at <= bindparam("now"),
+        sf.c.queue_name == bindparam("queue", type_=Text),
+        sf.c.available_at <= bindparam("now", type_=Double),
     )
     .order_by(sf.c.priority, sf.c.available_at, sf.c.id)
-    .limit(bindparam("limit"))
+    .limit(bindparam("limit", type_=Integer))
     .with_for_update()
 )
 START_ACTIONS = (
@@ -335,7 +320,7 @@ START_ACTIONS = (
     .where(sf.c.id.in_(bindparam("ids", expanding=True)), sf.c.state == _PENDING)
     .values(
         state=_RUNNING,
-        started_time=bindparam("now"),
+        started_time=bindparam("now", type_=Double),
         worker_id=bindparam("worker_id"),
         attempts=sf.c.attempts + 1,
     )
@@ -357,10 +342,10 @@ async def take_fast(
     of microseconds), the same plan run here: the next level (one index probe), its due
     range, until ``limit`` rows or no level is left."""
     st = statements(serve, lateral)
-    if st.fast is None or st.unqueued is None:
+    if st.unqueued is None:
         return []
     params: dict[str, Any] = {"b_kind": kind.value, "now": now, "limit": limit}
-    if lateral:
+    if st.fast is not None:
         return claimed(list(await conn.execute(st.fast, params)))
     rows: list[Claimed] = []
     level = (await conn.execute(FIRST_LEVEL, params)).scalar()
