@@ -19,6 +19,12 @@ serve (a worker's queues, its forbidden flags). Three reads make it, each an ind
    ``ix_scheduled_functions_queue``). A claim takes only head rows it may run, so a queue
    starts its rows in queue order and never more at once than its concurrency.
 
+**The fast path** comes first (``take_fast``): while no queued row of the kind is due,
+reads 1 and 2 as one statement on PostgreSQL (the levels as a recursive CTE, each level's
+range as a LATERAL subquery, the outer LIMIT ending the recursion), and level by level on
+SQLite, where a statement costs tens of microseconds in-process. A claim that gets fewer
+rows than it asked for goes on with the full claim (``take``).
+
 A mutation batch keeps its queues' locks until it commits, so rows of one queue may run
 one after another inside a batch (group commit kept), never in two batches at once. An
 action claim commits its rows InProgress before releasing the locks; the count of
@@ -95,8 +101,8 @@ SERVE_ALL = ClaimFilter()
 
 class FastPathHint:
     """Whether a claimer should try the one-statement fast path first: not while queued
-    rows are Pending (it then finds nothing, by design), as the last full claim saw; a
-    round trip saved per claim of a queued workload."""
+    rows are due (it then finds nothing, by design), as the last full claim saw; a round
+    trip saved per claim of a queued workload."""
 
     def __init__(self) -> None:
         self.use = True
@@ -145,13 +151,21 @@ def _next_due(queued: bool, after: bool) -> Any:
     return select(func.min(first.scalar_subquery())).where(levels.c.p.is_not(None))
 
 
-# No queued row of the kind is Pending: the first entry of ix_scheduled_functions_claim_
-# queued (a MIN over its leading columns, so both engines read one entry; an EXISTS let
-# SQLite pick ix_scheduled_functions_queue and scan the other kind's rows).
-NO_QUEUED = select(func.min(sf.c.priority)).where(*_pending(True)).scalar_subquery().is_(None)
+# No queued row of the kind is due: the first entry of ix_scheduled_functions_queued_due,
+# so a queued row due next week does not send every claim down the full path.
+_FIRST_QUEUED_DUE = select(func.min(sf.c.available_at)).where(*_pending(True)).scalar_subquery()
+NO_QUEUED = or_(_FIRST_QUEUED_DUE.is_(None), bindparam("now", type_=Double) < _FIRST_QUEUED_DUE)
+# The highest unqueued level Pending (its last entry in ix_scheduled_functions_claim):
+# returned with the fast path's first try, to tell whether a second could find more.
+HIGHEST = select(func.max(sf.c.priority)).where(*_pending(False)).scalar_subquery()
+# The second level (one probe after another): asked when the first try found nothing.
+SECOND_LEVEL = select(func.min(sf.c.priority)).where(
+    *_pending(False),
+    sf.c.priority > select(func.min(sf.c.priority)).where(*_pending(False)).scalar_subquery(),
+)
 LEVELS = _levels()
 # The fast path's levels one at a time (ix_scheduled_functions_claim, one probe each),
-# none while a queued row of the kind is Pending.
+# none while a queued row of the kind is due.
 FIRST_LEVEL = select(func.min(sf.c.priority)).where(*_pending(False), NO_QUEUED)
 NEXT_LEVEL = select(func.min(sf.c.priority)).where(
     *_pending(False), sf.c.priority > bindparam("level", type_=Integer)
@@ -214,11 +228,18 @@ class ClaimStatements:
     """Due unqueued rows at ``:level``, locked; None when the filter serves queues only."""
     queued: Select[Any]
     """(queue, priority, due, id) of due queued rows at ``:level`` whose queue may run."""
+    first: Select[Any] | None
+    """The fast path's first try: due unqueued rows of the lowest level, locked, when no
+    queued row of the kind is due (a statement planned in microseconds, which matters:
+    PostgreSQL plans it anew for every execution); None when the filter serves queues
+    only."""
+    first_actions: Any
+    """``first``, starting the actions (Pending -> InProgress) in the same statement."""
     fast: Select[Any] | None
-    """The fast path as one statement (engines with LATERAL): due unqueued rows of every
-    level, locked, when no queued row of the kind is Pending; else None."""
+    """The fast path's second try, as one statement (engines with LATERAL): due
+    unqueued rows of every level, ascending; else None."""
     fast_actions: Any
-    """``fast`` as one statement that starts the actions (Pending -> InProgress)."""
+    """``fast``, starting the actions in the same statement."""
 
 
 @functools.cache
@@ -244,13 +265,29 @@ def statements(serve: ClaimFilter, lateral: bool = False) -> ClaimStatements:
         .order_by(sf.c.available_at, sf.c.id)
         .limit(bindparam("limit", type_=Integer))
     )
-    fast = fast_actions = None
+    first = first_actions = fast = fast_actions = None
+    if serve.queues is None:
+        lowest = select(func.min(sf.c.priority)).where(*_pending(False)).scalar_subquery()
+        first = (
+            select(*CLAIM_COLUMNS, HIGHEST)
+            .where(
+                *_pending(False),
+                sf.c.priority == lowest,
+                sf.c.available_at <= bindparam("now", type_=Double),
+                NO_QUEUED,
+                flags_ok,
+            )
+            .order_by(sf.c.available_at, sf.c.id)
+            .limit(bindparam("limit", type_=Integer))
+            .with_for_update(skip_locked=True)
+        )
+        first_actions = _starting(first, HIGHEST)
     if serve.queues is None and lateral:
         # The fast path in one statement, as many round trips as before priorities and
         # queues: every level, ascending, each its own locked range (a LATERAL subquery
-        # per level), and one probe of ix_scheduled_functions_claim_queued that finds no
-        # queued row. The outer LIMIT stops the recursion once it has enough; fewer rows
-        # than asked, and the claim goes on with ``take`` (queues).
+        # per level), and a probe per level of ix_scheduled_functions_claim_queued that
+        # finds no queued row due. The outer LIMIT stops the recursion once it has
+        # enough; fewer rows than asked, and the claim goes on with ``take`` (queues).
         levels = _levels_cte(False)
         at_level = (
             select(*CLAIM_COLUMNS)
@@ -271,22 +308,28 @@ def statements(serve: ClaimFilter, lateral: bool = False) -> ClaimStatements:
             .where(levels.c.p.is_not(None), NO_QUEUED)
             .limit(bindparam("limit", type_=Integer))
         )
-        # A MATERIALIZED CTE, not ``id IN (SELECT ... LIMIT n)``: PostgreSQL may re-run
-        # an IN-subquery per row and so claim more than ``limit`` rows (caught by
-        # test_actions_run_concurrently_up_to_the_limit).
-        due = select(fast.subquery().c.id).cte("due").prefix_with("MATERIALIZED")
-        fast_actions = (
-            update(sf)
-            .where(sf.c.id == due.c.id, sf.c.state == _PENDING)
-            .values(
-                state=_RUNNING,
-                started_time=bindparam("now", type_=Double),
-                worker_id=bindparam("worker_id"),
-                attempts=sf.c.attempts + 1,
-            )
-            .returning(*CLAIM_COLUMNS)
+        fast_actions = _starting(fast)
+    return ClaimStatements(unqueued, queued, first, first_actions, fast, fast_actions)
+
+
+def _starting(chosen: Select[Any], *extra: Any) -> Any:
+    """An UPDATE that starts the actions ``chosen`` selects (Pending -> InProgress).
+
+    A MATERIALIZED CTE, not ``id IN (SELECT ... LIMIT n)``: PostgreSQL may re-run an
+    IN-subquery per row and so claim more than ``limit`` rows (caught by
+    test_actions_run_concurrently_up_to_the_limit)."""
+    due = select(chosen.subquery().c.id).cte("due").prefix_with("MATERIALIZED")
+    return (
+        update(sf)
+        .where(sf.c.id == due.c.id, sf.c.state == _PENDING)
+        .values(
+            state=_RUNNING,
+            started_time=bindparam("now", type_=Double),
+            worker_id=bindparam("worker_id"),
+            attempts=sf.c.attempts + 1,
         )
-    return ClaimStatements(unqueued, queued, fast, fast_actions)
+        .returning(*CLAIM_COLUMNS, *extra)
+    )
 
 
 # Taken while choosing a queue's rows; SKIP LOCKED: another claim has it (primary key).
@@ -336,22 +379,27 @@ async def take_fast(
     serve: ClaimFilter,
     lateral: bool = False,
 ) -> list[Claimed]:
-    """The fast path: due unqueued rows of every level, ascending, locked, while no queued
-    row of ``kind`` is Pending (else nothing). With LATERAL, one statement
-    (``ClaimStatements.fast``); without (SQLite, in-process, where a statement costs tens
-    of microseconds), the same plan run here: the next level (one index probe), its due
-    range, until ``limit`` rows or no level is left."""
+    """The fast path: due unqueued rows by level, ascending, locked, while no queued row of
+    ``kind`` is due (else nothing). First the lowest level (``first``); if that falls
+    short and other levels are Pending, the later levels: with LATERAL in one statement
+    (``fast``), else (SQLite, in-process, where a statement costs tens of microseconds)
+    level by level here."""
     st = statements(serve, lateral)
-    if st.unqueued is None:
+    if st.first is None or st.unqueued is None:
         return []
     params: dict[str, Any] = {"b_kind": kind.value, "now": now, "limit": limit}
+    found = list(await conn.execute(st.first, params))
+    rows = claimed(found)
+    if len(rows) == limit or not await _other_levels(conn, found, params):
+        return rows
     if st.fast is not None:
-        return claimed(list(await conn.execute(st.fast, params)))
-    rows: list[Claimed] = []
+        # Our own locks do not hide rows from us: the levels statement may find them again.
+        return merged(rows, claimed(list(await conn.execute(st.fast, params))), limit)
     level = (await conn.execute(FIRST_LEVEL, params)).scalar()
     while level is not None and len(rows) < limit:
         params.update(level=level, limit=limit - len(rows))
-        rows.extend(claimed(list(await conn.execute(st.unqueued, params))))
+        more = claimed(list(await conn.execute(st.unqueued, params)))
+        rows.extend(r for r in more if r.id not in {c.id for c in rows})
         level = (await conn.execute(NEXT_LEVEL, params)).scalar()
     return rows
 
@@ -364,20 +412,38 @@ async def start_fast(
     serve: ClaimFilter,
     lateral: bool = False,
 ) -> list[Claimed]:
-    """The fast path for actions, started: on one statement with LATERAL."""
-    if not lateral:
-        rows = await take_fast(conn, FunctionKind.ACTION, now, limit, serve)
-        return await start_actions(conn, rows, now, worker_id)
-    stmt = statements(serve, lateral).fast_actions
-    if stmt is None:
+    """The fast path for actions, started: each try one statement with LATERAL."""
+    st = statements(serve, lateral)
+    if st.first_actions is None:
         return []
-    params = {
-        "b_kind": FunctionKind.ACTION.value,
-        "now": now,
-        "limit": limit,
-        "worker_id": worker_id,
-    }
-    return claimed(list(await conn.execute(stmt, params)))
+    params = {"b_kind": FunctionKind.ACTION.value, "now": now, "worker_id": worker_id}
+    found = list(await conn.execute(st.first_actions, {**params, "limit": limit}))
+    rows = claimed(found)
+    if len(rows) < limit and await _other_levels(conn, found, params):
+        room = limit - len(rows)
+        if st.fast_actions is not None:
+            rows += claimed(list(await conn.execute(st.fast_actions, {**params, "limit": room})))
+        else:  # the later levels one by one (the rows started above are no longer Pending)
+            more = await take_fast(conn, FunctionKind.ACTION, now, room, serve)
+            rows += await start_actions(conn, more, now, worker_id)
+    return rows
+
+
+async def _other_levels(conn: AsyncConnection, found: list[Row[Any]], params: Any) -> bool:
+    """Whether unqueued rows of another level than the first try's are Pending: its rows
+    carry the highest level (``HIGHEST``); a try that found nothing asks (an idle claim
+    pays one probe; a claim that starts one row, none)."""
+    if found:
+        return bool(found[0][-1] != found[0][len(CLAIM_COLUMNS) - 2])  # highest != priority
+    return (await conn.execute(SECOND_LEVEL, params)).scalar() is not None
+
+
+def merged(first: list[Claimed], more: list[Claimed], limit: int) -> list[Claimed]:
+    """``first`` and the rows of ``more`` not in it, in claim order, at most ``limit``."""
+    seen = {r.id for r in first}
+    rows = first + [r for r in more if r.id not in seen]
+    rows.sort(key=Claimed.order)
+    return rows[:limit]
 
 
 async def levels(conn: AsyncConnection, kind: FunctionKind) -> dict[bool, list[int]]:
@@ -400,8 +466,6 @@ async def take(
     Actions are then started by ``START_ACTIONS``; mutations run in this transaction."""
     st = statements(serve)
     present = await levels(conn, kind)
-    if hint is not None:
-        hint.use = not present[True]
     free: list[Claimed] = []
     if st.unqueued is not None:
         for level in present[False]:
@@ -415,6 +479,8 @@ async def take(
         waiting.extend(tuple(r) for r in await conn.execute(st.queued, params))
         if len(waiting) >= limit:
             break
+    if hint is not None:
+        hint.use = not waiting
     if not waiting:
         return free
     # The first ``limit`` rows in claim order decide how much room the queues get.

@@ -34,6 +34,7 @@ from ._claims import (
     ClaimFilter,
     FastPathHint,
     claimed,
+    merged,
     next_due,
     start_actions,
     start_fast,
@@ -183,7 +184,7 @@ class Driver(ReadStatements, QueueStatements, EngineDriver):
         if len(rows) < limit:
             # Our own locks do not hide rows from us: ``take`` may find the same ones.
             more = await take(conn, kind, now, limit, serve, hint)
-            rows = _merged(rows, more, limit)
+            rows = merged(rows, more, limit)
         return rows
 
     async def finish_pending(
@@ -422,14 +423,6 @@ class Driver(ReadStatements, QueueStatements, EngineDriver):
         """How many rows ``delete_finished`` would delete, all batches together."""
         stmt = select(func.count()).select_from(sf).where(_finished_before(cutoff, states))
         return int((await conn.execute(stmt)).scalar_one())
-
-
-def _merged(first: list[Claimed], more: list[Claimed], limit: int) -> list[Claimed]:
-    """``first`` and the rows of ``more`` not in it, in claim order, at most ``limit``."""
-    seen = {r.id for r in first}
-    rows = first + [r for r in more if r.id not in seen]
-    rows.sort(key=Claimed.order)
-    return rows[:limit]
 
 
 def _finished_before(cutoff: float, states: Collection[State]) -> ColumnElement[bool]:

@@ -98,6 +98,15 @@ Index(
     postgresql_where=and_(sf.c.state == "Pending", sf.c.queue_name.is_not(None)),
     sqlite_where=and_(sf.c.state == "Pending", sf.c.queue_name.is_not(None)),
 )
+# "Is a queued row due?": the fast path's guard, one probe (its first entry) planned in
+# microseconds (the same read over the priority levels took 0.3 ms to plan).
+Index(
+    "ix_scheduled_functions_queued_due",
+    sf.c.kind,
+    sf.c.available_at,
+    postgresql_where=and_(sf.c.state == "Pending", sf.c.queue_name.is_not(None)),
+    sqlite_where=and_(sf.c.state == "Pending", sf.c.queue_name.is_not(None)),
+)
 # The head of each named queue: a claim that found rows of queue Q re-reads Q's first
 # due rows in queue order, holding Q's lock, so a queue starts its rows in order.
 ix_queue = Index(
