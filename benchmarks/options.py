@@ -139,13 +139,11 @@ async def claim_plans(app: durafn.App) -> dict[str, str]:
     lateral = app._rt.driver.lateral_claims
     st = claims.statements(SERVE_ALL, lateral)
     values = {"b_kind": "mutation", "now": time.time(), "limit": 64, "level": 0, "after": 0.0}
-    hot: dict[str, Any] = {}
-    if st.fast is not None:
-        hot["claim, fast path: every level in one statement"] = st.fast
-    else:
-        hot["claim, fast path: the first level"] = claims.FIRST_LEVEL
-        hot["claim, fast path: the next level"] = claims.NEXT_LEVEL
-    hot["claim at one level"] = st.unqueued
+    hot: dict[str, Any] = {
+        "claim, fast path, first try: the lowest level": st.first,
+        "claim, fast path, second try: every level": st.fast,
+        "claim at one level (the full claim)": st.unqueued,
+    }
     hot["priority levels (the full claim)"] = claims.LEVELS
     hot["queued rows at one level (which queues)"] = st.queued
     hot["a queue's head"] = claims.QUEUE_HEAD.params(queue="user:1")

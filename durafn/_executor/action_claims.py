@@ -122,8 +122,10 @@ class ActionClaims:
                             retries=retries,
                             single_statement=retries == 0,
                         )
-                    if len(adopted) + len(rows) < limit:
-                        rows += await self._rt.transaction(
+                    # Rows from the fast path: it read every level, and no queued row was
+                    # due; the full claim could add nothing.
+                    if len(adopted) < limit and not rows:
+                        rows = await self._rt.transaction(
                             _claim, doing="claiming actions", retries=retries
                         )
                 except DatabaseError:
