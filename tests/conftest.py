@@ -7,7 +7,10 @@ PostgreSQL tests skip with a visible reason when no server answers, except under
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import shutil
+import sqlite3
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -149,12 +152,36 @@ def db_url(engine_name: str, tmp_path: Path, request: pytest.FixtureRequest) -> 
     yield PG_URL
 
 
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A migrated SQLite file with the test models, made once: each test's database is a
+    copy of it (a file copy, against some 40 ms to create the tables and indexes)."""
+    path = tmp_path_factory.mktemp("template") / "template.sqlite3"
+
+    async def _make() -> None:
+        app = durafn.App(f"sqlite+aiosqlite:///{path}")
+        await app.migrate()
+        async with app.engine.begin() as conn:
+            await conn.run_sync(Base.metadata.create_all)
+        await app.aclose()
+
+    asyncio.run(_make())
+    # The last connection's close folds the WAL into the file; make sure, so that one
+    # file is the whole database.
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    return path
+
+
 @pytest.fixture
-def app_url(engine_name: str, tmp_path: Path) -> tuple[str, bool]:
+def app_url(engine_name: str, tmp_path: Path, request: pytest.FixtureRequest) -> tuple[str, bool]:
     """A database for the ``app`` fixture: (URL, whether its tables exist already). On
-    PostgreSQL the tables of the previous test are kept, emptied, when they are intact."""
+    SQLite a copy of the session's template; on PostgreSQL the tables of the previous test
+    are kept, emptied, when they are intact."""
     if engine_name == "sqlite":
-        return f"sqlite+aiosqlite:///{tmp_path / 'test.sqlite3'}", False
+        path = tmp_path / "test.sqlite3"
+        shutil.copyfile(request.getfixturevalue("sqlite_template"), path)
+        return f"sqlite+aiosqlite:///{path}", True
     require_postgres()
     return PG_URL, empty_postgres_keeping_schema()
 
