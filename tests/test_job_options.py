@@ -127,32 +127,30 @@ async def test_options_layer_call_over_decorator_over_queue(app: durafn.App) -> 
         await app.aclose()
 
 
-@pytest.mark.parametrize(
-    ("options", "message"),
-    [
-        ({"priority": "high"}, "priority must be an integer"),
-        ({"priority": 2**40}, "priority must be an integer between"),
-        ({"priority": True}, "priority must be an integer"),
-        ({"queue": ""}, "queue must be a non-empty name"),
-        ({"queue": "x" * 256}, "at most 255"),
-        ({"key": ""}, "key must be a non-empty string"),
-        ({"key_mode": "overwrite"}, "key_mode must be one of replace, preserve_run_at"),
-        ({"flags": "urgent"}, "flags must be a list or set of strings"),
-        ({"flags": ["a,b"]}, "is not a flag"),
-        ({"flags": [7]}, "is not a flag"),
-    ],
-)
-async def test_bad_options_are_typed_errors_and_write_nothing(
-    app: durafn.App, options: dict[str, object], message: str
-) -> None:
+BAD_OPTIONS: list[tuple[dict[str, object], str]] = [
+    ({"priority": "high"}, "priority must be an integer"),
+    ({"priority": 2**40}, "priority must be an integer between"),
+    ({"priority": True}, "priority must be an integer"),
+    ({"queue": ""}, "queue must be a non-empty name"),
+    ({"queue": "x" * 256}, "at most 255"),
+    ({"key": ""}, "key must be a non-empty string"),
+    ({"key_mode": "overwrite"}, "key_mode must be one of replace, preserve_run_at"),
+    ({"flags": "urgent"}, "flags must be a list or set of strings"),
+    ({"flags": ["a,b"]}, "is not a flag"),
+    ({"flags": [7]}, "is not a flag"),
+]
+
+
+async def test_bad_options_are_typed_errors_and_write_nothing(app: durafn.App) -> None:
     @app.mutation
     async def noop(ctx: MutationCtx) -> None:
         pass
 
-    with pytest.raises(durafn.OptionError, match=message):
-        await app.scheduler().run_after(0, noop.options(**options))  # type: ignore[arg-type, call-overload]
-    with pytest.raises(durafn.RegistrationError, match=message):
-        app.mutation(name="other", **options)  # type: ignore[call-overload]
+    for n, (options, message) in enumerate(BAD_OPTIONS):
+        with pytest.raises(durafn.OptionError, match=message):
+            await app.scheduler().run_after(0, noop.options(**options))  # type: ignore[arg-type, call-overload]
+        with pytest.raises(durafn.RegistrationError, match=message):
+            app.mutation(name=f"other{n}", **options)  # type: ignore[call-overload]
     assert await all_rows(app) == []
 
 

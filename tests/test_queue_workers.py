@@ -80,38 +80,27 @@ async def _wait_done(app: durafn.App, ids: list[durafn.ScheduledFunctionId]) -> 
             await anyio.sleep(0.05)
 
 
-async def test_a_serial_queue_runs_one_row_at_a_time_across_4_workers_in_order(
+async def test_a_serial_queue_and_a_limit_of_3_hold_across_4_racing_workers(
     qapp: tuple[durafn.App, Functions], db_url: str, tmp_path: Path
 ) -> None:
+    """One run of 4 worker processes: a serial queue never runs two rows at once and
+    starts them in order; a queue limited to 3 never runs more (and reaches 3)."""
     app, fns = qapp
     trace = tmp_path / "spans"
-    # Unqueued rows keep every worker busy claiming alongside the queue's.
     calls = [fns.span.options(queue="account:1").call(n, str(trace), 0.02) for n in range(16)]
-    calls += [fns.span.call(100 + n, str(trace), 0.0) for n in range(40)]
+    calls += [fns.span.options(queue="limited").call(100 + n, str(trace), 0.03) for n in range(24)]
+    # Unqueued rows keep every worker busy claiming alongside the queues'.
+    calls += [fns.span.call(200 + n, str(trace), 0.0) for n in range(40)]
     async with worker_processes(db_url, 4, tmp_path, *QUICK_POLL, "--concurrency", "4") as procs:
         ids = await app.scheduler().run_many(calls)
         await _wait_done(app, ids)
         assert await stop(procs) == [0, 0, 0, 0]
     spans = spans_of(trace)
-    queued = {n: s for n, s in spans.items() if n < 100}
-    assert most_at_once(queued) == 1
-    assert sorted(queued, key=lambda n: queued[n].start) == list(range(16))
+    serial = {n: s for n, s in spans.items() if n < 100}
+    assert most_at_once(serial) == 1
+    assert sorted(serial, key=lambda n: serial[n].start) == list(range(16))
+    assert most_at_once({n: s for n, s in spans.items() if 100 <= n < 200}) == 3
     assert len({s.pid for s in spans.values()}) > 1  # the workers did race
-
-
-async def test_a_queue_limit_of_3_holds_across_processes(
-    qapp: tuple[durafn.App, Functions], db_url: str, tmp_path: Path
-) -> None:
-    app, fns = qapp
-    trace = tmp_path / "spans"
-    calls = [fns.span.options(queue="limited").call(n, str(trace), 0.03) for n in range(24)]
-    async with worker_processes(db_url, 3, tmp_path, *QUICK_POLL, "--concurrency", "5") as procs:
-        ids = await app.scheduler().run_many(calls)
-        await _wait_done(app, ids)
-        assert await stop(procs) == [0, 0, 0]
-    spans = spans_of(trace)
-    assert most_at_once(spans) == 3  # reached, never passed
-    assert len({s.pid for s in spans.values()}) > 1
 
 
 async def test_pools_run_each_queue_in_its_own_processes(

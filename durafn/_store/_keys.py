@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sqlalchemy import case, literal_column, select, update
+from sqlalchemy import case, literal_column, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import ColumnElement
 
@@ -78,9 +78,3 @@ async def insert_keyed(
         if waiting:  # pragma: no cover - would take a holder re-created twice meanwhile
             raise DatabaseError(f"could not write the row of job key {waiting[0]['job_key']!r}")
     return [ids[row["job_key"]] for row in rows]
-
-
-async def holder(conn: AsyncConnection, key: str) -> ScheduledFunctionId | None:
-    """The id of the row holding ``key`` (ix_scheduled_functions_key)."""
-    value = (await conn.execute(select(sf.c.id).where(sf.c.job_key == key, KEY_HOLDER))).scalar()
-    return None if value is None else ScheduledFunctionId(str(value))
