@@ -25,6 +25,7 @@ import durafn
 from durafn import ActionCtx, MutationCtx
 from durafn._store import SERVE_ALL
 from durafn._store import _claims as claims
+from durafn._store._queue_claims import QUEUE_HEAD
 
 QUEUES = 1000
 
@@ -146,7 +147,7 @@ async def claim_plans(app: durafn.App) -> dict[str, str]:
     }
     hot["priority levels (the full claim)"] = claims.LEVELS
     hot["queued rows at one level (which queues)"] = st.queued
-    hot["a queue's head"] = claims.QUEUE_HEAD.params(queue="user:1")
+    hot["a queue's head"] = QUEUE_HEAD.params(queue="user:1")
     hot["next due"] = claims.NEXT_DUE[True]
     plans: dict[str, str] = {}
     async with app.engine.connect() as conn:

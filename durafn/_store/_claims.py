@@ -34,7 +34,6 @@ InProgress rows then keeps the queue busy until they finish.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,10 +45,8 @@ from sqlalchemy import (
     Text,
     and_,
     bindparam,
-    false,
     func,
     literal,
-    literal_column,
     or_,
     select,
     true,
@@ -59,31 +56,11 @@ from sqlalchemy import (
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import ColumnElement
 
-from .._types import FunctionKind, State
+from .._types import FunctionKind
+from ._queue_claims import queue_heads
 from ._rows import Claimed
+from ._statements import CLAIM_COLUMNS, PENDING, RUNNING, STARTED, claimed
 from ._tables import queues, sf
-
-CLAIM_COLUMNS = (
-    sf.c.id,
-    sf.c.name,
-    sf.c.args,
-    sf.c.attempts,
-    sf.c.parent_id,
-    sf.c.available_at,
-    sf.c.priority,
-    sf.c.queue_name,
-)
-# Literals, not bind parameters: a partial index is used only when the query's WHERE
-# visibly implies the index's (SQLite does not look into parameters).
-_PENDING: ColumnElement[str] = literal_column(f"'{State.PENDING.value}'")
-_RUNNING: ColumnElement[str] = literal_column(f"'{State.IN_PROGRESS.value}'")
-
-
-def claimed(rows: Sequence[Row[Any]]) -> list[Claimed]:
-    """Claimed rows in claim order (an UPDATE ... RETURNING returns them in no order)."""
-    out = [Claimed(*row[: len(CLAIM_COLUMNS)]) for row in rows]
-    out.sort(key=Claimed.order)
-    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +88,7 @@ class FastPathHint:
 def _pending(queued: bool) -> tuple[ColumnElement[bool], ...]:
     """Pending rows of ``:kind`` in one of the two claim indexes (their predicates)."""
     return (
-        sf.c.state == _PENDING,
+        sf.c.state == PENDING,
         sf.c.kind == bindparam("b_kind", type_=Text),
         sf.c.queue_name.is_not(None) if queued else sf.c.queue_name.is_(None),
     )
@@ -206,7 +183,7 @@ def _blocked_queues() -> ColumnElement[bool]:
         select(running.c.queue_name)
         .join(queues, queues.c.name == running.c.queue_name)
         # ix_scheduled_functions_running: as many entries as actions running anywhere.
-        .where(running.c.state == _RUNNING, queues.c.concurrency.is_not(None))
+        .where(running.c.state == RUNNING, queues.c.concurrency.is_not(None))
         .group_by(running.c.queue_name, queues.c.concurrency)
         .having(func.count() >= queues.c.concurrency)
     )
@@ -332,52 +309,16 @@ def _starting(chosen: Select[Any], *extra: Any) -> Any:
     due = select(chosen.subquery().c.id).cte("due").prefix_with("MATERIALIZED")
     return (
         update(sf)
-        .where(sf.c.id == due.c.id, sf.c.state == _PENDING)
-        .values(
-            state=_RUNNING,
-            started_time=bindparam("now", type_=Double),
-            worker_id=bindparam("worker_id"),
-            attempts=sf.c.attempts + 1,
-        )
+        .where(sf.c.id == due.c.id, sf.c.state == PENDING)
+        .values(**STARTED)
         .returning(*CLAIM_COLUMNS, *extra)
     )
 
 
-# Taken while choosing a queue's rows; SKIP LOCKED: another claim has it (primary key).
-LOCK_QUEUES = (
-    select(queues.c.name, queues.c.concurrency)
-    .where(queues.c.name.in_(bindparam("names", expanding=True)), queues.c.paused == false())
-    .order_by(queues.c.name)
-    .with_for_update(skip_locked=True)
-)
-RUNNING_IN = (
-    select(sf.c.queue_name, func.count())
-    .where(sf.c.state == _RUNNING, sf.c.queue_name.in_(bindparam("names", expanding=True)))
-    .group_by(sf.c.queue_name)
-)
-# ix_scheduled_functions_queue: (queue_name, priority, available_at, id). Every kind:
-# a queue's order is across its mutations and actions. No SKIP LOCKED: holding the
-# queue's lock, only a momentary writer (a cancel, a key's replace) can hold its rows.
-QUEUE_HEAD = (
-    select(*CLAIM_COLUMNS, sf.c.kind, sf.c.flags)
-    .where(
-        sf.c.state == _PENDING,
-        sf.c.queue_name == bindparam("queue", type_=Text),
-        sf.c.available_at <= bindparam("now", type_=Double),
-    )
-    .order_by(sf.c.priority, sf.c.available_at, sf.c.id)
-    .limit(bindparam("limit", type_=Integer))
-    .with_for_update()
-)
 START_ACTIONS = (
     update(sf)
-    .where(sf.c.id.in_(bindparam("ids", expanding=True)), sf.c.state == _PENDING)
-    .values(
-        state=_RUNNING,
-        started_time=bindparam("now", type_=Double),
-        worker_id=bindparam("worker_id"),
-        attempts=sf.c.attempts + 1,
-    )
+    .where(sf.c.id.in_(bindparam("ids", expanding=True)), sf.c.state == PENDING)
+    .values(**STARTED)
     .returning(*CLAIM_COLUMNS)
 )
 
@@ -486,44 +427,9 @@ async def take(
         + [(p, at, id, q) for q, p, at, id in waiting]
     )[:limit]
     names = list(dict.fromkeys(q for *_, q in order if q is not None))
-    heads = await _queue_heads(conn, kind, now, names, limit, serve)
+    heads = await queue_heads(conn, kind, now, names, limit, serve.forbidden_flags)
     chosen = sorted(free + heads, key=Claimed.order)[:limit]
     return chosen
-
-
-async def _queue_heads(
-    conn: AsyncConnection,
-    kind: FunctionKind,
-    now: float,
-    names: list[str],
-    room: int,
-    serve: ClaimFilter,
-) -> list[Claimed]:
-    """The rows of ``names`` this claim may run: each queue's lock taken, then its head."""
-    held = {r.name: r.concurrency for r in await conn.execute(LOCK_QUEUES, {"names": names})}
-    if not held:
-        return []
-    running = dict((await conn.execute(RUNNING_IN, {"names": list(held)})).tuples().all())
-    taken: list[Claimed] = []
-    for name in names:  # in claim order
-        if name not in held or len(taken) >= room:
-            continue
-        concurrency = held[name]
-        free_slots = room if concurrency is None else concurrency - running.get(name, 0)
-        if free_slots <= 0:
-            continue
-        # A mutation batch runs its rows of a queue one after another: one slot for all.
-        limit = room - len(taken) if kind is FunctionKind.MUTATION else free_slots
-        params = {"queue": name, "now": now, "limit": min(limit, room - len(taken))}
-        for row in await conn.execute(QUEUE_HEAD, params):
-            if row.kind != kind.value or _forbidden(row.flags, serve.forbidden_flags):
-                break  # the queue's next row is not ours to run: nothing after it either
-            taken.append(Claimed(*row[: len(CLAIM_COLUMNS)]))
-    return taken
-
-
-def _forbidden(stored: str | None, forbidden: frozenset[str]) -> bool:
-    return stored is not None and any(f",{f}," in stored for f in forbidden)
 
 
 async def start_actions(

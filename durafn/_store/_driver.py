@@ -29,11 +29,9 @@ from .._types import (
     State,
 )
 from ._claims import (
-    CLAIM_COLUMNS,
     SERVE_ALL,
     ClaimFilter,
     FastPathHint,
-    claimed,
     next_due,
     start_actions,
     start_fast,
@@ -46,7 +44,7 @@ from ._keys import insert_keyed
 from ._queues import QueueStatements
 from ._reading import ReadStatements
 from ._rows import Claimed, LostAction, Outcome, is_id
-from ._statements import FINISH_ONE, FINISH_PLAIN, FinishParams
+from ._statements import CLAIM_COLUMNS, FINISH_ONE, FINISH_PLAIN, FinishParams, claimed
 from ._tables import sf, workers
 
 _RUNNABLE = (State.PENDING.value, State.IN_PROGRESS.value)

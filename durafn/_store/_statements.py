@@ -1,5 +1,6 @@
-"""The hot finish statements, built once, each with the index it uses (the claims are in
-``_claims``).
+"""The hot finish statements, built once, each with the index it uses, and what every
+claim shares: the columns a claimed row is read with, how a start is written (the claims
+themselves are in ``_claims`` and ``_queue_claims``).
 
 Constructing a Core statement costs ~0.3 ms of Python, as much as running it, so the
 statements the executor runs per batch are built at import. Values arrive as bind
@@ -10,12 +11,46 @@ runs it, in their own module.
 
 from __future__ import annotations
 
-from typing import TypedDict
+from collections.abc import Sequence
+from typing import Any, TypedDict
 
-from sqlalchemy import bindparam, update
+from sqlalchemy import Double, Row, bindparam, literal_column, update
+from sqlalchemy.sql.elements import ColumnElement
 
 from .._types import State
+from ._rows import Claimed
 from ._tables import sf
+
+CLAIM_COLUMNS = (
+    sf.c.id,
+    sf.c.name,
+    sf.c.args,
+    sf.c.attempts,
+    sf.c.parent_id,
+    sf.c.available_at,
+    sf.c.priority,
+    sf.c.queue_name,
+)
+# Literals, not bind parameters: a partial index is used only when the query's WHERE
+# visibly implies the index's (SQLite does not look into parameters).
+PENDING: ColumnElement[str] = literal_column(f"'{State.PENDING.value}'")
+RUNNING: ColumnElement[str] = literal_column(f"'{State.IN_PROGRESS.value}'")
+
+
+def claimed(rows: Sequence[Row[Any]]) -> list[Claimed]:
+    """Claimed rows in claim order (an UPDATE ... RETURNING returns them in no order)."""
+    out = [Claimed(*row[: len(CLAIM_COLUMNS)]) for row in rows]
+    out.sort(key=Claimed.order)
+    return out
+
+
+STARTED: dict[str, Any] = {
+    "state": RUNNING,
+    "started_time": bindparam("now", type_=Double),
+    "worker_id": bindparam("worker_id"),
+    "attempts": sf.c.attempts + 1,
+}
+"""What starting an action writes (Pending -> InProgress, under a worker, counted)."""
 
 
 class FinishParams(TypedDict):
