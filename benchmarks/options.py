@@ -11,10 +11,13 @@
 
 from __future__ import annotations
 
+import argparse
 import random
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -26,6 +29,8 @@ from durafn import ActionCtx, MutationCtx
 from durafn._store import SERVE_ALL
 from durafn._store import _claims as claims
 from durafn._store._queue_claims import QUEUE_HEAD
+
+from . import throughput
 
 QUEUES = 1000
 
@@ -139,10 +144,17 @@ async def claim_plans(app: durafn.App) -> dict[str, str]:
     (``durafn/_store/_claims.py``), values inlined."""
     lateral = app._rt.driver.lateral_claims
     st = claims.statements(SERVE_ALL, lateral)
-    values = {"b_kind": "mutation", "now": time.time(), "limit": 64, "level": 0, "after": 0.0}
+    values = {
+        "b_kind": "mutation",
+        "now": time.time(),
+        "limit": 64,
+        "level": 0,
+        "after": 0.0,
+        "from_level": -(2**31),
+    }
     hot: dict[str, Any] = {
-        "claim, fast path, first try: the lowest level": st.first,
-        "claim, fast path, second try: every level": st.fast,
+        "claim, fast path: the lowest level (from a level on)": st.first,
+        "claim, fast path past levels with nothing due: every level": st.fast,
         "claim at one level (the full claim)": st.unqueued,
     }
     hot["priority levels (the full claim)"] = claims.LEVELS
@@ -161,3 +173,40 @@ async def claim_plans(app: durafn.App) -> dict[str, str]:
 
 def _inline(conn: AsyncConnection, stmt: Any) -> str:
     return str(stmt.compile(dialect=conn.dialect, compile_kwargs={"literal_binds": True}))
+
+
+async def _pairs(engines: list[str], kinds: list[str], n: int, repeats: int) -> None:
+    """The priorities scenario alone: plain and priorities drains alternating."""
+    with tempfile.TemporaryDirectory() as tmp:
+        for engine in engines:
+            for kind in kinds:
+                rates: dict[str, list[float]] = {"plain": [], "priorities": []}
+                for i in range(repeats):
+                    for mix, runs in rates.items():
+                        if engine == "sqlite":
+                            url = f"sqlite+aiosqlite:///{Path(tmp) / f'{kind}-{mix}-{i}'}.sqlite3"
+                        else:
+                            url = await throughput._fresh_postgres()
+                        runs.append(await drain(url, n, kind, mix))
+                plain, mixed = (statistics.median(rates[m]) for m in ("plain", "priorities"))
+                each = ", ".join(
+                    f"{p / q:.2f}" for p, q in zip(rates["priorities"], rates["plain"], strict=True)
+                )
+                print(
+                    f"{engine} {kind}s: plain {plain:,.0f}/s, priorities {mixed:,.0f}/s, "
+                    f"{mixed / plain:.2f}x (runs: {each})"
+                )
+
+
+def cli() -> None:
+    parser = argparse.ArgumentParser(description="Mixed priorities against the plain drain.")
+    parser.add_argument("--engines", default="sqlite,postgres")
+    parser.add_argument("--kinds", default="mutation,action")
+    parser.add_argument("--n", type=int, default=20000)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    anyio.run(_pairs, args.engines.split(","), args.kinds.split(","), args.n, args.repeats)
+
+
+if __name__ == "__main__":
+    cli()

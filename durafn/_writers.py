@@ -81,6 +81,21 @@ class BufferedWriter:
         return await self._rt.driver.cancel(self._conn, id, now)
 
 
+def _in_claim_order(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows written together, laid out in the order claims take them: priority, then due
+    time (a stable sort, so call order, which is id order, holds within each).
+
+    A claim then rewrites a few pages, not one page per row: with half the rows at random
+    priorities (benchmarks/options.py), written in call order, SQLite drained mutations
+    0.75x as fast as plain rows (each commit wrote and synced ~250 scattered pages); in
+    claim order 0.92x (PostgreSQL 0.85x -> 0.90x). Rows scheduled one per transaction at
+    interleaved priorities still pay that locality: no layout at write time can help them.
+    """
+    if len(rows) < 2:
+        return rows
+    return sorted(rows, key=lambda row: (row["priority"], row["available_at"]))
+
+
 async def write(
     rt: Runtime,
     conn: AsyncConnection,
@@ -102,7 +117,7 @@ async def write(
                 row.update(state=State.CANCELED.value, completed_time=now, job_key=None)
     new = _pending_kinds(rows) - set(notified)
     if all(row["queue_name"] is None and row["job_key"] is None for row in rows):
-        await driver.insert_rows(conn, rows, new)  # the common case: one statement
+        await driver.insert_rows(conn, _in_claim_order(rows), new)  # the common case
         return new, [row["id"] for row in rows]
     names = {row["queue_name"] for row in rows if row["queue_name"] is not None}
     if names:
@@ -110,7 +125,7 @@ async def write(
     plain = [row for row in rows if row["job_key"] is None]
     keyed = [row for row in rows if row["job_key"] is not None]
     if plain:
-        await driver.insert_rows(conn, plain, new)
+        await driver.insert_rows(conn, _in_claim_order(plain), new)
     ids = {row["id"]: row["id"] for row in plain}
     if keyed:
         for row, id in zip(keyed, await driver.insert_keyed(conn, keyed), strict=True):

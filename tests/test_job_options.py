@@ -35,8 +35,9 @@ async def _row(app: durafn.App, id: str) -> durafn.ScheduledFunction:
 # -- priority ---------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("written", ["one call each", "in one batch"])
 async def test_due_rows_run_by_priority_then_due_time_then_id(
-    app: durafn.App, clock: FakeClock
+    app: durafn.App, clock: FakeClock, written: str
 ) -> None:
     @app.mutation
     async def note(ctx: MutationCtx, tag: str) -> None:
@@ -44,15 +45,22 @@ async def test_due_rows_run_by_priority_then_due_time_then_id(
 
     sched = app.scheduler()
     # (tag, priority, delay): scheduled in an order that is none of the expected ones.
-    for tag, priority, delay in [
+    plan = [
         ("p5-t1", 5, 1),
         ("p0-t3", 0, 3),
         ("m7-t2", -7, 2),
         ("p0-t1a", 0, 1),
         ("p0-t1b", 0, 1),  # same time as p0-t1a: the id (scheduling order) decides
         ("m7-t1", -7, 1),
-    ]:
-        await sched.run_after(delay, note.options(priority=priority), tag)
+    ]
+    if written == "one call each":
+        ids = [await sched.run_after(d, note.options(priority=p), tag) for tag, p, d in plan]
+    else:
+        # A batch is written in claim order (_writers._in_claim_order): the ids returned
+        # still follow the calls, and ties still go by scheduling order.
+        ids = await sched.run_many([note.options(priority=p).call(t).after(d) for t, p, d in plan])
+    rows = {r.id: r for r in await all_rows(app)}
+    assert [(rows[i].args, rows[i].priority) for i in ids] == [({"tag": t}, p) for t, p, _ in plan]
     clock.advance(10)
     await app.executor(batch_size=2).run_until_idle()
     assert await _effects(app) == ["m7-t1", "m7-t2", "p0-t1a", "p0-t1b", "p0-t3", "p5-t1"]
