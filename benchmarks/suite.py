@@ -23,7 +23,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 import durafn
 
-from . import backlog, baselines, charts, options, peers, throughput, workers
+from . import backlog, baselines, charts, options, peers, retries, throughput, workers
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -161,6 +161,13 @@ async def run(sizes: Sizes, engines: list[str]) -> dict[str, Any]:
             r["options"] = await step(
                 f"{engine}: priorities, 1000 serial queues, one serial queue", 1, _options
             )
+
+            async def _retries(_: Any, engine: str = engine) -> Any:
+                return await retries.measure(
+                    lambda name: url_for(engine, name), sizes.drain, sizes.repeats, engine
+                )
+
+            r["retries"] = await step(f"{engine}: a tenth failing once, retried", 1, _retries)
             results[engine] = r
         if "postgres" in engines:
             procs: dict[str, dict[str, float]] = {}
@@ -306,6 +313,17 @@ def markdown(report: dict[str, Any]) -> str:
             f"claim and one finish round trip per row: {one['round_trip_limit_per_s']:,.0f} "
             f"/s ({one['of_limit']:.2f} of it)"
         )
+    for engine in engines:
+        got = results[engine].get("retries")
+        if not got:
+            continue
+        lines += ["", f"{engine}: retries (rows/s, median of interleaved runs):", ""]
+        for kind in ("mutations", "actions"):
+            k = got[kind]
+            lines.append(
+                f"- {kind}: plain {k['plain_per_s']:,.0f}; a tenth failing once and retried "
+                f"{k['tenth_fail_once_per_s']:,.0f} ({k['ratio']:.2f}x)"
+            )
     lines += ["", "Ratios:", ""]
     lines += [f"- {name}: {value}x" for name, value in report["ratios"].items()]
     return "\n".join(lines) + "\n"

@@ -19,6 +19,7 @@ from ._errors import (
     DurafnError,
     ExecutorShutdownError,
     FunctionTimeoutError,
+    NonRetryableError,
     NotFoundError,
     ReadOnlyError,
     RegistrationError,
@@ -32,11 +33,13 @@ from ._errors import (
 from ._executor import Executor, ExecutorConfig, ExecutorOptions, RunawayError
 from ._options import JobOptions, OptionError, Queue
 from ._registry import ActionRef, Call, FunctionRef, MutationRef, QueryRef, SchedulableRef
+from ._retries import DELAYED_JOB, GRAPHILE, Exponential, Fixed, NamedBackoff, Retry
 from ._scheduler import Scheduler
 from ._store import SCHEMA_VERSION, metadata, scheduled_functions
 from ._types import (
     CancelResult,
     ErrorInfo,
+    FailedAttempt,
     FunctionKind,
     Page,
     QueueInfo,
@@ -62,6 +65,7 @@ __all__ = [
     "Clock",
     "CronSyntaxError",
     "DEFAULT_URL",
+    "DELAYED_JOB",
     "DatabaseError",
     "DurableNameWarning",
     "DurafnError",
@@ -70,12 +74,18 @@ __all__ = [
     "ExecutorConfig",
     "ExecutorOptions",
     "ExecutorShutdownError",
+    "Exponential",
+    "FailedAttempt",
+    "Fixed",
     "FunctionKind",
     "FunctionRef",
     "FunctionTimeoutError",
+    "GRAPHILE",
     "JobOptions",
     "MutationCtx",
     "MutationRef",
+    "NamedBackoff",
+    "NonRetryableError",
     "NotFoundError",
     "OptionError",
     "Page",
@@ -85,6 +95,7 @@ __all__ = [
     "QueueInfo",
     "ReadOnlyError",
     "RegistrationError",
+    "Retry",
     "RunawayError",
     "SCHEMA_VERSION",
     "SchedulableRef",

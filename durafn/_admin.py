@@ -1,6 +1,6 @@
 """Operator utilities on ``App``: named queues (list, pause, resume), and changes to many
-rows at once (reschedule, cancel by filter), each in batches so that a million rows never
-hold one transaction (or, on SQLite, the write lock) for long.
+rows at once (reschedule, retry of Failed rows, cancel by filter), each in batches so
+that a million rows never hold one transaction (or, on SQLite, the write lock) for long.
 """
 
 from __future__ import annotations
@@ -11,10 +11,11 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from ._checks import aware_time, integer
+from ._checks import aware_time, integer, scheduled_id
 from ._context import row_filter
 from ._errors import ArgumentError
 from ._options import check_name, check_priority
+from ._retries import MAX_ATTEMPTS
 from ._runtime import Runtime
 from ._store import RowFilter
 from ._types import FunctionKind, QueueInfo, ScheduledFunctionId, State
@@ -73,6 +74,7 @@ class Operations:
         *,
         run_at: datetime | None = None,
         priority: int | None = None,
+        max_attempts: int | None = None,
         name: str | None = None,
         queue: str | None = None,
         key: str | None = None,
@@ -81,19 +83,58 @@ class Operations:
         scheduled_before: datetime | None = None,
         batch_size: int = 1000,
     ) -> int:
-        """Change the time and/or priority of Pending rows (Graphile's
-        ``rescheduleJobs``): those of ``ids``, or every one matching the filters. Returns
-        how many changed. Rows that started meanwhile are left alone."""
+        """Change the time, priority and/or attempts limit (``max_attempts``, runs in all:
+        the retry policy's for these rows) of Pending rows (Graphile's ``rescheduleJobs``):
+        those of ``ids``, or every one matching the filters. Returns how many changed.
+        Rows that started meanwhile are left alone."""
         values: dict[str, Any] = {}
         if run_at is not None:
             when = aware_time("run_at", run_at)
             values.update(scheduled_time=when, available_at=when)
         if priority is not None:
             values["priority"] = check_priority(priority, "priority", error=ArgumentError)
+        if max_attempts is not None:
+            values["max_attempts"] = integer("max_attempts", max_attempts, high=MAX_ATTEMPTS)
         if not values:
-            raise ArgumentError("reschedule needs run_at and/or priority: what to change")
+            raise ArgumentError(
+                "reschedule needs run_at, priority and/or max_attempts: what to change"
+            )
         where = self._selection(ids, name, queue, key, flag, scheduled_after, scheduled_before)
         return await self._in_batches(where, batch_size, values, "rescheduling rows")
+
+    async def retry(
+        self,
+        ids: Sequence[ScheduledFunctionId | str],
+        *,
+        run_at: datetime | None = None,
+        batch_size: int = 1000,
+    ) -> list[ScheduledFunctionId]:
+        """Put Failed rows back to Pending, due at ``run_at`` (default now), for a fresh set
+        of attempts (their ``failures`` back to 0; their history and last error kept):
+        delayed_job's retry, Graphile's reschedule with attempts reset. Returns the ids
+        moved; rows that are not Failed are left alone."""
+        if isinstance(ids, str) or not all(isinstance(i, str) for i in ids):
+            raise ArgumentError(f"ids must be a list of row ids, not {ids!r}")
+        batch_size = integer("batch_size", batch_size, high=100_000)
+        rt = self._rt
+        when = None if run_at is None else aware_time("run_at", run_at)
+        wanted = [c for c in (scheduled_id(i) for i in ids) if c is not None]
+        moved: list[ScheduledFunctionId] = []
+        for start in range(0, len(wanted), batch_size):
+
+            async def _batch(
+                conn: AsyncConnection,
+                chunk: list[ScheduledFunctionId] = wanted[start : start + batch_size],
+            ) -> list[ScheduledFunctionId]:
+                found = await rt.driver.retry_failed(conn, chunk, when or rt.clock.now())
+                if found:
+                    await rt.driver.notify(conn, KINDS)
+                return found
+
+            moved += await rt.transaction(_batch, doing="retrying failed rows")
+        if moved:
+            rt.wake(KINDS)
+        return moved
 
     async def cancel_where(
         self,

@@ -20,6 +20,7 @@ from ._executor import Executor, ExecutorOptions, make_config
 from ._invoke import Invoker, Timeouts
 from ._options import JobOptionArgs, JobOptions, Queue, check_name
 from ._registry import ActionRef, FunctionRef, MutationRef, QueryRef, Registry
+from ._retries import Retry, check_retry
 from ._runtime import Backoff, Health, Limits, Runtime
 from ._scheduler import Scheduler
 from ._store import driver_for_url
@@ -65,6 +66,7 @@ class App(Operations):
         auto_migrate: bool | None = None,
         direct_retries: int = 8,
         queues: Mapping[str, Queue] | None = None,
+        retry: Retry | None = None,
     ) -> None:
         if url is not None:
             text("url", url)
@@ -80,6 +82,7 @@ class App(Operations):
         direct_retries = integer("direct_retries", direct_retries, low=0, high=1000)
         optional(flag, "auto_migrate", auto_migrate)
         queues = _queue_attributes(queues)
+        optional(check_retry, "retry", retry, error=ArgumentError)
         driver = driver_for_url(url or os.environ.get("DURAFN_DATABASE_URL") or DEFAULT_URL)
         self._rt = Runtime(
             registry=Registry(),
@@ -92,6 +95,7 @@ class App(Operations):
             # schema changes are an explicit, deliberate step (`durafn migrate`).
             auto_migrate=driver.auto_migrate if auto_migrate is None else auto_migrate,
             queues=queues,
+            retry=retry,
         )
         self._invoker = Invoker(self._rt, timeouts)
 
@@ -156,8 +160,10 @@ class App(Operations):
         """Register a transactional function: ``async def f(ctx: MutationCtx, ...)``.
 
         Scheduled, it runs exactly once; ``timeout`` (seconds) overrides the app default.
-        Job options (``priority``, ``queue``, ``key``, ``key_mode``, ``flags``) are the
-        defaults of its scheduled calls; ``ref.options(...)`` overrides them per call.
+        Job options (``priority``, ``queue``, ``key``, ``key_mode``, ``flags``,
+        ``retry``) are the defaults of its scheduled calls; ``ref.options(...)`` overrides
+        them per call. With ``retry``, a run that raises is rolled back and tried again
+        later, its effects committed once, by the run that succeeds.
         """
         return self._register(MutationRef, (MutationCtx,), fn, name, timeout, options)
 
@@ -183,8 +189,10 @@ class App(Operations):
     ) -> Any:
         """Register a side-effecting function: ``async def f(ctx: ActionCtx, ...)``.
 
-        Scheduled, it runs at most once and is never retried by durafn. Job options as
-        for ``mutation``.
+        Scheduled, it runs at most once and is never retried by durafn, unless it has a
+        ``retry`` policy: then it runs at least once until it succeeds or runs out of
+        attempts (a failure, its time limit, its worker lost, a stop's grace period).
+        Job options as for ``mutation``.
         """
         return self._register(ActionRef, (ActionCtx,), fn, name, timeout, options)
 

@@ -103,6 +103,11 @@ class ExecutorShutdownError(DurafnError):
     """An action was still running when its executor stopped after the grace period."""
 
 
+class NonRetryableError(DurafnError):
+    """Raise it (or a subclass) from a function to end its retries now: the row is Failed
+    whatever attempts its retry policy has left."""
+
+
 class WorkerLostError(DurafnError):
     """The worker running an action stopped heartbeating (killed, crashed, or cut off from
     the database); another worker recorded the action Failed. It is never re-run."""

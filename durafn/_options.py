@@ -20,6 +20,7 @@ from typing import Any, Literal, TypedDict, get_args
 
 from ._checks import Error, integer, is_integer, optional, text
 from ._errors import SchedulingError
+from ._retries import Retry, check_retry
 
 KeyMode = Literal["replace", "preserve_run_at", "unsafe_dedupe"]
 """What scheduling a key that a row already holds does (Graphile Worker's job key modes):
@@ -59,10 +60,11 @@ class JobOptionArgs(TypedDict, total=False):
     key: str | None
     key_mode: KeyMode | None
     flags: Iterable[str] | None
+    retry: Retry | None
 
 
 class OptionError(SchedulingError):
-    """A job option (priority, queue, key, key mode, flags) is not valid."""
+    """A job option (priority, queue, key, key mode, flags, retry) is not valid."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +94,7 @@ class JobOptions:
     key: str | None = None
     key_mode: KeyMode | None = None
     flags: frozenset[str] | None = None
+    retry: Retry | None = None
 
     @classmethod
     def checked(cls, error: Error = OptionError, **values: Any) -> JobOptions:
@@ -111,6 +114,7 @@ class JobOptions:
             key=optional(check_key, "key", values.get("key"), error=error),
             key_mode=key_mode,
             flags=optional(check_flags, "flags", values.get("flags"), error=error),
+            retry=optional(check_retry, "retry", values.get("retry"), error=error),
         )
 
     def over(self, base: JobOptions) -> JobOptions:
@@ -131,10 +135,17 @@ class RowOptions:
     key_mode: KeyMode
     flags: str | None
     """Stored form: ",a,b," (sorted), or None."""
+    retry: str | None
+    """The retry policy as data (``Retry.to_json``); None: none, or one whose backoff is a
+    function (looked up from the function or the app when a run fails)."""
+    max_attempts: int | None
 
 
-def resolve(options: JobOptions, queues: Mapping[str, Queue]) -> RowOptions:
-    """The row's options: ``options`` (call over decorator), then the queue's attributes."""
+def resolve(
+    options: JobOptions, queues: Mapping[str, Queue], retry: Retry | None = None
+) -> RowOptions:
+    """The row's options: ``options`` (call over decorator), then the queue's attributes;
+    ``retry``: the app's policy, for a function without one."""
     priority = options.priority
     if priority is None and options.queue is not None:
         attributes = queues.get(options.queue)
@@ -147,6 +158,8 @@ def resolve(options: JobOptions, queues: Mapping[str, Queue]) -> RowOptions:
         key=options.key,
         key_mode=options.key_mode or "replace",
         flags=stored_flags(options.flags),
+        retry=policy.to_json() if (policy := options.retry or retry) is not None else None,
+        max_attempts=policy.max_attempts if policy is not None else None,
     )
 
 

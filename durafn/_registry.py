@@ -24,7 +24,8 @@ from pydantic import ConfigDict, TypeAdapter
 
 from ._checks import optional, positive_seconds, text
 from ._errors import ArgumentError, DurableNameWarning, RegistrationError, UnknownFunctionError
-from ._options import JobOptions, KeyMode
+from ._options import JobOptions, KeyMode, OptionError
+from ._retries import Retry
 from ._types import FunctionKind
 
 P = ParamSpec("P")
@@ -231,6 +232,7 @@ class SchedulableRef(FunctionRef[P, R]):
         key: str | None = None,
         key_mode: KeyMode | None = None,
         flags: Iterable[str] | None = None,
+        retry: Retry | None = None,
     ) -> Self:
         """This function with job options for the calls scheduled through the result
         (which has the same parameters, so mypy still checks the arguments).
@@ -240,12 +242,20 @@ class SchedulableRef(FunctionRef[P, R]):
         order (or up to the queue's ``concurrency``). ``key``/``key_mode``: a job key,
         at most one Pending row per key (``"replace"``, the default,
         ``"preserve_run_at"`` or ``"unsafe_dedupe"``: Graphile Worker's modes, see the
-        README). ``flags``: strings a worker can refuse (``forbidden_flags``). Options
-        not given keep the decorator's.
+        README). ``flags``: strings a worker can refuse (``forbidden_flags``).
+        ``retry``: a ``durafn.Retry`` policy for these calls (its backoff one of durafn's,
+        kept on the row: a backoff function belongs on the decorator). Options not given
+        keep the decorator's.
         """
         chosen = JobOptions.checked(
-            priority=priority, queue=queue, key=key, key_mode=key_mode, flags=flags
+            priority=priority, queue=queue, key=key, key_mode=key_mode, flags=flags, retry=retry
         )
+        if chosen.retry is not None and chosen.retry.to_json() is None:
+            raise OptionError(
+                "a retry policy given per call keeps its backoff on the row, as data: use "
+                "Exponential(...), Fixed(...), GRAPHILE or DELAYED_JOB here, and declare a "
+                "backoff function on the decorator (@app.action(retry=Retry(...)))"
+            )
         copy = object.__new__(type(self))
         copy.__dict__.update(self.__dict__)
         copy.job_options = chosen.over(self.job_options)
@@ -287,6 +297,9 @@ class Registry:
             return self._by_name[name]
         except KeyError:
             raise UnknownFunctionError(name) from None
+
+    def find(self, name: str) -> FunctionRef[Any, Any] | None:
+        return self._by_name.get(name)
 
     def get_kind(self, name: str, kind: type[RefT]) -> RefT:
         """The function a scheduled row names, which must be of the row's ``kind``."""

@@ -21,6 +21,7 @@ from ._clock import Clock
 from ._errors import DatabaseError, DurafnError
 from ._options import JobOptions, Queue, RowOptions, resolve
 from ._registry import Registry
+from ._retries import Retry
 from ._store import Driver
 from ._store.sqlite import READ_ONLY_OPTION
 from ._types import FunctionKind
@@ -102,6 +103,8 @@ class Runtime:
     auto_migrate: bool = True
     queues: dict[str, Queue] = field(default_factory=dict)
     """The app's queue attributes (``App(queues=...)``)."""
+    retry: Retry | None = None
+    """The app's retry policy, for functions without one (``App(retry=...)``)."""
     _resolved: dict[JobOptions, RowOptions] = field(default_factory=dict)
     _wake_listeners: set[Callable[[Collection[FunctionKind]], None]] = field(default_factory=set)
     health: Health = field(init=False)
@@ -114,7 +117,7 @@ class Runtime:
         share a handful of option sets, and resolving cost ~2 us per scheduled row."""
         found = self._resolved.get(options)
         if found is None:
-            found = self._resolved[options] = resolve(options, self.queues)
+            found = self._resolved[options] = resolve(options, self.queues, self.retry)
         return found
 
     def concurrency_of(self, queue: str) -> int | None:

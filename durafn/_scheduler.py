@@ -264,6 +264,8 @@ class Scheduler:
             "job_key": options.key,
             "key_mode": options.key_mode,
             "flags": options.flags,
+            "retry": options.retry,
+            "max_attempts": options.max_attempts,
         }
 
     def _limit(self, message: str) -> None:

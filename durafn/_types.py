@@ -49,6 +49,20 @@ class ErrorInfo(BaseModel):
     traceback: str | None = None
 
 
+class FailedAttempt(BaseModel):
+    """One failed run of a row: when, where, what, and what its retry policy made of it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    attempt: int
+    """Which failed attempt it was: 1 for the first (again after ``app.retry``)."""
+    failed_at: datetime
+    worker_id: str | None
+    error: ErrorInfo
+    retry_at: datetime | None
+    """When it was to be tried again; None: not retried (the row ended Failed)."""
+
+
 class ScheduledFunction(BaseModel):
     """One row of ``_scheduled_functions``, as returned by ``get`` and ``list``."""
 
@@ -80,6 +94,13 @@ class ScheduledFunction(BaseModel):
     """The job key it was scheduled with, if any."""
     flags: list[str] = []
     """Its flags, sorted."""
+    max_attempts: int | None = None
+    """How many runs its retry policy allows in all (None: no policy, one run)."""
+    failures: int = 0
+    """How many of its runs failed (since it was scheduled, or retried by ``app.retry``)."""
+    history: list[FailedAttempt] = []
+    """Each failed run, oldest first: filled by ``get`` (one more read), empty in
+    ``list``'s pages."""
 
 
 class Page(BaseModel):

@@ -12,7 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 import durafn
 
-from .models import Base, Counter
+from .models import Base, Counter, Effect
 
 
 async def count(app: durafn.App, model: type[Base]) -> int:
@@ -24,6 +24,19 @@ async def counter(app: durafn.App, name: str = "c") -> int:
     async with app.engine.connect() as conn:
         value = (await conn.execute(select(Counter.value).where(Counter.name == name))).scalar()
         return int(value or 0)
+
+
+async def effects(app: durafn.App) -> list[str]:
+    """The keys of the ``Effect`` rows, in the order they were written."""
+    async with app.engine.connect() as conn:
+        return list((await conn.execute(select(Effect.key).order_by(Effect.id))).scalars())
+
+
+async def row_of(app: durafn.App, id: str) -> durafn.ScheduledFunction:
+    """The row with this id, which must exist."""
+    row = await app.get(id)
+    assert row is not None
+    return row
 
 
 @asynccontextmanager

@@ -88,7 +88,7 @@ async def test_reschedule_by_id_and_the_errors_of_bad_requests(
     assert await app.reschedule(ids[:2], run_at=soon) == 2
     assert await app.executor().run_until_idle() == 2
     assert await app.reschedule(ids[:2], priority=1) == 0  # finished: left alone
-    with pytest.raises(durafn.ArgumentError, match="run_at and/or priority"):
+    with pytest.raises(durafn.ArgumentError, match="run_at, priority and/or max_attempts"):
         await app.reschedule(ids)
     with pytest.raises(durafn.ArgumentError, match="needs a filter"):
         await app.cancel_where()

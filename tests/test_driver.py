@@ -88,6 +88,8 @@ def new_row(
         "queue_name": queue,
         "job_key": None,
         "flags": None,
+        "retry": None,
+        "max_attempts": None,
     }
 
 
@@ -313,7 +315,7 @@ async def test_rescue_fails_the_running_actions_of_lost_workers_only(store: Stor
     )
     # The dead worker's row claimed before the cutoff, and the row of a worker that never
     # registered; not the live worker's, nor one claimed more recently than the cutoff.
-    assert sorted((i, w) for i, _, w in lost) == sorted(
+    assert sorted((r.id, r.worker_id) for r in lost) == sorted(
         [(old_dead, "dead"), (gone, "never-registered")]
     )
     assert await store.states([old_alive, old_dead, new_dead, gone]) == [

@@ -12,7 +12,7 @@ from pathlib import Path
 import anyio
 import anyio.lowlevel
 import pytest
-from sqlalchemy import select, text, update
+from sqlalchemy import func, select, text, update
 
 import durafn
 from durafn import ActionCtx, MutationCtx, State
@@ -470,23 +470,43 @@ async def test_a_failed_run_keeps_its_traceback(app: durafn.App) -> None:
     assert row is not None and row.error is not None and row.error.traceback is None
 
 
-async def test_attempts_count_every_run_that_began(app: durafn.App) -> None:
-    """A mutation that raises in an optimistic batch rolls the batch back and re-runs it
-    with savepoints: the neighbour that ran before it ran twice, and says so."""
+@pytest.mark.parametrize("wrote", [True, False], ids=["after writing", "before writing"])
+async def test_attempts_count_every_run_that_began(app: durafn.App, wrote: bool) -> None:
+    """A mutation that raises in an optimistic batch after a write rolls the batch back
+    and re-runs it with savepoints: the neighbour that ran before it ran twice, and says
+    so. One that raises before anything of it reached the database (reads only) is
+    recorded Failed and the batch goes on: every row ran once."""
     runs: dict[str, int] = {}
 
     @app.mutation
     async def apply(ctx: MutationCtx, key: str) -> None:
         runs[key] = runs.get(key, 0) + 1
         ctx.db.add(Effect(key=key))
+        await ctx.db.scalar(select(func.count()).select_from(Effect))  # a read (autoflush)
         if key == "bad":
-            raise ValueError("bad")
+            raise ValueError("bad")  # after its Effect was flushed by the read
 
-    ids = {key: await app.scheduler().run_after(0, apply, key=key) for key in ("a", "bad", "c")}
+    @app.mutation
+    async def reads_then_raises(ctx: MutationCtx) -> None:
+        ctx.db.add(Effect(key="never"))  # unflushed: dropped with the failure
+        await ctx.system.list()
+        raise LookupError("nothing written")
+
+    if wrote:
+        keys = ("a", "bad", "c")
+        ids = {key: await app.scheduler().run_after(0, apply, key=key) for key in keys}
+    else:
+        ids = {"a": await app.scheduler().run_after(0, apply, key="a")}
+        ids["bad"] = await app.scheduler().run_after(0, reads_then_raises)
+        ids["c"] = await app.scheduler().run_after(0, apply, key="c")
+        runs["bad"] = 1
     await app.executor().run_until_idle()
     rows = {r.id: r for r in await all_rows(app)}
-    assert {key: rows[i].attempts for key, i in ids.items()} == runs == {"a": 2, "bad": 2, "c": 1}
-    assert await count(app, Effect) == 2
+    expected = {"a": 2, "bad": 2, "c": 1} if wrote else {"a": 1, "bad": 1, "c": 1}
+    assert {key: rows[i].attempts for key, i in ids.items()} == runs == expected
+    assert rows[ids["bad"]].state is State.FAILED
+    async with app.engine.connect() as conn:
+        assert sorted((await conn.execute(select(Effect.key))).scalars()) == ["a", "c"]
 
 
 @pytest.mark.postgres_only  # a connection terminated by the server, with lanes in parallel

@@ -16,20 +16,10 @@ import durafn
 from durafn import ActionCtx, MutationCtx, Queue, State
 from durafn.testing import FakeClock, all_rows
 
+from .helpers import effects, row_of
 from .models import Effect
 
 pytestmark = pytest.mark.anyio
-
-
-async def _effects(app: durafn.App) -> list[str]:
-    async with app.engine.connect() as conn:
-        return list((await conn.execute(select(Effect.key).order_by(Effect.id))).scalars())
-
-
-async def _row(app: durafn.App, id: str) -> durafn.ScheduledFunction:
-    row = await app.get(id)
-    assert row is not None
-    return row
 
 
 # -- priority ---------------------------------------------------------------------------
@@ -63,7 +53,7 @@ async def test_due_rows_run_by_priority_then_due_time_then_id(
     assert [(rows[i].args, rows[i].priority) for i in ids] == [({"tag": t}, p) for t, p, _ in plan]
     clock.advance(10)
     await app.executor(batch_size=2).run_until_idle()
-    assert await _effects(app) == ["m7-t1", "m7-t2", "p0-t1a", "p0-t1b", "p0-t3", "p5-t1"]
+    assert await effects(app) == ["m7-t1", "m7-t2", "p0-t1a", "p0-t1b", "p0-t3", "p5-t1"]
 
 
 async def test_actions_are_claimed_by_priority_too(app: durafn.App, clock: FakeClock) -> None:
@@ -89,11 +79,11 @@ async def test_priority_never_runs_a_future_row_early(app: durafn.App, clock: Fa
     await app.scheduler().run_after(0, note.options(priority=100), "lowly-but-due")
     executor = app.executor()
     await executor.run_until_idle()
-    assert await _effects(app) == ["lowly-but-due"]
+    assert await effects(app) == ["lowly-but-due"]
     assert await executor.next_due() == clock.now() + 60
     clock.advance(60)
     await executor.run_until_idle()
-    assert await _effects(app) == ["lowly-but-due", "urgent-but-later"]
+    assert await effects(app) == ["lowly-but-due", "urgent-but-later"]
 
 
 # -- options: layers, rows, errors ------------------------------------------------------
@@ -113,7 +103,7 @@ async def test_options_layer_call_over_decorator_over_queue(app: durafn.App) -> 
             0, send.options(priority=3, key="welcome:1", flags=["email", "bulk"]), "b"
         )
         elsewhere = await app.scheduler().run_after(0, send.options(queue="user:1"), "c")
-        first, second, third = [await _row(app, i) for i in (plain, custom, elsewhere)]
+        first, second, third = [await row_of(app, i) for i in (plain, custom, elsewhere)]
         assert (first.queue, first.priority, first.flags, first.key) == (
             "mail",
             -10,  # the queue's default priority
@@ -220,7 +210,7 @@ async def test_rows_of_one_queue_run_one_after_another_in_a_mutation_batch(
     await app.scheduler().run_many(calls)
     executor = app.executor(batch_size=64)
     assert await executor.run_until_idle() == 8
-    queued = [e for e in await _effects(app) if e.startswith("q")]
+    queued = [e for e in await effects(app) if e.startswith("q")]
     assert queued == [f"q{n}" for n in range(5)]
 
 
@@ -266,13 +256,13 @@ async def test_a_paused_queue_keeps_its_rows_pending_until_resumed(app: durafn.A
     await app.scheduler().run_after(0, note, "free")
     executor = app.executor()
     await executor.run_until_idle()
-    assert sorted(await _effects(app)) == ["free", "other"]
-    assert (await _row(app, held)).state is State.PENDING
+    assert sorted(await effects(app)) == ["free", "other"]
+    assert (await row_of(app, held)).state is State.PENDING
     reports = {q.name: q for q in await app.queues()}["reports"]
     assert (reports.paused, reports.due, reports.pending) == (True, 1, 1)
     assert await app.resume_queue("reports") == 1
     await executor.run_until_idle()
-    assert (await _row(app, held)).state is State.SUCCESS
+    assert (await row_of(app, held)).state is State.SUCCESS
 
 
 # -- flags and pools --------------------------------------------------------------------
@@ -294,11 +284,11 @@ async def test_a_worker_skips_rows_with_forbidden_flags(app: durafn.App) -> None
     crunching = await app.scheduler().run_after(0, crunch)
     await app.scheduler().run_after(0, note.options(flags=["light"]), "light")
     await app.executor(forbidden_flags=["heavy"]).run_until_idle()
-    assert await _effects(app) == ["light"]
+    assert await effects(app) == ["light"]
     for id in (heavy, heavy_queued, crunching):
-        assert (await _row(app, id)).state is State.PENDING
+        assert (await row_of(app, id)).state is State.PENDING
     await app.executor().run_until_idle()
-    assert sorted(await _effects(app)) == ["heavy", "heavy-q", "light"]
+    assert sorted(await effects(app)) == ["heavy", "heavy-q", "light"]
 
 
 async def test_a_worker_with_queues_serves_only_those(app: durafn.App) -> None:
@@ -309,11 +299,11 @@ async def test_a_worker_with_queues_serves_only_those(app: durafn.App) -> None:
     for queue in ("mail", "reports", None):
         await app.scheduler().run_after(0, note.options(queue=queue), str(queue))
     await app.executor(queues=["mail"]).run_until_idle()
-    assert await _effects(app) == ["mail"]
+    assert await effects(app) == ["mail"]
     await app.executor(queues=["reports", "mail"]).run_until_idle()
-    assert await _effects(app) == ["mail", "reports"]
+    assert await effects(app) == ["mail", "reports"]
     await app.executor().run_until_idle()  # no queue option: every queue, and unqueued rows
-    assert await _effects(app) == ["mail", "reports", "None"]
+    assert await effects(app) == ["mail", "reports", "None"]
 
 
 # -- job keys ---------------------------------------------------------------------------
@@ -339,7 +329,7 @@ async def test_replace_updates_the_pending_holder_and_returns_its_id(
     assert row.scheduled_time.timestamp() == clock.now() + 30  # not attempted: time kept
     clock.advance(30)
     await app.executor().run_until_idle()
-    assert await _effects(app) == ["kept"]
+    assert await effects(app) == ["kept"]
 
 
 async def test_a_finished_or_running_holder_gives_its_key_up_to_a_new_row(
@@ -368,19 +358,19 @@ async def test_a_finished_or_running_holder_gives_its_key_up_to_a_new_row(
         with anyio.fail_after(10):
             await executor.wait_until_idle()
     assert replacement != running
-    old, new = await _row(app, running), await _row(app, replacement)
+    old, new = await row_of(app, running), await row_of(app, replacement)
     assert (old.state, old.key) == (State.SUCCESS, None)  # gave its key up while running
     assert (new.state, new.key) == (State.PENDING, "k")
 
     # Failed and Canceled holders keep their key until a replace takes it...
     failing = await app.scheduler().run_after(0, fail.options(key="f"), 0)
     await app.executor().run_until_idle()
-    assert (await _row(app, failing)).key == "f"
+    assert (await row_of(app, failing)).key == "f"
     # ... and unsafe_dedupe returns them as they are: nothing new runs.
     dedupe = fail.options(key="f", key_mode="unsafe_dedupe")
     assert await app.scheduler().run_after(0, dedupe, 1) == failing
     again = await app.scheduler().run_after(0, fail.options(key="f"), 2)
-    assert again != failing and (await _row(app, failing)).key is None
+    assert again != failing and (await row_of(app, failing)).key is None
     await app.cancel(again)
     third = await app.scheduler().run_after(0, fail.options(key="f"), 3)
     assert third not in (again, failing)
@@ -389,9 +379,9 @@ async def test_a_finished_or_running_holder_gives_its_key_up_to_a_new_row(
     done = await app.scheduler().run_after(0, slow.options(key="s"), 5)
     clock.advance(1)
     await app.executor().run_until_idle()
-    assert (await _row(app, done)).state is State.SUCCESS
+    assert (await row_of(app, done)).state is State.SUCCESS
     fresh = await app.scheduler().run_after(0, slow.options(key="s", key_mode="unsafe_dedupe"), 6)
-    assert fresh != done and (await _row(app, done)).key == "s"
+    assert fresh != done and (await row_of(app, done)).key == "s"
 
 
 async def test_unsafe_dedupe_keeps_the_pending_holder_unchanged(app: durafn.App) -> None:

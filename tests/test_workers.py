@@ -194,7 +194,19 @@ async def test_kill_9_mid_action_is_recorded_lost_and_the_others_carry_on(
         await app.scheduler().run_after(0, fns.apply, 7, 0.0)
         await wait_until(lambda: equals(_row_state(app, done), State.SUCCESS), "new work ran")
         assert trace_of(trace) == [(1, pid), (2, survivor.pid)]
-        assert await stop([survivor]) == [0]
+
+        # With a retry policy, a lost action is run again (at least once): exactly once
+        # more here, by the worker that rescues it.
+        again = await app.scheduler().run_after(0, fns.hang_once, 3, str(trace))
+        await wait_until(lambda: true(len(trace_of(trace)) == 3), "it started")
+        (tmp_path / "more").mkdir()
+        async with worker_processes(db_url, 1, tmp_path / "more", *FAST) as [rescuer]:
+            os.kill(survivor.pid, signal.SIGKILL)
+            await wait_until(lambda: equals(_row_state(app, again), State.SUCCESS), "re-run")
+            assert await stop([rescuer]) == [0]
+        assert trace_of(trace)[2:] == [(3, survivor.pid), (3, rescuer.pid)]
+        row = await app.get(again)
+        assert row is not None and [h.error.type for h in row.history] == ["durafn.WorkerLostError"]
     assert "Traceback" not in logs_of(tmp_path)
 
 

@@ -40,6 +40,7 @@ class Functions(NamedTuple):
     touch: durafn.ActionRef[[int, str, float], int]
     hang: durafn.ActionRef[[int, str], None]
     span: durafn.ActionRef[[int, str, float], None]
+    hang_once: durafn.ActionRef[[int, str], None]
 
 
 async def _trace(path: str, n: int) -> None:
@@ -83,7 +84,16 @@ def register(app: durafn.App) -> Functions:
         async with await anyio.open_file(path, "a") as f:
             await f.write(f"end {n} {time.monotonic()} {os.getpid()} {serves}\n")
 
-    return Functions(apply, fan_out, touch, hang, span)
+    @app.action(name="w:hang_once", retry=durafn.Retry(2, backoff=durafn.Fixed(0)))
+    async def hang_once(ctx: ActionCtx, n: int, path: str) -> None:
+        """Hangs on its first run (until its worker is killed); returns on the next."""
+        async with await anyio.open_file(path) as f:
+            first = f"{n} " not in await f.read()
+        await _trace(path, n)
+        if first:
+            await anyio.sleep_forever()
+
+    return Functions(apply, fan_out, touch, hang, span, hang_once)
 
 
 QUEUES = {"limited": durafn.Queue(concurrency=3)}

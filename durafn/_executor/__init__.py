@@ -40,17 +40,19 @@ Where the guarantees are kept:
   ``state = 'InProgress'`` (``finisher.py``): a cancel that landed meanwhile is never
   overwritten. A row that never started when a stop ends (claimed ahead, or queued) goes
   back to Pending (``ActionClaims.release``); a worker that dies has its InProgress rows
-  recorded Failed by another worker's rescue (``membership.py``), never re-run.
+  recorded Failed by another worker's rescue (``membership.py``), never re-run; unless
+  the row has a retry policy, which its author chose: then Pending again, at least once.
 
-Where to add things: how a run's end becomes the row's next state (a retry at a later time
-instead of Failed, say) is decided in ``outcomes.py`` and written by
-``MutationBatch._write`` (mutations, in the batch's transaction) and ``Finisher.write``
-(actions) through the driver's guarded finish statements; the lost-worker path is
-``Membership._rescue_lost``. Which due rows may be claimed (priority levels, named
-queues, pauses, flags, a worker's pools) is ``_store/_claims.py``, reached through the
-driver's ``claim_mutations`` and ``claim_actions``/``claim_actions_fast``, called from
-``MutationBatch.run`` and ``ActionClaims.claim`` with the executor's ``ClaimFilter``.
-Periodic work (cron ticks)
+Where to add things: how a run's end becomes the row's next state is decided in
+``outcomes.py`` (the outcome) and ``retrying.py`` (a failure its retry policy tries
+again: Pending at a later time, in the same transaction as the failure's history), and
+written by ``retrying.settle``, called from ``MutationBatch._write`` (mutations, in the
+batch's transaction) and ``Finisher.write`` (actions), through the driver's guarded
+statements; the lost-worker path is ``Membership._rescue_lost``. Which due rows may be
+claimed (priority levels, named queues, pauses, flags, a worker's pools) is
+``_store/_claims.py``, reached through the driver's ``claim_mutations`` and
+``claim_actions``/``claim_actions_fast``, called from ``MutationBatch.run`` and
+``ActionClaims.claim`` with the executor's ``ClaimFilter``. Periodic work (cron ticks)
 is another pass of ``Maintenance.loop``.
 """
 

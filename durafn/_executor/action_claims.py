@@ -32,7 +32,7 @@ class ActionClaims:
         self, runtime: Runtime, worker_id: Callable[[], str], serve: ClaimFilter = SERVE_ALL
     ) -> None:
         self._rt = runtime
-        self._worker_id = worker_id
+        self._worker_id = self.worker_id = worker_id
         self.serve = serve
         """Which rows this worker serves (its queues, its forbidden flags)."""
         self.hint = FastPathHint()

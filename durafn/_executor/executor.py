@@ -56,7 +56,9 @@ class Executor:
         self._membership = Membership(runtime, config, self._tally.progress, self._on_leave)
         self._claims = ActionClaims(runtime, lambda: self._membership.worker_id, config.serve)
         self._finisher = Finisher(runtime, self._tally, self._claims)
-        self._mutations = MutationLanes(runtime, invoker, config, self._tally, self._wakeups)
+        self._mutations = MutationLanes(
+            runtime, invoker, config, self._tally, self._wakeups, lambda: self._membership.worker_id
+        )
         self._actions = ActionPool(
             runtime, invoker, config, self._claims, self._finisher, self._wakeups
         )

@@ -17,13 +17,15 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from .._errors import DatabaseError
 from .._runtime import Runtime
 from .._store import Claimed, Outcome
-from .._types import FunctionKind, ScheduledFunctionId
+from .._types import FunctionKind, ScheduledFunctionId, State
 from .action_claims import ActionClaims
 from .outcomes import Tally, failed
+from .retrying import retried, settle
 from .tasks import Signal
 from .wakeups import KINDS
 
 logger = logging.getLogger("durafn.executor")
+ACTION, FAILED = FunctionKind.ACTION, State.FAILED
 
 FLUSH_LIMIT = 30.0
 """Seconds a stopping executor keeps trying to record action outcomes if the database is
@@ -123,20 +125,23 @@ class Finisher:
         # Rows of named queues free their queues as they end: wake the claimers that
         # skipped those queues, here and (NOTIFY) in other processes.
         queued = any(o.queue is not None for o in outcomes)
+        worker_id = self._claims.worker_id()
         while True:
 
             async def _write(conn: AsyncConnection) -> int:
-                written = await self._rt.driver.finish_in_progress(
-                    conn, self._rt.clock.now(), outcomes
-                )
+                now = self._rt.clock.now()
+                written = await settle(self._rt, conn, now, outcomes, ACTION, worker_id)
                 if queued:
                     await self._rt.driver.notify(conn, KINDS)
                 return written
 
             stuck: set[ScheduledFunctionId] = set()
             try:
+                # One autocommit statement unless a queue must be woken or a run failed
+                # (its retry, its state and its history commit together).
+                single = not queued and not any(o.state is FAILED for o in outcomes)
                 written = await self._rt.transaction(
-                    _write, doing="recording action outcomes", single_statement=not queued
+                    _write, doing="recording action outcomes", single_statement=single
                 )
                 break
             except DatabaseError as exc:
@@ -159,6 +164,8 @@ class Finisher:
         self._tally.record(FunctionKind.ACTION, outcomes)
         if queued:
             self._rt.wake(KINDS)
+        elif retried(outcomes):
+            self._rt.wake({ACTION})
 
     async def _write_one_by_one(
         self, outcomes: list[Outcome], cause: Exception
@@ -173,12 +180,16 @@ class Finisher:
         )
         written = 0
         stuck: set[ScheduledFunctionId] = set()
+        worker_id = self._claims.worker_id()
         for outcome in outcomes:
             stuck.add(outcome.id)
-            for attempt in (outcome, failed(outcome, cause)):
+            unstorable = failed(outcome, cause)
+            unstorable.error = None  # the action ran: this is about its outcome, not a retry
+            for attempt in (outcome, unstorable):
 
                 async def _write(conn: AsyncConnection, o: Outcome = attempt) -> int:
-                    return await self._rt.driver.finish_in_progress(conn, self._rt.clock.now(), [o])
+                    now = self._rt.clock.now()
+                    return await settle(self._rt, conn, now, [o], ACTION, worker_id)
 
                 try:
                     written += await self._rt.transaction(

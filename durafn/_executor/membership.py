@@ -18,12 +18,13 @@ from contextlib import asynccontextmanager
 import anyio
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from .._errors import ArgumentError, DurafnError
+from .._errors import ArgumentError, DurafnError, WorkerLostError
 from .._runtime import Runtime
-from .._store import LostAction
+from .._store import Outcome
 from .._types import FunctionKind, State
 from .config import ExecutorConfig
 from .outcomes import log_fields
+from .retrying import decide
 from .tasks import Signal, shielded
 
 logger = logging.getLogger("durafn.executor")
@@ -191,20 +192,48 @@ class Membership:
         message = (
             "the worker running this action ({worker}) sent no heartbeat for "
             f"{timeout:g}s: it was killed, crashed, or lost its database connection. The "
-            "action may have run partly or fully; it is not retried"
+            "action may have run partly or fully"
         )
+        rt = self._rt
 
-        async def _rescue(conn: AsyncConnection) -> list[LostAction]:
-            return await self._rt.driver.rescue_lost(conn, now, now - timeout, message)
+        async def _rescue(conn: AsyncConnection) -> list[Outcome]:
+            lost = await rt.driver.rescue_lost(conn, now, now - timeout, message)
+            outcomes = []
+            for row in lost:
+                outcome = Outcome(
+                    row.id,
+                    State.FAILED,
+                    error_type="durafn.WorkerLostError",
+                    error_message=row.error_message,
+                    name=row.name,
+                    queue=row.queue_name,
+                    error=WorkerLostError(row.error_message),
+                )
+                # Recorded Failed above; its retry policy may put it back to Pending.
+                decide(rt, now, outcome, row.retry)
+                outcomes.append(outcome)
+            retried = [o for o in outcomes if o.retry_at is not None]
+            if retried:
+                await rt.driver.retry_rows(conn, retried, State.FAILED)
+                await rt.driver.notify(conn, {FunctionKind.ACTION})
+            for row, outcome in zip(lost, outcomes, strict=True):
+                await rt.driver.record_failures(conn, now, [outcome], row.worker_id)
+            return outcomes
 
-        lost = await self._rt.transaction(_rescue, doing="rescuing the actions of lost workers")
-        for id, name, worker in lost:
+        lost = await rt.transaction(_rescue, doing="rescuing the actions of lost workers")
+        if any(o.retry_at is not None for o in lost):
+            rt.wake({FunctionKind.ACTION})
+        for o in lost:
+            retried = o.retry_at is not None
             logger.warning(
-                "action %s (%s) InProgress -> Failed: its worker %s was lost",
-                id,
-                name,
-                worker,
-                extra=log_fields(FunctionKind.ACTION, id, name, State.FAILED),
+                "action %s (%s) InProgress -> %s: its worker was lost (%s)",
+                o.id,
+                o.name,
+                "Pending, to be retried" if retried else "Failed",
+                o.error_message,
+                extra=log_fields(
+                    FunctionKind.ACTION, o.id, o.name, State.PENDING if retried else State.FAILED
+                ),
             )
         if lost:
             self._progress.fire()

@@ -2,17 +2,20 @@
 every row's outcome with one guarded UPDATE, and commit once.
 
 This transaction is where "exactly once" is kept: each mutation's effects and its row's
-move out of Pending commit together, so a crash before COMMIT leaves the rows Pending with
-no effects, and after it leaves them finished. Group commit is the point: one COMMIT (one
-fsync) per batch instead of per mutation.
+move out of Pending commit together, so a crash before COMMIT leaves the rows Pending
+with no effects, and after it leaves them finished. Group commit is the point: one
+COMMIT (one fsync) per batch instead of per mutation.
 
-``Mode`` says how carefully the batch runs. OPTIMISTIC runs every mutation in one session
-without savepoints (a SAVEPOINT/RELEASE pair costs two round trips per mutation on
-PostgreSQL); a mutation that raises there raises ``BatchRestart``, and the lane re-runs the
-batch in SAVEPOINTS mode, a savepoint around each mutation, so the failing one is rolled
-back alone and recorded Failed. ALONE runs one row per transaction, after a failure that no
-mutation owned. A mutation past its time limit raises ``BatchTimeout`` once its statement
-is stopped and the batch rolled back.
+``Mode`` says how carefully the batch runs. OPTIMISTIC runs every mutation in one
+session without savepoints (a SAVEPOINT/RELEASE pair costs two round trips per mutation
+on PostgreSQL). A mutation that raises there before anything of it reached the database
+(reads only: every other statement on the connection is counted) is recorded as it is
+and the batch goes on; one that raises after a write raises ``BatchRestart``, and the
+lane re-runs the batch in SAVEPOINTS mode, a savepoint around each mutation, so the
+failing one is rolled back alone. Either way its failure is written as its retry policy
+says (``retrying.settle``: Failed, or Pending again later). ALONE runs one row per
+transaction, after a failure that no mutation owned. A mutation past its time limit
+raises ``BatchTimeout`` once its statement is stopped and the batch rolled back.
 """
 
 from __future__ import annotations
@@ -22,8 +25,11 @@ import functools
 import math
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import anyio
+from sqlalchemy import event
+from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, AsyncTransaction
 
 from .._context import MutationCtx, SystemTable
@@ -36,8 +42,24 @@ from .._store import SERVE_ALL, Claimed, ClaimFilter, FastPathHint, Outcome
 from .._types import FunctionKind, State
 from .._writers import BufferedWriter
 from .outcomes import failed
+from .retrying import retried, settle
 from .tasks import Pace
 from .wakeups import KINDS
+
+MUTATION = FunctionKind.MUTATION
+
+
+def _from_database(exc: BaseException) -> bool:
+    """Whether a database error is among ``exc``'s causes (on PostgreSQL it has aborted
+    the transaction, whatever statement raised it)."""
+    seen: BaseException | None = exc
+    for _ in range(20):
+        if seen is None:
+            return False
+        if isinstance(seen, sa_exc.DBAPIError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return True
 
 
 class Mode(enum.Enum):
@@ -74,8 +96,10 @@ class MutationBatch:
         pace: Pace,
         serve: ClaimFilter = SERVE_ALL,
         hint: FastPathHint | None = None,
+        worker_id: str | None = None,
     ) -> None:
         self._rt = runtime
+        self._worker_id = worker_id
         self._serve = serve
         self._hint = hint
         self._invoker = invoker
@@ -94,6 +118,8 @@ class MutationBatch:
         # The mutation running now, to name it if its time limit fires.
         self._current: Claimed | None = None
         self._timeout = 0.0
+        self._writes = 0
+        """Statements other than reads run on the batch's connection (optimistic mode)."""
 
     async def run(self, now: float | None, size: int, batch_time: float) -> None:
         """Claim up to ``size`` rows due at ``now`` (default: the clock's now), run them for
@@ -113,6 +139,8 @@ class MutationBatch:
             # own session joined to its own savepoint. "rollback_only": a user's
             # ctx.db.commit() commits nothing of ours; a ctx.db.rollback() is detected.
             session = mutation_session(conn) if self._mode is Mode.OPTIMISTIC else None
+            if session is not None:
+                event.listen(conn.sync_connection, "before_cursor_execute", self._count_writes)
             outcomes = self.outcomes
             # One cancel scope for the whole batch, its deadline moved per mutation: a new
             # anyio scope per mutation cost ~25 us, a sixth of a no-op mutation on SQLite.
@@ -135,8 +163,12 @@ class MutationBatch:
                             continue  # cancelled by an earlier mutation of this batch
                         outcomes.append(await self._run_one(conn, root, session, row, limit))
                 finally:
-                    if session is not None and not limit.cancel_called:
-                        await session.close()
+                    if session is not None:
+                        event.remove(
+                            conn.sync_connection, "before_cursor_execute", self._count_writes
+                        )
+                        if not limit.cancel_called:
+                            await session.close()
             if limit.cancel_called:
                 # A mutation outlived its time limit and was cancelled, possibly in the middle
                 # of a statement: stop that statement, roll everything back, drop the
@@ -188,6 +220,7 @@ class MutationBatch:
         scheduler = Scheduler(rt, writer, parent_id=row.id, own_run_id=row.id)
         ctx = MutationCtx(rt, session, scheduler, SystemTable(rt, conn, writer.flush), row.id)
         mark = self._written
+        writes = self._writes
         self.begun.append(row)
         timeout = self._invoker.timeouts.for_(ref)
         self._current, self._timeout = row, timeout
@@ -209,7 +242,15 @@ class MutationBatch:
             if rt.driver.is_transient(exc, raised_by_user=True):
                 raise
             if savepoint is None:
-                raise BatchRestart() from exc
+                if self._writes != writes or not root.is_active or _from_database(exc):
+                    raise BatchRestart() from exc
+                # Nothing of it reached the database (reads only): drop what it left in
+                # the session and its scheduler, record it, and go on with the batch. A
+                # restart with savepoints cost a batch of no-op mutations with one in ten
+                # failing 0.05x of its rate.
+                session.expunge_all()
+                writer.discard()
+                return failed(row, exc)
             # Closing the mutation's own session first rolls back savepoints the user left
             # open inside ours; then ours can be rolled back.
             await session.close()
@@ -226,6 +267,12 @@ class MutationBatch:
         self.woken |= writer.woken
         return Outcome(row.id, State.SUCCESS, result=encoded, name=row.name, queue=row.queue_name)
 
+    def _count_writes(self, _conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        """Every statement of an optimistic batch that is not a plain read: a mutation that
+        raised after one must be rolled back (the batch re-runs with savepoints)."""
+        if statement.lstrip()[:6].upper() != "SELECT":
+            self._writes += 1
+
     async def _before_cancel(self, conn: AsyncConnection) -> None:
         await self._write(conn)
         self._cancelled = True
@@ -238,7 +285,10 @@ class MutationBatch:
         each mutation committed alone), and the batch must skip rows cancelled under it.
         """
         pending = self.outcomes[self._written :]
-        written = await self._rt.driver.finish_pending(conn, self._rt.clock.now(), pending)
+        now = self._rt.clock.now()
+        written = await settle(self._rt, conn, now, pending, MUTATION, self._worker_id)
+        if retried(pending):
+            self.woken.add(MUTATION)
         if written != len(pending):  # pragma: no cover - the rows are locked by this batch
             raise DatabaseError(
                 f"{len(pending) - written} claimed mutations changed state under the executor"

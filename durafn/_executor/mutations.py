@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 
 import anyio
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -26,6 +27,7 @@ from .._types import FunctionKind
 from .config import ExecutorConfig
 from .mutation_batch import BatchRestart, BatchTimeout, Mode, MutationBatch
 from .outcomes import Tally, failed
+from .retrying import settle
 from .tasks import Pace, shielded
 from .wakeups import Wakeups
 
@@ -42,8 +44,10 @@ class MutationLanes:
         config: ExecutorConfig,
         tally: Tally,
         wakeups: Wakeups,
+        worker_id: Callable[[], str],
     ) -> None:
         self._rt = runtime
+        self._worker_id = worker_id
         self._invoker = invoker
         self._config = config
         self._tally = tally
@@ -81,7 +85,13 @@ class MutationLanes:
             mode = self._mode
             size = 1 if mode is Mode.ALONE else self.claim_size(timed)
             batch = MutationBatch(
-                rt, self._invoker, mode, self.pace, self._config.serve, self._hint
+                rt,
+                self._invoker,
+                mode,
+                self.pace,
+                self._config.serve,
+                self._hint,
+                self._worker_id(),
             )
             try:
                 await shielded(batch.run(now, size, self._config.batch_time if timed else math.inf))
@@ -163,10 +173,14 @@ class MutationLanes:
         outcome = failed(row, exc)
 
         async def _write(conn: AsyncConnection) -> int:
-            return await self._rt.driver.finish_pending(conn, self._rt.clock.now(), [outcome])
+            now = self._rt.clock.now()
+            kind = FunctionKind.MUTATION
+            return await settle(self._rt, conn, now, [outcome], kind, self._worker_id())
 
         if await self._rt.transaction(_write, doing="recording a failure"):
             self._tally.record(FunctionKind.MUTATION, [outcome])
+            if outcome.retry_at is not None:
+                self._rt.wake({FunctionKind.MUTATION})
 
     async def _count_rolled_back(self, rows: list[Claimed]) -> None:
         """Count the runs of a batch that rolled back: each began, so each is an attempt

@@ -14,6 +14,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from .._clock import to_datetime
 from .._errors import ExecutorShutdownError
 from .._registry import ActionRef
 from .._store import Claimed, Outcome
@@ -64,9 +65,11 @@ def failed(row: Claimed | Outcome, exc: BaseException) -> Outcome:
         State.FAILED,
         error_type=error_type,
         error_message=message,
-        error_traceback=traceback_text(exc),
+        # The traceback is written for a final failure only (``retrying.settle``): it
+        # cost ~0.2 ms per failed run, a third of what a retried no-op run added.
         name=row.name,
         queue=row.queue_name if isinstance(row, Claimed) else row.queue,
+        error=exc,
     )
 
 
@@ -84,7 +87,9 @@ def succeeded(row: Claimed, ref: ActionRef[Any, Any], result: Any) -> Outcome:
     try:
         encoded = ref.encode_result(result)
     except Exception as exc:  # a result that cannot be stored fails the row, not the worker
-        return failed(row, exc)
+        outcome = failed(row, exc)
+        outcome.error = None  # the action itself succeeded: never run it again for this
+        return outcome
     return Outcome(row.id, State.SUCCESS, result=encoded, name=row.name, queue=row.queue_name)
 
 
@@ -98,7 +103,13 @@ class Tally:
     """Counts (``stats``) and logs committed outcomes, and signals ``progress``."""
 
     def __init__(self) -> None:
-        self.stats: dict[str, int] = {"mutations": 0, "actions": 0, "failed": 0, "retries": 0}
+        self.stats: dict[str, int] = {
+            "mutations": 0,
+            "actions": 0,
+            "failed": 0,
+            "retried": 0,
+            "retries": 0,
+        }
         self.progress = Signal()
         """Fired whenever rows finished: by this executor, or by its rescue of lost ones."""
 
@@ -106,9 +117,22 @@ class Tally:
         """Count and log committed outcomes (one line each), and fire ``progress``."""
         before = State.PENDING if kind is FunctionKind.MUTATION else State.IN_PROGRESS
         debug = logger.isEnabledFor(logging.DEBUG)
-        failures = 0
+        failures = retried = 0
         for o in outcomes:
-            if o.state is State.FAILED:
+            if o.retry_at is not None:
+                retried += 1
+                logger.warning(
+                    "%s %s (%s) %s -> Pending, to be retried at %s: %s: %s",
+                    kind,
+                    o.id,
+                    o.name,
+                    before,
+                    to_datetime(o.retry_at).isoformat(timespec="milliseconds"),
+                    o.error_type,
+                    o.error_message,
+                    extra=log_fields(kind, o.id, o.name, State.PENDING),
+                )
+            elif o.state is State.FAILED:
                 failures += 1
                 logger.warning(
                     "%s %s (%s) %s -> Failed: %s: %s%s",
@@ -132,5 +156,6 @@ class Tally:
                     extra=log_fields(kind, o.id, o.name, o.state),
                 )
         self.stats["failed"] += failures
-        self.stats[f"{kind}s"] += len(outcomes) - failures
+        self.stats["retried"] += retried
+        self.stats[f"{kind}s"] += len(outcomes) - failures - retried
         self.progress.fire()

@@ -39,18 +39,19 @@ from ._claims import (
     take_fast,
 )
 from ._engine import EngineDriver
+from ._failures import RETRY_COLUMNS, FailureStatements
 from ._filters import RowFilter
 from ._keys import insert_keyed
 from ._queues import QueueStatements
 from ._reading import ReadStatements
-from ._rows import Claimed, LostAction, Outcome, is_id
+from ._rows import Claimed, LostAction, Outcome, RetryState, is_id
 from ._statements import CLAIM_COLUMNS, FINISH_ONE, FINISH_PLAIN, FinishParams, claimed
 from ._tables import sf, workers
 
 _RUNNABLE = (State.PENDING.value, State.IN_PROGRESS.value)
 
 
-class Driver(ReadStatements, QueueStatements, EngineDriver):
+class Driver(ReadStatements, QueueStatements, FailureStatements, EngineDriver):
     """Dialect-neutral statements on the system tables."""
 
     # -- one row ---------------------------------------------------------------------------
@@ -199,7 +200,12 @@ class Driver(ReadStatements, QueueStatements, EngineDriver):
         # whole batch; only the others need a row each. On SQLite this took a 64-row
         # batch's completion from ~3 ms (executemany) to well under 1 ms.
         plain = [o.id for o in outcomes if o.state is State.SUCCESS and o.result is None]
-        other = [o for o in outcomes if not (o.state is State.SUCCESS and o.result is None)]
+        retried = [o for o in outcomes if o.retry_at is not None]
+        other = [
+            o
+            for o in outcomes
+            if o.retry_at is None and not (o.state is State.SUCCESS and o.result is None)
+        ]
         common = FinishParams(
             now=now, expected=expected.value, counted=1 if expected is State.PENDING else 0
         )
@@ -208,6 +214,8 @@ class Driver(ReadStatements, QueueStatements, EngineDriver):
             written += await self._finish_plain(conn, plain, common)
         if other:
             written += await self._finish_others(conn, other, common)
+        if retried:
+            written += await self.retry_rows(conn, retried, expected, common["counted"], 1)
         return written
 
     async def _finish_plain(
@@ -235,6 +243,7 @@ class Driver(ReadStatements, QueueStatements, EngineDriver):
                     "b_error_type": o.error_type,
                     "b_error_message": o.error_message,
                     "b_error_traceback": o.error_traceback,
+                    "b_failed": int(o.state is State.FAILED),
                     **common,
                 }
                 for o in outcomes
@@ -388,10 +397,24 @@ class Driver(ReadStatements, QueueStatements, EngineDriver):
                 error_message=literal(before)
                 .concat(func.coalesce(sf.c.worker_id, "unknown"))
                 .concat(after),
+                failures=sf.c.failures + 1,
             )
-            .returning(sf.c.id, sf.c.name, sf.c.worker_id)
+            .returning(
+                sf.c.id,
+                sf.c.name,
+                sf.c.worker_id,
+                sf.c.error_message,
+                sf.c.queue_name,
+                *RETRY_COLUMNS[1:],
+            )
         )
-        lost = [LostAction(ScheduledFunctionId(str(i)), n, w) for i, n, w in result]
+        # The failures returned count this one: the retry's count is of those before it.
+        lost = [
+            LostAction(
+                ScheduledFunctionId(str(i)), n, w, m, q, RetryState(n, retry, most, failures - 1)
+            )
+            for i, n, w, m, q, retry, most, failures in result
+        ]
         await conn.execute(delete(workers).where(workers.c.heartbeat_at < cutoff))
         return lost
 
@@ -412,9 +435,12 @@ class Driver(ReadStatements, QueueStatements, EngineDriver):
             .order_by(sf.c.completed_time)
             .limit(limit)
         )
-        result = await conn.execute(delete(sf).where(sf.c.id.in_(doomed.scalar_subquery())))
-        assert isinstance(result, CursorResult)
-        return result.rowcount
+        result = await conn.execute(
+            delete(sf).where(sf.c.id.in_(doomed.scalar_subquery())).returning(sf.c.id)
+        )
+        ids = [id for (id,) in result]
+        await self.forget_failures(conn, ids)
+        return len(ids)
 
     async def count_finished(
         self, conn: AsyncConnection, cutoff: float, states: Collection[State] = FINISHED_STATES

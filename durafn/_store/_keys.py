@@ -31,7 +31,17 @@ from ._tables import KEY_HOLDER, sf
 _PENDING: ColumnElement[str] = literal_column("'Pending'")
 # What a replace changes on the Pending holder (Graphile: queue, task, payload, run_at,
 # max_attempts, priority and flags; attempts reset, last error cleared).
-_REPLACED = ("name", "kind", "args", "parent_id", "priority", "queue_name", "flags")
+_REPLACED = (
+    "name",
+    "kind",
+    "args",
+    "parent_id",
+    "priority",
+    "queue_name",
+    "flags",
+    "retry",
+    "max_attempts",
+)
 
 
 def _upsert(insert: Callable[..., Any], rows: Sequence[dict[str, Any]], mode: str) -> Any:
@@ -47,7 +57,9 @@ def _upsert(insert: Callable[..., Any], rows: Sequence[dict[str, Any]], mode: st
                 changes[column] = case((sf.c.attempts == 0, sf.c[column]), else_=new[column])
             else:
                 changes[column] = new[column]
-        changes.update(attempts=0, error_type=None, error_message=None, error_traceback=None)
+        changes.update(
+            attempts=0, failures=0, error_type=None, error_message=None, error_traceback=None
+        )
         where = sf.c.state == _PENDING
     return stmt.on_conflict_do_update(
         index_elements=[sf.c.job_key], index_where=KEY_HOLDER, set_=changes, where=where

@@ -37,6 +37,8 @@ NEW_ROW_COLUMNS = (
     "queue_name",
     "job_key",
     "flags",
+    "retry",
+    "max_attempts",
 )
 """The keys of a row passed to ``Driver.insert_rows``; the other columns take defaults."""
 
@@ -115,6 +117,22 @@ class Outcome:
     """The function's durable name, for logs."""
     queue: str | None = None
     """The row's named queue: its end frees the queue for the next row (wake claimers)."""
+    error: BaseException | None = None
+    """What the run raised, in this process, for its retry policy; None: not retryable
+    (a result that could not be stored: the function itself succeeded)."""
+    retry_at: float | None = None
+    """Set (with state Pending) when its retry policy tries it again: due then."""
+
+
+class RetryState(NamedTuple):
+    """What a failed row's retry depends on, besides its error."""
+
+    name: str
+    retry: str | None
+    """Its policy as data (``Retry.to_json``), or None (its function's, or the app's)."""
+    max_attempts: int | None
+    failures: int
+    """Its failed runs so far, this one not counted."""
 
 
 class LostAction(NamedTuple):
@@ -123,6 +141,9 @@ class LostAction(NamedTuple):
     id: ScheduledFunctionId
     name: str
     worker_id: str | None
+    error_message: str
+    queue_name: str | None
+    retry: RetryState
 
 
 def is_id(id: object) -> bool:
@@ -162,6 +183,8 @@ def to_model(row: Row[Any]) -> ScheduledFunction:
         queue=m["queue_name"],
         key=m["job_key"],
         flags=read_flags(m["flags"]),
+        max_attempts=m["max_attempts"],
+        failures=m["failures"],
     )
 
 

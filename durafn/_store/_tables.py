@@ -26,7 +26,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Connection
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 """Bump with a new step in ``MIGRATIONS`` whenever the tables change."""
 
 metadata = MetaData()
@@ -61,8 +61,13 @@ scheduled_functions = Table(
     Column("queue_name", Text),
     # Held by at most one row that is not Success (ix_scheduled_functions_key).
     Column("job_key", Text),
-    Column("max_attempts", Integer),  # reserved for retry policies
+    # Retry policies (durafn/_retries.py), version 5: the row's own limit on runs, its
+    # policy as data (None: its function's or the app's, looked up when it fails), and
+    # how many of its runs failed since it was scheduled (or retried by hand).
+    Column("max_attempts", Integer),
     Column("flags", Text),  # version 4: ",a,b," (sorted), so "carries x" is one LIKE
+    Column("retry", Text),
+    Column("failures", Integer, nullable=False, server_default="0"),
     CheckConstraint(
         "state IN ('Pending', 'InProgress', 'Success', 'Failed', 'Canceled')",
         name="ck_scheduled_functions_state",
@@ -186,6 +191,27 @@ Index(
     sqlite_where=queues.c.paused,
 )
 
+# Every failed run of a row, kept as long as the row (retention deletes both): the row's
+# own error columns hold only the last one.
+failed_attempts = Table(
+    "_durafn_failed_attempts",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("function_id", _ID, nullable=False),
+    Column("attempt", Integer, nullable=False),  # 1 for the first failure (of a set)
+    Column("failed_at", Double, nullable=False),
+    Column("worker_id", Text),
+    Column("error_type", Text, nullable=False),
+    Column("error_message", Text, nullable=False),
+    Column("error_traceback", Text),
+    # Retried or not: what a retry decided (its delay), for ``durafn show``.
+    Column("retry_at", Double),
+)
+# A row's history (durafn show), and retention's delete of it.
+ix_failed_attempts = Index(
+    "ix_durafn_failed_attempts_function", failed_attempts.c.function_id, failed_attempts.c.id
+)
+
 schema_version = Table(
     "_durafn_schema",
     metadata,
@@ -221,5 +247,23 @@ def _step_4(conn: Connection) -> None:
     queues.create(conn, checkfirst=True)  # with its index
 
 
-MIGRATIONS: dict[int, Callable[[Connection], None]] = {2: _step_2, 3: _step_3, 4: _step_4}
+def _step_5(conn: Connection) -> None:
+    """Version 5: retry policies. ``retry``, ``failures`` (a constant default: a change of
+    the catalogue only on both engines) and ``_durafn_failed_attempts``."""
+    columns = {c["name"] for c in inspect(conn).get_columns(scheduled_functions.name)}
+    if "retry" not in columns:
+        conn.execute(text("ALTER TABLE _scheduled_functions ADD COLUMN retry TEXT"))
+    if "failures" not in columns:
+        conn.execute(
+            text("ALTER TABLE _scheduled_functions ADD COLUMN failures INTEGER NOT NULL DEFAULT 0")
+        )
+    failed_attempts.create(conn, checkfirst=True)  # with its index
+
+
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {
+    2: _step_2,
+    3: _step_3,
+    4: _step_4,
+    5: _step_5,
+}
 """Steps from version N-1 to N. A fresh database gets the latest tables in one go."""

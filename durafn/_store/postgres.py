@@ -47,6 +47,7 @@ _FINISH_SQL = text(
            error_message = v.error_message,
            error_traceback = v.error_traceback
            , attempts = sf.attempts + :counted
+           , failures = sf.failures + CASE WHEN v.state = 'Failed' THEN 1 ELSE 0 END
       FROM unnest(CAST(:ids AS uuid[]), CAST(:states AS text[]), CAST(:results AS text[]),
                   CAST(:error_types AS text[]), CAST(:error_messages AS text[]),
                   CAST(:error_tracebacks AS text[]))
@@ -61,9 +62,34 @@ _FINISH_SQL = text(
 _FINISH_PLAIN_SQL = text(
     """
     UPDATE _scheduled_functions
-       SET state = 'Success', completed_time = :now, attempts = attempts + :counted
+       SET state = 'Success', completed_time = :now, attempts = attempts + :counted,
+           error_type = NULL, error_message = NULL, error_traceback = NULL
      WHERE id = ANY(CAST(string_to_array(:ids, ',') AS uuid[]))
        AND state = :expected
+    """
+)
+
+# Failed runs their policies retry, one statement for the batch (asyncpg's executemany
+# reports no row count, and costs a round trip per row).
+_RETRY_SQL = text(
+    """
+    UPDATE _scheduled_functions AS sf
+       SET state = 'Pending',
+           available_at = v.retry_at,
+           completed_time = NULL,
+           started_time = NULL,
+           worker_id = NULL,
+           error_type = v.error_type,
+           error_message = v.error_message,
+           error_traceback = v.error_traceback,
+           attempts = sf.attempts + :counted,
+           failures = sf.failures + :failed
+      FROM unnest(CAST(:ids AS uuid[]), CAST(:retry_ats AS float8[]),
+                  CAST(:error_types AS text[]), CAST(:error_messages AS text[]),
+                  CAST(:error_tracebacks AS text[]))
+           AS v(id, retry_at, error_type, error_message, error_traceback)
+     WHERE sf.id = v.id
+       AND sf.state = :expected
     """
 )
 
@@ -75,13 +101,14 @@ _INSERT_SQL = text(
     WITH inserted AS (
         INSERT INTO _scheduled_functions
             (id, name, kind, args, state, scheduled_time, available_at, completed_time, parent_id,
-             priority, queue_name, job_key, flags)
+             priority, queue_name, job_key, flags, retry, max_attempts)
         SELECT * FROM unnest(
             CAST(:id AS uuid[]), CAST(:name AS text[]), CAST(:kind AS text[]),
             CAST(:args AS text[]), CAST(:state AS text[]), CAST(:scheduled_time AS float8[]),
             CAST(:available_at AS float8[]), CAST(:completed_time AS float8[]),
             CAST(:parent_id AS uuid[]), CAST(:priority AS int[]), CAST(:queue_name AS text[]),
-            CAST(:job_key AS text[]), CAST(:flags AS text[]))
+            CAST(:job_key AS text[]), CAST(:flags AS text[]), CAST(:retry AS text[]),
+            CAST(:max_attempts AS int[]))
     )
     SELECT pg_notify(:channel, CAST(:payload AS text)) WHERE CAST(:payload AS text) <> ''
     """
@@ -240,6 +267,30 @@ class PostgresDriver(Driver):
                 "error_types": [o.error_type for o in outcomes],
                 "error_messages": [o.error_message for o in outcomes],
                 "error_tracebacks": [o.error_traceback for o in outcomes],
+            },
+        )
+        assert isinstance(result, CursorResult)
+        return result.rowcount
+
+    async def retry_rows(
+        self,
+        conn: AsyncConnection,
+        outcomes: Sequence[Outcome],
+        expected: State,
+        counted: int = 0,
+        failed: int = 0,
+    ) -> int:
+        result = await conn.execute(
+            _RETRY_SQL,
+            {
+                "ids": [o.id for o in outcomes],
+                "retry_ats": [o.retry_at for o in outcomes],
+                "error_types": [o.error_type for o in outcomes],
+                "error_messages": [o.error_message for o in outcomes],
+                "error_tracebacks": [o.error_traceback for o in outcomes],
+                "expected": expected.value,
+                "counted": counted,
+                "failed": failed,
             },
         )
         assert isinstance(result, CursorResult)

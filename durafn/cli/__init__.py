@@ -11,9 +11,9 @@ commands (``ls``, ``show``, ``cancel``, ``stats``, ``clear``) create nothing: ne
 system tables nor a SQLite file where a path was mistyped.
 
 One module per command group (``worker``; ``database``: migrate, stats; ``rows``: ls,
-show, cancel, reschedule, clear; ``queues``: queue ls, pause, resume; ``cron``: check), each a plain
-``click.command`` (or group) added to ``main`` here. What they share: ``running`` (the
-app, the async body, errors), ``options`` and ``output``.
+show, cancel, reschedule, retry, clear; ``queues``: queue ls, pause, resume; ``cron``:
+check), each a plain ``click.command`` (or group) added to ``main`` here. What they
+share: ``running`` (the app, the async body, errors), ``options`` and ``output``.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from .. import _signals
 from .cron import cron
 from .database import migrate, stats
 from .queues import queue
-from .rows import cancel, clear, list_rows, reschedule, show
+from .rows import cancel, clear, list_rows, reschedule, retry, show
 from .running import CliError, load_app
 from .worker import worker
 
@@ -55,6 +55,7 @@ main.add_command(list_rows)
 main.add_command(show)
 main.add_command(cancel)
 main.add_command(reschedule)
+main.add_command(retry)
 main.add_command(clear)
 main.add_command(cron)
 main.add_command(queue)

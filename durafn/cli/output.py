@@ -15,7 +15,7 @@ from rich.console import Console, RenderableType
 from rich.table import Column, Table
 from rich.text import Text
 
-from .._types import ErrorInfo, State
+from .._types import ErrorInfo, FailedAttempt, State
 
 PIPE_WIDTH = 1000
 """Console width when stdout is not a terminal: there is no screen to fit, and an id folded
@@ -162,4 +162,14 @@ def field_value(name: str, value: Any) -> RenderableType:
         return cell(error_text(value) + traceback)
     if isinstance(value, enum.Enum):
         return cell(value.value)
+    if name == "history":
+        return cell("\n".join(history_line(attempt) for attempt in value) or "-")
     return cell(value)
+
+
+def history_line(attempt: FailedAttempt) -> str:
+    """One failed attempt, as ``show`` lists them: which, when, where, what, what next."""
+    then = f"retried at {iso(attempt.retry_at)}" if attempt.retry_at else "not retried"
+    where = attempt.worker_id or "-"
+    error = error_text(attempt.error)
+    return f"attempt {attempt.attempt} at {iso(attempt.failed_at)} on {where}: {error} ({then})"

@@ -298,6 +298,7 @@ def cancel(
     help="The new time (ISO 8601; UTC if no zone is given).",
 )
 @click.option("--priority", type=int, help="The new priority (lower runs first).")
+@click.option("--max-attempts", type=int, help="The new limit on runs in all (its retry policy's).")
 @filter_options
 @app_options
 @output_options
@@ -305,6 +306,7 @@ def reschedule(
     function_ids: tuple[str, ...],
     run_at: datetime | None,
     priority: int | None,
+    max_attempts: int | None,
     name: str | None,
     queue: str | None,
     key: str | None,
@@ -316,8 +318,8 @@ def reschedule(
     as_json: bool,
     verbose: bool,
 ) -> None:
-    """Change the time and/or priority of Pending rows: these ids, or every one the
-    filters match (none: every Pending row), in batches."""
+    """Change the time, priority and/or attempts limit of Pending rows: these ids, or
+    every one the filters match (none: every Pending row), in batches."""
     count = run_with_app(
         app_ref,
         url,
@@ -325,6 +327,7 @@ def reschedule(
             list(function_ids) or None,
             run_at=run_at,
             priority=priority,
+            max_attempts=max_attempts,
             name=name,
             queue=queue,
             key=key,
@@ -338,6 +341,38 @@ def reschedule(
         Output(True).json({"rescheduled": count})
     else:
         click.echo(f"{plural(count, 'Pending row')} rescheduled")
+
+
+@click.command()
+@click.argument("function_ids", metavar="ID...", nargs=-1, required=True)
+@click.option(
+    "--run-at",
+    callback=to_datetime_option,
+    metavar="DATETIME",
+    help="When to run them (ISO 8601; UTC if no zone is given). Default: now.",
+)
+@app_options
+@output_options
+def retry(
+    function_ids: tuple[str, ...],
+    run_at: datetime | None,
+    app_ref: str | None,
+    url: str | None,
+    as_json: bool,
+    verbose: bool,
+) -> None:
+    """Put Failed rows back to Pending for a fresh set of attempts (their history kept).
+    Ids of rows that are not Failed are left alone, and named."""
+    moved = run_with_app(
+        app_ref, url, lambda app: app.retry(list(function_ids), run_at=run_at), verbose=verbose
+    )
+    left = [i for i in function_ids if scheduled_id(i) not in set(moved)]
+    if as_json:
+        Output(True).json({"retried": moved, "not_failed": left})
+        return
+    click.echo(f"{plural(len(moved), 'Failed row')} put back to Pending")
+    for id in left:
+        click.echo(f"{id}: not Failed (or no such row); left as it is")
 
 
 async def cancel_each(function_ids: Sequence[str], app: App) -> list[CancelResult | NotFoundError]:

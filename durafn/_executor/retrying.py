@@ -1,0 +1,94 @@
+"""Retry policies at the end of a run: whether a failed run is tried again, and when.
+
+``settle`` writes a batch of outcomes the way every finish does (``Driver.finish_pending``
+for mutations, in their batch's transaction; ``finish_in_progress`` for actions), after
+deciding, for each failed run whose row has a policy, whether it goes back to Pending at
+its backoff time instead of Failed; then each failed run goes into its row's history. The
+decision, the state change and the history are one transaction: a crash can neither lose
+a retry nor make one twice.
+
+A row's policy: its own, as data (``Retry.to_json``, kept when scheduled); else its
+function's (the decorator's: a backoff function cannot be kept as data); else the app's.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from .._retries import Retry, Rule
+from .._runtime import Runtime
+from .._store import Outcome
+from .._store._rows import RetryState
+from .._types import FunctionKind, State
+from .outcomes import traceback_text
+
+
+def rule_for(rt: Runtime, state: RetryState) -> Rule | None:
+    """The retry policy of a row (see the module docstring), or None: no retries."""
+    if state.retry is not None:
+        return _stored(state.retry)
+    ref = rt.registry.find(state.name)
+    policy = (ref.job_options.retry if ref is not None else None) or rt.retry
+    return _declared(policy) if policy is not None else None
+
+
+# Rows share a handful of policies: read each once.
+_stored = functools.lru_cache(maxsize=256)(Rule.from_json)
+_declared = functools.lru_cache(maxsize=256)(Retry.rule)
+
+
+def decide(rt: Runtime, now: float, outcome: Outcome, state: RetryState) -> None:
+    """Turn a failed ``outcome`` into a retry (Pending, due ``retry_at``) if its row's
+    policy tries it again after this failure."""
+    if outcome.error is None:
+        return
+    rule = rule_for(rt, state)
+    if rule is None:
+        return
+    delay = rule.delay(state.failures + 1, outcome.error, state.max_attempts)
+    if delay is not None:
+        outcome.state = State.PENDING
+        outcome.retry_at = now + delay
+
+
+async def settle(
+    rt: Runtime,
+    conn: AsyncConnection,
+    now: float,
+    outcomes: Sequence[Outcome],
+    kind: FunctionKind,
+    worker_id: str | None,
+) -> int:
+    """Write ``outcomes`` of rows of ``kind`` (mutations run in this transaction, Pending;
+    actions, InProgress), failed ones as their policies say, and notify other processes
+    of rows retried (the caller wakes its own executor once this commits: ``retried``);
+    returns how many rows were written."""
+    failed = [o for o in outcomes if o.state is State.FAILED or o.retry_at is not None]
+    for outcome in failed:  # decided in a transaction that was rolled back: decide again
+        outcome.state, outcome.retry_at = State.FAILED, None
+    if failed:
+        states = await rt.driver.retry_states(conn, [o.id for o in failed])
+        for outcome in failed:
+            if (state := states.get(outcome.id)) is not None:
+                decide(rt, now, outcome, state)
+        for outcome in failed:
+            if outcome.retry_at is None and outcome.error is not None:
+                outcome.error_traceback = traceback_text(outcome.error)
+    if kind is FunctionKind.MUTATION:
+        written = await rt.driver.finish_pending(conn, now, outcomes)
+    else:
+        written = await rt.driver.finish_in_progress(conn, now, outcomes)
+    if failed:
+        await rt.driver.record_failures(conn, now, failed, worker_id)
+        if retried(failed):
+            await rt.driver.notify(conn, {kind})
+    return written
+
+
+def retried(outcomes: Sequence[Outcome]) -> bool:
+    """Whether any of these went back to Pending (executors must hear of it: a retry due
+    now would otherwise wait for their poll)."""
+    return any(o.retry_at is not None for o in outcomes)
