@@ -31,8 +31,10 @@ from ._errors import (
     WorkerLostError,
 )
 from ._executor import Executor, ExecutorConfig, ExecutorOptions, RunawayError
+from ._hooks import HookEvent
 from ._options import JobOptions, OptionError, Queue
 from ._registry import ActionRef, Call, FunctionRef, MutationRef, QueryRef, SchedulableRef
+from ._retention import Retention
 from ._retries import DELAYED_JOB, GRAPHILE, Exponential, Fixed, NamedBackoff, Retry
 from ._scheduler import Scheduler
 from ._store import SCHEMA_VERSION, metadata, scheduled_functions
@@ -81,6 +83,7 @@ __all__ = [
     "FunctionRef",
     "FunctionTimeoutError",
     "GRAPHILE",
+    "HookEvent",
     "JobOptions",
     "MutationCtx",
     "MutationRef",
@@ -95,6 +98,7 @@ __all__ = [
     "QueueInfo",
     "ReadOnlyError",
     "RegistrationError",
+    "Retention",
     "Retry",
     "RunawayError",
     "SCHEMA_VERSION",

@@ -17,9 +17,11 @@ from ._clock import Clock, SystemClock, to_datetime
 from ._context import ActionCtx, MutationCtx, QueryCtx, SystemTable
 from ._errors import ArgumentError, RegistrationError
 from ._executor import Executor, ExecutorOptions, make_config
+from ._hooks import HookName, HookT, check_hook
 from ._invoke import Invoker, Timeouts
 from ._options import JobOptionArgs, JobOptions, Queue, check_name
 from ._registry import ActionRef, FunctionRef, MutationRef, QueryRef, Registry
+from ._retention import Retention, check_retention
 from ._retries import Retry, check_retry
 from ._runtime import Backoff, Health, Limits, Runtime
 from ._scheduler import Scheduler
@@ -146,6 +148,7 @@ class App(Operations):
         *,
         name: str | None = None,
         timeout: float | None = None,
+        retention: Retention | None = None,
         **options: Unpack[JobOptionArgs],
     ) -> Callable[[Callable[Concatenate[MutationCtx, P], Awaitable[R]]], MutationRef[P, R]]: ...
 
@@ -155,6 +158,7 @@ class App(Operations):
         *,
         name: str | None = None,
         timeout: float | None = None,
+        retention: Retention | None = None,
         **options: Unpack[JobOptionArgs],
     ) -> Any:
         """Register a transactional function: ``async def f(ctx: MutationCtx, ...)``.
@@ -163,9 +167,10 @@ class App(Operations):
         Job options (``priority``, ``queue``, ``key``, ``key_mode``, ``flags``,
         ``retry``) are the defaults of its scheduled calls; ``ref.options(...)`` overrides
         them per call. With ``retry``, a run that raises is rolled back and tried again
-        later, its effects committed once, by the run that succeeds.
+        later, its effects committed once, by the run that succeeds. ``retention``: how
+        long its finished rows are kept, per state (``durafn.Retention``).
         """
-        return self._register(MutationRef, (MutationCtx,), fn, name, timeout, options)
+        return self._register(MutationRef, (MutationCtx,), fn, name, timeout, options, retention)
 
     @overload
     def action(self, fn: Callable[Concatenate[ActionCtx, P], Awaitable[R]]) -> ActionRef[P, R]: ...
@@ -176,6 +181,7 @@ class App(Operations):
         *,
         name: str | None = None,
         timeout: float | None = None,
+        retention: Retention | None = None,
         **options: Unpack[JobOptionArgs],
     ) -> Callable[[Callable[Concatenate[ActionCtx, P], Awaitable[R]]], ActionRef[P, R]]: ...
 
@@ -185,6 +191,7 @@ class App(Operations):
         *,
         name: str | None = None,
         timeout: float | None = None,
+        retention: Retention | None = None,
         **options: Unpack[JobOptionArgs],
     ) -> Any:
         """Register a side-effecting function: ``async def f(ctx: ActionCtx, ...)``.
@@ -194,7 +201,20 @@ class App(Operations):
         attempts (a failure, its time limit, its worker lost, a stop's grace period).
         Job options as for ``mutation``.
         """
-        return self._register(ActionRef, (ActionCtx,), fn, name, timeout, options)
+        return self._register(ActionRef, (ActionCtx,), fn, name, timeout, options, retention)
+
+    def on(self, hook: HookName) -> Callable[[HookT], HookT]:
+        """Register a lifecycle hook for every function: ``@app.on("failure")`` over
+        ``def alert(event: durafn.HookEvent)`` (or ``async def``). Hooks: ``enqueue``,
+        ``before``, ``after``, ``success``, ``error``, ``failure`` (see the README); they
+        run in-process, outside the guarantees, and one that raises changes nothing."""
+        name = check_hook(hook)
+
+        def _add(fn: HookT) -> HookT:
+            self._rt.hooks.add(name, fn)
+            return fn
+
+        return _add
 
     def _register(
         self,
@@ -204,13 +224,16 @@ class App(Operations):
         name: str | None,
         timeout: float | None,
         options: JobOptionArgs | None = None,
+        retention: Retention | None = None,
     ) -> Any:
         # Checked before decorating, so a bad option names the decorator's line.
         defaults = JobOptions.checked(error=RegistrationError, **(options or {}))
+        optional(check_retention, "retention", retention, error=RegistrationError)
 
         def decorate(f: Callable[..., Awaitable[Any]]) -> FunctionRef[Any, Any]:
             ref = cls(f, name=name, timeout=timeout, ctx_types=ctx_types)
             ref.job_options = defaults
+            ref.retention = retention
             self._rt.registry.add(ref)
             return ref
 

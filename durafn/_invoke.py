@@ -13,7 +13,7 @@ from ._registry import ActionRef, FunctionRef, MutationRef, QueryRef
 from ._runtime import Runtime
 from ._scheduler import Scheduler
 from ._types import FunctionKind, ScheduledFunctionId
-from ._writers import BufferedWriter
+from ._writers import BufferedWriter, Enqueued
 
 R = TypeVar("R")
 
@@ -126,9 +126,11 @@ class Invoker:
         values = ref.validate_call(args, kwargs)
         timeout = self.timeouts.for_(ref)
         woken: set[FunctionKind] = set()
+        written: list[Enqueued] = []
 
         async def _body(conn: AsyncConnection) -> R:
             woken.clear()
+            written.clear()
             root = conn.get_transaction()
             assert root is not None
             session = mutation_session(conn)
@@ -147,12 +149,14 @@ class Invoker:
             finally:
                 await session.close()
             woken.update(writer.woken)
+            written.extend(writer.enqueued)
             return result
 
         result = await self._rt.transaction(
             _body, doing=f"running mutation {ref.name!r}", user_code=True
         )
         self._rt.wake(woken)
+        await self._rt.hooks.enqueued(written)
         return result
 
     async def action(

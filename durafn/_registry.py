@@ -24,7 +24,9 @@ from pydantic import ConfigDict, TypeAdapter
 
 from ._checks import optional, positive_seconds, text
 from ._errors import ArgumentError, DurableNameWarning, RegistrationError, UnknownFunctionError
+from ._hooks import FUNCTION_HOOKS, Hook, HookName, HookT, check_hook
 from ._options import JobOptions, KeyMode, OptionError
+from ._retention import Retention
 from ._retries import Retry
 from ._types import FunctionKind
 
@@ -89,6 +91,10 @@ class FunctionRef(Generic[P, R]):
         """Options for scheduling it: the decorator's, with ``options()``'s over them."""
         self.registered: FunctionRef[Any, Any] = self
         """The reference the app registered (``options()`` returns copies of it)."""
+        self.retention: Retention | None = None
+        """How long its finished rows are kept, per state (its decorator's)."""
+        self.hooks: dict[str, list[Hook]] = {}
+        """This function's lifecycle hooks (``on``), by hook name."""
         self._signature, self._params = _parse_signature(fn, self.kind, ctx_types)
         # For the fast path of validate_call (see there).
         self._by_position = [p.name for p in self._params if p.kind is p.POSITIONAL_OR_KEYWORD]
@@ -220,6 +226,20 @@ class Call:
 class SchedulableRef(FunctionRef[P, R]):
     """A function that can be scheduled: a mutation or an action."""
 
+    def on(self, hook: HookName) -> Callable[[HookT], HookT]:
+        """Register a lifecycle hook of this function: ``@send_email.on("failure")`` over
+        ``def alert(event: durafn.HookEvent)`` (or ``async def``). See ``App.on``."""
+        name = check_hook(hook)
+
+        def _add(fn: HookT) -> HookT:
+            if not callable(fn):
+                raise RegistrationError(f"a hook must be a function of one HookEvent, not {fn!r}")
+            self.registered.hooks.setdefault(name, []).append(fn)
+            FUNCTION_HOOKS.append(self.registered.name)
+            return fn
+
+        return _add
+
     def call(self, *args: P.args, **kwargs: P.kwargs) -> Call:
         """This function called with these arguments, for ``scheduler.run_many``."""
         return Call(self, args, kwargs)
@@ -317,6 +337,10 @@ class Registry:
         if self._by_name.get(fn.name) is not fn.registered:
             raise UnknownFunctionError(fn.name)
         return fn
+
+    def retentions(self) -> dict[str, Retention]:
+        """The functions that keep their finished rows for periods of their own."""
+        return {n: r.retention for n, r in self._by_name.items() if r.retention is not None}
 
     def names(self) -> list[str]:
         return sorted(self._by_name)

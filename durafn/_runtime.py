@@ -19,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from ._clock import Clock
 from ._errors import DatabaseError, DurafnError
+from ._hooks import Hooks
 from ._options import JobOptions, Queue, RowOptions, resolve
 from ._registry import Registry
 from ._retries import Retry
@@ -108,9 +109,11 @@ class Runtime:
     _resolved: dict[JobOptions, RowOptions] = field(default_factory=dict)
     _wake_listeners: set[Callable[[Collection[FunctionKind]], None]] = field(default_factory=set)
     health: Health = field(init=False)
+    hooks: Hooks = field(init=False)
 
     def __post_init__(self) -> None:
         self.health = Health(self.driver)
+        self.hooks = Hooks(self.registry)
 
     def row_options(self, options: JobOptions) -> RowOptions:
         """The options a row is written with (``_options.resolve``), cached: most calls

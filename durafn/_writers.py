@@ -26,6 +26,18 @@ from ._types import FunctionKind, ScheduledFunctionId, State
 _PENDING = State.PENDING.value
 
 
+Enqueued = tuple[ScheduledFunctionId, str, FunctionKind]
+
+
+def enqueued(rows: list[dict[str, Any]], ids: list[ScheduledFunctionId]) -> list[Enqueued]:
+    """(id, name, kind) of the Pending rows written (for ``enqueue`` hooks)."""
+    return [
+        (id, row["name"], FunctionKind(row["kind"]))
+        for row, id in zip(rows, ids, strict=True)
+        if row["state"] == _PENDING
+    ]
+
+
 def _pending_kinds(rows: list[dict[str, Any]]) -> set[FunctionKind]:
     return {FunctionKind(k) for k in {r["kind"] for r in rows if r["state"] == _PENDING}}
 
@@ -49,6 +61,9 @@ class BufferedWriter:
         self._rows: list[dict[str, Any]] = []
         self.woken: set[FunctionKind] = set()
         """Kinds of Pending rows written: wake executors for them once committed."""
+        self.enqueued: list[Enqueued] = []
+        """Pending rows written (the id that runs for each): ``enqueue`` hooks, once
+        committed."""
 
     async def add(self, rows: list[dict[str, Any]]) -> list[ScheduledFunctionId]:
         if any(row["job_key"] is not None for row in rows):
@@ -57,6 +72,8 @@ class BufferedWriter:
             await self.flush()
             kinds, ids = await write(self._rt, self._conn, rows, self._check_parent, self.woken)
             self.woken |= kinds
+            if self._rt.hooks.active:
+                self.enqueued += enqueued(rows, ids)
             return ids
         self._rows.extend(rows)
         if len(self._rows) >= self.FLUSH_AT:
@@ -67,12 +84,15 @@ class BufferedWriter:
         if not self._rows:
             return
         rows, self._rows = self._rows, []
-        kinds, _ = await write(self._rt, self._conn, rows, self._check_parent, self.woken)
+        kinds, ids = await write(self._rt, self._conn, rows, self._check_parent, self.woken)
         self.woken |= kinds
+        if self._rt.hooks.active:
+            self.enqueued += enqueued(rows, ids)
 
     def discard(self) -> None:
         self._rows.clear()
         self.woken.clear()
+        self.enqueued.clear()
 
     async def cancel(self, id: ScheduledFunctionId, now: float) -> State | None:
         await self.flush()
@@ -182,6 +202,7 @@ class DirectWriter:
             _body, doing="scheduling a function", single_statement=single
         )
         rt.wake(kinds)
+        await rt.hooks.enqueued(enqueued(rows, ids) if rt.hooks.active else ())
         return ids
 
     async def cancel(self, id: ScheduledFunctionId, now: float) -> State | None:

@@ -95,3 +95,43 @@ async def test_background_executor_runs_retention_on_the_clock(
             # Retention has no completion signal of its own; poll the row briefly.
             while await app.get(sid) is not None:  # noqa: ASYNC110
                 await anyio.sleep(0.01)
+
+
+async def test_retention_per_state_and_per_function(app: durafn.App, clock: FakeClock) -> None:
+    """delayed_job's ``destroy_failed_jobs`` and more: the executor's periods per state,
+    and a function's own on its decorator (the states it names; the rest as everyone)."""
+    ids = await _finished_and_unfinished(app)
+
+    @app.mutation(retention=durafn.Retention(success=3600, failed=0))
+    async def audited(ctx: MutationCtx, fail: bool) -> None:
+        if fail:
+            raise ValueError("no")
+
+    own_ok = await app.scheduler().run_after(0, audited, fail=False)
+    own_bad = await app.scheduler().run_after(0, audited, fail=True)
+    await app.executor().run_until_idle()
+    keep = durafn.Retention(success=0, failed=86400)  # canceled: 7 days, the default
+    executor = app.executor(retention=keep)
+
+    async def left() -> set[str]:
+        return {r.id for r in await all_rows(app)}
+
+    clock.advance(1)
+    assert await executor.run_maintenance() == 2  # the plain Success row, audited's Failed
+    assert ids["success"] not in await left() and own_bad not in await left()
+    clock.advance(3600)
+    assert await executor.run_maintenance() == 1  # audited's Success, after its hour
+    assert own_ok not in await left()
+    clock.advance(86400)
+    assert await executor.run_maintenance() == 1  # the Failed row, after a day
+    clock.advance(timedelta(days=7))
+    assert await executor.run_maintenance() == 1  # the Canceled row, after seven
+    assert await left() == {ids["pending"], ids["in_progress"]}
+    with pytest.raises(durafn.ArgumentError, match="Retention failed must be a non-negative"):
+        durafn.Retention(failed=-1)
+    with pytest.raises(durafn.RegistrationError, match=r"retention must be a durafn\.Retention"):
+        app.mutation(retention=3600)  # type: ignore[call-overload]
+    with pytest.raises(
+        durafn.ArgumentError, match=r"retention must be a number of seconds or a durafn\.Retention"
+    ):
+        app.executor(retention="forever")  # type: ignore[arg-type]

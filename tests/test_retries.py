@@ -242,6 +242,12 @@ async def test_a_lost_worker_s_action_with_a_policy_goes_back_to_pending(
     async def victim(ctx: ActionCtx) -> None:
         runs.append(str(ctx.run_id))
 
+    errors: list[tuple[str, str | None]] = []
+
+    @victim.on("error")
+    def lost(event: durafn.HookEvent) -> None:  # in the rescuing worker
+        errors.append((event.error.type if event.error else "", str(event.state)))
+
     sid = await app.scheduler().run_after(0, victim)
     rt = app._rt
 
@@ -262,6 +268,7 @@ async def test_a_lost_worker_s_action_with_a_policy_goes_back_to_pending(
         row = await row_of(app, sid)
         assert row.error is not None and row.error.type == "durafn.WorkerLostError"
         assert [h.worker_id for h in row.history] == ["elsewhere:1:dead"]
+        assert errors == [("durafn.WorkerLostError", str(State.PENDING))]
         assert runs == []  # not before its backoff
         clock.advance(30)
         await rescuer.wait_for(sid)

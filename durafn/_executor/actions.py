@@ -22,7 +22,7 @@ import anyio.abc
 import anyio.lowlevel
 
 from .._context import ActionCtx
-from .._errors import DatabaseError
+from .._errors import DatabaseError, FunctionTimeoutError
 from .._invoke import Invoker, timeout_error
 from .._registry import ActionRef
 from .._runtime import Runtime
@@ -35,6 +35,8 @@ from .finisher import Finisher
 from .outcomes import failed, stopped, succeeded
 from .tasks import Pace, Signal, first_of
 from .wakeups import Wakeups
+
+ACTION = FunctionKind.ACTION
 
 
 class ActionPool:
@@ -231,6 +233,9 @@ class ActionPool:
         except Exception as exc:
             record(failed(row, exc))
             return
+        hooks = self._rt.hooks
+        if hooks.active:
+            await hooks.run("before", row.id, row.name, ACTION)
         started = time.monotonic()
         slot.row, slot.expired, slot.started, slot.deadline = row, False, started, started + timeout
         self.watch.arm(slot.deadline)
@@ -241,7 +246,8 @@ class ActionPool:
             record(failed(row, timeout_error(ref, timeout)) if expired else stopped(row))
             raise
         except Exception as exc:
-            record(failed(row, exc))
+            record(outcome := failed(row, exc))
+            await self._after(outcome)
         except BaseException as exc:  # a group holding a cancellation, a KeyboardInterrupt
             if self._aborting:
                 record(stopped(row))
@@ -251,10 +257,17 @@ class ActionPool:
                 record(failed(row, exc))
             raise
         else:
-            record(succeeded(row, ref, result))
+            record(outcome := succeeded(row, ref, result))
+            await self._after(outcome)
         finally:
             slot.row = None
             self.action_pace.add(time.monotonic() - started)
+
+    async def _after(self, outcome: Outcome) -> None:
+        """The ``after`` hooks of an action that returned or raised (one stopped by its
+        time limit or a stop has only its ``error`` hooks, once written)."""
+        if self._rt.hooks.active:
+            await self._rt.hooks.run("after", outcome.id, outcome.name, ACTION, state=outcome.state)
 
     def _prepare(
         self, row: Claimed
@@ -289,6 +302,8 @@ class ActionPool:
             if self._aborting:
                 raise anyio.get_cancelled_exc_class()()
             ref, values, ctx, timeout = self._prepare(row)
+            if self._rt.hooks.active:
+                await self._rt.hooks.run("before", row.id, row.name, ACTION)
             # One scope for both ways an action is stopped: its time limit (the deadline)
             # and the end of a stop's grace period (``stop`` cancels it).
             finished = False
@@ -303,13 +318,17 @@ class ActionPool:
                 if self._aborting:
                     raise anyio.get_cancelled_exc_class()()
                 raise timeout_error(ref, timeout)
-            record(succeeded(row, ref, result))
+            record(outcome := succeeded(row, ref, result))
+            await self._after(outcome)
         except anyio.get_cancelled_exc_class():
             record(stopped(row))
             if not self._aborting:
                 raise
-        except Exception as exc:
+        except FunctionTimeoutError as exc:
             record(failed(row, exc))
+        except Exception as exc:
+            record(outcome := failed(row, exc))
+            await self._after(outcome)
 
     # -- the stop ------------------------------------------------------------------------
 

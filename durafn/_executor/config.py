@@ -10,6 +10,7 @@ from typing import Any, TypedDict
 from .._checks import integer, non_negative_seconds, optional, positive_seconds, text
 from .._errors import ArgumentError
 from .._options import check_flags, check_name
+from .._retention import Retention, periods
 from .._store import ClaimFilter
 
 
@@ -31,8 +32,9 @@ class ExecutorConfig:
     poll_interval: float | None = None
     """Fallback poll for work no signal announced (another process on SQLite, a lost
     NOTIFY on PostgreSQL); default 0.5s on SQLite, 5s on PostgreSQL."""
-    retention: float = 7 * 86400.0
-    """Seconds finished rows are kept after ``completed_time``."""
+    retention: float | Retention = 7 * 86400.0
+    """Seconds finished rows are kept after ``completed_time``: one number for every state,
+    or a ``Retention`` per state (a function's own, on its decorator, comes first)."""
     retention_interval: float = 60.0
     retention_batch: int = 1000
     grace_period: float = 10.0
@@ -67,8 +69,8 @@ class ExecutorConfig:
         integer("batch_size", self.batch_size, high=100_000)
         integer("retention_batch", self.retention_batch, high=1_000_000)
         optional(integer, "mutation_lanes", self.mutation_lanes, high=1_000)
-        for name in ("retention", "grace_period"):
-            non_negative_seconds(name, getattr(self, name))
+        periods(self.retention)
+        non_negative_seconds("grace_period", self.grace_period)
         for name in ("retention_interval", "heartbeat_interval", "worker_timeout", "batch_time"):
             positive_seconds(name, getattr(self, name))
         optional(positive_seconds, "poll_interval", self.poll_interval)
@@ -104,7 +106,7 @@ class ExecutorOptions(TypedDict, total=False):
     batch_time: float
     mutation_lanes: int | None
     poll_interval: float | None
-    retention: float
+    retention: float | Retention
     retention_interval: float
     retention_batch: int
     grace_period: float

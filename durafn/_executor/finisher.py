@@ -166,6 +166,7 @@ class Finisher:
             self._rt.wake(KINDS)
         elif retried(outcomes):
             self._rt.wake({ACTION})
+        await self._rt.hooks.finished(ACTION, [o for o in outcomes if o.id not in stuck])
 
     async def _write_one_by_one(
         self, outcomes: list[Outcome], cause: Exception

@@ -1,7 +1,9 @@
 """Maintenance: the periodic work that keeps ``_scheduled_functions`` in shape.
 
-Today that is retention: finished rows older than ``retention`` are deleted in bounded
-batches (``ix_scheduled_functions_completed``), so no pass holds locks for long. Every
+Today that is retention: finished rows older than their period (the executor's
+``retention``, a number or a ``Retention`` per state, or their function's own) are
+deleted in bounded batches (``ix_scheduled_functions_completed``), so no pass holds locks
+for long. Every
 worker runs it; the batches make concurrent passes harmless. Recurring (cron) ticks belong
 here too, as another pass of the same loop.
 """
@@ -16,7 +18,9 @@ import anyio.lowlevel
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from .._errors import DatabaseError
+from .._retention import FINISHED, periods
 from .._runtime import Runtime
+from .._types import State
 from .config import ExecutorConfig
 from .tasks import first_of
 
@@ -29,24 +33,43 @@ class Maintenance:
         self._config = config
 
     async def run_once(self) -> int:
-        """Delete finished rows older than the retention period; returns how many."""
+        """Delete finished rows older than their retention periods; returns how many."""
         await self._rt.ensure_ready()
-        cutoff = self._rt.clock.now() - self._config.retention
-        limit = self._config.retention_batch
+        now = self._rt.clock.now()
+        default = periods(self._config.retention)
+        own = self._rt.registry.retentions()
+        # Per state, the executor's period for every function without one of its own for
+        # that state; then each function's own periods. One pass each, in batches.
+        passes: list[tuple[State, float, list[str] | None, list[str]]] = []
+        for state in FINISHED:
+            others = sorted(n for n, r in own.items() if r.of(state) is not None)
+            passes.append((state, default[state], None, others))
+            for name in others:
+                passes.append((state, own[name].over(default)[state], [name], []))
         deleted = 0
-
-        async def _delete(conn: AsyncConnection) -> int:
-            return await self._rt.driver.delete_finished(conn, cutoff, limit)
-
-        while True:
-            n = await self._rt.transaction(_delete, doing="deleting expired rows")
-            deleted += n
-            if n < limit:
-                break
-            await anyio.lowlevel.checkpoint()  # let the executor's other tasks in between batches
+        for state, period, names, excluded in passes:
+            deleted += await self._delete(now - period, [state], names, excluded)
         if deleted:
             logger.debug("retention deleted %d finished rows", deleted)
         return deleted
+
+    async def _delete(
+        self, cutoff: float, states: list[State], names: list[str] | None, excluded: list[str]
+    ) -> int:
+        limit = self._config.retention_batch
+        deleted = 0
+
+        async def _batch(conn: AsyncConnection) -> int:
+            return await self._rt.driver.delete_finished(
+                conn, cutoff, limit, states, names=names, excluded=excluded
+            )
+
+        while True:
+            n = await self._rt.transaction(_batch, doing="deleting expired rows")
+            deleted += n
+            if n < limit:
+                return deleted
+            await anyio.lowlevel.checkpoint()  # let the executor's other tasks in between batches
 
     async def loop(self, stopping: anyio.Event) -> None:
         """A pass every ``retention_interval`` on the clock, until ``stopping``."""

@@ -237,3 +237,4 @@ class Membership:
             )
         if lost:
             self._progress.fire()
+            await rt.hooks.finished(FunctionKind.ACTION, lost)

@@ -40,7 +40,7 @@ from .._runtime import Runtime
 from .._scheduler import Scheduler
 from .._store import SERVE_ALL, Claimed, ClaimFilter, FastPathHint, Outcome
 from .._types import FunctionKind, State
-from .._writers import BufferedWriter
+from .._writers import BufferedWriter, Enqueued
 from .outcomes import failed
 from .retrying import retried, settle
 from .tasks import Pace
@@ -111,6 +111,8 @@ class MutationBatch:
         runs still counts as an attempt (``MutationLanes`` records it)."""
         self.outcomes: list[Outcome] = []
         self.woken: set[FunctionKind] = set()
+        self.enqueued: list[Enqueued] = []
+        """Rows its mutations scheduled: ``enqueue`` hooks once it commits."""
         self._written = 0
         """How many of ``outcomes`` are already written to the database."""
         self._cancelled = False
@@ -224,6 +226,9 @@ class MutationBatch:
         self.begun.append(row)
         timeout = self._invoker.timeouts.for_(ref)
         self._current, self._timeout = row, timeout
+        hooks = rt.hooks
+        if hooks.active:
+            await hooks.run("before", row.id, row.name, MUTATION)
         limit.deadline = anyio.current_time() + timeout
         try:
             result = await ref.fn(ctx, **values)
@@ -250,7 +255,7 @@ class MutationBatch:
                 # failing 0.05x of its rate.
                 session.expunge_all()
                 writer.discard()
-                return failed(row, exc)
+                return await self._after(failed(row, exc))
             # Closing the mutation's own session first rolls back savepoints the user left
             # open inside ours; then ours can be rolled back.
             await session.close()
@@ -258,14 +263,26 @@ class MutationBatch:
                 await savepoint.rollback()
             self._written = mark  # outcomes it wrote early were rolled back with it
             writer.discard()
-            return failed(row, exc)
+            return await self._after(failed(row, exc))
         finally:
             if batch_session is None:
                 await session.close()
             elif session.identity_map:
                 session.expunge_all()
         self.woken |= writer.woken
-        return Outcome(row.id, State.SUCCESS, result=encoded, name=row.name, queue=row.queue_name)
+        self.enqueued += writer.enqueued
+        outcome = Outcome(
+            row.id, State.SUCCESS, result=encoded, name=row.name, queue=row.queue_name
+        )
+        return await self._after(outcome)
+
+    async def _after(self, outcome: Outcome) -> Outcome:
+        """The ``after`` hooks of a run that ended with ``outcome`` (not yet written)."""
+        if self._rt.hooks.active:
+            await self._rt.hooks.run(
+                "after", outcome.id, outcome.name, MUTATION, state=outcome.state
+            )
+        return outcome
 
     def _count_writes(self, _conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
         """Every statement of an optimistic batch that is not a plain read: a mutation that

@@ -137,6 +137,8 @@ class MutationLanes:
                 rt.health.ok()
                 self._tally.record(FunctionKind.MUTATION, batch.outcomes)
                 rt.wake(batch.woken)
+                await rt.hooks.finished(FunctionKind.MUTATION, batch.outcomes)
+                await rt.hooks.enqueued(batch.enqueued)
             if mode is not Mode.OPTIMISTIC and n:
                 self._mode_batches -= 1
                 if self._mode_batches <= 0:
@@ -181,6 +183,7 @@ class MutationLanes:
             self._tally.record(FunctionKind.MUTATION, [outcome])
             if outcome.retry_at is not None:
                 self._rt.wake({FunctionKind.MUTATION})
+            await self._rt.hooks.finished(FunctionKind.MUTATION, [outcome])
 
     async def _count_rolled_back(self, rows: list[Claimed]) -> None:
         """Count the runs of a batch that rolled back: each began, so each is an attempt

@@ -426,8 +426,12 @@ class Driver(ReadStatements, QueueStatements, FailureStatements, EngineDriver):
         cutoff: float,
         limit: int,
         states: Collection[State] = FINISHED_STATES,
+        *,
+        names: Collection[str] | None = None,
+        excluded: Collection[str] = (),
     ) -> int:
-        """Delete up to ``limit`` rows in ``states`` completed before ``cutoff``, oldest first."""
+        """Delete up to ``limit`` rows in ``states`` completed before ``cutoff``, oldest
+        first: rows of the functions ``names`` only (None: any), and none of ``excluded``."""
         # Bounded so that one call never holds locks for long.
         doomed = (
             select(sf.c.id)
@@ -435,6 +439,10 @@ class Driver(ReadStatements, QueueStatements, FailureStatements, EngineDriver):
             .order_by(sf.c.completed_time)
             .limit(limit)
         )
+        if names is not None:
+            doomed = doomed.where(sf.c.name.in_(sorted(names)))
+        if excluded:
+            doomed = doomed.where(sf.c.name.not_in(sorted(excluded)))
         result = await conn.execute(
             delete(sf).where(sf.c.id.in_(doomed.scalar_subquery())).returning(sf.c.id)
         )

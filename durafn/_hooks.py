@@ -1,0 +1,141 @@
+"""Lifecycle hooks: your code told when rows are scheduled, start, end and fail, for
+metrics, logging and alerting (delayed_job's ``enqueue``, ``before``, ``after``,
+``success``, ``error``, ``failure``).
+
+``@app.on("failure")`` registers a hook for every function; ``@send_email.on("error")`` for
+one (its hooks run first, then the app's). A hook is ``def hook(event: HookEvent)`` or an
+``async def``; it runs in the process where the event happens, in the executor's task
+(keep it short: a slow hook slows the executor), and outside every guarantee: it may miss
+an event (a crash right after a commit) and a mutation's ``before``/``after`` may fire
+again for a run whose batch was re-run. A hook that raises is logged and changes nothing.
+
+When each fires:
+
+* ``enqueue``: rows written by durafn's own transactions (a mutation's, an action's,
+  ``app.scheduler()``), once they commit; not rows written through your own session or
+  connection (``app.scheduler(session)``): you know when you commit those;
+* ``before`` / ``after``: around each run of the function (``after`` with how it ended);
+* ``success``: the row is Success (committed);
+* ``error``: a run failed (committed): retried (``retry_at``) or not;
+* ``failure``: the row is Failed for good (after its ``error``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, get_args
+
+from ._clock import to_datetime
+from ._errors import RegistrationError
+from ._types import ErrorInfo, FunctionKind, ScheduledFunctionId, State
+
+if TYPE_CHECKING:
+    from ._registry import Registry
+    from ._store import Outcome
+
+logger = logging.getLogger("durafn.hooks")
+
+HookName = Literal["enqueue", "before", "after", "success", "error", "failure"]
+HOOK_NAMES: tuple[str, ...] = get_args(HookName)
+
+
+@dataclass(frozen=True, slots=True)
+class HookEvent:
+    """What happened to a row. ``state``: how the run or row ended (``after``, ``success``,
+    ``error``: Pending when it is retried, ``failure``); ``error`` and ``retry_at`` for
+    failures; ``result`` (its JSON form) for ``success``."""
+
+    hook: HookName
+    id: ScheduledFunctionId
+    name: str
+    kind: FunctionKind
+    state: State | None = None
+    error: ErrorInfo | None = None
+    retry_at: datetime | None = None
+    result: Any = None
+
+
+Hook = Callable[[HookEvent], Awaitable[None] | None]
+HookT = TypeVar("HookT", bound=Hook)
+
+FUNCTION_HOOKS: list[str] = []
+"""Functions that have hooks of their own (any app): events are built when it is not empty."""
+
+
+def check_hook(hook: object) -> HookName:
+    if hook not in HOOK_NAMES:
+        raise RegistrationError(
+            f"no hook is called {hook!r}; the hooks are {', '.join(HOOK_NAMES)}"
+        )
+    return hook  # type: ignore[return-value]
+
+
+class Hooks:
+    """The app's hooks, and the functions' (on their registered references)."""
+
+    def __init__(self, registry: Registry) -> None:
+        self._registry = registry
+        self._app: dict[str, list[Hook]] = {name: [] for name in HOOK_NAMES}
+        self._any = False
+
+    @property
+    def active(self) -> bool:
+        """Any hook registered at all: without one, no event is even built."""
+        return self._any or bool(FUNCTION_HOOKS)
+
+    def add(self, hook: HookName, fn: Hook) -> None:
+        if not callable(fn):
+            raise RegistrationError(f"a hook must be a function of one HookEvent, not {fn!r}")
+        self._app[check_hook(hook)].append(fn)
+        self._any = True
+
+    async def fire(self, event: HookEvent) -> None:
+        ref = self._registry.find(event.name)
+        own = ref.registered.hooks.get(event.hook, ()) if ref is not None else ()
+        for fn in (*own, *self._app[event.hook]):
+            try:
+                result = fn(event)
+                if inspect.isawaitable(result):
+                    await result
+            except Exception:
+                logger.exception(
+                    "the %s hook %r failed on %s %s (%s); ignored",
+                    event.hook,
+                    getattr(fn, "__qualname__", fn),
+                    event.kind,
+                    event.id,
+                    event.name,
+                )
+
+    async def run(
+        self, hook: HookName, id: ScheduledFunctionId, name: str, kind: FunctionKind, **more: Any
+    ) -> None:
+        if self.active:
+            await self.fire(HookEvent(hook, id, name, kind, **more))
+
+    async def enqueued(self, rows: Iterable[tuple[ScheduledFunctionId, str, FunctionKind]]) -> None:
+        if self.active:
+            for id, name, kind in rows:
+                await self.fire(HookEvent("enqueue", id, name, kind, state=State.PENDING))
+
+    async def finished(self, kind: FunctionKind, outcomes: Sequence[Outcome]) -> None:
+        """``success``, ``error``, ``failure`` for committed outcomes."""
+        if not self.active:
+            return
+        for o in outcomes:
+            if o.state is State.SUCCESS:
+                result = json.loads(o.result) if o.result is not None else None
+                await self.fire(HookEvent("success", o.id, o.name, kind, o.state, result=result))
+            elif o.error_type is not None:
+                error = ErrorInfo(
+                    type=o.error_type, message=o.error_message or "", traceback=o.error_traceback
+                )
+                at = to_datetime(o.retry_at) if o.retry_at is not None else None
+                await self.fire(HookEvent("error", o.id, o.name, kind, o.state, error, at))
+                if o.state is State.FAILED:
+                    await self.fire(HookEvent("failure", o.id, o.name, kind, o.state, error))
