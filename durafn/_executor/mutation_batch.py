@@ -38,7 +38,7 @@ from .._invoke import Invoker, check_transaction, mutation_session
 from .._registry import MutationRef
 from .._runtime import Runtime
 from .._scheduler import Scheduler
-from .._store import SERVE_ALL, Claimed, ClaimFilter, FastPathHint, Outcome
+from .._store import SERVE_ALL, Claimed, ClaimFilter, FastPathHint, LevelFloor, Outcome
 from .._types import FunctionKind, State
 from .._writers import BufferedWriter, Enqueued
 from .outcomes import failed
@@ -97,8 +97,10 @@ class MutationBatch:
         serve: ClaimFilter = SERVE_ALL,
         hint: FastPathHint | None = None,
         worker_id: str | None = None,
+        floor: LevelFloor | None = None,
     ) -> None:
         self._rt = runtime
+        self._floor = floor
         self._worker_id = worker_id
         self._serve = serve
         self._hint = hint
@@ -131,7 +133,9 @@ class MutationBatch:
         async with rt.engine.connect() as conn:
             root = await conn.begin()
             claim_at = rt.clock.now() if now is None else now
-            rows = await driver.claim_mutations(conn, claim_at, size, self._serve, self._hint)
+            rows = await driver.claim_mutations(
+                conn, claim_at, size, self._serve, self._hint, self._floor
+            )
             if not rows:
                 await conn.rollback()
                 return

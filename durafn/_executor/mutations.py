@@ -22,7 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from .._errors import DurafnError
 from .._invoke import Invoker
 from .._runtime import Runtime, one_line
-from .._store import Claimed, FastPathHint
+from .._store import Claimed, FastPathHint, LevelFloor
 from .._types import FunctionKind
 from .config import ExecutorConfig
 from .mutation_batch import BatchRestart, BatchTimeout, Mode, MutationBatch
@@ -57,6 +57,7 @@ class MutationLanes:
         self.pace = Pace()
         """Recent wall seconds per mutation run, for the claim size."""
         self._hint = FastPathHint()
+        self._floor = LevelFloor(hold=config.batch_time)
 
     async def lane(self) -> None:
         """Run batches until the executor stops; sleep while nothing is due."""
@@ -92,6 +93,9 @@ class MutationLanes:
                 self._config.serve,
                 self._hint,
                 self._worker_id(),
+                # Lanes skip the levels another lane has just taken the rest of; not in
+                # run_until_idle, whose claims must come out in priority order.
+                self._floor if timed else None,
             )
             try:
                 await shielded(batch.run(now, size, self._config.batch_time if timed else math.inf))

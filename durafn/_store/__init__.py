@@ -6,7 +6,7 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError as _SAArgumentError
 
 from .._errors import DatabaseError
-from ._claims import SERVE_ALL, ClaimFilter, FastPathHint
+from ._claims import SERVE_ALL, ClaimFilter, FastPathHint, LevelFloor
 from ._driver import Driver
 from ._filters import RowFilter
 from ._rows import Claimed, LostAction, Outcome, decode_cursor, new_id
@@ -19,6 +19,7 @@ __all__ = [
     "SERVE_ALL",
     "ClaimFilter",
     "FastPathHint",
+    "LevelFloor",
     "Claimed",
     "Driver",
     "LostAction",

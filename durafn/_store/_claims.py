@@ -35,6 +35,7 @@ InProgress rows then keeps the queue busy until they finish.
 from __future__ import annotations
 
 import functools
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,6 +85,34 @@ class FastPathHint:
 
     def __init__(self) -> None:
         self.use = True
+
+
+class LevelFloor:
+    """The lowest priority level worth reading, as the mutation lanes of one executor
+    tell each other. A batch holds its rows' locks until it commits, so when one lane has
+    taken the rest of a level, the others' claims found it locked: an empty statement, a
+    probe and a statement at the next level, where one would do. For ``hold`` seconds
+    (the batch time: how long a batch holds its locks) after a claim took the rest of a
+    level, the lanes start above it. A row of a lower level that becomes due meanwhile
+    (or is released by a batch that rolled back) waits at most that long. With half the
+    rows at random priorities, PostgreSQL drained mutations at 0.88x of the plain rate
+    without it (five interleaved runs, 0.81-0.92x).
+    """
+
+    def __init__(self, hold: float) -> None:
+        self._hold = hold
+        self._floor = PRIORITY_RANGE[0]
+        self._until = 0.0
+
+    def level(self) -> int:
+        if self._floor > PRIORITY_RANGE[0] and time.monotonic() >= self._until:
+            self._floor = PRIORITY_RANGE[0]
+        return self._floor
+
+    def taken_below(self, level: int) -> None:
+        """Every due row under ``level`` is taken (by a claim still holding them)."""
+        if level > self.level():
+            self._floor, self._until = level, time.monotonic() + self._hold
 
 
 def _pending(queued: bool) -> tuple[ColumnElement[bool], ...]:
@@ -337,13 +366,15 @@ async def take_fast(
     limit: int,
     serve: ClaimFilter,
     lateral: bool = False,
+    floor: LevelFloor | None = None,
 ) -> list[Claimed]:
     """The fast path: due unqueued rows by level, ascending, locked, while no queued row of
-    ``kind`` is due (else nothing)."""
+    ``kind`` is due (else nothing); from ``floor`` up, if given."""
     st = statements(serve, lateral)
     if st.first is None or st.fast is None:
         return []
-    return await _by_level(conn, st.first, st.fast, {"b_kind": kind.value, "now": now}, limit)
+    params = {"b_kind": kind.value, "now": now}
+    return await _by_level(conn, st.first, st.fast, params, limit, floor)
 
 
 async def start_fast(
@@ -366,7 +397,12 @@ _PRIORITY = len(CLAIM_COLUMNS) - 2  # a claimed row's priority; HIGHEST follows 
 
 
 async def _by_level(
-    conn: AsyncConnection, first: Any, fast: Any, params: dict[str, Any], limit: int
+    conn: AsyncConnection,
+    first: Any,
+    fast: Any,
+    params: dict[str, Any],
+    limit: int,
+    floor: LevelFloor | None = None,
 ) -> list[Claimed]:
     """``first`` from the lowest level; while it falls short and a higher level is Pending
     (its rows carry the highest level), ``first`` again from the next level, and when the
@@ -380,7 +416,7 @@ async def _by_level(
     random priorities. ``fast`` is left for a second level with nothing due either: it
     reads past any number of such levels in one statement."""
     rows: list[Claimed] = []
-    from_level = PRIORITY_RANGE[0]
+    from_level = PRIORITY_RANGE[0] if floor is None else floor.level()
     while True:
         more = {**params, "from_level": from_level, "limit": limit - len(rows)}
         found = list(await conn.execute(first, more))
@@ -389,6 +425,8 @@ async def _by_level(
             return rows
         if found:
             level, highest = found[0][_PRIORITY], found[0][-1]
+            if floor is not None:
+                floor.taken_below(level + 1)
             if level == highest:
                 return rows
             from_level = level + 1

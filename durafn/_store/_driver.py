@@ -32,6 +32,7 @@ from ._claims import (
     SERVE_ALL,
     ClaimFilter,
     FastPathHint,
+    LevelFloor,
     next_due,
     start_actions,
     start_fast,
@@ -172,13 +173,14 @@ class Driver(ReadStatements, QueueStatements, FailureStatements, EngineDriver):
         limit: int,
         serve: ClaimFilter = SERVE_ALL,
         hint: FastPathHint | None = None,
+        floor: LevelFloor | None = None,
     ) -> list[Claimed]:
         """Choose due mutations inside the batch transaction (``_claims``), locked, with
         their queues, until it ends."""
         kind = FunctionKind.MUTATION
         rows: list[Claimed] = []
         if hint is None or hint.use:
-            rows = await take_fast(conn, kind, now, limit, serve, self.lateral_claims)
+            rows = await take_fast(conn, kind, now, limit, serve, self.lateral_claims, floor)
         if not rows:
             # Rows from the fast path mean its guard held (no queued row due) and it read
             # every level: the full claim could add nothing. (It ran the full claim for
