@@ -6,7 +6,8 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError as _SAArgumentError
 
 from .._errors import DatabaseError
-from ._claims import SERVE_ALL, ClaimFilter, FastPathHint, LevelFloor
+from ._claim_hints import FastPathHint, LevelFloor
+from ._claims import SERVE_ALL, ClaimFilter
 from ._driver import Driver
 from ._filters import RowFilter
 from ._rows import Claimed, LostAction, Outcome, decode_cursor, new_id

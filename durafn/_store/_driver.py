@@ -28,11 +28,10 @@ from .._types import (
     ScheduledFunctionId,
     State,
 )
+from ._claim_hints import FastPathHint, LevelFloor
 from ._claims import (
     SERVE_ALL,
     ClaimFilter,
-    FastPathHint,
-    LevelFloor,
     next_due,
     start_actions,
     start_fast,
