@@ -113,8 +113,7 @@ class Operations:
         of attempts (their ``failures`` back to 0; their history and last error kept):
         delayed_job's retry, Graphile's reschedule with attempts reset. Returns the ids
         moved; rows that are not Failed are left alone."""
-        if isinstance(ids, str) or not all(isinstance(i, str) for i in ids):
-            raise ArgumentError(f"ids must be a list of row ids, not {ids!r}")
+        _check_ids(ids)
         batch_size = integer("batch_size", batch_size, high=100_000)
         rt = self._rt
         when = None if run_at is None else aware_time("run_at", run_at)
@@ -177,8 +176,7 @@ class Operations:
             scheduled_before=before,
         )
         if ids is not None:
-            if isinstance(ids, str) or not all(isinstance(i, str) for i in ids):
-                raise ArgumentError(f"ids must be a list of row ids, not {ids!r}")
+            _check_ids(ids)
             where = RowFilter(**{**_fields(where), "ids": [str(i) for i in ids]})
         return where
 
@@ -211,6 +209,11 @@ class Operations:
                 rt.wake(KINDS)
             if after is None:
                 return total
+
+
+def _check_ids(ids: object) -> None:
+    if not isinstance(ids, list | tuple) or not all(isinstance(i, str) for i in ids):
+        raise ArgumentError(f"ids must be a list of row ids, not {ids!r}")
 
 
 def _fields(where: RowFilter) -> dict[str, Any]:

@@ -119,6 +119,33 @@ async def test_direct_calls(app: durafn.App, x: Any, name: str) -> None:
 async def test_ids(app: durafn.App, id: Any) -> None:
     await refused_cleanly(app, lambda: app.get(id))
     await refused_cleanly(app, lambda: app.cancel(id))
+    await refused_cleanly(app, lambda: app.retry(id))
+    await refused_cleanly(app, lambda: app.retry([id]))
+    await refused_cleanly(app, lambda: app.reschedule(id, priority=1))
+    await refused_cleanly(app, lambda: app.reschedule([id], max_attempts=id))
+
+
+POLICIES: list[tuple[Callable[..., Any], str]] = [
+    (durafn.Retry, "max_attempts"),
+    (lambda v: durafn.Retry(2, backoff=v), "backoff"),
+    (lambda v: durafn.Retry(2, retry_on=v), "retry_on"),
+    (lambda v: durafn.Retry(2, give_up_on=v), "give_up_on"),
+    (lambda v: durafn.Exponential(base=v), "base"),
+    (lambda v: durafn.Exponential(factor=v), "factor"),
+    (lambda v: durafn.Exponential(max_delay=v), "max_delay"),
+    (lambda v: durafn.Exponential(jitter=v), "jitter"),
+    (durafn.Fixed, "seconds"),
+    (lambda v: durafn.Retention(success=v), "success"),
+]
+
+
+@SETTINGS
+@given(which=st.sampled_from(range(len(POLICIES))), value=values)
+def test_policies(which: int, value: Any) -> None:
+    """Retry policies and retention periods: any value is accepted or a DurafnError."""
+    make, _ = POLICIES[which]
+    with contextlib.suppress(durafn.DurafnError):
+        make(value)
 
 
 @SETTINGS
@@ -170,6 +197,7 @@ APP_OPTIONS = [
     "auto_migrate",
     "direct_retries",
     "clock",
+    "retry",
 ]
 
 
