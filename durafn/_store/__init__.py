@@ -12,17 +12,16 @@ from ._driver import Driver
 from ._filters import RowFilter
 from ._rows import Claimed, LostAction, Outcome, decode_cursor, new_id
 from ._tables import SCHEMA_VERSION, metadata, scheduled_functions, schema_version
-from .postgres import PostgresDriver
 from .sqlite import SQLiteDriver
 
 __all__ = [
     "SCHEMA_VERSION",
     "SERVE_ALL",
     "ClaimFilter",
-    "FastPathHint",
-    "LevelFloor",
     "Claimed",
     "Driver",
+    "FastPathHint",
+    "LevelFloor",
     "LostAction",
     "Outcome",
     "RowFilter",
@@ -59,4 +58,8 @@ def driver_for_url(url: str | URL) -> Driver:
     parsed = normalize_url(url)
     if parsed.get_backend_name() == "sqlite":
         return SQLiteDriver(parsed)
+    # Imported here: asyncpg and SQLAlchemy's PostgreSQL dialect cost a SQLite app's
+    # process (a worker, every CLI command) ~0.1 s to import.
+    from .postgres import PostgresDriver
+
     return PostgresDriver(parsed)
