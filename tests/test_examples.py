@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from examples import self_destruct, starlette_app
+from durafn.testing import FakeClock
+from examples import flaky_webhook, self_destruct, starlette_app
 
 pytestmark = pytest.mark.anyio
 
@@ -29,6 +30,18 @@ async def test_self_destruct_example(db_url: str) -> None:
         "messages:destruct         Canceled",
     ):
         assert expected in last
+
+
+async def test_flaky_webhook_example(db_url: str) -> None:
+    out: list[str] = []
+    await flaky_webhook.main(db_url, out, FakeClock())
+    assert out == [
+        "attempt 1: ConnectionError: connection refused (call 1)",
+        "attempt 2: ConnectionError: connection refused (call 2)",
+        "error hook: webhooks:deliver ConnectionError (retried)",
+        "error hook: webhooks:deliver ConnectionError (retried)",
+        "webhooks:deliver Success after 3 runs -> 204",
+    ]
 
 
 def test_starlette_example(db_url: str) -> None:
