@@ -17,7 +17,6 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -183,10 +182,7 @@ async def _pairs(engines: list[str], kinds: list[str], n: int, repeats: int) -> 
                 rates: dict[str, list[float]] = {"plain": [], "priorities": []}
                 for i in range(repeats):
                     for mix, runs in rates.items():
-                        if engine == "sqlite":
-                            url = f"sqlite+aiosqlite:///{Path(tmp) / f'{kind}-{mix}-{i}'}.sqlite3"
-                        else:
-                            url = await throughput._fresh_postgres()
+                        url = await throughput.fresh_url(engine, tmp, f"{kind}-{mix}-{i}")
                         runs.append(await drain(url, n, kind, mix))
                 plain, mixed = (statistics.median(rates[m]) for m in ("plain", "priorities"))
                 each = ", ".join(

@@ -11,7 +11,6 @@ import argparse
 import statistics
 import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -101,9 +100,7 @@ async def main(engines: list[str], n: int, repeats: int) -> None:
         for engine in engines:
 
             async def url_for(name: str, engine: str = engine) -> str:
-                if engine == "sqlite":
-                    return f"sqlite+aiosqlite:///{Path(tmp) / name}.sqlite3"
-                return await throughput._fresh_postgres()
+                return await throughput.fresh_url(engine, tmp, name)
 
             await measure(url_for, n, repeats, engine)
 

@@ -82,9 +82,7 @@ async def run(sizes: Sizes, engines: list[str]) -> dict[str, Any]:
             return value
 
         async def url_for(engine: str, name: str) -> str:
-            if engine == "sqlite":
-                return f"sqlite+aiosqlite:///{Path(tmp) / name}.sqlite3"
-            return await throughput._fresh_postgres()
+            return await throughput.fresh_url(engine, tmp, name)
 
         seconds = sizes.baseline_seconds
         results["raw"] = await step(

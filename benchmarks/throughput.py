@@ -27,6 +27,14 @@ PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 PG_DB = "durafn_bench"
 
 
+async def fresh_url(engine: str, directory: str | Path, name: str) -> str:
+    """An empty database of ``engine``: a new SQLite file ``name`` in ``directory``, or the
+    benchmark's PostgreSQL database dropped and created again."""
+    if engine == "sqlite":
+        return f"sqlite+aiosqlite:///{Path(directory) / name}.sqlite3"
+    return await _fresh_postgres()
+
+
 async def _fresh_postgres() -> str:
     conn = await asyncpg.connect(PG_ADMIN)
     try:
@@ -164,11 +172,8 @@ async def main(engines: list[str], n: int, lag_samples: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         for engine in engines:
 
-            def url_for(name: str, _engine: str = engine) -> str:
-                return f"sqlite+aiosqlite:///{Path(tmp) / name}.sqlite3"
-
             async def url(name: str, _engine: str = engine) -> str:
-                return url_for(name) if _engine == "sqlite" else await _fresh_postgres()
+                return await fresh_url(_engine, tmp, name)
 
             results[engine] = {
                 "noop_mutations": await drain(await url("drain"), n),

@@ -63,7 +63,7 @@ class HookEvent:
 Hook = Callable[[HookEvent], Awaitable[None] | None]
 HookT = TypeVar("HookT", bound=Hook)
 
-FUNCTION_HOOKS: list[str] = []
+FUNCTION_HOOKS: set[str] = set()
 """Functions that have hooks of their own (any app): events are built when it is not empty."""
 
 

@@ -235,7 +235,7 @@ class SchedulableRef(FunctionRef[P, R]):
             if not callable(fn):
                 raise RegistrationError(f"a hook must be a function of one HookEvent, not {fn!r}")
             self.registered.hooks.setdefault(name, []).append(fn)
-            FUNCTION_HOOKS.append(self.registered.name)
+            FUNCTION_HOOKS.add(self.registered.name)
             return fn
 
         return _add

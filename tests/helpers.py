@@ -39,6 +39,11 @@ async def row_of(app: durafn.App, id: str) -> durafn.ScheduledFunction:
     return row
 
 
+async def has_beaten(app: durafn.App, worker_id: str, at: float) -> bool:
+    """Whether the worker's last heartbeat was written at ``at`` (the fake clock's time)."""
+    return any(w.id == worker_id and w.heartbeat_at.timestamp() == at for w in await app.workers())
+
+
 @asynccontextmanager
 async def system_table_locked(app: durafn.App) -> AsyncIterator[AsyncConnection]:
     """Hold a lock that makes every claim wait (as a slow writer elsewhere would); roll

@@ -17,7 +17,7 @@ import durafn
 from durafn import ActionCtx, State
 from durafn.testing import FakeClock
 
-from .helpers import equals, true, wait_until
+from .helpers import equals, has_beaten, true, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -92,14 +92,14 @@ async def test_a_silent_worker_s_action_is_recorded_lost(
     caplog.set_level(logging.WARNING, logger="durafn")
     sid = await _dead_worker_claims(app, "elsewhere:4242:dead")
     async with app.run_executor(**OPTIONS) as rescuer:
-        await _until(lambda: _has_beaten(app, rescuer.worker_id, clock.now()), "registered")
+        await _until(lambda: has_beaten(app, rescuer.worker_id, clock.now()), "registered")
         for _ in range(4):  # 4 s of silence: under the 5 s timeout, so not lost yet
             clock.advance(1)
-            await _until(lambda: _has_beaten(app, rescuer.worker_id, clock.now()), "a beat")
+            await _until(lambda: has_beaten(app, rescuer.worker_id, clock.now()), "a beat")
         assert await _state(app, sid) is State.IN_PROGRESS
         for _ in range(2):
             clock.advance(1)
-            await _until(lambda: _has_beaten(app, rescuer.worker_id, clock.now()), "a beat")
+            await _until(lambda: has_beaten(app, rescuer.worker_id, clock.now()), "a beat")
         await _until(lambda: equals(_state(app, sid), State.FAILED), "the action is rescued")
         assert [w.id for w in await app.workers()] == [rescuer.worker_id]  # its row is gone
     row = await app.get(sid)
@@ -118,10 +118,10 @@ async def test_a_worker_rescues_only_after_its_own_heartbeats_held_a_whole_timeo
     sid = await _dead_worker_claims(app, "elsewhere:4242:dead")
     clock.advance(3600)  # the dead worker has been silent for an hour already
     async with app.run_executor(**OPTIONS) as rescuer:
-        await _until(lambda: _has_beaten(app, rescuer.worker_id, clock.now()), "registered")
+        await _until(lambda: has_beaten(app, rescuer.worker_id, clock.now()), "registered")
         for _ in range(4):
             clock.advance(1)
-            await _until(lambda: _has_beaten(app, rescuer.worker_id, clock.now()), "a beat")
+            await _until(lambda: has_beaten(app, rescuer.worker_id, clock.now()), "a beat")
         assert await _state(app, sid) is State.IN_PROGRESS
         clock.advance(1)
         await _until(lambda: equals(_state(app, sid), State.FAILED), "the action is rescued")
@@ -145,22 +145,22 @@ async def test_a_pause_is_not_taken_for_dead_workers(app: durafn.App, clock: Fak
         for _ in range(8):  # the rescuer's streak is long enough to rescue
             await other_beats()
             clock.advance(1)
-            await _until(lambda: _has_beaten(app, rescuer.worker_id, clock.now()), "a beat")
+            await _until(lambda: has_beaten(app, rescuer.worker_id, clock.now()), "a beat")
         clock.advance(20)  # four worker timeouts in one step
-        await _until(lambda: _has_beaten(app, rescuer.worker_id, clock.now()), "a beat")
+        await _until(lambda: has_beaten(app, rescuer.worker_id, clock.now()), "a beat")
         clock.advance(1)  # the rescuer's next beat: the pass after the pause is complete
-        await _until(lambda: _has_beaten(app, rescuer.worker_id, clock.now()), "a beat")
+        await _until(lambda: has_beaten(app, rescuer.worker_id, clock.now()), "a beat")
         assert await _state(app, sid) is State.IN_PROGRESS
         await other_beats()  # the other worker catches up: alive after all
         for _ in range(6):
             clock.advance(1)
             await other_beats()
-            await _until(lambda: _has_beaten(app, rescuer.worker_id, clock.now()), "a beat")
+            await _until(lambda: has_beaten(app, rescuer.worker_id, clock.now()), "a beat")
         assert await _state(app, sid) is State.IN_PROGRESS
         # And once it really stops, it is rescued.
         for _ in range(7):
             clock.advance(1)
-            await _until(lambda: _has_beaten(app, rescuer.worker_id, clock.now()), "a beat")
+            await _until(lambda: has_beaten(app, rescuer.worker_id, clock.now()), "a beat")
         await _until(lambda: equals(_state(app, sid), State.FAILED), "the action is rescued")
 
 
@@ -248,7 +248,3 @@ async def test_a_claim_whose_commit_was_lost_is_started_not_stranded(
         assert (await executor.wait_for(sid)).state is State.SUCCESS
         assert (await executor.wait_for(other)).state is State.SUCCESS
     assert sorted(runs) == ["next", "stranded"]
-
-
-async def _has_beaten(app: durafn.App, worker_id: str, now: float) -> bool:
-    return any(w.id == worker_id and w.heartbeat_at.timestamp() == now for w in await app.workers())

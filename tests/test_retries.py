@@ -33,7 +33,7 @@ from durafn import (
 from durafn._store._tables import failed_attempts
 from durafn.testing import FakeClock
 
-from .helpers import effects, row_of, wait_until
+from .helpers import effects, has_beaten, row_of, wait_until
 from .models import Effect
 from .test_cli import invoke, invoke_json
 
@@ -262,7 +262,7 @@ async def test_a_lost_worker_s_action_with_a_policy_goes_back_to_pending(
         for _ in range(7):  # past the timeout, one heartbeat at a time
             clock.advance(1)
             await wait_until(
-                lambda: _beat(app, rescuer.worker_id, clock.now()), "a beat", interval=0.005
+                lambda: has_beaten(app, rescuer.worker_id, clock.now()), "a beat", interval=0.005
             )
         await wait_until(lambda: _retried(app, sid), "the action is rescued", interval=0.005)
         row = await row_of(app, sid)
@@ -273,10 +273,6 @@ async def test_a_lost_worker_s_action_with_a_policy_goes_back_to_pending(
         clock.advance(30)
         await rescuer.wait_for(sid)
     assert runs == [sid]  # once more, by the rescuer
-
-
-async def _beat(app: durafn.App, worker_id: str, at: float) -> bool:
-    return any(w.id == worker_id and w.heartbeat_at.timestamp() == at for w in await app.workers())
 
 
 async def _retried(app: durafn.App, id: str) -> bool:
