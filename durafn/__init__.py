@@ -40,6 +40,7 @@ from ._scheduler import Scheduler
 from ._store import SCHEMA_VERSION, metadata, scheduled_functions
 from ._types import (
     CancelResult,
+    Completion,
     ErrorInfo,
     FailedAttempt,
     FunctionKind,
@@ -65,6 +66,7 @@ __all__ = [
     "CancelOwnRunError",
     "CancelResult",
     "Clock",
+    "Completion",
     "CronSyntaxError",
     "DEFAULT_URL",
     "DELAYED_JOB",

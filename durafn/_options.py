@@ -16,11 +16,15 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields, replace
-from typing import Any, Literal, TypedDict, get_args
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, get_args
 
 from ._checks import Error, integer, is_integer, optional, text
 from ._errors import SchedulingError
 from ._retries import Retry, check_retry
+
+if TYPE_CHECKING:
+    from ._registry import MutationRef
+    from ._types import Completion
 
 KeyMode = Literal["replace", "preserve_run_at", "unsafe_dedupe"]
 """What scheduling a key that a row already holds does (Graphile Worker's job key modes):
@@ -61,10 +65,12 @@ class JobOptionArgs(TypedDict, total=False):
     key_mode: KeyMode | None
     flags: Iterable[str] | None
     retry: Retry | None
+    on_complete: MutationRef[[Completion], Any] | None
 
 
 class OptionError(SchedulingError):
-    """A job option (priority, queue, key, key mode, flags, retry) is not valid."""
+    """A job option (priority, queue, key, key mode, flags, retry, on_complete) is not
+    valid."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,10 +101,13 @@ class JobOptions:
     key_mode: KeyMode | None = None
     flags: frozenset[str] | None = None
     retry: Retry | None = None
+    on_complete: MutationRef[[Completion], Any] | None = None
 
     @classmethod
     def checked(cls, error: Error = OptionError, **values: Any) -> JobOptions:
         """Options from keyword values, each validated; unknown names are an error."""
+        from ._completions import check_on_complete  # it imports the registry, which us
+
         known = {f.name for f in fields(cls)}
         if unknown := sorted(set(values) - known):
             raise error(
@@ -115,6 +124,9 @@ class JobOptions:
             key_mode=key_mode,
             flags=optional(check_flags, "flags", values.get("flags"), error=error),
             retry=optional(check_retry, "retry", values.get("retry"), error=error),
+            on_complete=optional(
+                check_on_complete, "on_complete", values.get("on_complete"), error=error
+            ),
         )
 
     def over(self, base: JobOptions) -> JobOptions:
@@ -139,6 +151,8 @@ class RowOptions:
     """The retry policy as data (``Retry.to_json``); None: none, or one whose backoff is a
     function (looked up from the function or the app when a run fails)."""
     max_attempts: int | None
+    on_complete: str | None = None
+    """The completion callback as data (``_completions.spec``), or None."""
 
 
 def resolve(
@@ -160,7 +174,21 @@ def resolve(
         flags=stored_flags(options.flags),
         retry=policy.to_json() if (policy := options.retry or retry) is not None else None,
         max_attempts=policy.max_attempts if policy is not None else None,
+        on_complete=_callback(options.on_complete, queues, retry),
     )
+
+
+def _callback(
+    ref: MutationRef[[Completion], Any] | None, queues: Mapping[str, Queue], retry: Retry | None
+) -> str | None:
+    """What a row keeps of its completion callback: the callback's own options resolved
+    now, as any row's are (a callback has no callback of its own)."""
+    if ref is None:
+        return None
+    from ._completions import spec
+
+    own = replace(ref.job_options, on_complete=None)
+    return spec(ref, resolve(own, queues, retry), queues)
 
 
 def stored_flags(flags: Iterable[str] | None) -> str | None:

@@ -28,7 +28,7 @@ from ._hooks import FUNCTION_HOOKS, Hook, HookName, HookT, check_hook
 from ._options import JobOptions, KeyMode, OptionError
 from ._retention import Retention
 from ._retries import Retry
-from ._types import FunctionKind
+from ._types import Completion, FunctionKind
 
 P = ParamSpec("P")
 # Covariant: a reference whose function returns ``int`` is one that returns ``object``, so
@@ -126,6 +126,11 @@ class FunctionRef(Generic[P, R]):
         if options == JobOptions():
             return f"<{type(self).__name__} {self.name!r}>"
         return f"<{type(self).__name__} {self.name!r} {options}>"
+
+    @property
+    def parameters(self) -> list[str]:
+        """The names of its parameters (besides ``ctx``), in order."""
+        return [p.name for p in self._params]
 
     def validate_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
         """Validate a direct call's arguments; returns them by name, defaults filled in."""
@@ -253,6 +258,7 @@ class SchedulableRef(FunctionRef[P, R]):
         key_mode: KeyMode | None = None,
         flags: Iterable[str] | None = None,
         retry: Retry | None = None,
+        on_complete: MutationRef[[Completion], Any] | None = None,
     ) -> Self:
         """This function with job options for the calls scheduled through the result
         (which has the same parameters, so mypy still checks the arguments).
@@ -264,11 +270,19 @@ class SchedulableRef(FunctionRef[P, R]):
         ``"preserve_run_at"`` or ``"unsafe_dedupe"``: Graphile Worker's modes, see the
         README). ``flags``: strings a worker can refuse (``forbidden_flags``).
         ``retry``: a ``durafn.Retry`` policy for these calls (its backoff one of durafn's,
-        kept on the row: a backoff function belongs on the decorator). Options not given
-        keep the decorator's.
+        kept on the row: a backoff function belongs on the decorator). ``on_complete``: a
+        mutation taking a ``durafn.Completion``, scheduled in the same transaction as the
+        row's final Success, Failed or Canceled (never lost, never twice). Options not
+        given keep the decorator's.
         """
         chosen = JobOptions.checked(
-            priority=priority, queue=queue, key=key, key_mode=key_mode, flags=flags, retry=retry
+            priority=priority,
+            queue=queue,
+            key=key,
+            key_mode=key_mode,
+            flags=flags,
+            retry=retry,
+            on_complete=on_complete,
         )
         if chosen.retry is not None and chosen.retry.to_json() is None:
             raise OptionError(

@@ -23,7 +23,7 @@ from ._hooks import Hooks
 from ._options import JobOptions, Queue, RowOptions, resolve
 from ._registry import Registry
 from ._retries import Retry
-from ._store import Driver
+from ._store import Driver, callbacks_written
 from ._store.sqlite import READ_ONLY_OPTION
 from ._types import FunctionKind
 
@@ -229,6 +229,7 @@ class Runtime:
                 # lands between attempts instead. User code stays cancellable.
                 with anyio.CancelScope(shield=not user_code):
                     async with self.engine.connect() as conn:
+                        callbacks_written(conn)  # a mark left by a transaction rolled back
                         if options:
                             await conn.execution_options(**options)
                         await conn.begin()
@@ -242,6 +243,8 @@ class Runtime:
                         committing = True
                         await conn.commit()
                         self.health.ok()
+                        if callbacks_written(conn):
+                            self.wake({FunctionKind.MUTATION})
                         return value
             except DurafnError:
                 raise

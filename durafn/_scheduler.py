@@ -266,6 +266,7 @@ class Scheduler:
             "flags": options.flags,
             "retry": options.retry,
             "max_attempts": options.max_attempts,
+            "on_complete": options.on_complete,
         }
 
     def _limit(self, message: str) -> None:

@@ -101,6 +101,28 @@ class ScheduledFunction(BaseModel):
     history: list[FailedAttempt] = []
     """Each failed run, oldest first: filled by ``get`` (one more read), empty in
     ``list``'s pages."""
+    on_complete: str | None = None
+    """The name of the mutation scheduled when it finishes for good (``on_complete``)."""
+
+
+class Completion(BaseModel):
+    """How a row finished for good: what its ``on_complete`` mutation is given.
+
+    Declare the callback's parameter with this type: ``async def done(ctx, c: Completion)``.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    id: ScheduledFunctionId
+    """The row that finished."""
+    name: str
+    """Its function's durable name."""
+    state: State
+    """Success, Failed (after its last attempt) or Canceled."""
+    result: Any = None
+    """Its return value (in JSON form, as stored) when Success."""
+    error: ErrorInfo | None = None
+    """Its last error (type and message) when Failed."""
 
 
 class Page(BaseModel):

@@ -21,6 +21,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from ._runtime import Runtime
+from ._store import Outcome
 from ._types import FunctionKind, ScheduledFunctionId, State
 
 _PENDING = State.PENDING.value
@@ -135,6 +136,12 @@ async def write(
             now = rt.clock.now()
             for row in rows:
                 row.update(state=State.CANCELED.value, completed_time=now, job_key=None)
+            # Finished for good at birth: their completion callbacks are due too.
+            born = [
+                Outcome(r["id"], State.CANCELED, name=r["name"], on_complete=r["on_complete"])
+                for r in rows
+            ]
+            await driver.write_completions(conn, now, born)
     new = _pending_kinds(rows) - set(notified)
     if all(row["queue_name"] is None and row["job_key"] is None for row in rows):
         await driver.insert_rows(conn, _in_claim_order(rows), new)  # the common case

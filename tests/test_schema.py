@@ -42,9 +42,9 @@ async def test_a_version_1_database_is_upgraded_in_place(
 ) -> None:
     """Version 2 added worker heartbeats, version 3 the traceback column, version 4 job
     options (flags, queues, the priority-first claim indexes), version 5 retry policies
-    (retry, failures, the failed attempts' table): an existing version 1
-    database keeps its rows, refuses to run until migrated (PostgreSQL), and gains the new
-    tables, indexes and columns, one recorded step each."""
+    (retry, failures, the failed attempts' table), version 6 completion callbacks: an
+    existing version 1 database keeps its rows, refuses to run until migrated
+    (PostgreSQL), and gains the new tables, indexes and columns, one recorded step each."""
     app = durafn.App(db_url, clock=clock)
 
     @app.mutation
@@ -76,10 +76,10 @@ async def test_a_version_1_database_is_upgraded_in_place(
         await app.aclose()
         if engine_name == "postgres":
             stale = durafn.App(db_url, clock=clock)
-            with pytest.raises(durafn.SchemaError, match="at version 1, this durafn needs 5"):
+            with pytest.raises(durafn.SchemaError, match="at version 1, this durafn needs 6"):
                 await stale.executor().run_until_idle()
             await stale.aclose()
-        assert await app.migrate() == 5
+        assert await app.migrate() == 6
         async with app.engine.connect() as conn:
             tables = await conn.run_sync(lambda c: set(inspect(c).get_table_names()))
             indexes = await conn.run_sync(
@@ -90,11 +90,11 @@ async def test_a_version_1_database_is_upgraded_in_place(
                 lambda c: {col["name"] for col in inspect(c).get_columns("_scheduled_functions")}
             )
         assert "_durafn_workers" in tables and "ix_scheduled_functions_running" in indexes
-        assert {"error_traceback", "flags", "retry", "failures"} <= columns
+        assert {"error_traceback", "flags", "retry", "failures", "on_complete"} <= columns
         assert {"_durafn_queues", "_durafn_failed_attempts"} <= tables
         assert "ix_scheduled_functions_due" not in indexes
         assert {"ix_scheduled_functions_claim", "ix_scheduled_functions_key"} <= indexes
-        assert sorted(versions) == [1, 2, 3, 4, 5]
+        assert sorted(versions) == [1, 2, 3, 4, 5, 6]
         row = await app.get(sid)
         assert row is not None and row.state is durafn.State.PENDING
         async with app.run_executor() as executor:

@@ -165,10 +165,15 @@ async def test_kill_9_mid_action_is_recorded_lost_and_the_others_carry_on(
     wapp: tuple[durafn.App, Functions], db_url: str, tmp_path: Path
 ) -> None:
     app, fns = wapp
+    callback = fns.completed
     trace = tmp_path / "trace.txt"
     async with worker_processes(db_url, 2, tmp_path, *FAST) as procs:
         await wait_until(lambda: equals(live_workers(app), 2), "2 workers registered")
-        sid = await app.scheduler().run_after(0, fns.hang, 1, str(trace))
+        # Each row here has a completion callback: written once, by whichever process
+        # finishes the row (the rescuer, the canceller, the worker of the re-run).
+        sid = await app.scheduler().run_after(
+            0, fns.hang.options(on_complete=callback), 1, str(trace)
+        )
         await wait_until(lambda: true(bool(trace_of(trace))), "the action started")
         [(_, pid)] = trace_of(trace)
         # Alive across several worker timeouts: its heartbeat keeps it from being lost.
@@ -197,16 +202,32 @@ async def test_kill_9_mid_action_is_recorded_lost_and_the_others_carry_on(
 
         # With a retry policy, a lost action is run again (at least once): exactly once
         # more here, by the worker that rescues it.
-        again = await app.scheduler().run_after(0, fns.hang_once, 3, str(trace))
+        again = await app.scheduler().run_after(
+            0, fns.hang_once.options(on_complete=callback), 3, str(trace)
+        )
         await wait_until(lambda: true(len(trace_of(trace)) == 3), "it started")
+        # And one cancelled while it runs: the worker killed after it, the rescue leaves it.
+        canceled = await app.scheduler().run_after(
+            0, fns.hang.options(on_complete=callback), 4, str(trace)
+        )
+        await wait_until(lambda: true(len(trace_of(trace)) == 4), "it started")
+        assert await app.cancel(canceled)
         (tmp_path / "more").mkdir()
         async with worker_processes(db_url, 1, tmp_path / "more", *FAST) as [rescuer]:
             os.kill(survivor.pid, signal.SIGKILL)
             await wait_until(lambda: equals(_row_state(app, again), State.SUCCESS), "re-run")
+            await wait_until(lambda: equals(_state(app, "Pending"), 0), "the callbacks ran")
             assert await stop([rescuer]) == [0]
-        assert trace_of(trace)[2:] == [(3, survivor.pid), (3, rescuer.pid)]
+        assert trace_of(trace)[2:] == [(3, survivor.pid), (4, survivor.pid), (3, rescuer.pid)]
         row = await app.get(again)
         assert row is not None and [h.error.type for h in row.history] == ["durafn.WorkerLostError"]
+    callbacks = (await app.list(name="w:completed", limit=10)).items
+    assert sorted(f"{c.args['c']['id']} {c.state}" for c in callbacks) == sorted(
+        f"{id} Success" for id in (sid, again, canceled)
+    )
+    async with app.engine.connect() as conn:
+        applied = set((await conn.execute(select(Applied.key))).scalars())
+    assert {f"{sid} Failed", f"{again} Success", f"{canceled} Canceled"} <= applied
     assert "Traceback" not in logs_of(tmp_path)
 
 

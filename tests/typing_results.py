@@ -43,3 +43,25 @@ async def schedules(sched: durafn.Scheduler) -> None:
     send.call(to=3)  # type: ignore[arg-type]
     send.options(key_mode="overwrite")  # type: ignore[arg-type]
     print(same)
+
+
+@app.mutation
+async def sent(ctx: MutationCtx, completion: durafn.Completion) -> None:
+    pass
+
+
+@app.mutation
+async def counted(ctx: MutationCtx, n: int) -> None:
+    pass
+
+
+async def completes(sched: durafn.Scheduler) -> None:
+    """A completion callback must take what it will be given: one Completion."""
+    await sched.run_after(0, send.options(on_complete=sent), "a@example.com")
+    send.options(on_complete=counted)  # type: ignore[arg-type]
+    send.options(on_complete=count_messages)  # type: ignore[arg-type]
+
+
+@app.action(on_complete=sent)
+async def notified(ctx: durafn.ActionCtx) -> None:
+    pass

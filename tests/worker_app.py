@@ -41,6 +41,7 @@ class Functions(NamedTuple):
     hang: durafn.ActionRef[[int, str], None]
     span: durafn.ActionRef[[int, str, float], None]
     hang_once: durafn.ActionRef[[int, str], None]
+    completed: durafn.MutationRef[[durafn.Completion], None]
 
 
 async def _trace(path: str, n: int) -> None:
@@ -93,7 +94,13 @@ def register(app: durafn.App) -> Functions:
         if first:
             await anyio.sleep_forever()
 
-    return Functions(apply, fan_out, touch, hang, span, hang_once)
+    @app.mutation(name="w:completed")
+    async def completed(ctx: MutationCtx, c: durafn.Completion) -> None:
+        """A completion callback: the unique key makes a second completion of a row (in
+        the same state) fail instead of applying twice."""
+        ctx.db.add(Applied(key=f"{c.id} {c.state}", pid=os.getpid()))
+
+    return Functions(apply, fan_out, touch, hang, span, hang_once, completed)
 
 
 QUEUES = {"limited": durafn.Queue(concurrency=3)}

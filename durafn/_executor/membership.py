@@ -208,6 +208,7 @@ class Membership:
                     name=row.name,
                     queue=row.queue_name,
                     error=WorkerLostError(row.error_message),
+                    on_complete=row.on_complete,
                 )
                 # Recorded Failed above; its retry policy may put it back to Pending.
                 decide(rt, now, outcome, row.retry)
@@ -218,6 +219,8 @@ class Membership:
                 await rt.driver.notify(conn, {FunctionKind.ACTION})
             for row, outcome in zip(lost, outcomes, strict=True):
                 await rt.driver.record_failures(conn, now, [outcome], row.worker_id)
+            final = [o for o in outcomes if o.retry_at is None]
+            await rt.driver.write_completions(conn, now, final)
             return outcomes
 
         lost = await rt.transaction(_rescue, doing="rescuing the actions of lost workers")

@@ -38,7 +38,15 @@ from .._invoke import Invoker, check_transaction, mutation_session
 from .._registry import MutationRef
 from .._runtime import Runtime
 from .._scheduler import Scheduler
-from .._store import SERVE_ALL, Claimed, ClaimFilter, FastPathHint, LevelFloor, Outcome
+from .._store import (
+    SERVE_ALL,
+    Claimed,
+    ClaimFilter,
+    FastPathHint,
+    LevelFloor,
+    Outcome,
+    callbacks_written,
+)
 from .._types import FunctionKind, State
 from .._writers import BufferedWriter, Enqueued
 from .outcomes import failed
@@ -131,6 +139,7 @@ class MutationBatch:
         rt = self._rt
         driver = rt.driver
         async with rt.engine.connect() as conn:
+            callbacks_written(conn)  # a mark left by a transaction rolled back
             root = await conn.begin()
             claim_at = rt.clock.now() if now is None else now
             rows = await driver.claim_mutations(
@@ -202,6 +211,8 @@ class MutationBatch:
             if outcomes:
                 self._pace.add((time.monotonic() - started) / len(outcomes))
             await self._write(conn)
+            if callbacks_written(conn):
+                self.woken.add(FunctionKind.MUTATION)
             await conn.commit()
 
     async def _run_one(
@@ -276,7 +287,12 @@ class MutationBatch:
         self.woken |= writer.woken
         self.enqueued += writer.enqueued
         outcome = Outcome(
-            row.id, State.SUCCESS, result=encoded, name=row.name, queue=row.queue_name
+            row.id,
+            State.SUCCESS,
+            result=encoded,
+            name=row.name,
+            queue=row.queue_name,
+            on_complete=row.on_complete,
         )
         return await self._after(outcome)
 

@@ -70,6 +70,7 @@ def failed(row: Claimed | Outcome, exc: BaseException) -> Outcome:
         name=row.name,
         queue=row.queue_name if isinstance(row, Claimed) else row.queue,
         error=exc,
+        on_complete=row.on_complete,
     )
 
 
@@ -90,7 +91,14 @@ def succeeded(row: Claimed, ref: ActionRef[Any, Any], result: Any) -> Outcome:
         outcome = failed(row, exc)
         outcome.error = None  # the action itself succeeded: never run it again for this
         return outcome
-    return Outcome(row.id, State.SUCCESS, result=encoded, name=row.name, queue=row.queue_name)
+    return Outcome(
+        row.id,
+        State.SUCCESS,
+        result=encoded,
+        name=row.name,
+        queue=row.queue_name,
+        on_complete=row.on_complete,
+    )
 
 
 def log_fields(kind: FunctionKind, id: str, name: str, state: State) -> dict[str, str]:

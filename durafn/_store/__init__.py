@@ -8,6 +8,7 @@ from sqlalchemy.exc import ArgumentError as _SAArgumentError
 from .._errors import DatabaseError
 from ._claim_hints import FastPathHint, LevelFloor
 from ._claims import SERVE_ALL, ClaimFilter
+from ._completions import callbacks_written
 from ._driver import Driver
 from ._filters import RowFilter
 from ._rows import Claimed, LostAction, Outcome, decode_cursor, new_id
@@ -25,6 +26,7 @@ __all__ = [
     "LostAction",
     "Outcome",
     "RowFilter",
+    "callbacks_written",
     "decode_cursor",
     "driver_for_url",
     "metadata",

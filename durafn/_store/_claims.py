@@ -356,7 +356,8 @@ async def start_fast(
     return await _by_level(conn, st.first_actions, st.fast_actions, params, limit)
 
 
-_PRIORITY = len(CLAIM_COLUMNS) - 2  # a claimed row's priority; HIGHEST follows the columns
+# A claimed row's priority (HIGHEST follows the columns).
+_PRIORITY = [column.name for column in CLAIM_COLUMNS].index("priority")
 
 
 async def _by_level(

@@ -38,6 +38,7 @@ from ._claims import (
     take,
     take_fast,
 )
+from ._completions import CompletionStatements, canceled
 from ._engine import EngineDriver
 from ._failures import RETRY_COLUMNS, FailureStatements
 from ._filters import RowFilter
@@ -45,13 +46,24 @@ from ._keys import insert_keyed
 from ._queues import QueueStatements
 from ._reading import ReadStatements
 from ._rows import Claimed, LostAction, Outcome, RetryState, is_id
-from ._statements import CLAIM_COLUMNS, FINISH_ONE, FINISH_PLAIN, FinishParams, claimed
+from ._statements import (
+    CANCEL,
+    CANCELED_COLUMNS,
+    CLAIM_COLUMNS,
+    FINISH_ONE,
+    FINISH_PLAIN,
+    FinishParams,
+    claimed,
+    finish_params,
+)
 from ._tables import sf, workers
 
 _RUNNABLE = (State.PENDING.value, State.IN_PROGRESS.value)
 
 
-class Driver(ReadStatements, QueueStatements, FailureStatements, EngineDriver):
+class Driver(
+    ReadStatements, QueueStatements, FailureStatements, CompletionStatements, EngineDriver
+):
     """Dialect-neutral statements on the system tables."""
 
     # -- one row ---------------------------------------------------------------------------
@@ -92,7 +104,9 @@ class Driver(ReadStatements, QueueStatements, FailureStatements, EngineDriver):
         if not is_id(id):
             return None
         row = (
-            await conn.execute(select(sf.c.state).where(sf.c.id == id).with_for_update())
+            await conn.execute(
+                select(sf.c.state, *CANCELED_COLUMNS[1:]).where(sf.c.id == id).with_for_update()
+            )
         ).first()
         if row is None:
             return None
@@ -107,6 +121,7 @@ class Driver(ReadStatements, QueueStatements, FailureStatements, EngineDriver):
         assert isinstance(result, CursorResult)
         if result.rowcount != 1:  # pragma: no cover - the row lock above prevents it
             raise DatabaseError(f"scheduled function {id} changed state while being cancelled")
+        await self.write_completions(conn, now, canceled([(id, row[1], row[2])]))
         if previous is State.IN_PROGRESS:
             await self.cancel_descendants(conn, id, now)
         return previous
@@ -129,12 +144,16 @@ class Driver(ReadStatements, QueueStatements, FailureStatements, EngineDriver):
         now: float,
     ) -> int:
         """Set ``values`` on these rows, or cancel them (None), where still Pending."""
-        changes = values if values is not None else {"state": "Canceled", "completed_time": now}
-        result = await conn.execute(
-            update(sf).where(sf.c.id.in_(ids), sf.c.state == "Pending").values(**changes)
-        )
-        assert isinstance(result, CursorResult)
-        return result.rowcount
+        stmt = update(sf).where(sf.c.id.in_(ids), sf.c.state == State.PENDING.value)
+        if values is not None:
+            result = await conn.execute(stmt.values(**values))
+            assert isinstance(result, CursorResult)
+            return result.rowcount
+        rows = (
+            await conn.execute(stmt.values(CANCEL).returning(*CANCELED_COLUMNS), {"now": now})
+        ).all()
+        await self.write_completions(conn, now, canceled(rows))
+        return len(rows)
 
     async def cancel_descendants(
         self, conn: AsyncConnection, root: ScheduledFunctionId, now: float
@@ -146,7 +165,8 @@ class Driver(ReadStatements, QueueStatements, FailureStatements, EngineDriver):
         stmt = (
             update(sf)
             .where(sf.c.id.in_(select(tree.c.id)), sf.c.state.in_(_RUNNABLE))
-            .values(state=State.CANCELED.value, completed_time=now)
+            .values(CANCEL)
+            .returning(*CANCELED_COLUMNS)
         )
         # Sweep until the set of descendants stops growing. On PostgreSQL one statement
         # sees one snapshot: if the UPDATE waited for a running descendant mutation's lock,
@@ -159,9 +179,9 @@ class Driver(ReadStatements, QueueStatements, FailureStatements, EngineDriver):
             if found <= seen:
                 return total
             seen |= found
-            result = await conn.execute(stmt)
-            assert isinstance(result, CursorResult)
-            total += result.rowcount
+            rows = (await conn.execute(stmt, {"now": now})).all()
+            await self.write_completions(conn, now, canceled(rows))
+            total += len(rows)
 
     # -- executor: mutations -------------------------------------------------------------
 
@@ -200,6 +220,14 @@ class Driver(ReadStatements, QueueStatements, FailureStatements, EngineDriver):
         # The common outcome (Success, nothing returned) goes out as one statement for the
         # whole batch; only the others need a row each. On SQLite this took a 64-row
         # batch's completion from ~3 ms (executemany) to well under 1 ms.
+        common = FinishParams(
+            now=now, expected=expected.value, counted=1 if expected is State.PENDING else 0
+        )
+        written = 0
+        if any(o.on_complete is not None for o in outcomes):
+            completing = [o for o in outcomes if o.on_complete is not None and o.retry_at is None]
+            written += await self.finish_completing(conn, completing, common)
+            outcomes = [o for o in outcomes if o.on_complete is None or o.retry_at is not None]
         plain = [o.id for o in outcomes if o.state is State.SUCCESS and o.result is None]
         retried = [o for o in outcomes if o.retry_at is not None]
         other = [
@@ -207,10 +235,6 @@ class Driver(ReadStatements, QueueStatements, FailureStatements, EngineDriver):
             for o in outcomes
             if o.retry_at is None and not (o.state is State.SUCCESS and o.result is None)
         ]
-        common = FinishParams(
-            now=now, expected=expected.value, counted=1 if expected is State.PENDING else 0
-        )
-        written = 0
         if plain:
             written += await self._finish_plain(conn, plain, common)
         if other:
@@ -234,22 +258,7 @@ class Driver(ReadStatements, QueueStatements, FailureStatements, EngineDriver):
         self, conn: AsyncConnection, outcomes: list[Outcome], common: FinishParams
     ) -> int:
         """Each outcome's state, result and error, for its row if still in ``expected``."""
-        result = await conn.execute(
-            FINISH_ONE,
-            [
-                {
-                    "b_id": o.id,
-                    "b_state": o.state.value,
-                    "b_result": o.result,
-                    "b_error_type": o.error_type,
-                    "b_error_message": o.error_message,
-                    "b_error_traceback": o.error_traceback,
-                    "b_failed": int(o.state is State.FAILED),
-                    **common,
-                }
-                for o in outcomes
-            ],
-        )
+        result = await conn.execute(FINISH_ONE, [finish_params(o, common) for o in outcomes])
         assert isinstance(result, CursorResult)
         return result.rowcount
 
@@ -407,14 +416,21 @@ class Driver(ReadStatements, QueueStatements, FailureStatements, EngineDriver):
                 sf.c.error_message,
                 sf.c.queue_name,
                 *RETRY_COLUMNS[1:],
+                sf.c.on_complete,
             )
         )
         # The failures returned count this one: the retry's count is of those before it.
         lost = [
             LostAction(
-                ScheduledFunctionId(str(i)), n, w, m, q, RetryState(n, retry, most, failures - 1)
+                ScheduledFunctionId(str(i)),
+                n,
+                w,
+                m,
+                q,
+                RetryState(n, retry, most, failures - 1),
+                callback,
             )
-            for i, n, w, m, q, retry, most, failures in result
+            for i, n, w, m, q, retry, most, failures, callback in result
         ]
         await conn.execute(delete(workers).where(workers.c.heartbeat_at < cutoff))
         return lost

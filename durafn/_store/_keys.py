@@ -41,6 +41,7 @@ _REPLACED = (
     "flags",
     "retry",
     "max_attempts",
+    "on_complete",
 )
 
 

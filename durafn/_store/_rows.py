@@ -39,6 +39,7 @@ NEW_ROW_COLUMNS = (
     "flags",
     "retry",
     "max_attempts",
+    "on_complete",
 )
 """The keys of a row passed to ``Driver.insert_rows``; the other columns take defaults."""
 
@@ -97,6 +98,8 @@ class Claimed:
     available_at: float
     priority: int = 0
     queue_name: str | None = None
+    on_complete: str | None = None
+    """Its completion callback, as data (``_store/_completions.py``), or None."""
 
     def order(self) -> tuple[int, float, str]:
         """Claim order: priority (lower first), then due time, then id."""
@@ -122,6 +125,9 @@ class Outcome:
     (a result that could not be stored: the function itself succeeded)."""
     retry_at: float | None = None
     """Set (with state Pending) when its retry policy tries it again: due then."""
+    on_complete: str | None = None
+    """The row's completion callback (``Claimed.on_complete``): scheduled, in the same
+    transaction, if this outcome finishes the row for good."""
 
 
 class RetryState(NamedTuple):
@@ -144,6 +150,7 @@ class LostAction(NamedTuple):
     error_message: str
     queue_name: str | None
     retry: RetryState
+    on_complete: str | None
 
 
 def is_id(id: object) -> bool:
@@ -185,6 +192,7 @@ def to_model(row: Row[Any]) -> ScheduledFunction:
         flags=read_flags(m["flags"]),
         max_attempts=m["max_attempts"],
         failures=m["failures"],
+        on_complete=json.loads(m["on_complete"])["name"] if m["on_complete"] else None,
     )
 
 

@@ -18,7 +18,7 @@ from sqlalchemy import Double, Row, Text, bindparam, insert, literal_column, sel
 from sqlalchemy.sql.elements import ColumnElement
 
 from .._types import State
-from ._rows import Claimed
+from ._rows import Claimed, Outcome
 from ._tables import failed_attempts, sf
 
 CLAIM_COLUMNS = (
@@ -30,6 +30,7 @@ CLAIM_COLUMNS = (
     sf.c.available_at,
     sf.c.priority,
     sf.c.queue_name,
+    sf.c.on_complete,
 )
 # Literals, not bind parameters: a partial index is used only when the query's WHERE
 # visibly implies the index's (SQLite does not look into parameters).
@@ -51,6 +52,14 @@ STARTED: dict[str, Any] = {
     "attempts": sf.c.attempts + 1,
 }
 """What starting an action writes (Pending -> InProgress, under a worker, counted)."""
+
+CANCEL: dict[str, Any] = {
+    "state": State.CANCELED.value,
+    "completed_time": bindparam("now", type_=Double),
+}
+"""What cancelling a row writes (its guard is the caller's)."""
+CANCELED_COLUMNS = (sf.c.id, sf.c.name, sf.c.on_complete)
+"""What a cancelling UPDATE returns: the rows it moved, for their completion callbacks."""
 
 
 class FinishParams(TypedDict):
@@ -91,6 +100,22 @@ FINISH_ONE = (
         failures=sf.c.failures + bindparam("b_failed"),
     )
 )
+
+
+def finish_params(o: Outcome, common: FinishParams) -> dict[str, Any]:
+    """FINISH_ONE's parameters for one outcome."""
+    return {
+        "b_id": o.id,
+        "b_state": o.state.value,
+        "b_result": o.result,
+        "b_error_type": o.error_type,
+        "b_error_message": o.error_message,
+        "b_error_traceback": o.error_traceback,
+        "b_failed": int(o.state is State.FAILED),
+        **common,
+    }
+
+
 # A failed run its retry policy tries again: back to Pending, due at ``b_at``, with this
 # run's error as the row's last (a rescue's flip of a row it recorded Failed: ``expected``
 # Failed, nothing counted twice).

@@ -26,7 +26,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Connection
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 """Bump with a new step in ``MIGRATIONS`` whenever the tables change."""
 
 metadata = MetaData()
@@ -68,6 +68,9 @@ scheduled_functions = Table(
     Column("flags", Text),  # version 4: ",a,b," (sorted), so "carries x" is one LIKE
     Column("retry", Text),
     Column("failures", Integer, nullable=False, server_default="0"),
+    # Version 6: the completion callback (``on_complete``) as data, JSON: which mutation
+    # to schedule, with which options, when the row finishes for good (_store/_completions).
+    Column("on_complete", Text),
     CheckConstraint(
         "state IN ('Pending', 'InProgress', 'Success', 'Failed', 'Canceled')",
         name="ck_scheduled_functions_state",
@@ -260,10 +263,18 @@ def _step_5(conn: Connection) -> None:
     failed_attempts.create(conn, checkfirst=True)  # with its index
 
 
+def _step_6(conn: Connection) -> None:
+    """Version 6: completion callbacks, ``on_complete``."""
+    columns = {c["name"] for c in inspect(conn).get_columns(scheduled_functions.name)}
+    if "on_complete" not in columns:
+        conn.execute(text("ALTER TABLE _scheduled_functions ADD COLUMN on_complete TEXT"))
+
+
 MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     2: _step_2,
     3: _step_3,
     4: _step_4,
     5: _step_5,
+    6: _step_6,
 }
 """Steps from version N-1 to N. A fresh database gets the latest tables in one go."""
