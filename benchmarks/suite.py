@@ -23,7 +23,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 import durafn
 
-from . import backlog, baselines, charts, options, peers, retries, throughput, workers
+from . import backlog, baselines, cancels, charts, options, peers, retries, throughput, workers
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -41,6 +41,7 @@ class Sizes:
         # Drains are short and this machine's speed wanders (steal time, fsync latency): the
         # full run drains each way three times, peers too, and reports the median run.
         self.repeats = 1 if quick else 3
+        self.cancels = 20 if quick else 50
 
 
 def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -166,6 +167,13 @@ async def run(sizes: Sizes, engines: list[str]) -> dict[str, Any]:
                 )
 
             r["retries"] = await step(f"{engine}: a tenth failing once, retried", 1, _retries)
+
+            async def _cancels(_: Any, engine: str = engine) -> Any:
+                return await cancels.measure(
+                    lambda name: url_for(engine, name), sizes.cancels, engine
+                )
+
+            r["cancels"] = await step(f"{engine}: cancel() to a running action", 1, _cancels)
             results[engine] = r
         if "postgres" in engines:
             procs: dict[str, dict[str, float]] = {}
@@ -321,6 +329,15 @@ def markdown(report: dict[str, Any]) -> str:
             lines.append(
                 f"- {kind}: plain {k['plain_per_s']:,.0f}; a tenth failing once and retried "
                 f"{k['tenth_fail_once_per_s']:,.0f} ({k['ratio']:.2f}x)"
+            )
+    for engine in engines:
+        got = results[engine].get("cancels")
+        if not got:
+            continue
+        lines += ["", f"{engine}: cancel() to the action in another process seeing it:", ""]
+        for label, k in got.items():
+            lines.append(
+                f"- {label}: median {k['median_ms']} ms, p99 {k['p99_ms']} ms, max {k['max_ms']} ms"
             )
     lines += ["", "Ratios:", ""]
     lines += [f"- {name}: {value}x" for name, value in report["ratios"].items()]

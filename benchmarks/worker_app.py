@@ -16,6 +16,7 @@ class Functions(NamedTuple):
     fan_out: durafn.MutationRef[[int, float, str], None]
     probe: durafn.MutationRef[[], float]
     hang: durafn.ActionRef[[], None]
+    until_cancelled: durafn.ActionRef[[str], None]
 
 
 def register(app: durafn.App) -> Functions:
@@ -43,7 +44,18 @@ def register(app: durafn.App) -> Functions:
     async def hang(ctx: ActionCtx) -> None:
         await anyio.sleep_forever()
 
-    return Functions(fan_out, probe, hang)
+    @app.action(name="bench:until_cancelled")
+    async def until_cancelled(ctx: ActionCtx, path: str) -> None:
+        """Says when it started and when its cancel reached it (the system-wide monotonic
+        clock, comparable across processes)."""
+        async with await anyio.open_file(path, "a") as f:
+            await f.write(f"start {ctx.run_id} {time.monotonic()}\n")
+        await ctx.wait_for_cancel()
+        seen = time.monotonic()
+        async with await anyio.open_file(path, "a") as f:
+            await f.write(f"seen {ctx.run_id} {seen}\n")
+
+    return Functions(fan_out, probe, hang, until_cancelled)
 
 
 app = durafn.App()

@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from typing_extensions import Unpack
 
 from ._admin import Operations
+from ._cancels import CANCEL_MODES, CancelMode
 from ._checks import aware_time, flag, integer, optional, positive_seconds, state_list, text
 from ._clock import Clock, SystemClock, to_datetime
 from ._context import ActionCtx, MutationCtx, QueryCtx, SystemTable
@@ -53,6 +54,12 @@ class App(Operations):
 
     ``App()`` uses a SQLite file (``DURAFN_DATABASE_URL`` or ``./durafn.sqlite3``);
     ``App("postgresql+asyncpg://...")`` uses PostgreSQL. Nothing connects until first use.
+
+    ``inline``: for development and simple tests, run scheduled functions in the caller's
+    task as soon as the transaction that scheduled them commits, due or not, instead of
+    waiting for an executor (delayed_job's ``delay_jobs = false``); or a predicate,
+    ``inline=lambda row: ...`` over each ``ScheduledFunction`` written, for some rows
+    only. Rows are written and recorded as ever; rows of named queues wait for executors.
     """
 
     def __init__(
@@ -69,6 +76,7 @@ class App(Operations):
         direct_retries: int = 8,
         queues: Mapping[str, Queue] | None = None,
         retry: Retry | None = None,
+        inline: bool | Callable[[ScheduledFunction], bool] = False,
     ) -> None:
         if url is not None:
             text("url", url)
@@ -85,6 +93,11 @@ class App(Operations):
         optional(flag, "auto_migrate", auto_migrate)
         queues = _queue_attributes(queues)
         optional(check_retry, "retry", retry, error=ArgumentError)
+        if not (isinstance(inline, bool) or callable(inline)):
+            raise ArgumentError(
+                f"inline must be True, False or a function of a ScheduledFunction returning "
+                f"whether to run it inline, not {inline!r}"
+            )
         driver = driver_for_url(url or os.environ.get("DURAFN_DATABASE_URL") or DEFAULT_URL)
         self._rt = Runtime(
             registry=Registry(),
@@ -98,8 +111,12 @@ class App(Operations):
             auto_migrate=driver.auto_migrate if auto_migrate is None else auto_migrate,
             queues=queues,
             retry=retry,
+            inline=_every_row if inline is True else inline or None,
         )
         self._invoker = Invoker(self._rt, timeouts)
+        if inline is not False:
+            # A fresh executor per commit: callers (and the runs they nest) never share one.
+            self._rt.inline_runner = lambda calls: self.executor().run_inline(calls)
 
     def _inspect_only(self) -> None:
         """Create nothing on first use: neither the system tables nor, on SQLite, the
@@ -182,6 +199,7 @@ class App(Operations):
         name: str | None = None,
         timeout: float | None = None,
         retention: Retention | None = None,
+        cancel: CancelMode = "cooperative",
         **options: Unpack[JobOptionArgs],
     ) -> Callable[[Callable[Concatenate[ActionCtx, P], Awaitable[R]]], ActionRef[P, R]]: ...
 
@@ -192,6 +210,7 @@ class App(Operations):
         name: str | None = None,
         timeout: float | None = None,
         retention: Retention | None = None,
+        cancel: CancelMode = "cooperative",
         **options: Unpack[JobOptionArgs],
     ) -> Any:
         """Register a side-effecting function: ``async def f(ctx: ActionCtx, ...)``.
@@ -199,9 +218,17 @@ class App(Operations):
         Scheduled, it runs at most once and is never retried by durafn, unless it has a
         ``retry`` policy: then it runs at least once until it succeeds or runs out of
         attempts (a failure, its time limit, its worker lost, a stop's grace period).
-        Job options as for ``mutation``.
+        ``cancel``: how a run learns that its row was cancelled: ``"cooperative"`` sets
+        ``ctx.cancel_requested`` (and ends ``ctx.wait_for_cancel()``), ``"interrupt"``
+        also cancels it at its next ``await``. Job options as for ``mutation``.
         """
-        return self._register(ActionRef, (ActionCtx,), fn, name, timeout, options, retention)
+        if cancel not in CANCEL_MODES:
+            raise RegistrationError(
+                f"cancel must be one of {', '.join(CANCEL_MODES)}, not {cancel!r}"
+            )
+        return self._register(
+            ActionRef, (ActionCtx,), fn, name, timeout, options, retention, cancel=cancel
+        )
 
     def on(self, hook: HookName) -> Callable[[HookT], HookT]:
         """Register a lifecycle hook for every function: ``@app.on("failure")`` over
@@ -225,6 +252,7 @@ class App(Operations):
         timeout: float | None,
         options: JobOptionArgs | None = None,
         retention: Retention | None = None,
+        cancel: CancelMode | None = None,
     ) -> Any:
         # Checked before decorating, so a bad option names the decorator's line.
         defaults = JobOptions.checked(error=RegistrationError, **(options or {}))
@@ -234,6 +262,8 @@ class App(Operations):
             ref = cls(f, name=name, timeout=timeout, ctx_types=ctx_types)
             ref.job_options = defaults
             ref.retention = retention
+            if isinstance(ref, ActionRef) and cancel is not None:
+                ref.cancel = cancel
             self._rt.registry.add(ref)
             return ref
 
@@ -450,3 +480,7 @@ def _queue_attributes(value: object) -> dict[str, Queue]:
 def _finished_states(value: object) -> list[State]:
     # Unfinished states are refused by the driver, with the reason.
     return state_list("states", value)
+
+
+def _every_row(row: ScheduledFunction) -> bool:
+    return True

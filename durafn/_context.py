@@ -14,6 +14,7 @@ from datetime import datetime
 from functools import cached_property
 from typing import Any, NoReturn, ParamSpec, Protocol, TypeVar
 
+import anyio
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
@@ -201,6 +202,23 @@ class ActionCtx(_BaseCtx):
     def system(self) -> SystemTable:
         """Reads ``_scheduled_functions``, each call in its own read."""
         return SystemTable(self._rt, None)
+
+    @property
+    def cancel_requested(self) -> bool:
+        """Whether this run's row has been cancelled while it runs (``cancel(id)``, here or
+        in any process): stop early, the row is Canceled whatever this returns. Always
+        False when the action was called directly (``app.run_action``)."""
+        cancellation = self._rt.cancels.get(self.run_id)
+        return cancellation is not None and cancellation.requested
+
+    async def wait_for_cancel(self) -> None:
+        """Return once this run's row is cancelled (never, for a direct call): race it
+        against your work, e.g. in a task group whose scope you cancel."""
+        cancellation = self._rt.cancels.get(self.run_id)
+        if cancellation is None:
+            await anyio.sleep_forever()
+        else:
+            await cancellation.wait()
 
     async def run_query(self, fn: QueryRef[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
         """Run a query in its own read-only transaction."""

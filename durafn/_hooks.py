@@ -128,6 +128,8 @@ class Hooks:
         if not self.active:
             return
         for o in outcomes:
+            if o.unwritten:  # its row had moved on (cancelled): nothing happened to it
+                continue
             if o.state is State.SUCCESS:
                 result = json.loads(o.result) if o.result is not None else None
                 await self.fire(HookEvent("success", o.id, o.name, kind, o.state, result=result))

@@ -10,7 +10,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, AsyncTransacti
 from ._context import ActionCtx, MutationCtx, QueryCtx, SystemTable, read_only_session
 from ._errors import ArgumentError, FunctionTimeoutError, TransactionError
 from ._registry import ActionRef, FunctionRef, MutationRef, QueryRef
-from ._runtime import Runtime
+from ._runtime import Inline, Runtime
 from ._scheduler import Scheduler
 from ._types import FunctionKind, ScheduledFunctionId
 from ._writers import BufferedWriter, Enqueued
@@ -127,10 +127,12 @@ class Invoker:
         timeout = self.timeouts.for_(ref)
         woken: set[FunctionKind] = set()
         written: list[Enqueued] = []
+        inline: list[Inline] = []
 
         async def _body(conn: AsyncConnection) -> R:
             woken.clear()
             written.clear()
+            inline.clear()
             root = conn.get_transaction()
             assert root is not None
             session = mutation_session(conn)
@@ -150,6 +152,7 @@ class Invoker:
                 await session.close()
             woken.update(writer.woken)
             written.extend(writer.enqueued)
+            inline.extend(writer.inline)
             return result
 
         result = await self._rt.transaction(
@@ -157,6 +160,7 @@ class Invoker:
         )
         self._rt.wake(woken)
         await self._rt.hooks.enqueued(written)
+        await self._rt.run_inline(inline)
         return result
 
     async def action(

@@ -22,6 +22,7 @@ import pydantic_core
 import typing_extensions
 from pydantic import ConfigDict, TypeAdapter
 
+from ._cancels import CancelMode
 from ._checks import optional, positive_seconds, text
 from ._errors import ArgumentError, DurableNameWarning, RegistrationError, UnknownFunctionError
 from ._hooks import FUNCTION_HOOKS, Hook, HookName, HookT, check_hook
@@ -306,6 +307,8 @@ class ActionRef(SchedulableRef[P, R]):
     """A registered action: runs outside a transaction, at most once when scheduled."""
 
     kind = FunctionKind.ACTION
+    cancel: CancelMode = "cooperative"
+    """How a run learns of its row's cancel (its decorator's ``cancel=``)."""
 
 
 RefT = TypeVar("RefT", bound="FunctionRef[Any, Any]")

@@ -17,17 +17,21 @@ import anyio
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from ._cancels import Cancels
 from ._clock import Clock
 from ._errors import DatabaseError, DurafnError
 from ._hooks import Hooks
 from ._options import JobOptions, Queue, RowOptions, resolve
 from ._registry import Registry
 from ._retries import Retry
-from ._store import Driver, callbacks_written
+from ._store import AfterCommit, Driver, take_notes
 from ._store.sqlite import READ_ONLY_OPTION
-from ._types import FunctionKind
+from ._types import FunctionKind, ScheduledFunction, ScheduledFunctionId
 
 T = TypeVar("T")
+
+Inline = tuple[ScheduledFunctionId, FunctionKind]
+"""A row that inline mode runs as soon as it is committed: its id and kind."""
 logger = logging.getLogger("durafn")
 
 
@@ -106,14 +110,21 @@ class Runtime:
     """The app's queue attributes (``App(queues=...)``)."""
     retry: Retry | None = None
     """The app's retry policy, for functions without one (``App(retry=...)``)."""
+    inline: Callable[[ScheduledFunction], bool] | None = None
+    """Inline mode (``App(inline=...)``): which rows run as their scheduling commits."""
+    inline_runner: Callable[[list[Inline]], Awaitable[None]] | None = None
+    """Runs them (an executor of the app's, made when inline mode is on)."""
     _resolved: dict[JobOptions, RowOptions] = field(default_factory=dict)
     _wake_listeners: set[Callable[[Collection[FunctionKind]], None]] = field(default_factory=set)
     health: Health = field(init=False)
     hooks: Hooks = field(init=False)
+    cancels: Cancels = field(init=False)
+    """The actions running in this process, to tell of their rows' cancels."""
 
     def __post_init__(self) -> None:
         self.health = Health(self.driver)
         self.hooks = Hooks(self.registry)
+        self.cancels = Cancels()
 
     def row_options(self, options: JobOptions) -> RowOptions:
         """The options a row is written with (``_options.resolve``), cached: most calls
@@ -177,6 +188,17 @@ class Runtime:
             for listener in list(self._wake_listeners):
                 listener(kinds)
 
+    async def run_inline(self, calls: list[Inline]) -> None:
+        """Run rows at once, in the caller's task (inline mode; ``calls`` from ``_writers``)."""
+        if calls and self.inline_runner is not None:
+            await self.inline_runner(calls)
+
+    def after_commit(self, notes: AfterCommit | None) -> None:
+        """Act on what a committed transaction noted (``_store/_after_commit.py``)."""
+        if notes is not None:
+            self.wake(notes.wake)
+            self.cancels.request(notes.canceled)
+
     # -- transactions --------------------------------------------------------------------
 
     def connection_options(self, *, read_only: bool, single_statement: bool) -> dict[str, Any]:
@@ -229,7 +251,7 @@ class Runtime:
                 # lands between attempts instead. User code stays cancellable.
                 with anyio.CancelScope(shield=not user_code):
                     async with self.engine.connect() as conn:
-                        callbacks_written(conn)  # a mark left by a transaction rolled back
+                        take_notes(conn)  # what a transaction rolled back may have left
                         if options:
                             await conn.execution_options(**options)
                         await conn.begin()
@@ -243,8 +265,7 @@ class Runtime:
                         committing = True
                         await conn.commit()
                         self.health.ok()
-                        if callbacks_written(conn):
-                            self.wake({FunctionKind.MUTATION})
+                        self.after_commit(take_notes(conn))
                         return value
             except DurafnError:
                 raise

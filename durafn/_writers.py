@@ -13,6 +13,7 @@ rows go through the driver's upsert (``_store/_keys.py``), and executors are not
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
@@ -20,8 +21,8 @@ from sqlalchemy import event
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
-from ._runtime import Runtime
-from ._store import Outcome
+from ._runtime import Inline, Runtime
+from ._store import Outcome, new_row_model, take_notes
 from ._types import FunctionKind, ScheduledFunctionId, State
 
 _PENDING = State.PENDING.value
@@ -36,6 +37,21 @@ def enqueued(rows: list[dict[str, Any]], ids: list[ScheduledFunctionId]) -> list
         (id, row["name"], FunctionKind(row["kind"]))
         for row, id in zip(rows, ids, strict=True)
         if row["state"] == _PENDING
+    ]
+
+
+def inline(rt: Runtime, rows: list[dict[str, Any]], ids: list[ScheduledFunctionId]) -> list[Inline]:
+    """The Pending rows written that inline mode runs at once (``App(inline=...)``): those
+    its predicate accepts, in no named queue."""
+    accepts = rt.inline
+    if accepts is None:
+        return []
+    return [
+        (id, FunctionKind(row["kind"]))
+        for row, id in zip(rows, ids, strict=True)
+        if row["state"] == _PENDING
+        and row["queue_name"] is None
+        and accepts(new_row_model(row, id))
     ]
 
 
@@ -65,6 +81,8 @@ class BufferedWriter:
         self.enqueued: list[Enqueued] = []
         """Pending rows written (the id that runs for each): ``enqueue`` hooks, once
         committed."""
+        self.inline: list[Inline] = []
+        """Rows written that inline mode runs once committed."""
 
     async def add(self, rows: list[dict[str, Any]]) -> list[ScheduledFunctionId]:
         if any(row["job_key"] is not None for row in rows):
@@ -72,9 +90,7 @@ class BufferedWriter:
             # (after the rows buffered before it, to keep their order).
             await self.flush()
             kinds, ids = await write(self._rt, self._conn, rows, self._check_parent, self.woken)
-            self.woken |= kinds
-            if self._rt.hooks.active:
-                self.enqueued += enqueued(rows, ids)
+            self._written(rows, ids, kinds)
             return ids
         self._rows.extend(rows)
         if len(self._rows) >= self.FLUSH_AT:
@@ -86,14 +102,22 @@ class BufferedWriter:
             return
         rows, self._rows = self._rows, []
         kinds, ids = await write(self._rt, self._conn, rows, self._check_parent, self.woken)
+        self._written(rows, ids, kinds)
+
+    def _written(
+        self, rows: list[dict[str, Any]], ids: list[ScheduledFunctionId], kinds: set[FunctionKind]
+    ) -> None:
         self.woken |= kinds
         if self._rt.hooks.active:
             self.enqueued += enqueued(rows, ids)
+        if self._rt.inline is not None:
+            self.inline += inline(self._rt, rows, ids)
 
     def discard(self) -> None:
         self._rows.clear()
         self.woken.clear()
         self.enqueued.clear()
+        self.inline.clear()
 
     async def cancel(self, id: ScheduledFunctionId, now: float) -> State | None:
         await self.flush()
@@ -210,6 +234,8 @@ class DirectWriter:
         )
         rt.wake(kinds)
         await rt.hooks.enqueued(enqueued(rows, ids) if rt.hooks.active else ())
+        if rt.inline is not None:
+            await rt.run_inline(inline(rt, rows, ids))
         return ids
 
     async def cancel(self, id: ScheduledFunctionId, now: float) -> State | None:
@@ -247,6 +273,7 @@ class JoinedWriter:
             kinds, ids = await write(self._rt, conn, rows, None)
         except sa_exc.SQLAlchemyError as exc:
             raise self._rt.driver.wrap(exc, "scheduling through your transaction") from exc
+        self._take_notes(conn)
         if not self._to_wake:
             self._after_commit(self._wake)
         self._to_wake |= kinds
@@ -268,6 +295,15 @@ class JoinedWriter:
     async def cancel(self, id: ScheduledFunctionId, now: float) -> State | None:
         conn = await self._conn()
         try:
-            return await self._rt.driver.cancel(conn, id, now)
+            previous = await self._rt.driver.cancel(conn, id, now)
         except sa_exc.SQLAlchemyError as exc:
             raise self._rt.driver.wrap(exc, "cancelling through your transaction") from exc
+        self._take_notes(conn)
+        return previous
+
+    def _take_notes(self, conn: AsyncConnection) -> None:
+        """What the statements just run noted for after the commit (the callbacks of rows
+        cancelled, the running actions to tell), done when the caller commits."""
+        notes = take_notes(conn)
+        if notes is not None:
+            self._after_commit(functools.partial(self._rt.after_commit, notes))

@@ -90,6 +90,7 @@ def new_row(
         "flags": None,
         "retry": None,
         "max_attempts": None,
+        "on_complete": None,
     }
 
 

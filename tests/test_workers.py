@@ -206,28 +206,38 @@ async def test_kill_9_mid_action_is_recorded_lost_and_the_others_carry_on(
             0, fns.hang_once.options(on_complete=callback), 3, str(trace)
         )
         await wait_until(lambda: true(len(trace_of(trace)) == 3), "it started")
-        # And one cancelled while it runs: the worker killed after it, the rescue leaves it.
+        # Two cancelled while they run, from this process: each learns of it in its
+        # worker (by NOTIFY, or SQLite's poll), one waiting for it, one interrupted.
+        # The worker is killed after that; the rescue leaves their Canceled rows alone.
         canceled = await app.scheduler().run_after(
-            0, fns.hang.options(on_complete=callback), 4, str(trace)
+            0, fns.until_cancelled.options(on_complete=callback), 4, str(trace)
         )
-        await wait_until(lambda: true(len(trace_of(trace)) == 4), "it started")
-        assert await app.cancel(canceled)
+        interrupted = await app.scheduler().run_after(
+            0, fns.interruptible.options(on_complete=callback), 5, str(trace)
+        )
+        await wait_until(lambda: true(len(trace_of(trace)) == 5), "they started")
+        assert await app.cancel(canceled) and await app.cancel(interrupted)
+        await wait_until(lambda: true(len(trace_of(trace)) == 7), "they learnt of the cancels")
         (tmp_path / "more").mkdir()
         async with worker_processes(db_url, 1, tmp_path / "more", *FAST) as [rescuer]:
             os.kill(survivor.pid, signal.SIGKILL)
             await wait_until(lambda: equals(_row_state(app, again), State.SUCCESS), "re-run")
             await wait_until(lambda: equals(_state(app, "Pending"), 0), "the callbacks ran")
             assert await stop([rescuer]) == [0]
-        assert trace_of(trace)[2:] == [(3, survivor.pid), (4, survivor.pid), (3, rescuer.pid)]
+        assert sorted(trace_of(trace)[2:7]) == [(n, survivor.pid) for n in (3, 4, 5, 1004, 1005)]
+        assert trace_of(trace)[7:] == [(3, rescuer.pid)]
+        for id in (canceled, interrupted):
+            assert await _row_state(app, id) is State.CANCELED
         row = await app.get(again)
         assert row is not None and [h.error.type for h in row.history] == ["durafn.WorkerLostError"]
     callbacks = (await app.list(name="w:completed", limit=10)).items
     assert sorted(f"{c.args['c']['id']} {c.state}" for c in callbacks) == sorted(
-        f"{id} Success" for id in (sid, again, canceled)
+        f"{id} Success" for id in (sid, again, canceled, interrupted)
     )
     async with app.engine.connect() as conn:
         applied = set((await conn.execute(select(Applied.key))).scalars())
     assert {f"{sid} Failed", f"{again} Success", f"{canceled} Canceled"} <= applied
+    assert f"{interrupted} Canceled" in applied
     assert "Traceback" not in logs_of(tmp_path)
 
 

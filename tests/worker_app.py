@@ -42,6 +42,8 @@ class Functions(NamedTuple):
     span: durafn.ActionRef[[int, str, float], None]
     hang_once: durafn.ActionRef[[int, str], None]
     completed: durafn.MutationRef[[durafn.Completion], None]
+    until_cancelled: durafn.ActionRef[[int, str], None]
+    interruptible: durafn.ActionRef[[int, str], None]
 
 
 async def _trace(path: str, n: int) -> None:
@@ -100,7 +102,27 @@ def register(app: durafn.App) -> Functions:
         the same state) fail instead of applying twice."""
         ctx.db.add(Applied(key=f"{c.id} {c.state}", pid=os.getpid()))
 
-    return Functions(apply, fan_out, touch, hang, span, hang_once, completed)
+    @app.action(name="w:until_cancelled")
+    async def until_cancelled(ctx: ActionCtx, n: int, path: str) -> None:
+        """Waits for its row's cancel (cooperative), then traces ``n + 1000``."""
+        await _trace(path, n)
+        await ctx.wait_for_cancel()
+        assert ctx.cancel_requested
+        await _trace(path, n + 1000)
+
+    @app.action(name="w:interruptible", cancel="interrupt")
+    async def interruptible(ctx: ActionCtx, n: int, path: str) -> None:
+        """Hangs until its row's cancel interrupts it, then traces ``n + 1000``."""
+        await _trace(path, n)
+        try:
+            await anyio.sleep_forever()
+        finally:
+            with anyio.CancelScope(shield=True):  # its scope is cancelled: shield the trace
+                await _trace(path, n + 1000)
+
+    return Functions(
+        apply, fan_out, touch, hang, span, hang_once, completed, until_cancelled, interruptible
+    )
 
 
 QUEUES = {"limited": durafn.Queue(concurrency=3)}

@@ -146,6 +146,18 @@ class ActionClaims:
                 )
         return rows
 
+    async def claim_ids(self, ids: list[ScheduledFunctionId]) -> list[Claimed]:
+        """Pending -> InProgress for these rows (inline mode: due or not), committed."""
+        driver, worker_id = self._rt.driver, self._worker_id()
+
+        async def _claim(conn: AsyncConnection) -> list[Claimed]:
+            now = self._rt.clock.now()
+            return await driver.claim_ids(conn, FunctionKind.ACTION, ids, now, worker_id)
+
+        rows = await self._rt.transaction(_claim, doing="claiming actions to run inline")
+        self.unrecorded.update(r.id for r in rows)
+        return rows
+
     async def release(self, rows: list[Claimed]) -> None:
         """Put rows this worker claimed and never started back to Pending, for any worker
         to run (a stop ended before a worker was free for them). Best effort: if that

@@ -21,6 +21,7 @@ import anyio
 import anyio.abc
 import anyio.lowlevel
 
+from .._cancels import Cancellation
 from .._context import ActionCtx
 from .._errors import DatabaseError, FunctionTimeoutError
 from .._invoke import Invoker, timeout_error
@@ -238,30 +239,52 @@ class ActionPool:
             await hooks.run("before", row.id, row.name, ACTION)
         started = time.monotonic()
         slot.row, slot.expired, slot.started, slot.deadline = row, False, started, started + timeout
+        slot.interrupted = False
         self.watch.arm(slot.deadline)
+        cancels = self._rt.cancels
+        cancel = cancels.start(row.id, slot.interrupt if ref.cancel == "interrupt" else None)
         try:
-            result = await ref.fn(ctx, **values)
+            try:
+                result = await ref.fn(ctx, **values)
+            finally:
+                cancels.end(row.id)
         except anyio.get_cancelled_exc_class():
+            if slot.interrupted and not self._aborting:
+                self._cancelled(row)
+                raise
             expired = slot.expired and not self._aborting
             record(failed(row, timeout_error(ref, timeout)) if expired else stopped(row))
             raise
         except Exception as exc:
+            if cancel.requested:  # raised on its way out after its cancel
+                self._cancelled(row)
+                return
             record(outcome := failed(row, exc))
             await self._after(outcome)
         except BaseException as exc:  # a group holding a cancellation, a KeyboardInterrupt
             if self._aborting:
                 record(stopped(row))
+            elif slot.interrupted:
+                self._cancelled(row)
             elif slot.expired:
                 record(failed(row, timeout_error(ref, timeout)))
             else:
                 record(failed(row, exc))
             raise
         else:
+            if cancel.requested:  # returned early for its cancel
+                self._cancelled(row)
+                return
             record(outcome := succeeded(row, ref, result))
             await self._after(outcome)
         finally:
             slot.row = None
             self.action_pace.add(time.monotonic() - started)
+
+    def _cancelled(self, row: Claimed) -> None:
+        """An action interrupted by its row's cancel: the cancel wrote its end (Canceled),
+        so there is no outcome to write."""
+        self._claims.written([row.id])
 
     async def _after(self, outcome: Outcome) -> None:
         """The ``after`` hooks of an action that returned or raised (one stopped by its
@@ -296,6 +319,7 @@ class ActionPool:
         the grace period), it is recorded Failed before the cancellation goes on: a claimed
         action is never run again.
         """
+        cancel: Cancellation | None = None
         try:
             # Cancelled before it began: never start it.
             await anyio.lowlevel.checkpoint_if_cancelled()
@@ -307,17 +331,28 @@ class ActionPool:
             # One scope for both ways an action is stopped: its time limit (the deadline)
             # and the end of a stop's grace period (``stop`` cancels it).
             finished = False
+            cancels = self._rt.cancels
             with anyio.CancelScope(deadline=anyio.current_time() + timeout) as scope:
                 self._scopes.add(scope)
+                cancel = running = cancels.start(
+                    row.id, scope.cancel if ref.cancel == "interrupt" else None
+                )
                 try:
                     result = await ref.fn(ctx, **values)
                     finished = True
                 finally:
                     self._scopes.discard(scope)
+                    cancels.end(row.id)
             if not finished:
                 if self._aborting:
                     raise anyio.get_cancelled_exc_class()()
+                if running.requested and ref.cancel == "interrupt":
+                    self._cancelled(row)
+                    return
                 raise timeout_error(ref, timeout)
+            if running.requested:  # returned early for its cancel
+                self._cancelled(row)
+                return
             record(outcome := succeeded(row, ref, result))
             await self._after(outcome)
         except anyio.get_cancelled_exc_class():
@@ -327,6 +362,9 @@ class ActionPool:
         except FunctionTimeoutError as exc:
             record(failed(row, exc))
         except Exception as exc:
+            if cancel is not None and cancel.requested:  # raised on its way out after its cancel
+                self._cancelled(row)
+                return
             record(outcome := failed(row, exc))
             await self._after(outcome)
 

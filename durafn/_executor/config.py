@@ -31,7 +31,8 @@ class ExecutorConfig:
     """Mutation transactions at once; default min(concurrency, what the engine benefits from)."""
     poll_interval: float | None = None
     """Fallback poll for work no signal announced (another process on SQLite, a lost
-    NOTIFY on PostgreSQL); default 0.5s on SQLite, 5s on PostgreSQL."""
+    NOTIFY on PostgreSQL), and for cancels of the actions running here made by other
+    processes; default 0.5s on SQLite, 5s on PostgreSQL."""
     retention: float | Retention = 7 * 86400.0
     """Seconds finished rows are kept after ``completed_time``: one number for every state,
     or a ``Retention`` per state (a function's own, on its decorator, comes first)."""

@@ -30,6 +30,14 @@ class Slot:
     deadline: float = math.inf
     expired: bool = False
     """The running action outlived its time limit and its scope was cancelled."""
+    interrupted: bool = False
+    """The running action's row was cancelled and its scope too (``cancel="interrupt"``)."""
+
+    def interrupt(self) -> None:
+        """Cancel the running action at its next ``await``, for its row's cancel."""
+        if self.scope is not None and self.row is not None and not self.expired:
+            self.interrupted = True
+            self.scope.cancel()
 
 
 class DeadlineWatch:

@@ -19,10 +19,11 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from .._context import SystemTable
 from .._errors import DatabaseError, DurafnError, NotFoundError
 from .._invoke import Invoker
-from .._runtime import Runtime
-from .._types import ScheduledFunction, ScheduledFunctionId
+from .._runtime import Inline, Runtime
+from .._types import FunctionKind, ScheduledFunction, ScheduledFunctionId
 from .action_claims import ActionClaims
 from .actions import ActionPool
+from .cancel_poll import poll_cancels
 from .config import ExecutorConfig
 from .finisher import Finisher
 from .maintenance import Maintenance
@@ -110,6 +111,20 @@ class Executor:
             f"work was still due after {max_rounds} rounds ({total} functions run): a "
             "function probably schedules itself with no delay"
         )
+
+    async def run_inline(self, calls: list[Inline]) -> None:
+        """Run these rows now, due or not (inline mode: ``App(inline=...)``, after the
+        transaction that scheduled them committed): each mutation in a batch of its own,
+        then the actions, as ``run_until_idle`` runs them. What they schedule and inline
+        mode accepts runs as it commits, in turn."""
+        for id, kind in calls:
+            if kind is FunctionKind.MUTATION:
+                await self._mutations.run_batch(timed=False, only=[id])
+        actions = [id for id, kind in calls if kind is FunctionKind.ACTION]
+        if actions:
+            async with self._membership.hold("inline"):
+                rows = await self._claims.claim_ids(actions)
+                await self._actions.run_claimed(rows)
 
     async def wait_until_idle(self) -> None:
         """Return once nothing is due at the clock's current time and every action this
@@ -200,8 +215,12 @@ class Executor:
                 tg.start_soon(self._actions.dispatch)
                 tg.start_soon(self._actions.watch.run)
                 tg.start_soon(self._maintenance.loop, wakeups.stopping)
+                tg.start_soon(poll_cancels, self._rt, wakeups.poll_interval)
                 try:
-                    async with self._rt.driver.listen(self._rt.engine, wakeups.on_wake):
+                    listening = self._rt.driver.listen(
+                        self._rt.engine, wakeups.on_wake, self._rt.cancels.request
+                    )
+                    async with listening:
                         yield self
                 finally:
                     # On every way out (the block's end, a cancelled host, a failed listen

@@ -36,7 +36,7 @@ from .._context import MutationCtx, SystemTable
 from .._errors import DatabaseError, DurafnError, FunctionTimeoutError
 from .._invoke import Invoker, check_transaction, mutation_session
 from .._registry import MutationRef
-from .._runtime import Runtime
+from .._runtime import Inline, Runtime
 from .._scheduler import Scheduler
 from .._store import (
     SERVE_ALL,
@@ -45,9 +45,9 @@ from .._store import (
     FastPathHint,
     LevelFloor,
     Outcome,
-    callbacks_written,
+    take_notes,
 )
-from .._types import FunctionKind, State
+from .._types import FunctionKind, ScheduledFunctionId, State
 from .._writers import BufferedWriter, Enqueued
 from .outcomes import failed
 from .retrying import retried, settle
@@ -106,8 +106,11 @@ class MutationBatch:
         hint: FastPathHint | None = None,
         worker_id: str | None = None,
         floor: LevelFloor | None = None,
+        only: list[ScheduledFunctionId] | None = None,
     ) -> None:
         self._rt = runtime
+        self._only = only
+        """Claim these rows (inline mode), whatever their due time, not the due ones."""
         self._floor = floor
         self._worker_id = worker_id
         self._serve = serve
@@ -122,6 +125,7 @@ class MutationBatch:
         self.outcomes: list[Outcome] = []
         self.woken: set[FunctionKind] = set()
         self.enqueued: list[Enqueued] = []
+        self.inline: list[Inline] = []
         """Rows its mutations scheduled: ``enqueue`` hooks once it commits."""
         self._written = 0
         """How many of ``outcomes`` are already written to the database."""
@@ -139,12 +143,15 @@ class MutationBatch:
         rt = self._rt
         driver = rt.driver
         async with rt.engine.connect() as conn:
-            callbacks_written(conn)  # a mark left by a transaction rolled back
+            take_notes(conn)  # what a transaction rolled back may have left
             root = await conn.begin()
             claim_at = rt.clock.now() if now is None else now
-            rows = await driver.claim_mutations(
-                conn, claim_at, size, self._serve, self._hint, self._floor
-            )
+            if self._only is not None:
+                rows = await driver.claim_ids(conn, MUTATION, self._only[:size], claim_at)
+            else:
+                rows = await driver.claim_mutations(
+                    conn, claim_at, size, self._serve, self._hint, self._floor
+                )
             if not rows:
                 await conn.rollback()
                 return
@@ -211,9 +218,9 @@ class MutationBatch:
             if outcomes:
                 self._pace.add((time.monotonic() - started) / len(outcomes))
             await self._write(conn)
-            if callbacks_written(conn):
-                self.woken.add(FunctionKind.MUTATION)
+            notes = take_notes(conn)
             await conn.commit()
+        rt.after_commit(notes)
 
     async def _run_one(
         self,
@@ -286,6 +293,7 @@ class MutationBatch:
                 session.expunge_all()
         self.woken |= writer.woken
         self.enqueued += writer.enqueued
+        self.inline += writer.inline
         outcome = Outcome(
             row.id,
             State.SUCCESS,

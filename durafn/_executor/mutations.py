@@ -23,7 +23,7 @@ from .._errors import DurafnError
 from .._invoke import Invoker
 from .._runtime import Runtime, one_line
 from .._store import Claimed, FastPathHint, LevelFloor
-from .._types import FunctionKind
+from .._types import FunctionKind, ScheduledFunctionId
 from .config import ExecutorConfig
 from .mutation_batch import BatchRestart, BatchTimeout, Mode, MutationBatch
 from .outcomes import Tally, failed
@@ -72,13 +72,19 @@ class MutationLanes:
                 # wake-up), so a second claim that would find nothing is not needed.
                 await self._wakeups.idle_wait(FunctionKind.MUTATION, signal, now)
 
-    async def run_batch(self, now: float | None = None, *, timed: bool = True) -> tuple[int, bool]:
+    async def run_batch(
+        self,
+        now: float | None = None,
+        *,
+        timed: bool = True,
+        only: list[ScheduledFunctionId] | None = None,
+    ) -> tuple[int, bool]:
         """One batch, retried through internal faults; returns how many rows it finished,
         and whether its claim took all it asked for (then more may be due already).
 
         ``now`` is the time to claim at (default: the clock's now). ``timed``: stop at
         ``batch_time`` (``run_until_idle`` does not, so that its round limit counts
-        rounds of whole batches).
+        rounds of whole batches). ``only``: run these rows, due or not (inline mode).
         """
         rt = self._rt
         failures = 0
@@ -96,6 +102,7 @@ class MutationLanes:
                 # Lanes skip the levels another lane has just taken the rest of; not in
                 # run_until_idle, whose claims must come out in priority order.
                 self._floor if timed else None,
+                only,
             )
             try:
                 await shielded(batch.run(now, size, self._config.batch_time if timed else math.inf))
@@ -143,6 +150,7 @@ class MutationLanes:
                 rt.wake(batch.woken)
                 await rt.hooks.finished(FunctionKind.MUTATION, batch.outcomes)
                 await rt.hooks.enqueued(batch.enqueued)
+                await rt.run_inline(batch.inline)
             if mode is not Mode.OPTIMISTIC and n:
                 self._mode_batches -= 1
                 if self._mode_batches <= 0:

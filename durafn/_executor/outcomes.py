@@ -125,9 +125,11 @@ class Tally:
         """Count and log committed outcomes (one line each), and fire ``progress``."""
         before = State.PENDING if kind is FunctionKind.MUTATION else State.IN_PROGRESS
         debug = logger.isEnabledFor(logging.DEBUG)
-        failures = retried = 0
+        failures = retried = unwritten = 0
         for o in outcomes:
-            if o.retry_at is not None:
+            if o.unwritten:  # its row had moved on (cancelled, recorded lost): not ours
+                unwritten += 1
+            elif o.retry_at is not None:
                 retried += 1
                 logger.warning(
                     "%s %s (%s) %s -> Pending, to be retried at %s: %s: %s",
@@ -165,5 +167,5 @@ class Tally:
                 )
         self.stats["failed"] += failures
         self.stats["retried"] += retried
-        self.stats[f"{kind}s"] += len(outcomes) - failures - retried
+        self.stats[f"{kind}s"] += len(outcomes) - failures - retried - unwritten
         self.progress.fire()

@@ -68,7 +68,7 @@ async def settle(
     returns how many rows were written."""
     failed = [o for o in outcomes if o.state is State.FAILED or o.retry_at is not None]
     for outcome in failed:  # decided in a transaction that was rolled back: decide again
-        outcome.state, outcome.retry_at = State.FAILED, None
+        outcome.state, outcome.retry_at, outcome.unwritten = State.FAILED, None, False
     if failed:
         states = await rt.driver.retry_states(conn, [o.id for o in failed])
         for outcome in failed:
@@ -82,6 +82,9 @@ async def settle(
     else:
         written = await rt.driver.finish_in_progress(conn, now, outcomes)
     if failed:
+        # Only the runs whose finish moved their row: one cancelled meanwhile has no
+        # failure to keep (nor one recorded lost, whose rescue kept its own).
+        failed = [o for o in failed if not o.unwritten]
         await rt.driver.record_failures(conn, now, failed, worker_id)
         if retried(failed):
             await rt.driver.notify(conn, {kind})

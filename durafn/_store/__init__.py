@@ -6,16 +6,17 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError as _SAArgumentError
 
 from .._errors import DatabaseError
+from ._after_commit import AfterCommit, take_notes
 from ._claim_hints import FastPathHint, LevelFloor
 from ._claims import SERVE_ALL, ClaimFilter
-from ._completions import callbacks_written
 from ._driver import Driver
 from ._filters import RowFilter
-from ._rows import Claimed, LostAction, Outcome, decode_cursor, new_id
+from ._rows import Claimed, LostAction, Outcome, decode_cursor, new_id, new_row_model
 from ._tables import SCHEMA_VERSION, metadata, scheduled_functions, schema_version
 from .sqlite import SQLiteDriver
 
 __all__ = [
+    "AfterCommit",
     "SCHEMA_VERSION",
     "SERVE_ALL",
     "ClaimFilter",
@@ -26,11 +27,12 @@ __all__ = [
     "LostAction",
     "Outcome",
     "RowFilter",
-    "callbacks_written",
+    "take_notes",
     "decode_cursor",
     "driver_for_url",
     "metadata",
     "new_id",
+    "new_row_model",
     "normalize_url",
     "scheduled_functions",
     "schema_version",

@@ -17,24 +17,13 @@ import json
 from collections.abc import Collection, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import CursorResult
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from .._types import FunctionKind, ScheduledFunctionId, State
+from ._after_commit import note
 from ._rows import Outcome, new_id
-from ._statements import FINISH_ONE, FinishParams, finish_params
-
-_WAKE = "durafn.completions"
-"""``conn.info`` key: callback rows were written in this connection's transaction."""
 
 _MUTATION = frozenset({FunctionKind.MUTATION})
-
-
-def callbacks_written(conn: AsyncConnection) -> bool:
-    """Whether this connection's transaction wrote callback rows (this process's executors
-    are woken for them once it commits); clears the mark. Call at the start of a
-    transaction as well, so a rolled-back one leaves nothing behind."""
-    return bool(conn.info.pop(_WAKE, False))
 
 
 def canceled(rows: Iterable[Sequence[Any]]) -> list[Outcome]:
@@ -111,18 +100,4 @@ class CompletionStatements:
         if queues:
             await self.ensure_queues(conn, queues, now)
         await self.insert_rows(conn, rows, _MUTATION)
-        conn.info[_WAKE] = True
-
-    async def finish_completing(
-        self, conn: AsyncConnection, outcomes: Sequence[Outcome], common: FinishParams
-    ) -> int:
-        """Finish rows that have a callback, one statement each, so that only the rows
-        whose guard held schedule theirs (rare rows: the batch finishes are for the rest)."""
-        done = []
-        for outcome in outcomes:
-            result = await conn.execute(FINISH_ONE, finish_params(outcome, common))
-            assert isinstance(result, CursorResult)
-            if result.rowcount == 1:
-                done.append(outcome)
-        await self.write_completions(conn, common["now"], done)
-        return len(done)
+        note(conn).wake.add(FunctionKind.MUTATION)

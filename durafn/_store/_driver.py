@@ -21,13 +21,14 @@ from sqlalchemy import CursorResult, and_, delete, func, insert, literal, or_, s
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import ColumnElement
 
-from .._errors import ArgumentError, DatabaseError
+from .._errors import ArgumentError
 from .._types import (
     FINISHED_STATES,
     FunctionKind,
     ScheduledFunctionId,
     State,
 )
+from ._cancels import CancelStatements
 from ._claim_hints import FastPathHint, LevelFloor
 from ._claims import (
     SERVE_ALL,
@@ -38,14 +39,15 @@ from ._claims import (
     take,
     take_fast,
 )
-from ._completions import CompletionStatements, canceled
+from ._completions import canceled
 from ._engine import EngineDriver
 from ._failures import RETRY_COLUMNS, FailureStatements
 from ._filters import RowFilter
+from ._inline import InlineStatements
 from ._keys import insert_keyed
 from ._queues import QueueStatements
 from ._reading import ReadStatements
-from ._rows import Claimed, LostAction, Outcome, RetryState, is_id
+from ._rows import Claimed, LostAction, Outcome, RetryState
 from ._statements import (
     CANCEL,
     CANCELED_COLUMNS,
@@ -58,11 +60,14 @@ from ._statements import (
 )
 from ._tables import sf, workers
 
-_RUNNABLE = (State.PENDING.value, State.IN_PROGRESS.value)
-
 
 class Driver(
-    ReadStatements, QueueStatements, FailureStatements, CompletionStatements, EngineDriver
+    ReadStatements,
+    QueueStatements,
+    FailureStatements,
+    CancelStatements,
+    InlineStatements,
+    EngineDriver,
 ):
     """Dialect-neutral statements on the system tables."""
 
@@ -94,38 +99,6 @@ class Driver(
         """Write rows that carry job keys (``_keys``); returns the id that runs for each."""
         return await insert_keyed(conn, self.dialect_insert, rows)
 
-    async def cancel(
-        self, conn: AsyncConnection, id: ScheduledFunctionId, now: float
-    ) -> State | None:
-        """Cancel one row (and, if it was running, its unfinished descendants).
-
-        Returns the state the row had, or None if there is no such row.
-        """
-        if not is_id(id):
-            return None
-        row = (
-            await conn.execute(
-                select(sf.c.state, *CANCELED_COLUMNS[1:]).where(sf.c.id == id).with_for_update()
-            )
-        ).first()
-        if row is None:
-            return None
-        previous = State(row[0])
-        if previous.finished:
-            return previous
-        result = await conn.execute(
-            update(sf)
-            .where(sf.c.id == id, sf.c.state == previous.value)
-            .values(state=State.CANCELED.value, completed_time=now)
-        )
-        assert isinstance(result, CursorResult)
-        if result.rowcount != 1:  # pragma: no cover - the row lock above prevents it
-            raise DatabaseError(f"scheduled function {id} changed state while being cancelled")
-        await self.write_completions(conn, now, canceled([(id, row[1], row[2])]))
-        if previous is State.IN_PROGRESS:
-            await self.cancel_descendants(conn, id, now)
-        return previous
-
     async def pending_batch(
         self, conn: AsyncConnection, where: RowFilter, after: str | None, limit: int
     ) -> builtins.list[ScheduledFunctionId]:
@@ -154,34 +127,6 @@ class Driver(
         ).all()
         await self.write_completions(conn, now, canceled(rows))
         return len(rows)
-
-    async def cancel_descendants(
-        self, conn: AsyncConnection, root: ScheduledFunctionId, now: float
-    ) -> int:
-        # Walks the whole subtree (through finished rows too: a finished child's own
-        # children may still be Pending) via ix_scheduled_functions_parent.
-        tree = select(sf.c.id).where(sf.c.parent_id == root).cte("tree", recursive=True)
-        tree = tree.union_all(select(sf.c.id).join(tree, sf.c.parent_id == tree.c.id))
-        stmt = (
-            update(sf)
-            .where(sf.c.id.in_(select(tree.c.id)), sf.c.state.in_(_RUNNABLE))
-            .values(CANCEL)
-            .returning(*CANCELED_COLUMNS)
-        )
-        # Sweep until the set of descendants stops growing. On PostgreSQL one statement
-        # sees one snapshot: if the UPDATE waited for a running descendant mutation's lock,
-        # the rows that mutation committed meanwhile are invisible to it (so "until a sweep
-        # changes nothing" is not enough), but visible to the next SELECT.
-        seen: set[str] = set()
-        total = 0
-        while True:
-            found = {str(i) for i in (await conn.execute(select(tree.c.id))).scalars()}
-            if found <= seen:
-                return total
-            seen |= found
-            rows = (await conn.execute(stmt, {"now": now})).all()
-            await self.write_completions(conn, now, canceled(rows))
-            total += len(rows)
 
     # -- executor: mutations -------------------------------------------------------------
 
@@ -224,23 +169,36 @@ class Driver(
             now=now, expected=expected.value, counted=1 if expected is State.PENDING else 0
         )
         written = 0
-        if any(o.on_complete is not None for o in outcomes):
-            completing = [o for o in outcomes if o.on_complete is not None and o.retry_at is None]
-            written += await self.finish_completing(conn, completing, common)
-            outcomes = [o for o in outcomes if o.on_complete is None or o.retry_at is not None]
+        # Final failures and rows with a completion callback (both rare) are written so
+        # that each is known to have been moved, or not (cancelled, or recorded lost,
+        # meanwhile): only a moved row gets its history entry and its callback.
+        exact = [
+            o
+            for o in outcomes
+            if o.retry_at is None and (o.state is State.FAILED or o.on_complete is not None)
+        ]
+        if exact:
+            moved = await self._finish_exactly(conn, exact, common)
+            for o in exact:
+                o.unwritten = o.id not in moved
+            await self.write_completions(conn, now, [o for o in exact if not o.unwritten])
+            written += len(moved)
         plain = [o.id for o in outcomes if o.state is State.SUCCESS and o.result is None]
         retried = [o for o in outcomes if o.retry_at is not None]
         other = [
             o
             for o in outcomes
-            if o.retry_at is None and not (o.state is State.SUCCESS and o.result is None)
+            if o.state is State.SUCCESS and o.result is not None and o.on_complete is None
         ]
         if plain:
             written += await self._finish_plain(conn, plain, common)
         if other:
             written += await self._finish_others(conn, other, common)
         if retried:
-            written += await self.retry_rows(conn, retried, expected, common["counted"], 1)
+            moved = await self.retry_rows(conn, retried, expected, common["counted"], 1)
+            for o in retried:
+                o.unwritten = o.id not in moved
+            written += len(moved)
         return written
 
     async def _finish_plain(
@@ -261,6 +219,19 @@ class Driver(
         result = await conn.execute(FINISH_ONE, [finish_params(o, common) for o in outcomes])
         assert isinstance(result, CursorResult)
         return result.rowcount
+
+    async def _finish_exactly(
+        self, conn: AsyncConnection, outcomes: list[Outcome], common: FinishParams
+    ) -> set[str]:
+        """Each outcome for its row if still in ``expected``; returns the ids it moved
+        (PostgreSQL's driver: one statement, RETURNING)."""
+        moved: set[str] = set()
+        for o in outcomes:
+            result = await conn.execute(FINISH_ONE, finish_params(o, common))
+            assert isinstance(result, CursorResult)
+            if result.rowcount == 1:
+                moved.add(o.id)
+        return moved
 
     async def count_retry(self, conn: AsyncConnection, ids: Sequence[ScheduledFunctionId]) -> None:
         """Count a run that began in a batch that was rolled back. Not guarded by state:

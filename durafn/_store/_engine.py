@@ -120,9 +120,13 @@ class EngineDriver:
 
     @asynccontextmanager
     async def listen(
-        self, engine: AsyncEngine, on_wake: Callable[[Collection[FunctionKind]], None]
+        self,
+        engine: AsyncEngine,
+        on_wake: Callable[[Collection[FunctionKind]], None],
+        on_cancel: Callable[[list[str]], None],
     ) -> AsyncIterator[bool]:
-        """Deliver other processes' wake-ups to ``on_wake``; yields whether it can."""
+        """Deliver other processes' wake-ups to ``on_wake`` and the ids of rows they
+        cancelled to ``on_cancel``; yields whether it can."""
         yield False
 
     # -- schema --------------------------------------------------------------------------

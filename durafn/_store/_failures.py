@@ -64,13 +64,16 @@ class FailureStatements:
         expected: State,
         counted: int = 0,
         failed: int = 0,
-    ) -> int:
+    ) -> set[str]:
         """Rows in ``expected`` back to Pending, each due at its ``retry_at`` (a failed run
         its policy tries again). ``counted``/``failed``: what to add to its run and failure
-        counts (nothing, for a row a rescue has already recorded Failed)."""
-        result = await conn.execute(
-            RETRY_ONE,
-            [
+        counts (nothing, for a row a rescue has already recorded Failed). Returns the ids
+        it moved (a row cancelled meanwhile is left as it is). One statement per row:
+        failed runs are few (PostgreSQL's driver: one for all)."""
+        moved: set[str] = set()
+        for o in outcomes:
+            result = await conn.execute(
+                RETRY_ONE,
                 {
                     "b_id": o.id,
                     "b_at": o.retry_at,
@@ -80,12 +83,12 @@ class FailureStatements:
                     "expected": expected.value,
                     "counted": counted,
                     "b_failed": failed,
-                }
-                for o in outcomes
-            ],
-        )
-        assert isinstance(result, CursorResult)
-        return result.rowcount  # sqlite3 sums an executemany's counts (asyncpg: its own)
+                },
+            )
+            assert isinstance(result, CursorResult)
+            if result.rowcount == 1:
+                moved.add(o.id)
+        return moved
 
     async def retry_states(
         self, conn: AsyncConnection, ids: Sequence[ScheduledFunctionId]

@@ -128,6 +128,10 @@ class Outcome:
     on_complete: str | None = None
     """The row's completion callback (``Claimed.on_complete``): scheduled, in the same
     transaction, if this outcome finishes the row for good."""
+    unwritten: bool = False
+    """Set by the finish when its guard found the row moved on (cancelled, or recorded
+    lost, meanwhile): nothing was written for this run (known for failed runs and rows
+    with a callback; a plain success is written in bulk)."""
 
 
 class RetryState(NamedTuple):
@@ -193,6 +197,30 @@ def to_model(row: Row[Any]) -> ScheduledFunction:
         max_attempts=m["max_attempts"],
         failures=m["failures"],
         on_complete=json.loads(m["on_complete"])["name"] if m["on_complete"] else None,
+    )
+
+
+def new_row_model(row: dict[str, Any], id: ScheduledFunctionId) -> ScheduledFunction:
+    """A row about to be written (``NEW_ROW_COLUMNS``) as the public model (for inline
+    mode's predicate); ``id`` is the one that runs for it (a keyed row's may differ)."""
+    return ScheduledFunction(
+        id=id,
+        name=row["name"],
+        kind=FunctionKind(row["kind"]),
+        args=json.loads(row["args"]),
+        state=State(row["state"]),
+        scheduled_time=to_datetime(row["scheduled_time"]),
+        started_time=None,
+        completed_time=None,
+        error=None,
+        result=None,
+        parent_id=row["parent_id"],
+        attempts=0,
+        priority=row["priority"],
+        queue=row["queue_name"],
+        key=row["job_key"],
+        flags=read_flags(row["flags"]),
+        max_attempts=row["max_attempts"],
     )
 
 

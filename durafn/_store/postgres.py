@@ -29,6 +29,8 @@ from ._statements import FinishParams
 logger = logging.getLogger("durafn.store")
 
 CHANNEL = "durafn_wakeup"
+CANCEL_PREFIX = "cancel:"
+"""On CHANNEL, a payload that names rows cancelled (their running actions are told)."""
 CONNECT_TIMEOUT = 10.0
 _ALL_KINDS = frozenset({FunctionKind.MUTATION, FunctionKind.ACTION})
 
@@ -54,6 +56,7 @@ _FINISH_SQL = text(
            AS v(id, state, result, error_type, error_message, error_traceback)
      WHERE sf.id = v.id
        AND sf.state = :expected
+    RETURNING sf.id
     """
 )
 # The common outcome, Success with nothing returned, for a whole batch. The ids go as one
@@ -90,6 +93,7 @@ _RETRY_SQL = text(
            AS v(id, retry_at, error_type, error_message, error_traceback)
      WHERE sf.id = v.id
        AND sf.state = :expected
+    RETURNING sf.id
     """
 )
 
@@ -229,6 +233,15 @@ class PostgresDriver(Driver):
             {"channel": CHANNEL, "payload": ",".join(sorted(kinds))},
         )
 
+    async def announce_cancels(self, conn: AsyncConnection, ids: Sequence[str]) -> None:
+        await super().announce_cancels(conn, ids)
+        # A NOTIFY payload holds under 8000 bytes: 200 ids (37 bytes each) per message.
+        for start in range(0, len(ids), 200):
+            await conn.execute(
+                text("SELECT pg_notify(:channel, :payload)"),
+                {"channel": CHANNEL, "payload": CANCEL_PREFIX + ",".join(ids[start : start + 200])},
+            )
+
     async def _lock_schema(self, conn: AsyncConnection) -> None:
         await conn.execute(text("SELECT pg_advisory_xact_lock(hashtext('durafn.migrate'))"))
 
@@ -257,6 +270,11 @@ class PostgresDriver(Driver):
     async def _finish_others(
         self, conn: AsyncConnection, outcomes: list[Outcome], common: FinishParams
     ) -> int:
+        return len(await self._finish_exactly(conn, outcomes, common))
+
+    async def _finish_exactly(
+        self, conn: AsyncConnection, outcomes: list[Outcome], common: FinishParams
+    ) -> set[str]:
         result = await conn.execute(
             _FINISH_SQL,
             {
@@ -269,8 +287,7 @@ class PostgresDriver(Driver):
                 "error_tracebacks": [o.error_traceback for o in outcomes],
             },
         )
-        assert isinstance(result, CursorResult)
-        return result.rowcount
+        return {str(id) for id in result.scalars()}
 
     async def retry_rows(
         self,
@@ -279,7 +296,7 @@ class PostgresDriver(Driver):
         expected: State,
         counted: int = 0,
         failed: int = 0,
-    ) -> int:
+    ) -> set[str]:
         result = await conn.execute(
             _RETRY_SQL,
             {
@@ -293,16 +310,21 @@ class PostgresDriver(Driver):
                 "failed": failed,
             },
         )
-        assert isinstance(result, CursorResult)
-        return result.rowcount
+        return {str(id) for id in result.scalars()}
 
     @asynccontextmanager
     async def listen(
-        self, engine: AsyncEngine, on_wake: Callable[[Collection[FunctionKind]], None]
+        self,
+        engine: AsyncEngine,
+        on_wake: Callable[[Collection[FunctionKind]], None],
+        on_cancel: Callable[[list[str]], None],
     ) -> AsyncIterator[bool]:
         """A dedicated asyncpg connection LISTENing, reconnected with backoff if it drops."""
 
         def _callback(_conn: Any, _pid: int, _channel: str, payload: str) -> None:
+            if payload.startswith(CANCEL_PREFIX):
+                on_cancel(payload.removeprefix(CANCEL_PREFIX).split(","))
+                return
             # Our own notifications are heard too. That costs an idle executor a second
             # claim after its own process's writes, but the in-process wake-up of a write
             # joined to a caller's connection fires before the COMMIT completes (SQLAlchemy's
