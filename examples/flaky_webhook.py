@@ -1,9 +1,10 @@
-"""A webhook that fails, is retried, and is watched by hooks.
+"""A webhook that fails, is retried, is watched by hooks, and reports how it ended.
 
 Run it with ``python -m examples.flaky_webhook [URL]`` (SQLite by default). The receiving
 server refuses the first two deliveries; the action's retry policy tries it again after
-its backoff; hooks count the errors and would page someone on a final failure. It prints
-the row's failed attempts and how it ended.
+its backoff; hooks count the errors and would page someone on a final failure; a
+completion callback (``on_complete``), a mutation, is scheduled in the same transaction as
+the delivery's final outcome. It prints the row's failed attempts and how it ended.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 import anyio
 
 import durafn
-from durafn import ActionCtx, Exponential, HookEvent, Retry
+from durafn import ActionCtx, Completion, Exponential, HookEvent, MutationCtx, Retry
 from durafn.testing import FakeClock
 
 
@@ -44,6 +45,14 @@ def build(
     async def deliver(ctx: ActionCtx, event: str, order: str) -> int:
         return await receiver.post({"event": event, "order": order})
 
+    # Scheduled once the delivery has finished for good, whichever way (never lost, never
+    # twice): here it only says how; a real one would update the order in its transaction.
+    @app.mutation(name="webhooks:delivered")
+    async def delivered(ctx: MutationCtx, c: Completion) -> str:
+        return f"{c.name} {c.state.value}, result {c.result}"
+
+    deliver_and_report = deliver.options(on_complete=delivered)
+
     @app.on("error")
     def count_errors(event: HookEvent) -> None:
         assert event.error is not None
@@ -54,7 +63,7 @@ def build(
     async def page_someone(event: HookEvent) -> None:
         seen.append(f"failure hook: paging about {event.id}")
 
-    return app, deliver, seen
+    return app, deliver_and_report, seen
 
 
 async def main(url: str, out: list[str], clock: FakeClock | None = None) -> None:
@@ -66,6 +75,8 @@ async def main(url: str, out: list[str], clock: FakeClock | None = None) -> None
         if clock is None:
             async with app.run_executor() as executor:
                 row = await executor.wait_for(sid, timeout=30)
+                [callback] = (await app.list(name="webhooks:delivered")).items
+                await executor.wait_for(callback.id)
         else:  # driven by a fake clock (the tests): no waiting for the backoff
             executor = app.executor()
             for _ in range(3):
@@ -78,6 +89,8 @@ async def main(url: str, out: list[str], clock: FakeClock | None = None) -> None
             out.append(f"attempt {attempt.attempt}: {attempt.error.type}: {attempt.error.message}")
         out.extend(seen)
         out.append(f"{row.name} {row.state.value} after {row.attempts} runs -> {row.result}")
+        [callback] = (await app.list(name="webhooks:delivered")).items
+        out.append(f"on_complete: {callback.name} {callback.state.value} -> {callback.result}")
     finally:
         await app.aclose()
 

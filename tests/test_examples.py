@@ -41,6 +41,7 @@ async def test_flaky_webhook_example(db_url: str) -> None:
         "error hook: webhooks:deliver ConnectionError (retried)",
         "error hook: webhooks:deliver ConnectionError (retried)",
         "webhooks:deliver Success after 3 runs -> 204",
+        "on_complete: webhooks:delivered Success -> webhooks:deliver Success, result 204",
     ]
 
 

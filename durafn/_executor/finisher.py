@@ -137,9 +137,12 @@ class Finisher:
 
             stuck: set[ScheduledFunctionId] = set()
             try:
-                # One autocommit statement unless a queue must be woken or a run failed
-                # (its retry, its state and its history commit together).
-                single = not queued and not any(o.state is FAILED for o in outcomes)
+                # One autocommit statement unless a queue must be woken, a run failed (its
+                # retry, its state and its history commit together) or a row finishes with
+                # a completion callback (written with its finish).
+                single = not queued and not any(
+                    o.state is FAILED or o.on_complete is not None for o in outcomes
+                )
                 written = await self._rt.transaction(
                     _write, doing="recording action outcomes", single_statement=single
                 )

@@ -70,9 +70,10 @@ async def settle(
     for outcome in failed:  # decided in a transaction that was rolled back: decide again
         outcome.state, outcome.retry_at, outcome.unwritten = State.FAILED, None, False
     if failed:
-        states = await rt.driver.retry_states(conn, [o.id for o in failed])
+        unknown = [o.id for o in failed if o.retry_state is None]
+        states = await rt.driver.retry_states(conn, unknown) if unknown else {}
         for outcome in failed:
-            if (state := states.get(outcome.id)) is not None:
+            if (state := outcome.retry_state or states.get(outcome.id)) is not None:
                 decide(rt, now, outcome, state)
         for outcome in failed:
             if outcome.retry_at is None and outcome.error is not None:
@@ -85,7 +86,8 @@ async def settle(
         # Only the runs whose finish moved their row: one cancelled meanwhile has no
         # failure to keep (nor one recorded lost, whose rescue kept its own).
         failed = [o for o in failed if not o.unwritten]
-        await rt.driver.record_failures(conn, now, failed, worker_id)
+        if failed:
+            await rt.driver.record_failures(conn, now, failed, worker_id)
         if retried(failed):
             await rt.driver.notify(conn, {kind})
     return written

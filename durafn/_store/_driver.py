@@ -41,7 +41,7 @@ from ._claims import (
 )
 from ._completions import canceled
 from ._engine import EngineDriver
-from ._failures import RETRY_COLUMNS, FailureStatements
+from ._failures import RETRY_COLUMNS, FailureStatements, in_state
 from ._filters import RowFilter
 from ._inline import InlineStatements
 from ._keys import insert_keyed
@@ -224,13 +224,11 @@ class Driver(
         self, conn: AsyncConnection, outcomes: list[Outcome], common: FinishParams
     ) -> set[str]:
         """Each outcome for its row if still in ``expected``; returns the ids it moved
-        (PostgreSQL's driver: one statement, RETURNING)."""
-        moved: set[str] = set()
-        for o in outcomes:
-            result = await conn.execute(FINISH_ONE, finish_params(o, common))
-            assert isinstance(result, CursorResult)
-            if result.rowcount == 1:
-                moved.add(o.id)
+        (``in_state``; PostgreSQL's driver: one statement, RETURNING)."""
+        moved = await in_state(conn, [o.id for o in outcomes], State(common["expected"]))
+        params = [finish_params(o, common) for o in outcomes if o.id in moved]
+        if params:
+            await conn.execute(FINISH_ONE, params)
         return moved
 
     async def count_retry(self, conn: AsyncConnection, ids: Sequence[ScheduledFunctionId]) -> None:

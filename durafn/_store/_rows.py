@@ -86,6 +86,17 @@ def new_id(now: float) -> ScheduledFunctionId:
     return ScheduledFunctionId(f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}")
 
 
+class RetryState(NamedTuple):
+    """What a failed row's retry depends on, besides its error."""
+
+    name: str
+    retry: str | None
+    """Its policy as data (``Retry.to_json``), or None (its function's, or the app's)."""
+    max_attempts: int | None
+    failures: int
+    """Its failed runs so far, this one not counted."""
+
+
 @dataclass(slots=True)
 class Claimed:
     """A row the executor is about to run."""
@@ -100,10 +111,17 @@ class Claimed:
     queue_name: str | None = None
     on_complete: str | None = None
     """Its completion callback, as data (``_store/_completions.py``), or None."""
+    retry: str | None = None
+    max_attempts: int | None = None
+    failures: int = 0
 
     def order(self) -> tuple[int, float, str]:
         """Claim order: priority (lower first), then due time, then id."""
         return (self.priority, self.available_at, self.id)
+
+    def retry_state(self) -> RetryState:
+        """What a failure of this run is retried by."""
+        return RetryState(self.name, self.retry, self.max_attempts, self.failures)
 
 
 @dataclass(slots=True)
@@ -128,21 +146,12 @@ class Outcome:
     on_complete: str | None = None
     """The row's completion callback (``Claimed.on_complete``): scheduled, in the same
     transaction, if this outcome finishes the row for good."""
+    retry_state: RetryState | None = None
+    """Its row's retry policy and failures so far, when known (read with the claim)."""
     unwritten: bool = False
     """Set by the finish when its guard found the row moved on (cancelled, or recorded
     lost, meanwhile): nothing was written for this run (known for failed runs and rows
     with a callback; a plain success is written in bulk)."""
-
-
-class RetryState(NamedTuple):
-    """What a failed row's retry depends on, besides its error."""
-
-    name: str
-    retry: str | None
-    """Its policy as data (``Retry.to_json``), or None (its function's, or the app's)."""
-    max_attempts: int | None
-    failures: int
-    """Its failed runs so far, this one not counted."""
 
 
 class LostAction(NamedTuple):
