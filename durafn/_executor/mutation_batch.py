@@ -49,7 +49,7 @@ from .._store import (
 )
 from .._types import FunctionKind, ScheduledFunctionId, State
 from .._writers import BufferedWriter, Enqueued
-from .outcomes import failed
+from .outcomes import failed, success
 from .retrying import retried, settle
 from .tasks import Pace
 from .wakeups import KINDS
@@ -294,15 +294,7 @@ class MutationBatch:
         self.woken |= writer.woken
         self.enqueued += writer.enqueued
         self.inline += writer.inline
-        outcome = Outcome(
-            row.id,
-            State.SUCCESS,
-            result=encoded,
-            name=row.name,
-            queue=row.queue_name,
-            on_complete=row.on_complete,
-        )
-        return await self._after(outcome)
+        return await self._after(success(row, encoded))
 
     async def _after(self, outcome: Outcome) -> Outcome:
         """The ``after`` hooks of a run that ended with ``outcome`` (not yet written)."""

@@ -92,6 +92,11 @@ def succeeded(row: Claimed, ref: ActionRef[Any, Any], result: Any) -> Outcome:
         outcome = failed(row, exc)
         outcome.error = None  # the action itself succeeded: never run it again for this
         return outcome
+    return success(row, encoded)
+
+
+def success(row: Claimed, encoded: str | None) -> Outcome:
+    """Success, with the result already in its stored form."""
     return Outcome(
         row.id,
         State.SUCCESS,

@@ -13,7 +13,7 @@ import logging
 import operator
 import sqlite3
 import threading
-from collections.abc import AsyncIterator, Collection, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, ClassVar, TypeGuard
@@ -60,6 +60,19 @@ _RECORD_SQL = """
     SELECT sf.id, sf.failures, ?, ?, v.column2, v.column3, v.column4, v.column5
       FROM (VALUES {values}) AS v JOIN _scheduled_functions AS sf ON sf.id = v.column1
 """
+_RETRIED = operator.attrgetter("id", "retry_at", "error_type", "error_message", "error_traceback")
+_RECORDED = operator.attrgetter("id", "error_type", "error_message", "error_traceback", "retry_at")
+
+
+def _values(
+    template: str, outcomes: Sequence[Outcome], fields: Callable[[Outcome], tuple[Any, ...]]
+) -> tuple[str, list[Any]]:
+    """``template`` with a VALUES row of placeholders per outcome, and their values."""
+    values = [value for o in outcomes for value in fields(o)]
+    rows = ", ".join(["(?, ?, ?, ?, ?)"] * len(outcomes))
+    return template.format(values=rows), values
+
+
 # A new row's values in _INSERT_SQL's order, in C (a generator per row cost ~2 us).
 _new_row_values = operator.itemgetter(*NEW_ROW_COLUMNS)
 
@@ -260,20 +273,8 @@ class SQLiteDriver(Driver):
         # SQLAlchemy) cost ~60 us per retried row, a quarter of what a failing row added
         # to a SQLite drain (benchmarks/retries.py).
         moved: set[str] = set()
-        for start in range(0, len(outcomes), 100):
-            chunk = outcomes[start : start + 100]
-            values = [
-                value
-                for o in chunk
-                for value in (
-                    o.id,
-                    o.retry_at,
-                    o.error_type,
-                    o.error_message,
-                    o.error_traceback,
-                )
-            ]
-            sql = _RETRY_SQL.format(values=", ".join(["(?, ?, ?, ?, ?)"] * len(chunk)))
+        for chunk in range(0, len(outcomes), 100):
+            sql, values = _values(_RETRY_SQL, outcomes[chunk : chunk + 100], _RETRIED)
             result = await conn.exec_driver_sql(
                 sql, (int(counted), int(failed), *values, expected.value)
             )
@@ -288,20 +289,8 @@ class SQLiteDriver(Driver):
         worker_id: str | None,
     ) -> None:
         # One INSERT ... SELECT from (VALUES ...) per 100 rows, as for retry_rows.
-        for start in range(0, len(outcomes), 100):
-            chunk = outcomes[start : start + 100]
-            values = [
-                value
-                for o in chunk
-                for value in (
-                    o.id,
-                    o.error_type,
-                    o.error_message,
-                    o.error_traceback,
-                    o.retry_at,
-                )
-            ]
-            sql = _RECORD_SQL.format(values=", ".join(["(?, ?, ?, ?, ?)"] * len(chunk)))
+        for chunk in range(0, len(outcomes), 100):
+            sql, values = _values(_RECORD_SQL, outcomes[chunk : chunk + 100], _RECORDED)
             await conn.exec_driver_sql(sql, (now, worker_id, *values))
 
     @asynccontextmanager
