@@ -24,9 +24,9 @@ from ._hooks import Hooks
 from ._options import JobOptions, Queue, RowOptions, resolve
 from ._registry import Registry
 from ._retries import Retry
-from ._store import AfterCommit, Driver, take_notes
+from ._store import AfterCommit, Driver, new_row_model, take_notes
 from ._store.sqlite import READ_ONLY_OPTION
-from ._types import FunctionKind, ScheduledFunction, ScheduledFunctionId
+from ._types import FunctionKind, ScheduledFunction, ScheduledFunctionId, State
 
 T = TypeVar("T")
 
@@ -188,16 +188,35 @@ class Runtime:
             for listener in list(self._wake_listeners):
                 listener(kinds)
 
+    def inline_calls(
+        self, rows: list[dict[str, Any]], ids: list[ScheduledFunctionId]
+    ) -> list[Inline]:
+        """The Pending rows written (``ids``: the one that runs for each) that inline mode
+        runs at once: those its predicate accepts, in no named queue."""
+        accepts = self.inline
+        if accepts is None:
+            return []
+        return [
+            (id, FunctionKind(row["kind"]))
+            for row, id in zip(rows, ids, strict=True)
+            if row["state"] == State.PENDING.value
+            and row["queue_name"] is None
+            and accepts(new_row_model(row, id))
+        ]
+
     async def run_inline(self, calls: list[Inline]) -> None:
-        """Run rows at once, in the caller's task (inline mode; ``calls`` from ``_writers``)."""
+        """Run rows at once, in the caller's task (inline mode; ``calls``: ``inline_calls``)."""
         if calls and self.inline_runner is not None:
             await self.inline_runner(calls)
 
-    def after_commit(self, notes: AfterCommit | None) -> None:
-        """Act on what a committed transaction noted (``_store/_after_commit.py``)."""
-        if notes is not None:
-            self.wake(notes.wake)
-            self.cancels.request(notes.canceled)
+    def after_commit(self, notes: AfterCommit | None) -> list[Inline]:
+        """Act on what a committed transaction noted (``_store/_after_commit.py``); returns
+        the rows it wrote that inline mode runs (the caller runs them: ``run_inline``)."""
+        if notes is None:
+            return []
+        self.wake(notes.wake)
+        self.cancels.request(notes.canceled)
+        return self.inline_calls(notes.written, [row["id"] for row in notes.written])
 
     # -- transactions --------------------------------------------------------------------
 
@@ -265,8 +284,8 @@ class Runtime:
                         committing = True
                         await conn.commit()
                         self.health.ok()
-                        self.after_commit(take_notes(conn))
-                        return value
+                        inline = self.after_commit(take_notes(conn))
+                        break
             except DurafnError:
                 raise
             except Exception as exc:
@@ -293,6 +312,10 @@ class Runtime:
                 self.health.fault(exc, doing, delay)
                 attempt += 1
                 await anyio.sleep(delay)
+        # After the commit, outside the shield: the completion callbacks it wrote, when
+        # inline mode runs them.
+        await self.run_inline(inline)
+        return value
 
     async def _user_body(
         self,

@@ -22,7 +22,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from ._runtime import Inline, Runtime
-from ._store import Outcome, new_row_model, take_notes
+from ._store import Outcome, take_notes
 from ._types import FunctionKind, ScheduledFunctionId, State
 
 _PENDING = State.PENDING.value
@@ -37,21 +37,6 @@ def enqueued(rows: list[dict[str, Any]], ids: list[ScheduledFunctionId]) -> list
         (id, row["name"], FunctionKind(row["kind"]))
         for row, id in zip(rows, ids, strict=True)
         if row["state"] == _PENDING
-    ]
-
-
-def inline(rt: Runtime, rows: list[dict[str, Any]], ids: list[ScheduledFunctionId]) -> list[Inline]:
-    """The Pending rows written that inline mode runs at once (``App(inline=...)``): those
-    its predicate accepts, in no named queue."""
-    accepts = rt.inline
-    if accepts is None:
-        return []
-    return [
-        (id, FunctionKind(row["kind"]))
-        for row, id in zip(rows, ids, strict=True)
-        if row["state"] == _PENDING
-        and row["queue_name"] is None
-        and accepts(new_row_model(row, id))
     ]
 
 
@@ -111,7 +96,7 @@ class BufferedWriter:
         if self._rt.hooks.active:
             self.enqueued += enqueued(rows, ids)
         if self._rt.inline is not None:
-            self.inline += inline(self._rt, rows, ids)
+            self.inline += self._rt.inline_calls(rows, ids)
 
     def discard(self) -> None:
         self._rows.clear()
@@ -235,7 +220,7 @@ class DirectWriter:
         rt.wake(kinds)
         await rt.hooks.enqueued(enqueued(rows, ids) if rt.hooks.active else ())
         if rt.inline is not None:
-            await rt.run_inline(inline(rt, rows, ids))
+            await rt.run_inline(rt.inline_calls(rows, ids))
         return ids
 
     async def cancel(self, id: ScheduledFunctionId, now: float) -> State | None:
@@ -283,7 +268,7 @@ class JoinedWriter:
         kinds, self._to_wake = self._to_wake, set()
         self._rt.wake(kinds)
 
-    def _after_commit(self, callback: Callable[[], None]) -> None:
+    def _after_commit(self, callback: Callable[[], object]) -> None:
         # In-process executors wake at once; other processes learn by NOTIFY or the poll.
         if isinstance(self._target, AsyncSession):
             event.listen(
@@ -305,5 +290,5 @@ class JoinedWriter:
         """What the statements just run noted for after the commit (the callbacks of rows
         cancelled, the running actions to tell), done when the caller commits."""
         notes = take_notes(conn)
-        if notes is not None:
+        if notes is not None:  # (inline mode does not run what it wrote: see the README)
             self._after_commit(functools.partial(self._rt.after_commit, notes))

@@ -110,3 +110,29 @@ async def test_inline_must_be_a_flag_or_a_predicate(db_url: str) -> None:
     bad: object = "yes"
     with pytest.raises(durafn.ArgumentError, match="inline must be True, False or a function"):
         durafn.App(db_url, inline=bad)  # type: ignore[arg-type]
+
+
+async def test_completion_callbacks_run_inline_too(inline_app: durafn.App) -> None:
+    @inline_app.mutation(name="done")
+    async def done(ctx: MutationCtx, c: durafn.Completion) -> None:
+        ctx.db.add(Effect(key=f"{c.name} {c.state}"))
+
+    @inline_app.action(name="works", on_complete=done)
+    async def works(ctx: ActionCtx) -> None:
+        pass
+
+    @inline_app.mutation(name="schedules", on_complete=done)
+    async def schedules(ctx: MutationCtx) -> None:
+        await ctx.scheduler.run_after(0, works)
+
+    await inline_app.scheduler().run_after(0, schedules)
+    assert sorted(await effects(inline_app)) == ["schedules Success", "works Success"]
+
+    @inline_app.action(name="waits")
+    async def waits(ctx: ActionCtx) -> None:
+        pass
+
+    # A named queue's row waits for an executor; cancelled, its callback runs inline.
+    held = await inline_app.scheduler().run_after(0, waits.options(queue="q", on_complete=done))
+    assert await inline_app.cancel(held)
+    assert (await effects(inline_app))[-1] == "waits Canceled"

@@ -220,7 +220,7 @@ class MutationBatch:
             await self._write(conn)
             notes = take_notes(conn)
             await conn.commit()
-        rt.after_commit(notes)
+        self.inline += rt.after_commit(notes)
 
     async def _run_one(
         self,

@@ -11,6 +11,7 @@ rolled-back one may have left.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -25,6 +26,8 @@ class AfterCommit:
     """Kinds of rows written that this process's executors should look for."""
     canceled: set[str] = field(default_factory=set)
     """Rows cancelled: actions of theirs running here are told (``Runtime.cancels``)."""
+    written: list[dict[str, Any]] = field(default_factory=list)
+    """Rows durafn wrote on its own (completion callbacks), for inline mode to run."""
 
 
 def note(conn: AsyncConnection) -> AfterCommit:

@@ -100,4 +100,6 @@ class CompletionStatements:
         if queues:
             await self.ensure_queues(conn, queues, now)
         await self.insert_rows(conn, rows, _MUTATION)
-        note(conn).wake.add(FunctionKind.MUTATION)
+        notes = note(conn)
+        notes.wake.add(FunctionKind.MUTATION)
+        notes.written += rows
