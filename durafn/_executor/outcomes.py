@@ -131,6 +131,7 @@ class Tally:
         """Count and log committed outcomes (one line each), and fire ``progress``."""
         before = State.PENDING if kind is FunctionKind.MUTATION else State.IN_PROGRESS
         debug = logger.isEnabledFor(logging.DEBUG)
+        info = logger.isEnabledFor(logging.INFO)
         failures = retried = unwritten = 0
         for o in outcomes:
             if o.unwritten:  # its row had moved on (cancelled, recorded lost): not ours
@@ -140,17 +141,18 @@ class Tally:
                 # INFO: a failure its policy retries is expected; the last one is a warning.
                 # (A warning per retried run cost ~20 us, a fifth of what it added to a
                 # SQLite drain.)
-                logger.info(
-                    "%s %s (%s) %s -> Pending, to be retried at %s: %s: %s",
-                    kind,
-                    o.id,
-                    o.name,
-                    before,
-                    to_datetime(o.retry_at).isoformat(timespec="milliseconds"),
-                    o.error_type,
-                    o.error_message,
-                    extra=log_fields(kind, o.id, o.name, State.PENDING),
-                )
+                if info:
+                    logger.info(
+                        "%s %s (%s) %s -> Pending, to be retried at %s: %s: %s",
+                        kind,
+                        o.id,
+                        o.name,
+                        before,
+                        to_datetime(o.retry_at).isoformat(timespec="milliseconds"),
+                        o.error_type,
+                        o.error_message,
+                        extra=log_fields(kind, o.id, o.name, State.PENDING),
+                    )
             elif o.state is State.FAILED:
                 failures += 1
                 logger.warning(

@@ -78,19 +78,11 @@ async def settle(
         for outcome in failed:
             if outcome.retry_at is None and outcome.error is not None:
                 outcome.error_traceback = traceback_text(outcome.error)
+    # The finish also writes each failed run into its row's history and notifies other
+    # processes of the rows retried.
     if kind is FunctionKind.MUTATION:
-        written = await rt.driver.finish_pending(conn, now, outcomes)
-    else:
-        written = await rt.driver.finish_in_progress(conn, now, outcomes)
-    if failed:
-        # Only the runs whose finish moved their row: one cancelled meanwhile has no
-        # failure to keep (nor one recorded lost, whose rescue kept its own).
-        failed = [o for o in failed if not o.unwritten]
-        if failed:
-            await rt.driver.record_failures(conn, now, failed, worker_id)
-        if retried(failed):
-            await rt.driver.notify(conn, {kind})
-    return written
+        return await rt.driver.finish_pending(conn, now, outcomes, worker_id)
+    return await rt.driver.finish_in_progress(conn, now, outcomes, worker_id)
 
 
 def retried(outcomes: Sequence[Outcome]) -> bool:

@@ -60,6 +60,9 @@ from ._statements import (
 )
 from ._tables import sf, workers
 
+_KIND_OF = {State.PENDING: FunctionKind.MUTATION, State.IN_PROGRESS: FunctionKind.ACTION}
+"""The kind of the rows a finish expects in each state."""
+
 
 class Driver(
     ReadStatements,
@@ -154,12 +157,37 @@ class Driver(
         return rows
 
     async def finish_pending(
-        self, conn: AsyncConnection, now: float, outcomes: Sequence[Outcome]
+        self,
+        conn: AsyncConnection,
+        now: float,
+        outcomes: Sequence[Outcome],
+        worker_id: str | None = None,
     ) -> int:
-        """Pending -> Success/Failed for mutations run in this transaction; returns the count."""
-        return await self._finish(conn, now, outcomes, State.PENDING)
+        """Pending -> Success/Failed (or Pending again, retried) for mutations run in this
+        transaction; returns the count. Each failed run goes into its row's history (under
+        ``worker_id``), and executors are notified of rows retried."""
+        return await self._finish(conn, now, outcomes, State.PENDING, worker_id)
 
     async def _finish(
+        self,
+        conn: AsyncConnection,
+        now: float,
+        outcomes: Sequence[Outcome],
+        expected: State,
+        worker_id: str | None,
+    ) -> int:
+        written = await self._finish_rows(conn, now, outcomes, expected)
+        # Only the runs whose finish moved their row: one cancelled meanwhile has no
+        # failure to keep (nor one recorded lost, whose rescue kept its own).
+        failed = [o for o in outcomes if not o.unwritten and o.error_type is not None]
+        failed = [o for o in failed if o.state is State.FAILED or o.retry_at is not None]
+        if failed:
+            await self.record_failures(conn, now, failed, worker_id)
+        if any(o.retry_at is not None and not o.unwritten for o in outcomes):
+            await self.notify(conn, {_KIND_OF[expected]})
+        return written
+
+    async def _finish_rows(
         self, conn: AsyncConnection, now: float, outcomes: Sequence[Outcome], expected: State
     ) -> int:
         # The common outcome (Success, nothing returned) goes out as one statement for the
@@ -302,13 +330,18 @@ class Driver(
         return claimed(list(rows))
 
     async def finish_in_progress(
-        self, conn: AsyncConnection, now: float, outcomes: Sequence[Outcome]
+        self,
+        conn: AsyncConnection,
+        now: float,
+        outcomes: Sequence[Outcome],
+        worker_id: str | None = None,
     ) -> int:
-        """InProgress -> Success/Failed. A row cancelled meanwhile stays Canceled.
+        """InProgress -> Success/Failed (or Pending, retried), with the failures' history,
+        as ``finish_pending``. A row cancelled meanwhile stays Canceled.
 
         Guarded by the state, so running it again (a retry after an unseen outcome) writes
         nothing twice."""
-        return await self._finish(conn, now, outcomes, State.IN_PROGRESS)
+        return await self._finish(conn, now, outcomes, State.IN_PROGRESS, worker_id)
 
     async def next_due(
         self, conn: AsyncConnection, kind: FunctionKind, after: float | None = None

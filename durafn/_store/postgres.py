@@ -97,6 +97,52 @@ _RETRY_SQL = text(
     """
 )
 
+# A batch's finish when its failed runs are all retried (the common failure): the plain
+# successes, the retries, their history and the NOTIFY as one statement. Each finish is
+# guarded by the state it expects; a failure is kept only for a row its retry moved. Run
+# again after an unseen commit it writes nothing (the rows are no longer in ``expected``).
+# Measured: with a tenth of the actions failing once, a finish of a batch with failures
+# took 10 ms in six round trips (BEGIN, plain, retry, history, NOTIFY, COMMIT) against
+# 3 ms without; the action finisher was the drain's bottleneck.
+_SETTLE_SQL = text(
+    """
+    WITH plain AS (
+        UPDATE _scheduled_functions
+           SET state = 'Success', completed_time = :now, attempts = attempts + :counted,
+               error_type = NULL, error_message = NULL, error_traceback = NULL
+         WHERE id = ANY(CAST(string_to_array(:plain_ids, ',') AS uuid[]))
+           AND state = :expected
+        RETURNING id
+    ), v AS (
+        SELECT * FROM unnest(CAST(:ids AS uuid[]), CAST(:retry_ats AS float8[]),
+                             CAST(:error_types AS text[]), CAST(:error_messages AS text[]),
+                             CAST(:error_tracebacks AS text[]))
+               AS v(id, retry_at, error_type, error_message, error_traceback)
+    ), retried AS (
+        UPDATE _scheduled_functions AS sf
+           SET state = 'Pending', available_at = v.retry_at, completed_time = NULL,
+               started_time = NULL, worker_id = NULL, error_type = v.error_type,
+               error_message = v.error_message, error_traceback = v.error_traceback,
+               attempts = sf.attempts + :counted, failures = sf.failures + 1
+          FROM v
+         WHERE sf.id = v.id AND sf.state = :expected
+        RETURNING sf.id, sf.failures
+    ), kept AS (
+        INSERT INTO _durafn_failed_attempts
+            (function_id, attempt, failed_at, worker_id, error_type, error_message,
+             error_traceback, retry_at)
+        SELECT r.id, r.failures, :now, :worker_id, v.error_type, v.error_message,
+               v.error_traceback, v.retry_at
+          FROM retried AS r JOIN v ON v.id = r.id
+    )
+    SELECT NULL AS id, (SELECT count(*) FROM plain) AS plain,
+           CASE WHEN EXISTS (SELECT 1 FROM retried)
+                THEN pg_notify(:channel, :payload)::text END AS notified
+    UNION ALL
+    SELECT id, NULL, NULL FROM retried
+    """
+)
+
 # RECORD_FAILURE (_statements.py) for many rows as one statement (asyncpg's executemany
 # of the portable form cost ~15 us of this process per failed row).
 _RECORD_SQL = text(
@@ -283,6 +329,51 @@ class PostgresDriver(Driver):
         result = await conn.execute(_FINISH_PLAIN_SQL, {**common, "ids": ",".join(ids)})
         assert isinstance(result, CursorResult)
         return result.rowcount
+
+    async def _finish(
+        self,
+        conn: AsyncConnection,
+        now: float,
+        outcomes: Sequence[Outcome],
+        expected: State,
+        worker_id: str | None,
+    ) -> int:
+        if not all(
+            o.on_complete is None
+            and (o.retry_at is not None or (o.state is State.SUCCESS and o.result is None))
+            for o in outcomes
+        ):
+            return await super()._finish(conn, now, outcomes, expected, worker_id)
+        retried = [o for o in outcomes if o.retry_at is not None]
+        if not retried:
+            return await super()._finish(conn, now, outcomes, expected, worker_id)
+        kind = FunctionKind.MUTATION if expected is State.PENDING else FunctionKind.ACTION
+        rows = await conn.execute(
+            _SETTLE_SQL,
+            {
+                "now": now,
+                "expected": expected.value,
+                "counted": 1 if expected is State.PENDING else 0,
+                "worker_id": worker_id,
+                "plain_ids": ",".join(o.id for o in outcomes if o.retry_at is None),
+                "ids": [o.id for o in retried],
+                "retry_ats": [o.retry_at for o in retried],
+                "error_types": [o.error_type for o in retried],
+                "error_messages": [o.error_message for o in retried],
+                "error_tracebacks": [o.error_traceback for o in retried],
+                "channel": CHANNEL,
+                "payload": kind.value,
+            },
+        )
+        plain, moved = 0, set()
+        for id, count, _ in rows:
+            if id is None:
+                plain = count
+            else:
+                moved.add(str(id))
+        for o in retried:
+            o.unwritten = o.id not in moved
+        return plain + len(moved)
 
     async def _finish_others(
         self, conn: AsyncConnection, outcomes: list[Outcome], common: FinishParams
