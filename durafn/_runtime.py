@@ -24,7 +24,7 @@ from ._hooks import Hooks
 from ._options import JobOptions, Queue, RowOptions, resolve
 from ._registry import Registry
 from ._retries import Retry
-from ._store import AfterCommit, Driver, new_row_model, take_notes
+from ._store import AfterCommit, CronRow, Driver, new_row_model, take_notes
 from ._store.sqlite import READ_ONLY_OPTION
 from ._types import FunctionKind, ScheduledFunction, ScheduledFunctionId, State
 
@@ -112,6 +112,8 @@ class Runtime:
     """The app's retry policy, for functions without one (``App(retry=...)``)."""
     inline: Callable[[ScheduledFunction], bool] | None = None
     """Inline mode (``App(inline=...)``): which rows run as their scheduling commits."""
+    crons: dict[str, CronRow] = field(default_factory=dict)
+    """The crons the app declares (``app.cron``), reconciled when an executor starts."""
     inline_runner: Callable[[list[Inline]], Awaitable[None]] | None = None
     """Runs them (an executor of the app's, made when inline mode is on)."""
     _resolved: dict[JobOptions, RowOptions] = field(default_factory=dict)

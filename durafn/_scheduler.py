@@ -23,7 +23,7 @@ from ._errors import (
 from ._options import OptionError
 from ._registry import Call, SchedulableRef
 from ._runtime import Limits, Runtime
-from ._store import new_id
+from ._store import new_id, new_row
 from ._types import CancelResult, ScheduledFunctionId, State
 
 P = ParamSpec("P")
@@ -249,25 +249,9 @@ class Scheduler:
             )
         self._count += 1
         self._bytes += size
-        return {
-            "id": new_id(now),
-            "name": ref.name,
-            "kind": ref.kind.value,
-            "args": args_json,
-            "state": _PENDING,
-            "scheduled_time": due,
-            "available_at": due,
-            "completed_time": None,
-            "parent_id": self._parent_id,
-            "priority": options.priority,
-            "queue_name": options.queue,
-            "job_key": options.key,
-            "key_mode": options.key_mode,
-            "flags": options.flags,
-            "retry": options.retry,
-            "max_attempts": options.max_attempts,
-            "on_complete": options.on_complete,
-        }
+        return new_row(
+            new_id(now), ref.name, ref.kind.value, args_json, due, self._parent_id, options
+        )
 
     def _limit(self, message: str) -> None:
         self.limit_error = SchedulingLimitError(
@@ -275,9 +259,6 @@ class Scheduler:
             "App(max_scheduled_per_run=..., max_scheduled_args_bytes=...))"
         )
         raise self.limit_error
-
-
-_PENDING = State.PENDING.value
 
 
 def _delay_seconds(delay: object) -> float:

@@ -76,10 +76,10 @@ async def test_a_version_1_database_is_upgraded_in_place(
         await app.aclose()
         if engine_name == "postgres":
             stale = durafn.App(db_url, clock=clock)
-            with pytest.raises(durafn.SchemaError, match="at version 1, this durafn needs 6"):
+            with pytest.raises(durafn.SchemaError, match="at version 1, this durafn needs 7"):
                 await stale.executor().run_until_idle()
             await stale.aclose()
-        assert await app.migrate() == 6
+        assert await app.migrate() == 7
         async with app.engine.connect() as conn:
             tables = await conn.run_sync(lambda c: set(inspect(c).get_table_names()))
             indexes = await conn.run_sync(
@@ -91,10 +91,15 @@ async def test_a_version_1_database_is_upgraded_in_place(
             )
         assert "_durafn_workers" in tables and "ix_scheduled_functions_running" in indexes
         assert {"error_traceback", "flags", "retry", "failures", "on_complete"} <= columns
-        assert {"_durafn_queues", "_durafn_failed_attempts"} <= tables
+        assert {
+            "_durafn_queues",
+            "_durafn_failed_attempts",
+            "_durafn_crons",
+            "_durafn_leases",
+        } <= tables
         assert "ix_scheduled_functions_due" not in indexes
         assert {"ix_scheduled_functions_claim", "ix_scheduled_functions_key"} <= indexes
-        assert sorted(versions) == [1, 2, 3, 4, 5, 6]
+        assert sorted(versions) == [1, 2, 3, 4, 5, 6, 7]
         row = await app.get(sid)
         assert row is not None and row.state is durafn.State.PENDING
         async with app.run_executor() as executor:

@@ -25,6 +25,7 @@ from .action_claims import ActionClaims
 from .actions import ActionPool
 from .cancel_poll import poll_cancels
 from .config import ExecutorConfig
+from .crons import CronLoop
 from .finisher import Finisher
 from .maintenance import Maintenance
 from .membership import Membership
@@ -64,6 +65,7 @@ class Executor:
             runtime, invoker, config, self._claims, self._finisher, self._wakeups
         )
         self._maintenance = Maintenance(runtime, config)
+        self._crons = CronLoop(runtime, lambda: self._membership.worker_id)
         self._hurry = 0  # stop_now() calls
 
     @property
@@ -95,7 +97,12 @@ class Executor:
         total = 0
         async with AsyncExitStack() as stack:
             for _ in range(max_rounds):
-                ran, _ = await self._mutations.run_batch(timed=False)
+                ran = 0
+                if self._crons.active:  # the crons' due ticks, written as rows first
+                    await self._crons.reconcile()
+                    ran, _ = await self._crons.tick()
+                done, _ = await self._mutations.run_batch(timed=False)
+                ran += done
                 rows = await self._claims.claim(self.config.concurrency)
                 if rows:
                     if not self._membership.depth:
@@ -164,11 +171,15 @@ class Executor:
         return await self._maintenance.run_once()
 
     async def next_due(self) -> float | None:
-        """The earliest time (epoch seconds) any Pending row becomes due, or None."""
+        """The earliest time (epoch seconds) any Pending row becomes due, or a cron of the
+        app's runs next, or None."""
         driver = self._rt.driver
 
         async def _both(conn: AsyncConnection) -> list[float | None]:
-            return [await driver.next_due(conn, kind) for kind in KINDS]
+            times = [await driver.next_due(conn, kind) for kind in KINDS]
+            if self._crons.active:
+                times.append(await driver.next_cron(conn))
+            return times
 
         times = await self._rt.transaction(_both, read_only=True, doing="reading the next due time")
         due = [t for t in times if t is not None]
@@ -216,6 +227,9 @@ class Executor:
                 tg.start_soon(self._actions.watch.run)
                 tg.start_soon(self._maintenance.loop, wakeups.stopping)
                 tg.start_soon(poll_cancels, self._rt, wakeups.poll_interval)
+                if self._crons.active:
+                    await self._crons.reconcile()
+                    tg.start_soon(self._crons.loop, wakeups.stopping)
                 try:
                     listening = self._rt.driver.listen(
                         self._rt.engine, wakeups.on_wake, self._rt.cancels.request

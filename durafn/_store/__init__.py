@@ -9,14 +9,25 @@ from .._errors import DatabaseError
 from ._after_commit import AfterCommit, take_notes
 from ._claim_hints import FastPathHint, LevelFloor
 from ._claims import SERVE_ALL, ClaimFilter
+from ._crons import CRON_LEASE, CronRow, tick_id
 from ._driver import Driver
 from ._filters import RowFilter
-from ._rows import Claimed, LostAction, Outcome, decode_cursor, new_id, new_row_model
+from ._rows import (
+    Claimed,
+    LostAction,
+    Outcome,
+    decode_cursor,
+    new_id,
+    new_row,
+    new_row_model,
+)
 from ._tables import SCHEMA_VERSION, metadata, scheduled_functions, schema_version
 from .sqlite import SQLiteDriver
 
 __all__ = [
+    "CRON_LEASE",
     "AfterCommit",
+    "CronRow",
     "SCHEMA_VERSION",
     "SERVE_ALL",
     "ClaimFilter",
@@ -28,10 +39,12 @@ __all__ = [
     "Outcome",
     "RowFilter",
     "take_notes",
+    "tick_id",
     "decode_cursor",
     "driver_for_url",
     "metadata",
     "new_id",
+    "new_row",
     "new_row_model",
     "normalize_url",
     "scheduled_functions",

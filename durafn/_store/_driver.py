@@ -40,6 +40,7 @@ from ._claims import (
     take_fast,
 )
 from ._completions import canceled
+from ._crons import CronStatements
 from ._engine import EngineDriver
 from ._failures import RETRY_COLUMNS, FailureStatements, in_state
 from ._filters import RowFilter
@@ -70,6 +71,7 @@ class Driver(
     FailureStatements,
     CancelStatements,
     InlineStatements,
+    CronStatements,
     EngineDriver,
 ):
     """Dialect-neutral statements on the system tables."""

@@ -20,7 +20,7 @@ from sqlalchemy import Row
 
 from .._clock import to_datetime
 from .._errors import ArgumentError
-from .._options import read_flags
+from .._options import RowOptions, read_flags
 from .._types import ErrorInfo, FunctionKind, ScheduledFunction, ScheduledFunctionId, State
 
 NEW_ROW_COLUMNS = (
@@ -207,6 +207,37 @@ def to_model(row: Row[Any]) -> ScheduledFunction:
         failures=m["failures"],
         on_complete=json.loads(m["on_complete"])["name"] if m["on_complete"] else None,
     )
+
+
+def new_row(
+    id: ScheduledFunctionId,
+    name: str,
+    kind: str,
+    args: str,
+    due: float,
+    parent_id: ScheduledFunctionId | None,
+    options: RowOptions,
+) -> dict[str, Any]:
+    """A Pending row to write (its keys ``NEW_ROW_COLUMNS``, and the key mode)."""
+    return {
+        "id": id,
+        "name": name,
+        "kind": kind,
+        "args": args,
+        "state": State.PENDING.value,
+        "scheduled_time": due,
+        "available_at": due,
+        "completed_time": None,
+        "parent_id": parent_id,
+        "priority": options.priority,
+        "queue_name": options.queue,
+        "job_key": options.key,
+        "key_mode": options.key_mode,
+        "flags": options.flags,
+        "retry": options.retry,
+        "max_attempts": options.max_attempts,
+        "on_complete": options.on_complete,
+    }
 
 
 def new_row_model(row: dict[str, Any], id: ScheduledFunctionId) -> ScheduledFunction:

@@ -26,7 +26,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Connection
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 """Bump with a new step in ``MIGRATIONS`` whenever the tables change."""
 
 metadata = MetaData()
@@ -194,6 +194,50 @@ Index(
     sqlite_where=queues.c.paused,
 )
 
+# The cron registry (version 7): one row per recurring schedule, declared in code (and
+# reconciled when an executor starts) or registered at run time. A tick's row in
+# _scheduled_functions has an id made from the cron's name and the tick's time, so that
+# a second writer of the same tick is a no-op (_store/_crons.py).
+crons = Table(
+    "_durafn_crons",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("schedule", Text, nullable=False),
+    Column("timezone", Text, nullable=False),
+    Column("function", Text, nullable=False),
+    Column("kind", String(16), nullable=False),
+    Column("args", Text, nullable=False),
+    Column("options", Text, nullable=False),  # the tick rows' options, resolved, as JSON
+    Column("overlap", String(16), nullable=False),
+    Column("catch_up", String(16), nullable=False),
+    Column("enabled", Boolean, nullable=False),
+    Column("description", Text),
+    Column("source", String(8), nullable=False),  # 'code' or 'api'
+    Column("created_at", Double, nullable=False),
+    Column("updated_at", Double, nullable=False),
+    Column("last_run_at", Double),
+    Column("next_run_at", Double),  # None while disabled
+    Column("run_count", Integer, nullable=False, server_default="0"),
+    Column("last_row_id", Text),
+    Column("last_skip_at", Double),
+    Column("last_skip_reason", Text),
+)
+# The cron loop's one query: the enabled crons due by now, and the earliest next one.
+Index(
+    "ix_durafn_crons_next",
+    crons.c.next_run_at,
+    postgresql_where=crons.c.next_run_at.is_not(None),
+    sqlite_where=crons.c.next_run_at.is_not(None),
+)
+# Leases: who evaluates the crons (one leader at a time, taken over once it expires).
+leases = Table(
+    "_durafn_leases",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("holder", Text, nullable=False),
+    Column("expires_at", Double, nullable=False),
+)
+
 # Every failed run of a row, kept as long as the row (retention deletes both): the row's
 # own error columns hold only the last one.
 failed_attempts = Table(
@@ -270,11 +314,18 @@ def _step_6(conn: Connection) -> None:
         conn.execute(text("ALTER TABLE _scheduled_functions ADD COLUMN on_complete TEXT"))
 
 
+def _step_7(conn: Connection) -> None:
+    """Version 7: the cron registry and the leader's lease (new tables only)."""
+    crons.create(conn, checkfirst=True)  # with its index
+    leases.create(conn, checkfirst=True)
+
+
 MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     2: _step_2,
     3: _step_3,
     4: _step_4,
     5: _step_5,
     6: _step_6,
+    7: _step_7,
 }
 """Steps from version N-1 to N. A fresh database gets the latest tables in one go."""

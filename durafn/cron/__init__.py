@@ -17,6 +17,7 @@ from datetime import timedelta
 from .._errors import CronSyntaxError
 from ._crontab import CronItem, CronItemOptions, parse_cron_item, parse_crontab
 from ._fields import DAY_OF_MONTH, DAY_OF_WEEK, HOUR, MINUTE, MONTH, SECOND, parse_field
+from ._helpers import daily, every, hourly, monthly, weekly
 from ._schedule import Clock, Days, Every, Schedule
 from ._zones import zone as _zone
 
@@ -26,9 +27,14 @@ __all__ = [
     "CronSyntaxError",
     "Every",
     "Schedule",
+    "daily",
+    "every",
+    "hourly",
+    "monthly",
     "parse",
     "parse_cron_item",
     "parse_crontab",
+    "weekly",
 ]
 
 ALIASES = {

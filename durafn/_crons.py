@@ -1,0 +1,132 @@
+"""Recurring schedules declared in code: ``app.cron(name, schedule, call, ...)``.
+
+A cron runs a registered function (a mutation or an action, with the options its
+reference carries) on a schedule in a time zone. Declarations are checked at once (the
+name, the schedule, the arguments against the function's signature) and kept as data
+(``CronRow``): an executor reconciles them with the registry table when it starts, and
+the cron loop writes each tick as an ordinary row (``_executor/crons.py``).
+
+The schedules: a cron expression (``durafn.cron``'s grammar) or one of its helpers
+(``every(minutes=5)``, ``daily(hour=9)``, ...).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from typing import Any, Literal, get_args
+
+from ._errors import CronSyntaxError, RegistrationError
+from ._registry import Call, SchedulableRef
+from ._runtime import Runtime
+from ._store import CronRow
+from .cron import parse
+
+Overlap = Literal["skip", "allow"]
+"""What a tick does while the cron's previous run is still Pending or InProgress (OJS):
+``skip`` (the default) records the tick as skipped; ``allow`` runs it anyway."""
+CatchUp = Literal["latest", "none"]
+"""After downtime: ``latest`` (the default) runs the latest missed tick once, then the
+schedule goes on from now; ``none`` runs none of the missed ticks."""
+
+OVERLAPS: tuple[str, ...] = get_args(Overlap)
+CATCH_UPS: tuple[str, ...] = get_args(CatchUp)
+_NAME = re.compile(r"[a-z0-9][a-z0-9\-.]*")
+
+
+class CronDeclarations:
+    """``app.cron``: the crons an app declares (a base class of ``App``)."""
+
+    _rt: Runtime
+
+    def cron(
+        self,
+        name: str,
+        schedule: str,
+        call: Call | SchedulableRef[[], Any],
+        *,
+        timezone: str = "UTC",
+        overlap: Overlap = "skip",
+        catch_up: CatchUp = "latest",
+        enabled: bool = True,
+        description: str | None = None,
+    ) -> None:
+        """Run ``call`` (``fn.call(*args, **kwargs)``, or ``fn`` with no arguments) on
+        ``schedule`` (a cron expression or ``durafn.cron.every``/``hourly``/``daily``/
+        ``weekly``/``monthly``) in ``timezone`` (IANA). Each tick is an ordinary row of
+        ``_scheduled_functions``, written once however many executors run; the function's
+        options (queue, priority, retry, ...) travel with ``fn``. ``overlap``: ``"skip"``
+        a tick while the previous run is Pending or InProgress, or ``"allow"`` it;
+        ``catch_up``: after downtime, ``"latest"`` runs the latest missed tick once,
+        ``"none"`` none. Name: 1-255 characters of a-z, 0-9, '-' and '.'."""
+        declare(
+            self._rt,
+            name,
+            schedule,
+            call,
+            timezone=timezone,
+            overlap=overlap,
+            catch_up=catch_up,
+            enabled=enabled,
+            description=description,
+        )
+
+
+def declare(
+    rt: Runtime,
+    name: str,
+    schedule: str,
+    call: Call | SchedulableRef[[], Any],
+    *,
+    timezone: str,
+    overlap: Overlap,
+    catch_up: CatchUp,
+    enabled: bool,
+    description: str | None,
+) -> CronRow:
+    """A cron as data, every part checked (``RegistrationError`` names the bad one)."""
+    if not isinstance(name, str) or len(name) > 255 or not _NAME.fullmatch(name):
+        raise RegistrationError(
+            f"a cron's name is 1 to 255 characters of a-z, 0-9, '-' and '.', starting with a "
+            f"letter or digit (OJS), not {name!r}"
+        )
+    if name in rt.crons:
+        raise RegistrationError(f"a cron named {name!r} is already declared")
+    try:
+        parse(schedule, timezone)
+    except CronSyntaxError as exc:
+        raise RegistrationError(f"cron {name!r}: {exc}") from None
+    if overlap not in OVERLAPS:
+        raise RegistrationError(f"overlap must be one of {', '.join(OVERLAPS)}, not {overlap!r}")
+    if catch_up not in CATCH_UPS:
+        raise RegistrationError(f"catch_up must be one of {', '.join(CATCH_UPS)}, not {catch_up!r}")
+    if not isinstance(enabled, bool):
+        raise RegistrationError(f"enabled must be True or False, not {enabled!r}")
+    if description is not None and not isinstance(description, str):
+        raise RegistrationError(f"description must be a string, not {description!r}")
+    if isinstance(call, SchedulableRef):
+        call = call.call()
+    if not isinstance(call, Call) or call.delay is not None or call.when is not None:
+        raise RegistrationError(
+            "a cron runs fn.call(*args, **kwargs) (or fn itself, with no arguments) of a "
+            f"mutation or an action, with no .after()/.at(); not {call!r}"
+        )
+    ref = call.fn
+    args = ref.encode_args(call.args, call.kwargs)  # ArgumentError names a bad argument
+    options = rt.row_options(ref.job_options)
+    row = CronRow(
+        name=name,
+        schedule=schedule,
+        timezone=timezone,
+        function=ref.name,
+        kind=ref.kind.value,
+        args=args,
+        options=json.dumps(dataclasses.asdict(options)),
+        overlap=overlap,
+        catch_up=catch_up,
+        enabled=enabled,
+        description=description,
+    )
+    rt.crons[name] = row
+    return row

@@ -1,0 +1,195 @@
+"""The cron loop: one leader at a time writes each due tick as an ordinary row.
+
+Every executor of an app that declares crons reconciles the declarations with the
+registry when it starts (added, changed and removed ones are logged) and runs this loop.
+The loop takes or renews the cron lease (``LEASE`` seconds; renewed three times per
+lease, so another executor takes over within one lease of the leader's death); while it
+holds it, it writes the due ticks and sleeps until the earliest next run (read from the
+registry's index), the lease's renewal, or the stop. Ticks are written once whatever
+happens (``_store/_crons.py``): a tick's row has an id made from the cron and the tick,
+and the registry moves on only from the next run it was read with.
+
+After downtime, ``catch_up="latest"`` runs the latest missed tick once and goes on from
+now; ``"none"`` skips ticks more than ``LATE`` seconds old. ``overlap="skip"`` records a
+tick as skipped while the cron's previous run is Pending or InProgress.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+import anyio
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from .._clock import to_datetime
+from .._errors import DatabaseError
+from .._options import RowOptions
+from .._runtime import Runtime
+from .._store import CRON_LEASE, CronRow, new_row, tick_id
+from .._types import FunctionKind, State
+from .._writers import write
+from ..cron import parse
+from .tasks import first_of
+
+logger = logging.getLogger("durafn.cron")
+
+LEASE = 10.0
+"""Seconds the cron leader's lease lasts (renewed every third of it)."""
+LATE = 60.0
+"""A tick older than this when the loop reaches it was missed (downtime)."""
+MAX_TICKS = 100_000
+"""Ticks stepped through to find the latest missed one (a second-by-second cron down for
+more than a day catches up on the latest it finds)."""
+
+
+class _MovedOn(Exception):
+    """Another leader handled this cron's tick meanwhile: roll this attempt back."""
+
+
+class CronLoop:
+    """Reconciles the app's crons and writes their ticks while it leads."""
+
+    def __init__(self, runtime: Runtime, worker_id: Callable[[], str]) -> None:
+        self._rt = runtime
+        self._worker_id = worker_id
+        self._reconciled = False
+
+    @property
+    def active(self) -> bool:
+        """Whether the app declares crons (an app without any runs no cron loop)."""
+        return bool(self._rt.crons)
+
+    async def reconcile(self) -> None:
+        """Make the registry's code crons the app's declarations (once per executor)."""
+        if self._reconciled or not self.active:
+            return
+        rt = self._rt
+        declared = rt.crons
+
+        async def _reconcile(conn: AsyncConnection) -> list[str]:
+            now = rt.clock.now()
+            stored = {row["name"]: row for row in await rt.driver.stored_crons(conn)}
+            changes = []
+            for name, row in declared.items():
+                found = stored.get(name)
+                if found is None:
+                    await rt.driver.add_cron(conn, row, "code", now, _first_run(row, now))
+                    changes.append(f"added {name}")
+                elif found["source"] == "code" and row.differs(found):
+                    timing = row.timing_differs(found)
+                    await rt.driver.change_cron(conn, row, now, _first_run(row, now), timing)
+                    changes.append(f"changed {name}")
+            gone = [n for n, r in stored.items() if r["source"] == "code" and n not in declared]
+            if gone:
+                await rt.driver.remove_crons(conn, gone)
+                changes += [f"removed {name}" for name in gone]
+            return changes
+
+        for change in await rt.transaction(_reconcile, doing="reconciling the crons"):
+            logger.info("cron %s", change)
+        self._reconciled = True
+
+    async def tick(self) -> tuple[int, float | None]:
+        """If this executor leads (or can take the lease), write the due ticks; returns how
+        many rows it wrote and the earliest next run (None: no enabled cron)."""
+        rt = self._rt
+        holder = self._worker_id()
+
+        async def _lead(conn: AsyncConnection) -> bool:
+            now = rt.clock.now()
+            return await rt.driver.take_lease(conn, CRON_LEASE, holder, now, now + LEASE)
+
+        if not await rt.transaction(_lead, doing="taking the cron lease"):
+            return 0, None
+
+        async def _due(conn: AsyncConnection) -> list[dict[str, Any]]:
+            return await rt.driver.due_crons(conn, rt.clock.now(), 100)
+
+        written = 0
+        while due := await rt.transaction(_due, read_only=True, doing="reading due crons"):
+            for cron in due:
+                try:
+                    written += await rt.transaction(
+                        functools.partial(self._fire, cron), doing=f"writing cron {cron['name']}"
+                    )
+                except _MovedOn:
+                    continue
+            if len(due) < 100:
+                break
+        if written:
+            rt.wake((FunctionKind.MUTATION, FunctionKind.ACTION))
+
+        async def _next(conn: AsyncConnection) -> float | None:
+            return await rt.driver.next_cron(conn)
+
+        return written, await rt.transaction(_next, read_only=True, doing="reading crons")
+
+    async def _fire(self, cron: dict[str, Any], conn: AsyncConnection) -> int:
+        """One due cron: its tick written (or skipped), its next run set; returns the rows
+        written (0 or 1)."""
+        rt = self._rt
+        now = rt.clock.now()
+        schedule = parse(cron["schedule"], cron["timezone"])
+        expected = float(cron["next_run_at"])
+        latest, following = expected, None
+        for n, t in enumerate(schedule.iter_after(to_datetime(expected))):
+            if t.timestamp() > now or n >= MAX_TICKS:
+                following = t
+                break
+            latest = t.timestamp()
+        if following is not None and following.timestamp() <= now:
+            following = schedule.next_after(to_datetime(now))
+        values: dict[str, Any] = {"next_run_at": _stamp(following)}
+        skip = None
+        if cron["catch_up"] == "none" and now - latest > LATE:
+            skip = "missed"
+        elif cron["overlap"] == "skip" and cron["last_row_id"] is not None:
+            previous = await rt.driver.state(conn, cron["last_row_id"])
+            if previous in (State.PENDING, State.IN_PROGRESS):
+                skip = "overlap_skip"
+        written = 0
+        if skip is not None:
+            values.update(last_skip_at=latest, last_skip_reason=skip)
+        else:
+            id = tick_id(cron["name"], latest)
+            if await rt.driver.state(conn, id) is None:  # else: written by another leader
+                options = RowOptions(**json.loads(cron["options"]))
+                args = cron["args"]
+                row = new_row(id, cron["function"], cron["kind"], args, latest, None, options)
+                await write(rt, conn, [row], None)
+                written = 1
+            values.update(last_run_at=latest, last_row_id=id, run_count=cron["run_count"] + 1)
+        if not await rt.driver.advance_cron(conn, cron["name"], expected, values):
+            raise _MovedOn(cron["name"])
+        if skip is not None:
+            logger.info("cron %s: tick %s skipped (%s)", cron["name"], to_datetime(latest), skip)
+        return written
+
+    async def loop(self, stopping: anyio.Event) -> None:
+        """Lead when possible, write ticks, sleep until the next one; until stopped."""
+        rt = self._rt
+        while not stopping.is_set():
+            try:
+                _, next_run = await self.tick()
+            except DatabaseError as exc:
+                rt.health.fault(exc, "evaluating crons")
+                next_run = None
+            wake = rt.clock.now() + LEASE / 3
+            if next_run is not None:
+                wake = min(wake, next_run)
+            await first_of(stopping.wait, functools.partial(rt.clock.sleep_until, wake))
+
+
+def _first_run(row: CronRow, now: float) -> float | None:
+    if not row.enabled:
+        return None
+    return _stamp(parse(row.schedule, row.timezone).next_after(to_datetime(now)))
+
+
+def _stamp(t: datetime | None) -> float | None:
+    return t.timestamp() if t is not None else None

@@ -1,0 +1,143 @@
+"""The cron registry in the database: declarations reconciled, due crons read, a tick
+written once, and the lease that makes one executor the cron leader.
+
+Exactly one row per tick, whatever runs: a tick's row id is made from the cron's name and
+the tick's time (``tick_id``), so a second writer of the same tick (two leaders for a
+moment, a retry after an unseen commit) finds it there and writes nothing; and the
+registry row moves on only from the ``next_run_at`` it was read with (a guarded UPDATE).
+"""
+
+from __future__ import annotations
+
+import builtins
+import hashlib
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, ClassVar
+
+from sqlalchemy import CursorResult, delete, func, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from .._types import ScheduledFunctionId
+from ._tables import crons, leases
+
+CRON_LEASE = "cron"
+"""The lease the cron leader holds."""
+
+
+@dataclass(frozen=True, slots=True)
+class CronRow:
+    """What a cron is, as declared (the registry adds its state: times, counts, skips)."""
+
+    name: str
+    schedule: str
+    timezone: str
+    function: str
+    kind: str
+    args: str
+    options: str
+    """The tick rows' options, resolved when declared (``RowOptions`` as JSON)."""
+    overlap: str
+    catch_up: str
+    enabled: bool
+    description: str | None
+
+    def differs(self, stored: dict[str, Any]) -> bool:
+        return any(stored[k] != v for k, v in asdict(self).items())
+
+    def timing_differs(self, stored: dict[str, Any]) -> bool:
+        return any(stored[k] != getattr(self, k) for k in ("schedule", "timezone", "enabled"))
+
+
+def tick_id(name: str, tick: float) -> ScheduledFunctionId:
+    """The id of cron ``name``'s row for ``tick``: a UUIDv7 (time-ordered like every other
+    id) whose milliseconds are the tick's and whose other bits come from the name and the
+    exact tick, so that every writer of that tick makes the same id."""
+    digest = hashlib.sha256(f"{name}\0{tick!r}".encode()).digest()
+    rest = int.from_bytes(digest[:10], "big") & ((1 << 74) - 1)
+    ms = int(tick * 1000) & ((1 << 48) - 1)
+    value = (ms << 80) | (0x7 << 76) | ((rest >> 62) << 64) | (0x2 << 62) | (rest & ((1 << 62) - 1))
+    h = f"{value:032x}"
+    return ScheduledFunctionId(f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}")
+
+
+class CronStatements:
+    """The driver's statements on the cron registry and the leases (a part of ``Driver``)."""
+
+    dialect_insert: ClassVar[Callable[..., Any]]
+
+    async def stored_crons(self, conn: AsyncConnection) -> builtins.list[dict[str, Any]]:
+        """Every registered cron, by name."""
+        rows = await conn.execute(select(crons).order_by(crons.c.name))
+        return [dict(row._mapping) for row in rows]
+
+    async def add_cron(
+        self, conn: AsyncConnection, row: CronRow, source: str, now: float, next_run: float | None
+    ) -> None:
+        values = asdict(row) | {"source": source, "created_at": now, "updated_at": now}
+        await conn.execute(
+            self.dialect_insert(crons)
+            .values(**values, next_run_at=next_run, run_count=0)
+            .on_conflict_do_nothing(index_elements=[crons.c.name])
+        )
+
+    async def change_cron(
+        self, conn: AsyncConnection, row: CronRow, now: float, next_run: float | None, timing: bool
+    ) -> None:
+        """A declaration's new values; ``timing``: its next run is recomputed too."""
+        values = asdict(row) | {"updated_at": now}
+        if timing:
+            values["next_run_at"] = next_run
+        await conn.execute(update(crons).where(crons.c.name == row.name).values(**values))
+
+    async def remove_crons(self, conn: AsyncConnection, names: Sequence[str]) -> int:
+        result = await conn.execute(delete(crons).where(crons.c.name.in_(names)))
+        assert isinstance(result, CursorResult)
+        return result.rowcount
+
+    async def due_crons(
+        self, conn: AsyncConnection, now: float, limit: int
+    ) -> builtins.list[dict[str, Any]]:
+        """Enabled crons whose next run is due by ``now``, earliest first (ix_durafn_crons_next)."""
+        rows = await conn.execute(
+            select(crons)
+            .where(crons.c.next_run_at.is_not(None), crons.c.next_run_at <= now)
+            .order_by(crons.c.next_run_at)
+            .limit(limit)
+        )
+        return [dict(row._mapping) for row in rows]
+
+    async def next_cron(self, conn: AsyncConnection) -> float | None:
+        """The earliest next run of any enabled cron (ix_durafn_crons_next)."""
+        value = (await conn.execute(select(func.min(crons.c.next_run_at)))).scalar()
+        return float(value) if value is not None else None
+
+    async def advance_cron(
+        self,
+        conn: AsyncConnection,
+        name: str,
+        expected: float,
+        values: dict[str, Any],
+    ) -> bool:
+        """Set ``values`` on the cron if its next run is still ``expected`` (the tick it
+        was read for has not been handled by another leader meanwhile)."""
+        result = await conn.execute(
+            update(crons)
+            .where(crons.c.name == name, crons.c.next_run_at == expected)
+            .values(**values)
+        )
+        assert isinstance(result, CursorResult)
+        return result.rowcount == 1
+
+    async def take_lease(
+        self, conn: AsyncConnection, name: str, holder: str, now: float, until: float
+    ) -> bool:
+        """Take or renew lease ``name`` for ``holder`` until ``until``: it is free, expired
+        by ``now``, or already ``holder``'s. Returns whether ``holder`` has it."""
+        stmt = self.dialect_insert(leases).values(name=name, holder=holder, expires_at=until)
+        stmt = stmt.on_conflict_do_update(
+            index_elements=[leases.c.name],
+            set_={"holder": stmt.excluded.holder, "expires_at": stmt.excluded.expires_at},
+            where=(leases.c.holder == holder) | (leases.c.expires_at < now),
+        ).returning(leases.c.holder)
+        return (await conn.execute(stmt)).first() is not None

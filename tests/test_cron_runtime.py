@@ -1,0 +1,177 @@
+"""Crons at run time, on both engines, under the fake clock: each tick written once
+whichever executors race for it, the lease, catch-up after downtime, overlap, and the
+reconciliation of declarations with the registry."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from datetime import UTC, datetime
+from typing import Any
+
+import anyio
+import pytest
+from sqlalchemy import select
+
+import durafn
+from durafn import MutationCtx, State
+from durafn.cron import daily, every, hourly, monthly, weekly
+from durafn.testing import FakeClock
+
+from .helpers import effects, wait_until
+from .models import Effect
+
+pytestmark = pytest.mark.anyio
+
+crons_table = durafn.metadata.tables["_durafn_crons"]
+
+
+async def registry(app: durafn.App) -> dict[str, dict[str, Any]]:
+    async with app.engine.connect() as conn:
+        rows = await conn.execute(select(crons_table))
+        return {row.name: dict(row._mapping) for row in rows}
+
+
+def _report(app: durafn.App) -> durafn.MutationRef[[str], None]:
+    @app.mutation(name="report")
+    async def report(ctx: MutationCtx, what: str) -> None:
+        ctx.db.add(Effect(key=f"{what} {ctx.now().isoformat(timespec='minutes')}"))
+
+    return report
+
+
+def _at(hour: int, minute: int = 0) -> float:
+    return datetime(2030, 1, 1, hour, minute, tzinfo=UTC).timestamp()
+
+
+async def test_each_tick_is_written_once_whichever_executors_race(
+    app: durafn.App, clock: FakeClock
+) -> None:
+    report = _report(app)
+    app.cron("hourly-report", hourly(minute=0), report.call("sales"), description="sales")
+    executors = [app.executor() for _ in range(3)]
+    await executors[0].run_until_idle()  # registers it: next run at 01:00
+    for hour in range(1, 25):
+        clock.set(_at(0) + hour * 3600)
+        async with anyio.create_task_group() as tg:  # three at once, at the same moment
+            for executor in executors:
+                tg.start_soon(executor.run_until_idle)
+    ticks = await effects(app)
+    assert len(ticks) == 24 == len(set(ticks))
+    assert ticks[0] == "sales 2030-01-01T01:00+00:00" and ticks[-1].endswith("02T00:00+00:00")
+    cron = (await registry(app))["hourly-report"]
+    assert (cron["run_count"], cron["last_run_at"]) == (24, _at(0) + 24 * 3600)
+    assert cron["next_run_at"] == _at(0) + 25 * 3600 and cron["description"] == "sales"
+    rows = [r for r in (await app.list(limit=100)).items if r.name == "report"]
+    assert len(rows) == 24 and all(r.state is State.SUCCESS for r in rows)
+
+
+async def test_after_downtime_the_latest_missed_tick_runs_once(
+    app: durafn.App, clock: FakeClock
+) -> None:
+    report = _report(app)
+    app.cron("catches-up", hourly(minute=0), report.call("latest"))
+    app.cron("skips", hourly(minute=0), report.call("none"), catch_up="none")
+    executor = app.executor()
+    await executor.run_until_idle()
+    clock.set(_at(5, 30))  # down from 00:00 to 05:30: five ticks missed
+    await executor.run_until_idle()
+    assert await effects(app) == ["latest 2030-01-01T05:30+00:00"]  # run once, now
+    [row] = (await app.list(name="report")).items
+    assert row.scheduled_time.timestamp() == _at(5)  # for the latest missed tick
+    found = await registry(app)
+    assert found["catches-up"]["next_run_at"] == found["skips"]["next_run_at"] == _at(6)
+    assert found["skips"]["last_skip_reason"] == "missed"
+    clock.set(_at(6))
+    await executor.run_until_idle()
+    assert sorted(await effects(app))[-2:] == [
+        "latest 2030-01-01T06:00+00:00",
+        "none 2030-01-01T06:00+00:00",
+    ]
+
+
+async def test_a_tick_is_skipped_while_the_previous_run_waits(
+    app: durafn.App, clock: FakeClock
+) -> None:
+    @app.mutation(name="queued", queue="held")
+    async def queued(ctx: MutationCtx, n: int) -> None:
+        pass
+
+    app.cron("skipper", every(minutes=1), queued.call(1))
+    app.cron("allower", every(minutes=1), queued.call(2), overlap="allow")
+    await app.pause_queue("held")  # their rows stay Pending
+    executor = app.executor()
+    await executor.run_until_idle()
+    for _ in range(3):
+        clock.advance(60)
+        await executor.run_until_idle()
+    found = await registry(app)
+    assert (found["skipper"]["run_count"], found["allower"]["run_count"]) == (1, 3)
+    assert found["skipper"]["last_skip_reason"] == "overlap_skip"
+    pending = [r.args["n"] for r in (await app.list(state=State.PENDING)).items]
+    assert sorted(pending) == [1, 2, 2, 2]
+
+
+async def test_declarations_are_reconciled_when_an_executor_starts(
+    app: durafn.App, db_url: str, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    report = _report(app)
+    app.cron("kept", daily(hour=9), report.call("a"))
+    app.cron("dropped", weekly("mon", hour=9), report.call("b"))
+    await app.executor().run_until_idle()
+    assert set(await registry(app)) == {"kept", "dropped"}
+    async with durafn.App(db_url, clock=clock) as again:  # the next deploy
+        report2 = _report(again)
+        again.cron("kept", daily(hour=10), report2.call("a"), timezone="Europe/London")
+        again.cron("new", monthly(day=1), report2.call("c"), enabled=False)
+        with caplog.at_level(logging.INFO, logger="durafn.cron"):
+            caplog.clear()  # only this executor's reconciliation
+            await again.executor().run_until_idle()
+        found = await registry(again)
+    assert set(found) == {"kept", "new"}
+    assert (found["kept"]["schedule"], found["kept"]["timezone"]) == ("0 10 * * *", "Europe/London")
+    assert found["kept"]["next_run_at"] == _at(10)  # 10:00 in London is 10:00 UTC in January
+    assert found["new"]["next_run_at"] is None  # disabled
+    logged = {r.getMessage() for r in caplog.records if r.name == "durafn.cron"}
+    assert logged == {"cron changed kept", "cron added new", "cron removed dropped"}
+
+
+async def test_bad_declarations_are_refused(app: durafn.App) -> None:
+    report = _report(app)
+    bad: Any = "sometimes"
+    for kwargs, message in [
+        ({"name": "Bad Name"}, "a cron's name is"),
+        ({"schedule": "61 * * * *"}, "61"),
+        ({"timezone": "EST"}, "EST"),
+        ({"overlap": bad}, "overlap must be one of skip, allow"),
+        ({"catch_up": bad}, "catch_up must be one of latest, none"),
+        ({"call": report.call("x").after(5)}, "no .after"),
+    ]:
+        args: dict[str, Any] = {"name": "ok", "schedule": hourly(), "call": report.call("x")}
+        args.update(kwargs)
+        with pytest.raises(durafn.RegistrationError, match=message):
+            app.cron(args.pop("name"), args.pop("schedule"), args.pop("call"), **args)
+    with pytest.raises(durafn.ArgumentError, match="invalid arguments"):
+        app.cron("typed", hourly(), report.call(5))  # type: ignore[arg-type]
+    app.cron("once", hourly(), report.call("x"))
+    with pytest.raises(durafn.RegistrationError, match="already declared"):
+        app.cron("once", hourly(), report.call("x"))
+    with pytest.raises(durafn.CronSyntaxError, match="minute must be an integer from 0 to 59"):
+        hourly(minute=60)
+    assert (every(hours=1, minutes=30), weekly("fri", hour=17)) == ("@every 1h30m", "0 17 * * fri")
+
+
+async def test_a_running_executor_writes_the_ticks_as_they_fall_due(
+    app: durafn.App, clock: FakeClock
+) -> None:
+    report = _report(app)
+    app.cron("background", hourly(minute=0), report.call("bg"))
+    async with app.run_executor():
+        for hour in (1, 2):
+            clock.set(_at(hour))  # wakes the cron loop, which sleeps on the app's clock
+            await wait_until(functools.partial(_has_effects, app, hour), f"{hour}:00 ran")
+    assert await effects(app) == ["bg 2030-01-01T01:00+00:00", "bg 2030-01-01T02:00+00:00"]
+
+
+async def _has_effects(app: durafn.App, count: int) -> bool:
+    return len(await effects(app)) == count
