@@ -41,6 +41,7 @@ from ._store import SCHEMA_VERSION, metadata, scheduled_functions
 from ._types import (
     CancelResult,
     Completion,
+    CronInfo,
     ErrorInfo,
     FailedAttempt,
     FunctionKind,
@@ -67,6 +68,7 @@ __all__ = [
     "CancelResult",
     "Clock",
     "Completion",
+    "CronInfo",
     "CronSyntaxError",
     "DEFAULT_URL",
     "DELAYED_JOB",

@@ -15,12 +15,19 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+from datetime import datetime
 from typing import Any, Literal, get_args
 
-from ._errors import CronSyntaxError, RegistrationError
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from ._clock import to_datetime
+from ._errors import ArgumentError, CronSyntaxError, RegistrationError
 from ._registry import Call, SchedulableRef
 from ._runtime import Runtime
+from ._scheduler import Scheduler
 from ._store import CronRow
+from ._types import CronInfo, ScheduledFunctionId
+from ._writers import DirectWriter
 from .cron import parse
 
 Overlap = Literal["skip", "allow"]
@@ -71,6 +78,105 @@ class CronDeclarations:
             enabled=enabled,
             description=description,
         )
+
+    async def crons(self, *, enabled: bool | None = None) -> list[CronInfo]:
+        """The registry's crons, by name (``enabled``: only those, or only the others)."""
+        rt = self._rt
+
+        async def _read(conn: AsyncConnection) -> list[dict[str, Any]]:
+            return await rt.driver.stored_crons(conn)
+
+        rows = await rt.transaction(_read, read_only=True, doing="listing crons")
+        found = [_info(row) for row in rows]
+        return [c for c in found if enabled is None or c.enabled is enabled]
+
+    async def get_cron(self, name: str) -> CronInfo | None:
+        """One cron of the registry, or None."""
+        return next((c for c in await self.crons() if c.name == name), None)
+
+    async def enable_cron(self, name: str) -> None:
+        """Let the cron run again, from its next tick after now."""
+        await self._set_enabled(name, True)
+
+    async def disable_cron(self, name: str) -> None:
+        """Stop the cron (its ``next_run_at`` becomes None) without removing it. A cron
+        declared in code is enabled again by the next deploy only if its declaration
+        changes."""
+        await self._set_enabled(name, False)
+
+    async def _set_enabled(self, name: str, enabled: bool) -> None:
+        rt = self._rt
+
+        async def _write(conn: AsyncConnection) -> bool:
+            row = next((r for r in await rt.driver.stored_crons(conn) if r["name"] == name), None)
+            if row is None:
+                return False
+            now = rt.clock.now()
+            schedule = parse(row["schedule"], row["timezone"])
+            following = schedule.next_after(to_datetime(now)) if enabled else None
+            await rt.driver.set_cron(
+                conn,
+                name,
+                {
+                    "enabled": enabled,
+                    "next_run_at": following.timestamp() if following is not None else None,
+                    "updated_at": now,
+                },
+            )
+            return True
+
+        # The leader sees it at its next look (every third of its lease at most).
+        if not await rt.transaction(_write, doing="enabling or disabling a cron"):
+            raise ArgumentError(f"no cron named {name!r} (app.crons() and durafn crons list them)")
+
+    async def remove_cron(self, name: str) -> bool:
+        """Remove a cron from the registry (rows it wrote stay); False if there was none.
+        A cron declared in code comes back when an executor of that code starts."""
+        rt = self._rt
+
+        async def _write(conn: AsyncConnection) -> int:
+            return await rt.driver.remove_crons(conn, [name])
+
+        return bool(await rt.transaction(_write, doing="removing a cron"))
+
+    async def trigger_cron(self, name: str) -> ScheduledFunctionId:
+        """Run the cron's function now, once, outside its schedule (its ticks go on)."""
+        rt = self._rt
+        cron = await self.get_cron(name)
+        if cron is None:
+            raise ArgumentError(f"no cron named {name!r} (app.crons() and durafn crons list them)")
+        ref = rt.registry.resolve(cron.function)
+        if not isinstance(ref, SchedulableRef):
+            raise ArgumentError(f"cron {name!r} runs {cron.function!r}, not a function of this app")
+        scheduler = Scheduler(rt, DirectWriter(rt, check_parent=None))
+        return await scheduler.run_after(0, ref, **cron.args)
+
+
+def _info(row: dict[str, Any]) -> CronInfo:
+    def at(value: float | None) -> datetime | None:
+        return to_datetime(value) if value is not None else None
+
+    return CronInfo(
+        name=row["name"],
+        schedule=row["schedule"],
+        timezone=row["timezone"],
+        describe=parse(row["schedule"], row["timezone"]).describe(),
+        function=row["function"],
+        args=json.loads(row["args"]),
+        overlap=row["overlap"],
+        catch_up=row["catch_up"],
+        enabled=row["enabled"],
+        description=row["description"],
+        source=row["source"],
+        created_at=to_datetime(row["created_at"]),
+        updated_at=to_datetime(row["updated_at"]),
+        last_run_at=at(row["last_run_at"]),
+        next_run_at=at(row["next_run_at"]),
+        run_count=row["run_count"],
+        last_row_id=row["last_row_id"],
+        last_skip_at=at(row["last_skip_at"]),
+        last_skip_reason=row["last_skip_reason"],
+    )
 
 
 def declare(

@@ -194,3 +194,34 @@ class QueueInfo(BaseModel):
     """Pending rows, due now or later."""
     running: int
     """Actions InProgress."""
+
+
+class CronInfo(BaseModel):
+    """A cron of the registry (``app.crons()``, ``durafn crons``)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    schedule: str
+    timezone: str
+    describe: str
+    """The schedule in a line of English."""
+    function: str
+    args: dict[str, Any]
+    overlap: str
+    catch_up: str
+    enabled: bool
+    description: str | None
+    source: str
+    """``code`` (declared with ``app.cron``, reconciled) or ``api`` (kept)."""
+    created_at: datetime
+    updated_at: datetime
+    last_run_at: datetime | None
+    """The last tick written (its scheduled time)."""
+    next_run_at: datetime | None
+    """None while disabled."""
+    run_count: int
+    last_row_id: ScheduledFunctionId | None
+    last_skip_at: datetime | None
+    last_skip_reason: str | None
+    """``overlap_skip`` or ``missed``."""

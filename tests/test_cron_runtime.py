@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import pytest
@@ -18,12 +19,15 @@ from durafn import MutationCtx, State
 from durafn.cron import daily, every, hourly, monthly, weekly
 from durafn.testing import FakeClock
 
+from . import cron_app
 from .helpers import effects, wait_until
 from .models import Effect
+from .test_cli import invoke, invoke_json
 
 pytestmark = pytest.mark.anyio
 
 crons_table = durafn.metadata.tables["_durafn_crons"]
+T = TypeVar("T")
 
 
 async def registry(app: durafn.App) -> dict[str, dict[str, Any]]:
@@ -175,3 +179,47 @@ async def test_a_running_executor_writes_the_ticks_as_they_fall_due(
 
 async def _has_effects(app: durafn.App, count: int) -> bool:
     return len(await effects(app)) == count
+
+
+def test_the_registry_from_the_api_and_the_command_line(db_url: str, clock: FakeClock) -> None:
+    """The command line runs its own event loop: this test is synchronous, and each use of
+    the app is an ``anyio.run`` of its own (with an app of its own: a PostgreSQL pool
+    belongs to one event loop)."""
+
+    def on_app(body: Callable[[durafn.App], Awaitable[T]]) -> T:
+        async def _run() -> T:
+            async with cron_app.make_app(db_url, clock) as app:
+                return await body(app)
+
+        return anyio.run(_run)
+
+    async def _registered(app: durafn.App) -> list[durafn.CronInfo]:
+        await app.migrate()
+        await app.executor().run_until_idle()  # reconciles: the cron is registered
+        return await app.crons()
+
+    [info] = on_app(_registered)
+    assert (info.name, info.function, info.args) == ("nightly-digest", "cron:digest", {"to": "ops"})
+    assert info.describe.startswith("at 02:00") and info.next_run_at == to_dt(_at(2))
+    assert [c["name"] for c in invoke_json("crons", "--url", db_url)] == ["nightly-digest"]
+    assert "nightly-digest" in invoke("crons", "--url", db_url).stdout
+    assert invoke("cron", "disable", "nightly-digest", "--url", db_url).exit_code == 0
+    [info] = on_app(lambda app: app.crons(enabled=False))
+    assert info.next_run_at is None
+    on_app(lambda app: app.enable_cron("nightly-digest"))
+    found = on_app(lambda app: app.get_cron("nightly-digest"))
+    assert found is not None and found.enabled and found.next_run_at == to_dt(_at(2))
+    url = ["--url", db_url, "--app", "tests.cron_app:app"]
+    triggered = invoke_json("cron", "trigger", "nightly-digest", *url)
+    row = on_app(lambda app: app.get(triggered["id"]))
+    assert row is not None and row.name == "cron:digest" and row.args == {"to": "ops"}
+    assert invoke("cron", "remove", "nightly-digest", "--url", db_url).exit_code == 0
+    assert on_app(lambda app: app.crons()) == []
+    missing = invoke("cron", "remove", "nightly-digest", "--url", db_url)
+    assert missing.exit_code == 1 and "no cron named 'nightly-digest'" in missing.stderr
+    with pytest.raises(durafn.ArgumentError, match="no cron named 'nope'"):
+        on_app(lambda app: app.disable_cron("nope"))
+
+
+def to_dt(t: float) -> datetime:
+    return datetime.fromtimestamp(t, UTC)

@@ -2,10 +2,10 @@
 
 Every executor of an app that declares crons reconciles the declarations with the
 registry when it starts (added, changed and removed ones are logged) and runs this loop.
-The loop takes or renews the cron lease (``LEASE`` seconds; renewed three times per
-lease, so another executor takes over within one lease of the leader's death); while it
-holds it, it writes the due ticks and sleeps until the earliest next run (read from the
-registry's index), the lease's renewal, or the stop. Ticks are written once whatever
+The loop takes or renews the cron lease (a third of the worker timeout, renewed three
+times per lease, so another executor takes over within one lease of the leader's death);
+while it holds it, it writes the due ticks and sleeps until the earliest next run (read
+from the registry's index), the lease's renewal, or the stop. Ticks are written once whatever
 happens (``_store/_crons.py``): a tick's row has an id made from the cron and the tick,
 and the registry moves on only from the next run it was read with.
 
@@ -38,8 +38,9 @@ from .tasks import first_of
 
 logger = logging.getLogger("durafn.cron")
 
-LEASE = 10.0
-"""Seconds the cron leader's lease lasts (renewed every third of it)."""
+LEASE_SHARE = 3
+"""The cron leader's lease lasts a third of the worker timeout (10 s by default), and is
+renewed every third of that: a dead leader is replaced in well under a worker timeout."""
 LATE = 60.0
 """A tick older than this when the loop reaches it was missed (downtime)."""
 MAX_TICKS = 100_000
@@ -54,9 +55,10 @@ class _MovedOn(Exception):
 class CronLoop:
     """Reconciles the app's crons and writes their ticks while it leads."""
 
-    def __init__(self, runtime: Runtime, worker_id: Callable[[], str]) -> None:
+    def __init__(self, runtime: Runtime, worker_id: Callable[[], str], lease: float) -> None:
         self._rt = runtime
         self._worker_id = worker_id
+        self._lease = lease
         self._reconciled = False
 
     @property
@@ -102,7 +104,7 @@ class CronLoop:
 
         async def _lead(conn: AsyncConnection) -> bool:
             now = rt.clock.now()
-            return await rt.driver.take_lease(conn, CRON_LEASE, holder, now, now + LEASE)
+            return await rt.driver.take_lease(conn, CRON_LEASE, holder, now, now + self._lease)
 
         if not await rt.transaction(_lead, doing="taking the cron lease"):
             return 0, None
@@ -179,7 +181,7 @@ class CronLoop:
             except DatabaseError as exc:
                 rt.health.fault(exc, "evaluating crons")
                 next_run = None
-            wake = rt.clock.now() + LEASE / 3
+            wake = rt.clock.now() + self._lease / LEASE_SHARE
             if next_run is not None:
                 wake = min(wake, next_run)
             await first_of(stopping.wait, functools.partial(rt.clock.sleep_until, wake))

@@ -25,7 +25,7 @@ from .action_claims import ActionClaims
 from .actions import ActionPool
 from .cancel_poll import poll_cancels
 from .config import ExecutorConfig
-from .crons import CronLoop
+from .crons import LEASE_SHARE, CronLoop
 from .finisher import Finisher
 from .maintenance import Maintenance
 from .membership import Membership
@@ -65,7 +65,9 @@ class Executor:
             runtime, invoker, config, self._claims, self._finisher, self._wakeups
         )
         self._maintenance = Maintenance(runtime, config)
-        self._crons = CronLoop(runtime, lambda: self._membership.worker_id)
+        self._crons = CronLoop(
+            runtime, lambda: self._membership.worker_id, config.worker_timeout / LEASE_SHARE
+        )
         self._hurry = 0  # stop_now() calls
 
     @property

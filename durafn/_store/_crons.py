@@ -90,6 +90,9 @@ class CronStatements:
             values["next_run_at"] = next_run
         await conn.execute(update(crons).where(crons.c.name == row.name).values(**values))
 
+    async def set_cron(self, conn: AsyncConnection, name: str, values: dict[str, Any]) -> None:
+        await conn.execute(update(crons).where(crons.c.name == name).values(**values))
+
     async def remove_crons(self, conn: AsyncConnection, names: Sequence[str]) -> int:
         result = await conn.execute(delete(crons).where(crons.c.name.in_(names)))
         assert isinstance(result, CursorResult)

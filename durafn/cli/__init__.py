@@ -12,8 +12,9 @@ system tables nor a SQLite file where a path was mistyped.
 
 One module per command group (``worker``; ``database``: migrate, stats; ``rows``: ls,
 show, cancel, reschedule, retry, clear; ``queues``: queue ls, pause, resume; ``cron``:
-check), each a plain ``click.command`` (or group) added to ``main`` here. What they
-share: ``running`` (the app, the async body, errors), ``options`` and ``output``.
+crons, cron check, enable, disable, remove, trigger), each a plain ``click.command`` (or
+group) added to ``main`` here. What they share: ``running`` (the app, the async body,
+errors), ``options`` and ``output``.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from __future__ import annotations
 import click
 
 from .. import _signals
-from .cron import cron
+from .cron import cron, list_crons
 from .database import migrate, stats
 from .queues import queue
 from .rows import cancel, clear, list_rows, reschedule, retry, show
@@ -58,4 +59,5 @@ main.add_command(reschedule)
 main.add_command(retry)
 main.add_command(clear)
 main.add_command(cron)
+main.add_command(list_crons)
 main.add_command(queue)

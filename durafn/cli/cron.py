@@ -1,4 +1,5 @@
-"""``durafn cron``: check a cron expression before it goes into an app."""
+"""``durafn cron``: check a cron expression; ``durafn crons`` and ``durafn cron
+enable|disable|remove|trigger NAME``: the app's registry of crons."""
 
 from __future__ import annotations
 
@@ -6,17 +7,116 @@ import itertools
 from datetime import UTC, datetime
 
 import click
+from rich.table import Column
 
+from .._app import App
 from .._errors import DurafnError
 from ..cron import parse
-from .options import to_datetime_option, verbose_option
+from .options import app_options, output_options, to_datetime_option, verbose_option
 from .output import Output
-from .running import fail
+from .running import fail, run_with_app
 
 
 @click.group()
 def cron() -> None:
-    """Cron expressions: check one, and see when it fires."""
+    """Cron expressions (check one) and the app's crons (enable, disable, remove, trigger)."""
+
+
+@click.command("crons")
+@app_options
+@output_options
+def list_crons(app_ref: str | None, url: str | None, as_json: bool, verbose: bool) -> None:
+    """The registry's crons: schedule, next run (in the cron's zone and here), runs."""
+    found = run_with_app(app_ref, url, App.crons, verbose=verbose)
+    out = Output(as_json)
+    if as_json:
+        out.json([c.model_dump(mode="json") for c in found])
+        return
+    if not found:
+        out.line("no crons")
+        return
+    out.table(
+        [
+            Column("name", no_wrap=True),
+            "schedule",
+            "next run",
+            Column("runs", justify="right"),
+            "last skip",
+        ],
+        [
+            (
+                c.name + ("" if c.enabled else " (disabled)"),
+                f"{c.schedule} ({c.timezone})\n{c.describe}",
+                _next_run(c.next_run_at, c.timezone),
+                c.run_count,
+                c.last_skip_reason or "",
+            )
+            for c in found
+        ],
+    )
+
+
+def _next_run(at: datetime | None, timezone: str) -> str:
+    if at is None:
+        return "-"
+    zone = parse("* * * * *", timezone).zone
+    here = at.astimezone().isoformat(timespec="seconds")
+    return f"{at.astimezone(zone).isoformat(timespec='seconds')}\n{here} here"
+
+
+def _change(
+    name: str, app_ref: str | None, url: str | None, as_json: bool, verbose: bool, verb: str
+) -> None:
+    """Run ``App.<verb>_cron(name)`` and say what it did."""
+    method = {"enabled": "enable", "disabled": "disable", "removed": "remove"}.get(verb, "trigger")
+    result = run_with_app(
+        app_ref, url, lambda app: getattr(app, f"{method}_cron")(name), verbose=verbose
+    )
+    if verb == "removed" and not result:
+        fail(f"no cron named {name!r} (durafn crons lists them)")
+    out = Output(as_json)
+    if as_json:
+        out.json({"cron": name, verb: True, **({"id": result} if verb == "triggered" else {})})
+    elif verb == "triggered":
+        out.line(f"cron {name} triggered: {result}")
+    else:
+        out.line(f"cron {name} {verb}")
+
+
+@cron.command()
+@click.argument("name")
+@app_options
+@output_options
+def enable(name: str, app_ref: str | None, url: str | None, as_json: bool, verbose: bool) -> None:
+    """Let cron NAME run again, from its next tick after now."""
+    _change(name, app_ref, url, as_json, verbose, "enabled")
+
+
+@cron.command()
+@click.argument("name")
+@app_options
+@output_options
+def disable(name: str, app_ref: str | None, url: str | None, as_json: bool, verbose: bool) -> None:
+    """Stop cron NAME without removing it."""
+    _change(name, app_ref, url, as_json, verbose, "disabled")
+
+
+@cron.command()
+@click.argument("name")
+@app_options
+@output_options
+def remove(name: str, app_ref: str | None, url: str | None, as_json: bool, verbose: bool) -> None:
+    """Remove cron NAME from the registry (one declared in code returns on the next deploy)."""
+    _change(name, app_ref, url, as_json, verbose, "removed")
+
+
+@cron.command()
+@click.argument("name")
+@app_options
+@output_options
+def trigger(name: str, app_ref: str | None, url: str | None, as_json: bool, verbose: bool) -> None:
+    """Run cron NAME's function now, once, outside its schedule."""
+    _change(name, app_ref, url, as_json, verbose, "triggered")
 
 
 @cron.command()
