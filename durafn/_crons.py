@@ -30,9 +30,12 @@ from ._types import CronInfo, ScheduledFunctionId
 from ._writers import DirectWriter
 from .cron import parse
 
-Overlap = Literal["skip", "allow"]
+Overlap = Literal["skip", "allow", "cancel_previous", "enqueue"]
 """What a tick does while the cron's previous run is still Pending or InProgress (OJS):
-``skip`` (the default) records the tick as skipped; ``allow`` runs it anyway."""
+``skip`` (the default) records the tick as skipped; ``allow`` runs it anyway;
+``cancel_previous`` cancels the previous run (a running action is told) and runs the new
+one; ``enqueue`` runs the new one after the previous ends (the cron's rows go through a
+serial queue of its own, ``cron:<name>``)."""
 CatchUp = Literal["latest", "none"]
 """After downtime: ``latest`` (the default) runs the latest missed tick once, then the
 schedule goes on from now; ``none`` runs none of the missed ticks."""
@@ -221,6 +224,13 @@ def declare(
     ref = call.fn
     args = ref.encode_args(call.args, call.kwargs)  # ArgumentError names a bad argument
     options = rt.row_options(ref.job_options)
+    if overlap == "enqueue":
+        if options.queue is not None:
+            raise RegistrationError(
+                f"cron {name!r}: overlap='enqueue' runs its rows in a serial queue of its own "
+                f"(cron:{name}); its function already has queue {options.queue!r}"
+            )
+        options = dataclasses.replace(options, queue=f"cron:{name}")
     row = CronRow(
         name=name,
         schedule=schedule,

@@ -223,3 +223,36 @@ def test_the_registry_from_the_api_and_the_command_line(db_url: str, clock: Fake
 
 def to_dt(t: float) -> datetime:
     return datetime.fromtimestamp(t, UTC)
+
+
+async def test_cancel_previous_and_enqueue(
+    app: durafn.App, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    @app.mutation(name="held", queue="held")
+    async def held(ctx: MutationCtx) -> None:
+        pass
+
+    @app.mutation(name="plain")
+    async def plain(ctx: MutationCtx) -> None:
+        pass
+
+    app.cron("replacer", every(minutes=1), held, overlap="cancel_previous")
+    app.cron("queuer", every(minutes=1), plain, overlap="enqueue")
+    await app.pause_queue("held")
+    executor = app.executor()
+    await executor.run_until_idle()
+    clock.advance(60)
+    await executor.run_until_idle()  # the first ticks: "queuer"'s ran, in its own queue
+    await app.pause_queue("cron:queuer")
+    with caplog.at_level(logging.WARNING, logger="durafn.cron"):
+        for _ in range(3):
+            clock.advance(60)
+            await executor.run_until_idle()
+    rows = (await app.list(limit=100)).items
+    replaced = [r.state for r in rows if r.name == "held"]
+    assert replaced == [State.CANCELED, State.CANCELED, State.CANCELED, State.PENDING]
+    queued = [(r.queue, r.state) for r in rows if r.name == "plain"]
+    assert queued == [("cron:queuer", State.SUCCESS)] + [("cron:queuer", State.PENDING)] * 3
+    assert any("3 runs wait for the one before them" in r.getMessage() for r in caplog.records)
+    with pytest.raises(durafn.RegistrationError, match="already has queue 'held'"):
+        app.cron("bad", every(minutes=1), held, overlap="enqueue")

@@ -10,8 +10,10 @@ happens (``_store/_crons.py``): a tick's row has an id made from the cron and th
 and the registry moves on only from the next run it was read with.
 
 After downtime, ``catch_up="latest"`` runs the latest missed tick once and goes on from
-now; ``"none"`` skips ticks more than ``LATE`` seconds old. ``overlap="skip"`` records a
-tick as skipped while the cron's previous run is Pending or InProgress.
+now; ``"none"`` skips ticks more than ``LATE`` seconds old. While the cron's previous
+run is Pending or InProgress, ``overlap="skip"`` records a tick as skipped,
+``"cancel_previous"`` cancels that run in the tick's transaction, ``"enqueue"`` lets the
+new run wait in the cron's serial queue (a warning once more than two wait).
 """
 
 from __future__ import annotations
@@ -150,10 +152,13 @@ class CronLoop:
         skip = None
         if cron["catch_up"] == "none" and now - latest > LATE:
             skip = "missed"
-        elif cron["overlap"] == "skip" and cron["last_row_id"] is not None:
+        elif cron["overlap"] in ("skip", "cancel_previous") and cron["last_row_id"]:
             previous = await rt.driver.state(conn, cron["last_row_id"])
             if previous in (State.PENDING, State.IN_PROGRESS):
-                skip = "overlap_skip"
+                if cron["overlap"] == "skip":
+                    skip = "overlap_skip"
+                else:  # cancelled with this tick's commit (a running action is told)
+                    await rt.driver.cancel(conn, cron["last_row_id"], now)
         written = 0
         if skip is not None:
             values.update(last_skip_at=latest, last_skip_reason=skip)
@@ -170,6 +175,15 @@ class CronLoop:
             raise _MovedOn(cron["name"])
         if skip is not None:
             logger.info("cron %s: tick %s skipped (%s)", cron["name"], to_datetime(latest), skip)
+        elif cron["overlap"] == "enqueue":
+            waiting = await rt.driver.pending_in_queue(conn, f"cron:{cron['name']}")
+            if waiting > 2:
+                logger.warning(
+                    "cron %s: %d runs wait for the one before them (overlap='enqueue'): its "
+                    "runs take longer than its schedule's interval",
+                    cron["name"],
+                    waiting,
+                )
         return written
 
     async def loop(self, stopping: anyio.Event) -> None:

@@ -19,7 +19,7 @@ from sqlalchemy import CursorResult, delete, func, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from .._types import ScheduledFunctionId
-from ._tables import crons, leases
+from ._tables import crons, leases, sf
 
 CRON_LEASE = "cron"
 """The lease the cron leader holds."""
@@ -131,6 +131,11 @@ class CronStatements:
         )
         assert isinstance(result, CursorResult)
         return result.rowcount == 1
+
+    async def pending_in_queue(self, conn: AsyncConnection, queue: str) -> int:
+        """Pending rows of a named queue (ix_scheduled_functions_claim_queued)."""
+        stmt = select(func.count()).where(sf.c.state == "Pending", sf.c.queue_name == queue)
+        return int((await conn.execute(stmt)).scalar_one())
 
     async def take_lease(
         self, conn: AsyncConnection, name: str, holder: str, now: float, until: float
