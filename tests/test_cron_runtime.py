@@ -256,3 +256,28 @@ async def test_cancel_previous_and_enqueue(
     assert any("3 runs wait for the one before them" in r.getMessage() for r in caplog.records)
     with pytest.raises(durafn.RegistrationError, match="already has queue 'held'"):
         app.cron("bad", every(minutes=1), held, overlap="enqueue")
+
+
+async def test_clocks_apart_or_stepped_back_write_no_tick_twice(
+    app: durafn.App, db_url: str, clock: FakeClock
+) -> None:
+    """Two executors whose clocks are 5 s apart race on every tick for 20 minutes; then the
+    clock steps back an hour and forward again: each tick is written once."""
+    app.cron("minutely", every(minutes=1), _report(app).call("m"))
+    ahead = FakeClock(start=clock.now() + 5)
+    async with durafn.App(db_url, clock=ahead) as other:
+        other.cron("minutely", every(minutes=1), _report(other).call("m"))
+        await app.executor().run_until_idle()
+        for _ in range(20):
+            clock.advance(60)
+            ahead.advance(60)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(app.executor().run_until_idle)
+                tg.start_soon(other.executor().run_until_idle)
+    assert len(await effects(app)) == 20
+    clock.set(clock.now() - 3600)  # stepped back an hour: nothing is due
+    await app.executor().run_until_idle()
+    clock.set(clock.now() + 3600 + 60)
+    await app.executor().run_until_idle()
+    ticks = [r.scheduled_time for r in (await app.list(name="report", limit=100)).items]
+    assert len(ticks) == len(set(ticks)) == 21
