@@ -13,9 +13,11 @@ The schedules: a cron expression (``durafn.cron``'s grammar) or one of its helpe
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import re
-from datetime import datetime
+import typing
+from datetime import datetime, timedelta
 from typing import Any, Literal, get_args
 
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -26,7 +28,7 @@ from ._registry import Call, SchedulableRef
 from ._runtime import Runtime
 from ._scheduler import Scheduler
 from ._store import CronRow
-from ._types import CronInfo, ScheduledFunctionId
+from ._types import CronInfo, CronTick, ScheduledFunctionId
 from ._writers import DirectWriter
 from .cron import parse
 
@@ -61,6 +63,7 @@ class CronDeclarations:
         catch_up: CatchUp = "latest",
         enabled: bool = True,
         description: str | None = None,
+        backfill: timedelta | None = None,
     ) -> None:
         """Run ``call`` (``fn.call(*args, **kwargs)``, or ``fn`` with no arguments) on
         ``schedule`` (a cron expression or ``durafn.cron.every``/``hourly``/``daily``/
@@ -69,7 +72,9 @@ class CronDeclarations:
         options (queue, priority, retry, ...) travel with ``fn``. ``overlap``: ``"skip"``
         a tick while the previous run is Pending or InProgress, or ``"allow"`` it;
         ``catch_up``: after downtime, ``"latest"`` runs the latest missed tick once,
-        ``"none"`` none. Name: 1-255 characters of a-z, 0-9, '-' and '.'."""
+        ``"none"`` none; ``backfill=timedelta(...)``: every missed tick of that last span
+        instead, oldest first (a ``CronTick`` parameter says ``backfilled``). Name: 1-255
+        characters of a-z, 0-9, '-' and '.'."""
         declare(
             self._rt,
             name,
@@ -80,6 +85,7 @@ class CronDeclarations:
             catch_up=catch_up,
             enabled=enabled,
             description=description,
+            backfill=backfill,
         )
 
     async def crons(self, *, enabled: bool | None = None) -> list[CronInfo]:
@@ -182,6 +188,21 @@ def _info(row: dict[str, Any]) -> CronInfo:
     )
 
 
+MAX_BACKFILL = 366 * 86400
+_TICK_TYPES = (CronTick, CronTick | None)
+
+
+@functools.lru_cache(maxsize=256)
+def tick_parameter(ref: SchedulableRef[Any, Any]) -> str | None:
+    """The parameter of ``ref``'s function typed ``CronTick`` (or ``CronTick | None``, so
+    that mypy lets a cron's call leave it out), if any: the cron gives it."""
+    hints = typing.get_type_hints(ref.fn)
+    found = [name for name in ref.parameters if hints.get(name) in _TICK_TYPES]
+    if len(found) > 1:
+        raise RegistrationError(f"{ref.name!r} has more than one CronTick parameter")
+    return found[0] if found else None
+
+
 def declare(
     rt: Runtime,
     name: str,
@@ -193,6 +214,7 @@ def declare(
     catch_up: CatchUp,
     enabled: bool,
     description: str | None,
+    backfill: timedelta | None,
 ) -> CronRow:
     """A cron as data, every part checked (``RegistrationError`` names the bad one)."""
     if not isinstance(name, str) or len(name) > 255 or not _NAME.fullmatch(name):
@@ -210,6 +232,14 @@ def declare(
         raise RegistrationError(f"overlap must be one of {', '.join(OVERLAPS)}, not {overlap!r}")
     if catch_up not in CATCH_UPS:
         raise RegistrationError(f"catch_up must be one of {', '.join(CATCH_UPS)}, not {catch_up!r}")
+    seconds = 0.0
+    if backfill is not None:
+        seconds = backfill.total_seconds() if isinstance(backfill, timedelta) else -1
+        if not 1 <= seconds <= MAX_BACKFILL:
+            raise RegistrationError(
+                f"backfill must be a timedelta of 1 s to 366 days, not {backfill!r}"
+            )
+    stored_catch_up = catch_up if backfill is None else f"fill:{int(seconds)}"
     if not isinstance(enabled, bool):
         raise RegistrationError(f"enabled must be True or False, not {enabled!r}")
     if description is not None and not isinstance(description, str):
@@ -222,7 +252,16 @@ def declare(
             f"mutation or an action, with no .after()/.at(); not {call!r}"
         )
     ref = call.fn
-    args = ref.encode_args(call.args, call.kwargs)  # ArgumentError names a bad argument
+    tick = tick_parameter(ref)
+    if tick is not None and tick in call.kwargs:
+        raise RegistrationError(f"cron {name!r}: {tick!r} is given each tick; leave it out")
+    placeholder = {tick: CronTick(ts=to_datetime(0))} if tick is not None else {}
+    # ArgumentError names a bad argument.
+    args = ref.encode_args(call.args, call.kwargs | placeholder)
+    if tick is not None:
+        values = json.loads(args)
+        del values[tick]
+        args = json.dumps(values, separators=(",", ":"))
     options = rt.row_options(ref.job_options)
     if overlap == "enqueue":
         if options.queue is not None:
@@ -240,7 +279,7 @@ def declare(
         args=args,
         options=json.dumps(dataclasses.asdict(options)),
         overlap=overlap,
-        catch_up=catch_up,
+        catch_up=stored_catch_up,
         enabled=enabled,
         description=description,
     )

@@ -225,3 +225,17 @@ class CronInfo(BaseModel):
     last_skip_at: datetime | None
     last_skip_reason: str | None
     """``overlap_skip`` or ``missed``."""
+
+
+class CronTick(BaseModel):
+    """Which tick a cron's run is for: declare a parameter of this type on the function
+    a cron runs (``async def report(ctx, day: str, tick: CronTick | None = None)``: the
+    default lets the cron's call leave it out) and each run of the cron gets it (Graphile
+    Worker's ``_cron`` payload)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    ts: datetime
+    """The tick's time."""
+    backfilled: bool = False
+    """A missed tick written later by ``backfill`` (not the latest one)."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 import anyio
@@ -281,3 +281,31 @@ async def test_clocks_apart_or_stepped_back_write_no_tick_twice(
     await app.executor().run_until_idle()
     ticks = [r.scheduled_time for r in (await app.list(name="report", limit=100)).items]
     assert len(ticks) == len(set(ticks)) == 21
+
+
+async def test_backfill_writes_every_missed_tick_and_a_cron_tick_says_which(
+    app: durafn.App, clock: FakeClock
+) -> None:
+    seen: list[tuple[str, str, bool]] = []
+
+    @app.mutation(name="hourly-sum")
+    async def hourly_sum(ctx: MutationCtx, table: str, tick: durafn.CronTick | None = None) -> None:
+        assert tick is not None  # the cron gives it
+        seen.append((table, tick.ts.strftime("%H:%M"), tick.backfilled))
+
+    app.cron("sums", hourly(), hourly_sum.call("sales"), backfill=timedelta(hours=3))
+    executor = app.executor()
+    await executor.run_until_idle()
+    clock.set(_at(5, 30))  # down since 00:00: the ticks of the last three hours are filled
+    await executor.run_until_idle()
+    assert seen == [("sales", "03:00", True), ("sales", "04:00", True), ("sales", "05:00", False)]
+    found = (await registry(app))["sums"]
+    assert (found["run_count"], found["catch_up"], found["next_run_at"]) == (
+        3,
+        "fill:10800",
+        _at(6),
+    )
+    with pytest.raises(durafn.RegistrationError, match="is given each tick"):
+        app.cron("bad", hourly(), hourly_sum.call("x", tick=durafn.CronTick(ts=datetime.now(UTC))))
+    with pytest.raises(durafn.RegistrationError, match="backfill must be a timedelta"):
+        app.cron("bad", hourly(), hourly_sum.call("x"), backfill=timedelta(0))

@@ -10,7 +10,8 @@ happens (``_store/_crons.py``): a tick's row has an id made from the cron and th
 and the registry moves on only from the next run it was read with.
 
 After downtime, ``catch_up="latest"`` runs the latest missed tick once and goes on from
-now; ``"none"`` skips ticks more than ``LATE`` seconds old. While the cron's previous
+now; ``"none"`` skips ticks more than ``LATE`` seconds old; a backfill window (stored as
+``fill:<seconds>``) runs every missed tick inside it, oldest first. While the cron's previous
 run is Pending or InProgress, ``overlap="skip"`` records a tick as skipped,
 ``"cancel_previous"`` cancels that run in the tick's transaction, ``"enqueue"`` lets the
 new run wait in the cron's serial queue (a warning once more than two wait).
@@ -29,11 +30,13 @@ import anyio
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from .._clock import to_datetime
+from .._crons import tick_parameter
 from .._errors import DatabaseError
 from .._options import RowOptions
+from .._registry import SchedulableRef
 from .._runtime import Runtime
 from .._store import CRON_LEASE, CronRow, new_row, tick_id
-from .._types import FunctionKind, State
+from .._types import CronTick, FunctionKind, State
 from .._writers import write
 from ..cron import parse
 from .tasks import first_of
@@ -134,23 +137,31 @@ class CronLoop:
         return written, await rt.transaction(_next, read_only=True, doing="reading crons")
 
     async def _fire(self, cron: dict[str, Any], conn: AsyncConnection) -> int:
-        """One due cron: its tick written (or skipped), its next run set; returns the rows
-        written (0 or 1)."""
+        """One due cron: its tick written (or skipped; with ``backfill``, each missed tick
+        in the window), its next run set; returns the rows written."""
         rt = self._rt
         now = rt.clock.now()
         schedule = parse(cron["schedule"], cron["timezone"])
         expected = float(cron["next_run_at"])
-        latest, following = expected, None
+        missed, following = [expected], None
         for n, t in enumerate(schedule.iter_after(to_datetime(expected))):
             if t.timestamp() > now or n >= MAX_TICKS:
                 following = t
                 break
-            latest = t.timestamp()
+            missed.append(t.timestamp())
         if following is not None and following.timestamp() <= now:
             following = schedule.next_after(to_datetime(now))
+        latest = missed[-1]
+        catch_up: str = cron["catch_up"]
+        if catch_up == "latest":
+            ticks = [latest]
+        elif catch_up == "none":
+            ticks = [latest] if now - latest <= LATE else []
+        else:  # "fill:<seconds>": every missed tick of the window, oldest first
+            ticks = [t for t in missed if t >= now - int(catch_up.removeprefix("fill:"))]
         values: dict[str, Any] = {"next_run_at": _stamp(following)}
         skip = None
-        if cron["catch_up"] == "none" and now - latest > LATE:
+        if not ticks:
             skip = "missed"
         elif cron["overlap"] in ("skip", "cancel_previous") and cron["last_row_id"]:
             previous = await rt.driver.state(conn, cron["last_row_id"])
@@ -163,14 +174,13 @@ class CronLoop:
         if skip is not None:
             values.update(last_skip_at=latest, last_skip_reason=skip)
         else:
-            id = tick_id(cron["name"], latest)
-            if await rt.driver.state(conn, id) is None:  # else: written by another leader
-                options = RowOptions(**json.loads(cron["options"]))
-                args = cron["args"]
-                row = new_row(id, cron["function"], cron["kind"], args, latest, None, options)
-                await write(rt, conn, [row], None)
-                written = 1
-            values.update(last_run_at=latest, last_row_id=id, run_count=cron["run_count"] + 1)
+            for tick in ticks:
+                written += await self._write_tick(conn, cron, tick, tick != latest)
+            values.update(
+                last_run_at=ticks[-1],
+                last_row_id=tick_id(cron["name"], ticks[-1]),
+                run_count=cron["run_count"] + len(ticks),
+            )
         if not await rt.driver.advance_cron(conn, cron["name"], expected, values):
             raise _MovedOn(cron["name"])
         if skip is not None:
@@ -185,6 +195,25 @@ class CronLoop:
                     waiting,
                 )
         return written
+
+    async def _write_tick(
+        self, conn: AsyncConnection, cron: dict[str, Any], tick: float, backfilled: bool
+    ) -> int:
+        """The row of one tick, unless another leader wrote it already (its id is the
+        tick's); a function that takes a ``CronTick`` is given one. Returns 0 or 1."""
+        rt = self._rt
+        id = tick_id(cron["name"], tick)
+        if await rt.driver.state(conn, id) is not None:
+            return 0
+        args = cron["args"]
+        ref = rt.registry.find(cron["function"])
+        if isinstance(ref, SchedulableRef) and (param := tick_parameter(ref)) is not None:
+            given = CronTick(ts=to_datetime(tick), backfilled=backfilled)
+            args = json.dumps(json.loads(args) | {param: given.model_dump(mode="json")})
+        options = RowOptions(**json.loads(cron["options"]))
+        row = new_row(id, cron["function"], cron["kind"], args, tick, None, options)
+        await write(rt, conn, [row], None)
+        return 1
 
     async def loop(self, stopping: anyio.Event) -> None:
         """Lead when possible, write ticks, sleep until the next one; until stopped."""
