@@ -17,7 +17,9 @@ When each fires:
 * ``before`` / ``after``: around each run of the function (``after`` with how it ended);
 * ``success``: the row is Success (committed);
 * ``error``: a run failed (committed): retried (``retry_at``) or not;
-* ``failure``: the row is Failed for good (after its ``error``).
+* ``failure``: the row is Failed for good (after its ``error``);
+* ``cron.triggered`` / ``cron.skipped``: a cron's tick was written (or skipped), in the
+  process of the cron leader, once it committed (OJS's events).
 """
 
 from __future__ import annotations
@@ -40,7 +42,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("durafn.hooks")
 
-HookName = Literal["enqueue", "before", "after", "success", "error", "failure"]
+HookName = Literal[
+    "enqueue", "before", "after", "success", "error", "failure", "cron.triggered", "cron.skipped"
+]
 HOOK_NAMES: tuple[str, ...] = get_args(HookName)
 
 
@@ -58,6 +62,14 @@ class HookEvent:
     error: ErrorInfo | None = None
     retry_at: datetime | None = None
     result: Any = None
+    cron: str | None = None
+    """For ``cron.triggered`` and ``cron.skipped``: the cron's name (``id`` is then the
+    tick's row, or for a skip the previous run that was still active, if any)."""
+    scheduled_at: datetime | None = None
+    """The tick's time (the event's own time is when the hook runs)."""
+    run_count: int | None = None
+    reason: str | None = None
+    """Why a tick was skipped: ``overlap_skip`` or ``missed``."""
 
 
 Hook = Callable[[HookEvent], Awaitable[None] | None]

@@ -103,6 +103,13 @@ async def test_a_tick_is_skipped_while_the_previous_run_waits(
 
     app.cron("skipper", every(minutes=1), queued.call(1))
     app.cron("allower", every(minutes=1), queued.call(2), overlap="allow")
+    told: list[tuple[str, str | None, int | None, str | None]] = []
+
+    @app.on("cron.triggered")
+    @app.on("cron.skipped")
+    def tell(event: durafn.HookEvent) -> None:
+        told.append((event.hook, event.cron, event.run_count, event.reason))
+
     await app.pause_queue("held")  # their rows stay Pending
     executor = app.executor()
     await executor.run_until_idle()
@@ -112,6 +119,12 @@ async def test_a_tick_is_skipped_while_the_previous_run_waits(
     found = await registry(app)
     assert (found["skipper"]["run_count"], found["allower"]["run_count"]) == (1, 3)
     assert found["skipper"]["last_skip_reason"] == "overlap_skip"
+    assert sorted(told, key=str) == sorted(
+        [("cron.triggered", "allower", n, None) for n in (1, 2, 3)]
+        + [("cron.triggered", "skipper", 1, None)]
+        + [("cron.skipped", "skipper", None, "overlap_skip")] * 2,
+        key=str,
+    )
     pending = [r.args["n"] for r in (await app.list(state=State.PENDING)).items]
     assert sorted(pending) == [1, 2, 2, 2]
 

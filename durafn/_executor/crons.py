@@ -32,11 +32,12 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from .._clock import to_datetime
 from .._crons import tick_parameter
 from .._errors import DatabaseError
+from .._hooks import HookEvent
 from .._options import RowOptions
 from .._registry import SchedulableRef
 from .._runtime import Runtime
 from .._store import CRON_LEASE, CronRow, new_row, tick_id
-from .._types import CronTick, FunctionKind, State
+from .._types import CronTick, FunctionKind, ScheduledFunctionId, State
 from .._writers import write
 from ..cron import parse
 from .tasks import first_of
@@ -121,11 +122,13 @@ class CronLoop:
         while due := await rt.transaction(_due, read_only=True, doing="reading due crons"):
             for cron in due:
                 try:
-                    written += await rt.transaction(
+                    events = await rt.transaction(
                         functools.partial(self._fire, cron), doing=f"writing cron {cron['name']}"
                     )
                 except _MovedOn:
                     continue
+                written += sum(e.hook == "cron.triggered" for e in events)
+                await self._tell(events)
             if len(due) < 100:
                 break
         if written:
@@ -136,9 +139,20 @@ class CronLoop:
 
         return written, await rt.transaction(_next, read_only=True, doing="reading crons")
 
-    async def _fire(self, cron: dict[str, Any], conn: AsyncConnection) -> int:
+    async def _tell(self, events: list[HookEvent]) -> None:
+        """Log a committed tick's events and give them to the hooks."""
+        for event in events:
+            when = event.scheduled_at.isoformat() if event.scheduled_at else "?"
+            if event.hook == "cron.skipped":
+                logger.info("cron %s: tick %s skipped (%s)", event.cron, when, event.reason)
+            else:
+                logger.info("cron %s: tick %s written, row %s", event.cron, when, event.id)
+            if self._rt.hooks.active:
+                await self._rt.hooks.fire(event)
+
+    async def _fire(self, cron: dict[str, Any], conn: AsyncConnection) -> list[HookEvent]:
         """One due cron: its tick written (or skipped; with ``backfill``, each missed tick
-        in the window), its next run set; returns the rows written."""
+        in the window), its next run set; returns what happened, as hook events."""
         rt = self._rt
         now = rt.clock.now()
         schedule = parse(cron["schedule"], cron["timezone"])
@@ -170,12 +184,37 @@ class CronLoop:
                     skip = "overlap_skip"
                 else:  # cancelled with this tick's commit (a running action is told)
                     await rt.driver.cancel(conn, cron["last_row_id"], now)
-        written = 0
+        events: list[HookEvent] = []
+        kind = FunctionKind(cron["kind"])
         if skip is not None:
             values.update(last_skip_at=latest, last_skip_reason=skip)
+            active = ScheduledFunctionId(cron["last_row_id"] or "")
+            events.append(
+                HookEvent(
+                    "cron.skipped",
+                    active,
+                    cron["function"],
+                    kind,
+                    cron=cron["name"],
+                    scheduled_at=to_datetime(latest),
+                    reason=skip,
+                )
+            )
         else:
-            for tick in ticks:
-                written += await self._write_tick(conn, cron, tick, tick != latest)
+            for n, tick in enumerate(ticks, start=1):
+                if await self._write_tick(conn, cron, tick, tick != latest):
+                    events.append(
+                        HookEvent(
+                            "cron.triggered",
+                            tick_id(cron["name"], tick),
+                            cron["function"],
+                            kind,
+                            state=State.PENDING,
+                            cron=cron["name"],
+                            scheduled_at=to_datetime(tick),
+                            run_count=cron["run_count"] + n,
+                        )
+                    )
             values.update(
                 last_run_at=ticks[-1],
                 last_row_id=tick_id(cron["name"], ticks[-1]),
@@ -183,9 +222,7 @@ class CronLoop:
             )
         if not await rt.driver.advance_cron(conn, cron["name"], expected, values):
             raise _MovedOn(cron["name"])
-        if skip is not None:
-            logger.info("cron %s: tick %s skipped (%s)", cron["name"], to_datetime(latest), skip)
-        elif cron["overlap"] == "enqueue":
+        if skip is None and cron["overlap"] == "enqueue":
             waiting = await rt.driver.pending_in_queue(conn, f"cron:{cron['name']}")
             if waiting > 2:
                 logger.warning(
@@ -194,7 +231,7 @@ class CronLoop:
                     cron["name"],
                     waiting,
                 )
-        return written
+        return events
 
     async def _write_tick(
         self, conn: AsyncConnection, cron: dict[str, Any], tick: float, backfilled: bool
