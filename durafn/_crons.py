@@ -18,6 +18,7 @@ import json
 import re
 import typing
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any, Literal, get_args
 
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -25,12 +26,13 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from ._clock import to_datetime
 from ._errors import ArgumentError, CronSyntaxError, RegistrationError
 from ._registry import Call, SchedulableRef
+from ._retries import GRAPHILE, Retry
 from ._runtime import Runtime
 from ._scheduler import Scheduler
 from ._store import CronRow
 from ._types import CronInfo, CronTick, ScheduledFunctionId
 from ._writers import DirectWriter
-from .cron import parse
+from .cron import Schedule, parse, parse_cron_item, parse_crontab
 
 Overlap = Literal["skip", "allow", "cancel_previous", "enqueue"]
 """What a tick does while the cron's previous run is still Pending or InProgress (OJS):
@@ -88,6 +90,51 @@ class CronDeclarations:
             backfill=backfill,
         )
 
+    def crontab(self, crontab: str | Path) -> list[str]:
+        """Declare the crons of a Graphile Worker crontab (its text, or a ``Path`` to its
+        file); returns their names. Each line's task identifier is the durable name of a
+        function of this app; its payload becomes the keyword arguments; its options map
+        onto durafn's: ``queue``, ``priority``, ``max`` (``Retry(max, backoff=GRAPHILE)``),
+        ``jobKey``/``jobKeyMode`` (``key``/``key_mode``), ``fill`` (``backfill``), ``id``
+        (the cron's name, else the task). Times are UTC with Graphile's day rule; like
+        Graphile, a tick missed while no worker ran is not run unless ``fill`` says so, and
+        overlapping runs are allowed."""
+        text = crontab.read_text() if isinstance(crontab, Path) else crontab
+        try:
+            items = parse_crontab(text)
+        except CronSyntaxError as exc:
+            raise RegistrationError(str(exc)) from None
+        names = []
+        for item in items:
+            ref = self._rt.registry.find(item.task)
+            if not isinstance(ref, SchedulableRef):
+                raise RegistrationError(
+                    f"crontab: no mutation or action of this app is named {item.task!r} "
+                    f"(the task of cron {item.identifier!r})"
+                )
+            opts = item.options
+            options: dict[str, Any] = {"queue": opts.queue, "priority": opts.priority}
+            if opts.job_key is not None:
+                options.update(key=opts.job_key, key_mode=opts.job_key_mode or "replace")
+            if opts.max_attempts is not None:
+                options["retry"] = Retry(opts.max_attempts, backoff=GRAPHILE)
+            fill = opts.backfill_period
+            declare(
+                self._rt,
+                item.identifier,
+                item.schedule.expression,
+                ref.options(**options).call(**(item.payload or {})),
+                timezone="UTC",
+                overlap="allow",
+                catch_up="none",
+                enabled=True,
+                description=None,
+                backfill=fill if fill > timedelta(0) else None,
+                source="crontab",
+            )
+            names.append(item.identifier)
+        return names
+
     async def crons(self, *, enabled: bool | None = None) -> list[CronInfo]:
         """The registry's crons, by name (``enabled``: only those, or only the others)."""
         rt = self._rt
@@ -121,7 +168,7 @@ class CronDeclarations:
             if row is None:
                 return False
             now = rt.clock.now()
-            schedule = parse(row["schedule"], row["timezone"])
+            schedule = schedule_of(row["schedule"], row["timezone"], row["source"])
             following = schedule.next_after(to_datetime(now)) if enabled else None
             await rt.driver.set_cron(
                 conn,
@@ -169,7 +216,7 @@ def _info(row: dict[str, Any]) -> CronInfo:
         name=row["name"],
         schedule=row["schedule"],
         timezone=row["timezone"],
-        describe=parse(row["schedule"], row["timezone"]).describe(),
+        describe=schedule_of(row["schedule"], row["timezone"], row["source"]).describe(),
         function=row["function"],
         args=json.loads(row["args"]),
         overlap=row["overlap"],
@@ -186,6 +233,14 @@ def _info(row: dict[str, Any]) -> CronInfo:
         last_skip_at=at(row["last_skip_at"]),
         last_skip_reason=row["last_skip_reason"],
     )
+
+
+def schedule_of(expression: str, timezone: str, source: str) -> Schedule:
+    """A registered cron's schedule: a crontab line's five fields keep Graphile's day rule
+    (``cron.parse_cron_item``), the others are read as ``cron.parse`` reads them."""
+    if source == "crontab":
+        return parse_cron_item(f"{expression} x").schedule
+    return parse(expression, timezone)
 
 
 MAX_BACKFILL = 366 * 86400
@@ -215,9 +270,13 @@ def declare(
     enabled: bool,
     description: str | None,
     backfill: timedelta | None,
+    source: str = "code",
 ) -> CronRow:
     """A cron as data, every part checked (``RegistrationError`` names the bad one)."""
-    if not isinstance(name, str) or len(name) > 255 or not _NAME.fullmatch(name):
+    # A crontab line's identifier follows Graphile's grammar, checked by its parser.
+    if source != "crontab" and (
+        not isinstance(name, str) or len(name) > 255 or not _NAME.fullmatch(name)
+    ):
         raise RegistrationError(
             f"a cron's name is 1 to 255 characters of a-z, 0-9, '-' and '.', starting with a "
             f"letter or digit (OJS), not {name!r}"
@@ -225,7 +284,7 @@ def declare(
     if name in rt.crons:
         raise RegistrationError(f"a cron named {name!r} is already declared")
     try:
-        parse(schedule, timezone)
+        schedule_of(schedule, timezone, source)
     except CronSyntaxError as exc:
         raise RegistrationError(f"cron {name!r}: {exc}") from None
     if overlap not in OVERLAPS:
@@ -282,6 +341,7 @@ def declare(
         catch_up=stored_catch_up,
         enabled=enabled,
         description=description,
+        source=source,
     )
     rt.crons[name] = row
     return row

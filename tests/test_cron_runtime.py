@@ -322,3 +322,38 @@ async def test_backfill_writes_every_missed_tick_and_a_cron_tick_says_which(
         app.cron("bad", hourly(), hourly_sum.call("x", tick=durafn.CronTick(ts=datetime.now(UTC))))
     with pytest.raises(durafn.RegistrationError, match="backfill must be a timedelta"):
         app.cron("bad", hourly(), hourly_sum.call("x"), backfill=timedelta(0))
+
+
+async def test_a_graphile_crontab(app: durafn.App, clock: FakeClock) -> None:
+    @app.mutation(name="send_digest")
+    async def send_digest(ctx: MutationCtx, to: str, tick: durafn.CronTick | None = None) -> None:
+        assert tick is not None
+        ctx.db.add(Effect(key=f"{to} {tick.ts.strftime('%d %H:%M')} {tick.backfilled}"))
+
+    names = app.crontab(
+        """
+        # Graphile Worker's format: UTC, its day rule, its options and a JSON5 payload.
+        0 * * * * send_digest ?id=hourly-digest&max=3&queue=mail&priority=5 {to: 'ops'}
+        30 4 */2 * * send_digest ?fill=1d {to: "every-other-day"}
+        """
+    )
+    assert names == ["hourly-digest", "send_digest"]
+    executor = app.executor()
+    await executor.run_until_idle()
+    clock.set(_at(1))
+    await executor.run_until_idle()
+    [row] = (await app.list(name="send_digest")).items
+    assert (row.queue, row.priority, row.max_attempts) == ("mail", 5, 3)
+    assert row.args["to"] == "ops" and row.args["tick"]["backfilled"] is False
+    found = await registry(app)
+    assert found["hourly-digest"]["source"] == found["send_digest"]["source"] == "crontab"
+    assert (found["hourly-digest"]["catch_up"], found["send_digest"]["catch_up"]) == (
+        "none",
+        "fill:86400",
+    )
+    # Day 1 is odd (*/2 from 1): 04:30 on the 1st, then the 3rd; the 2nd never fires.
+    assert found["send_digest"]["next_run_at"] == _at(4, 30)
+    with pytest.raises(durafn.RegistrationError, match="no mutation or action of this app"):
+        app.crontab("0 * * * * nobody_here")
+    with pytest.raises(durafn.RegistrationError, match="Could not process line '1'"):
+        app.crontab("every hour send_digest")

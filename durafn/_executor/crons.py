@@ -30,16 +30,15 @@ import anyio
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from .._clock import to_datetime
-from .._crons import tick_parameter
+from .._crons import schedule_of, tick_parameter
 from .._errors import DatabaseError
 from .._hooks import HookEvent
 from .._options import RowOptions
 from .._registry import SchedulableRef
 from .._runtime import Runtime
-from .._store import CRON_LEASE, CronRow, new_row, tick_id
+from .._store import CRON_LEASE, DECLARED, CronRow, new_row, tick_id
 from .._types import CronTick, FunctionKind, ScheduledFunctionId, State
 from .._writers import write
-from ..cron import parse
 from .tasks import first_of
 
 logger = logging.getLogger("durafn.cron")
@@ -86,13 +85,13 @@ class CronLoop:
             for name, row in declared.items():
                 found = stored.get(name)
                 if found is None:
-                    await rt.driver.add_cron(conn, row, "code", now, _first_run(row, now))
+                    await rt.driver.add_cron(conn, row, now, _first_run(row, now))
                     changes.append(f"added {name}")
-                elif found["source"] == "code" and row.differs(found):
+                elif found["source"] in DECLARED and row.differs(found):
                     timing = row.timing_differs(found)
                     await rt.driver.change_cron(conn, row, now, _first_run(row, now), timing)
                     changes.append(f"changed {name}")
-            gone = [n for n, r in stored.items() if r["source"] == "code" and n not in declared]
+            gone = [n for n, r in stored.items() if r["source"] in DECLARED and n not in declared]
             if gone:
                 await rt.driver.remove_crons(conn, gone)
                 changes += [f"removed {name}" for name in gone]
@@ -155,7 +154,7 @@ class CronLoop:
         in the window), its next run set; returns what happened, as hook events."""
         rt = self._rt
         now = rt.clock.now()
-        schedule = parse(cron["schedule"], cron["timezone"])
+        schedule = schedule_of(cron["schedule"], cron["timezone"], cron["source"])
         expected = float(cron["next_run_at"])
         missed, following = [expected], None
         for n, t in enumerate(schedule.iter_after(to_datetime(expected))):
@@ -270,7 +269,7 @@ class CronLoop:
 def _first_run(row: CronRow, now: float) -> float | None:
     if not row.enabled:
         return None
-    return _stamp(parse(row.schedule, row.timezone).next_after(to_datetime(now)))
+    return _stamp(schedule_of(row.schedule, row.timezone, row.source).next_after(to_datetime(now)))
 
 
 def _stamp(t: datetime | None) -> float | None:

@@ -9,7 +9,7 @@ from .._errors import DatabaseError
 from ._after_commit import AfterCommit, take_notes
 from ._claim_hints import FastPathHint, LevelFloor
 from ._claims import SERVE_ALL, ClaimFilter
-from ._crons import CRON_LEASE, CronRow, tick_id
+from ._crons import CRON_LEASE, DECLARED, CronRow, tick_id
 from ._driver import Driver
 from ._filters import RowFilter
 from ._rows import (
@@ -26,6 +26,7 @@ from .sqlite import SQLiteDriver
 
 __all__ = [
     "CRON_LEASE",
+    "DECLARED",
     "AfterCommit",
     "CronRow",
     "SCHEMA_VERSION",

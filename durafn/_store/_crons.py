@@ -21,6 +21,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from .._types import ScheduledFunctionId
 from ._tables import crons, leases, sf
 
+DECLARED = ("code", "crontab")
+"""The sources of crons declared in code: an executor's start reconciles them."""
 CRON_LEASE = "cron"
 """The lease the cron leader holds."""
 
@@ -41,6 +43,9 @@ class CronRow:
     catch_up: str
     enabled: bool
     description: str | None
+    source: str = "code"
+    """``code`` (``app.cron``), ``crontab`` (``app.crontab``: Graphile's day rule) or
+    ``api``."""
 
     def differs(self, stored: dict[str, Any]) -> bool:
         return any(stored[k] != v for k, v in asdict(self).items())
@@ -72,9 +77,9 @@ class CronStatements:
         return [dict(row._mapping) for row in rows]
 
     async def add_cron(
-        self, conn: AsyncConnection, row: CronRow, source: str, now: float, next_run: float | None
+        self, conn: AsyncConnection, row: CronRow, now: float, next_run: float | None
     ) -> None:
-        values = asdict(row) | {"source": source, "created_at": now, "updated_at": now}
+        values = asdict(row) | {"created_at": now, "updated_at": now}
         await conn.execute(
             self.dialect_insert(crons)
             .values(**values, next_run_at=next_run, run_count=0)
