@@ -135,6 +135,57 @@ class CronDeclarations:
             names.append(item.identifier)
         return names
 
+    async def register_cron(
+        self,
+        name: str,
+        schedule: str,
+        call: Call | SchedulableRef[[], Any],
+        *,
+        timezone: str = "UTC",
+        overlap: Overlap = "skip",
+        catch_up: CatchUp = "latest",
+        enabled: bool = True,
+        description: str | None = None,
+        backfill: timedelta | None = None,
+    ) -> CronInfo:
+        """Register a cron at run time (OJS's register: an upsert by name), with the
+        parameters of ``cron``. It is kept when executors reconcile their declarations
+        (``source`` ``api``); a name declared in code is refused. It runs once an
+        executor of an app that declares crons leads (within a third of its lease)."""
+        rt = self._rt
+        if name in rt.crons:
+            raise RegistrationError(f"cron {name!r} is declared in code; give another name")
+        row = declare(
+            rt,
+            name,
+            schedule,
+            call,
+            timezone=timezone,
+            overlap=overlap,
+            catch_up=catch_up,
+            enabled=enabled,
+            description=description,
+            backfill=backfill,
+            source="api",
+        )
+
+        async def _write(conn: AsyncConnection) -> None:
+            now = rt.clock.now()
+            stored = {r["name"]: r for r in await rt.driver.stored_crons(conn)}
+            found = stored.get(name)
+            following = first_run(row, now)
+            if found is None:
+                await rt.driver.add_cron(conn, row, now, following)
+            elif found["source"] != "api":
+                raise RegistrationError(f"cron {name!r} is declared in code; give another name")
+            else:
+                await rt.driver.change_cron(conn, row, now, following, row.timing_differs(found))
+
+        await rt.transaction(_write, doing="registering a cron")
+        info = await self.get_cron(name)
+        assert info is not None
+        return info
+
     async def crons(self, *, enabled: bool | None = None) -> list[CronInfo]:
         """The registry's crons, by name (``enabled``: only those, or only the others)."""
         rt = self._rt
@@ -235,6 +286,14 @@ def _info(row: dict[str, Any]) -> CronInfo:
     )
 
 
+def first_run(row: CronRow, now: float) -> float | None:
+    """A cron's first run after ``now`` (None while disabled)."""
+    if not row.enabled:
+        return None
+    following = schedule_of(row.schedule, row.timezone, row.source).next_after(to_datetime(now))
+    return following.timestamp() if following is not None else None
+
+
 def schedule_of(expression: str, timezone: str, source: str) -> Schedule:
     """A registered cron's schedule: a crontab line's five fields keep Graphile's day rule
     (``cron.parse_cron_item``), the others are read as ``cron.parse`` reads them."""
@@ -281,7 +340,7 @@ def declare(
             f"a cron's name is 1 to 255 characters of a-z, 0-9, '-' and '.', starting with a "
             f"letter or digit (OJS), not {name!r}"
         )
-    if name in rt.crons:
+    if source != "api" and name in rt.crons:
         raise RegistrationError(f"a cron named {name!r} is already declared")
     try:
         schedule_of(schedule, timezone, source)
@@ -343,5 +402,6 @@ def declare(
         description=description,
         source=source,
     )
-    rt.crons[name] = row
+    if source != "api":
+        rt.crons[name] = row
     return row

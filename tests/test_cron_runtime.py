@@ -357,3 +357,21 @@ async def test_a_graphile_crontab(app: durafn.App, clock: FakeClock) -> None:
         app.crontab("0 * * * * nobody_here")
     with pytest.raises(durafn.RegistrationError, match="Could not process line '1'"):
         app.crontab("every hour send_digest")
+
+
+async def test_a_cron_registered_at_run_time_is_kept_by_reconciliation(
+    app: durafn.App, clock: FakeClock
+) -> None:
+    report = _report(app)
+    app.cron("declared", hourly(), report.call("d"))
+    info = await app.register_cron("added-later", every(minutes=30), report.call("api"))
+    assert (info.source, info.next_run_at) == ("api", to_dt(_at(0, 30)))
+    again = await app.register_cron("added-later", every(minutes=15), report.call("api"))
+    assert again.next_run_at == to_dt(_at(0, 15))  # an upsert: the new schedule
+    await app.executor().run_until_idle()  # reconciles the declared ones; keeps it
+    assert set(await registry(app)) == {"declared", "added-later"}
+    clock.set(_at(0, 15))
+    await app.executor().run_until_idle()
+    assert await effects(app) == ["api 2030-01-01T00:15+00:00"]
+    with pytest.raises(durafn.RegistrationError, match="is declared in code"):
+        await app.register_cron("declared", hourly(), report.call("x"))

@@ -30,13 +30,13 @@ import anyio
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from .._clock import to_datetime
-from .._crons import schedule_of, tick_parameter
+from .._crons import first_run, schedule_of, tick_parameter
 from .._errors import DatabaseError
 from .._hooks import HookEvent
 from .._options import RowOptions
 from .._registry import SchedulableRef
 from .._runtime import Runtime
-from .._store import CRON_LEASE, DECLARED, CronRow, new_row, tick_id
+from .._store import CRON_LEASE, DECLARED, new_row, tick_id
 from .._types import CronTick, FunctionKind, ScheduledFunctionId, State
 from .._writers import write
 from .tasks import first_of
@@ -85,11 +85,11 @@ class CronLoop:
             for name, row in declared.items():
                 found = stored.get(name)
                 if found is None:
-                    await rt.driver.add_cron(conn, row, now, _first_run(row, now))
+                    await rt.driver.add_cron(conn, row, now, first_run(row, now))
                     changes.append(f"added {name}")
                 elif found["source"] in DECLARED and row.differs(found):
                     timing = row.timing_differs(found)
-                    await rt.driver.change_cron(conn, row, now, _first_run(row, now), timing)
+                    await rt.driver.change_cron(conn, row, now, first_run(row, now), timing)
                     changes.append(f"changed {name}")
             gone = [n for n, r in stored.items() if r["source"] in DECLARED and n not in declared]
             if gone:
@@ -264,12 +264,6 @@ class CronLoop:
             if next_run is not None:
                 wake = min(wake, next_run)
             await first_of(stopping.wait, functools.partial(rt.clock.sleep_until, wake))
-
-
-def _first_run(row: CronRow, now: float) -> float | None:
-    if not row.enabled:
-        return None
-    return _stamp(schedule_of(row.schedule, row.timezone, row.source).next_after(to_datetime(now)))
 
 
 def _stamp(t: datetime | None) -> float | None:
