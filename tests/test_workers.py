@@ -132,7 +132,7 @@ async def live_workers(app: durafn.App) -> int:
     return len(await app.workers())
 
 
-async def test_four_workers_drain_5000_mutations_exactly_once(
+async def test_four_workers_drain_3000_mutations_exactly_once(
     wapp: tuple[durafn.App, Functions], db_url: str, engine_name: str, tmp_path: Path
 ) -> None:
     app, fns = wapp
@@ -141,23 +141,23 @@ async def test_four_workers_drain_5000_mutations_exactly_once(
     pause = 0.0005 if engine_name == "postgres" else 0.0
     async with worker_processes(db_url, 4, tmp_path, "--concurrency", "4") as procs:
         await wait_until(lambda: equals(live_workers(app), 4), "4 workers registered")
-        for start in range(0, 5000, 1000):
+        for start in range(0, 3000, 1000):
             await app.run_mutation(fns.fan_out, start, 1000, pause)
         await wait_until(
-            lambda: equals(_state(app, "Success"), 5000), "5000 mutations ran", timeout=60
+            lambda: equals(_state(app, "Success"), 3000), "3000 mutations ran", timeout=60
         )
         assert await stop(procs) == [0, 0, 0, 0]
     async with app.engine.connect() as conn:
         rows = await conn.execute(select(Applied.pid, func.count()).group_by(Applied.pid))
         per_pid: dict[int, int] = {pid: n for pid, n in rows}
         keys = (await conn.execute(select(func.count(func.distinct(Applied.key))))).scalar()
-    # The unique key makes a second application fail its batch: 5000 distinct rows and
-    # 5000 Success rows mean each mutation was applied exactly once.
-    assert sum(per_pid.values()) == 5000 and keys == 5000
-    assert await state_counts(app) == {"Success": 5000}
+    # The unique key makes a second application fail its batch: 3000 distinct rows and
+    # 3000 Success rows mean each mutation was applied exactly once.
+    assert sum(per_pid.values()) == 3000 and keys == 3000
+    assert await state_counts(app) == {"Success": 3000}
     assert set(per_pid) <= {p.pid for p in procs}
     if engine_name == "postgres":  # SQLite has one writer at a time: no spread to expect
-        assert len(per_pid) >= 2 and max(per_pid.values()) < 5000, per_pid
+        assert len(per_pid) >= 2 and max(per_pid.values()) < 3000, per_pid
     assert "Traceback" not in logs_of(tmp_path)
 
 
@@ -490,11 +490,11 @@ async def test_a_killed_cron_leader_is_replaced_and_no_tick_is_written_twice(
     async with cron_app.make_beats(db_url) as app:
         await app.migrate()
         async with worker_processes(db_url, 2, tmp_path, *FAST, app="tests.cron_app:beats"):
-            await wait_until(lambda: _ticks_at_least(app, 2), "two ticks")
+            await wait_until(lambda: _ticks_at_least(app, 1), "a tick")
             leader = await _lease_holder(app)
             os.kill(int(leader.split(":")[-2]), signal.SIGKILL)
             written = len(await _tick_times(app))
-            await wait_until(lambda: _ticks_at_least(app, written + 2), "two more ticks")
+            await wait_until(lambda: _ticks_at_least(app, written + 1), "a tick after the kill")
             assert await _lease_holder(app) != leader
         times = await _tick_times(app)
     assert len(times) == len(set(times))  # never twice
