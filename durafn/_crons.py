@@ -259,6 +259,13 @@ class CronDeclarations:
         return await scheduler.run_after(0, ref, **cron.args)
 
 
+def _describe(row: dict[str, Any]) -> str:
+    try:
+        return schedule_of(row["schedule"], row["timezone"], row["source"]).describe()
+    except CronSyntaxError as exc:  # stored by another version: listed all the same
+        return f"cannot be read: {exc}"
+
+
 def _info(row: dict[str, Any]) -> CronInfo:
     def at(value: float | None) -> datetime | None:
         return to_datetime(value) if value is not None else None
@@ -267,7 +274,7 @@ def _info(row: dict[str, Any]) -> CronInfo:
         name=row["name"],
         schedule=row["schedule"],
         timezone=row["timezone"],
-        describe=schedule_of(row["schedule"], row["timezone"], row["source"]).describe(),
+        describe=_describe(row),
         function=row["function"],
         args=json.loads(row["args"]),
         overlap=row["overlap"],

@@ -375,3 +375,23 @@ async def test_a_cron_registered_at_run_time_is_kept_by_reconciliation(
     assert await effects(app) == ["api 2030-01-01T00:15+00:00"]
     with pytest.raises(durafn.RegistrationError, match="is declared in code"):
         await app.register_cron("declared", hourly(), report.call("x"))
+
+
+async def test_a_cron_that_cannot_be_evaluated_is_disabled_and_the_others_go_on(
+    app: durafn.App, clock: FakeClock
+) -> None:
+    report = _report(app)
+    app.cron("fine", hourly(), report.call("fine"))
+    await app.register_cron("broken", hourly(), report.call("broken"))  # not reconciled
+    await app.executor().run_until_idle()
+    async with app.engine.begin() as conn:  # as a later version might have stored it
+        await conn.execute(
+            crons_table.update().where(crons_table.c.name == "broken").values(schedule="61 * * * *")
+        )
+    clock.set(_at(1))
+    await app.executor().run_until_idle()
+    assert await effects(app) == ["fine 2030-01-01T01:00+00:00"]
+    broken = await app.get_cron("broken")
+    assert broken is not None and not broken.enabled and broken.next_run_at is None
+    assert broken.last_skip_reason is not None
+    assert broken.last_skip_reason.startswith("error: CronSyntaxError")

@@ -48,6 +48,8 @@ LEASE_SHARE = 3
 renewed every third of that: a dead leader is replaced in well under a worker timeout."""
 LATE = 60.0
 """A tick older than this when the loop reaches it was missed (downtime)."""
+DUE_BATCH = 1000
+"""Due crons handled per tick."""
 MAX_TICKS = 100_000
 """Ticks stepped through to find the latest missed one (a second-by-second cron down for
 more than a day catches up on the latest it finds)."""
@@ -115,21 +117,25 @@ class CronLoop:
             return 0, None
 
         async def _due(conn: AsyncConnection) -> list[dict[str, Any]]:
-            return await rt.driver.due_crons(conn, rt.clock.now(), 100)
+            return await rt.driver.due_crons(conn, rt.clock.now(), DUE_BATCH)
 
+        # One read per tick: crons still due after it (more than DUE_BATCH) are the next
+        # tick's, at once (the loop does not sleep while a next run is past).
         written = 0
-        while due := await rt.transaction(_due, read_only=True, doing="reading due crons"):
-            for cron in due:
-                try:
-                    events = await rt.transaction(
-                        functools.partial(self._fire, cron), doing=f"writing cron {cron['name']}"
-                    )
-                except _MovedOn:
-                    continue
-                written += sum(e.hook == "cron.triggered" for e in events)
-                await self._tell(events)
-            if len(due) < 100:
-                break
+        for cron in await rt.transaction(_due, read_only=True, doing="reading due crons"):
+            try:
+                events = await rt.transaction(
+                    functools.partial(self._fire, cron), doing=f"writing cron {cron['name']}"
+                )
+            except _MovedOn:
+                continue
+            except DatabaseError:
+                raise
+            except Exception as exc:  # this cron cannot be evaluated: disable it, go on
+                await self._disable(cron["name"], exc)
+                continue
+            written += sum(e.hook == "cron.triggered" for e in events)
+            await self._tell(events)
         if written:
             rt.wake((FunctionKind.MUTATION, FunctionKind.ACTION))
 
@@ -137,6 +143,30 @@ class CronLoop:
             return await rt.driver.next_cron(conn)
 
         return written, await rt.transaction(_next, read_only=True, doing="reading crons")
+
+    async def _disable(self, name: str, exc: Exception) -> None:
+        """A cron whose tick cannot be written (a schedule, a function's arguments or
+        options this version cannot read): disabled, with the reason, rather than
+        retried without end."""
+        rt = self._rt
+        reason = f"error: {type(exc).__name__}: {exc}"[:500]
+        logger.error("cron %s disabled: its tick could not be written (%s)", name, reason)
+
+        async def _write(conn: AsyncConnection) -> None:
+            now = rt.clock.now()
+            await rt.driver.set_cron(
+                conn,
+                name,
+                {
+                    "enabled": False,
+                    "next_run_at": None,
+                    "last_skip_at": now,
+                    "last_skip_reason": reason,
+                    "updated_at": now,
+                },
+            )
+
+        await rt.transaction(_write, doing=f"disabling cron {name}")
 
     async def _tell(self, events: list[HookEvent]) -> None:
         """Log a committed tick's events and give them to the hooks."""
