@@ -23,7 +23,18 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 import durafn
 
-from . import backlog, baselines, cancels, charts, options, peers, retries, throughput, workers
+from . import (
+    backlog,
+    baselines,
+    cancels,
+    charts,
+    crons,
+    options,
+    peers,
+    retries,
+    throughput,
+    workers,
+)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -42,6 +53,8 @@ class Sizes:
         # full run drains each way three times, peers too, and reports the median run.
         self.repeats = 1 if quick else 3
         self.cancels = 20 if quick else 50
+        self.crons = 2_000 if quick else 10_000
+        self.cron_seconds = 5 if quick else 20
 
 
 def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -174,6 +187,12 @@ async def run(sizes: Sizes, engines: list[str]) -> dict[str, Any]:
                 )
 
             r["cancels"] = await step(f"{engine}: cancel() to a running action", 1, _cancels)
+
+            async def _crons(_: Any, engine: str = engine) -> Any:
+                url = await url_for(engine, "crons")
+                return await crons.measure(url, sizes.crons, sizes.cron_seconds)
+
+            r["crons"] = await step(f"{engine}: the cron loop, {sizes.crons:,} crons", 1, _crons)
             results[engine] = r
         if "postgres" in engines:
             procs: dict[str, dict[str, float]] = {}
@@ -339,6 +358,17 @@ def markdown(report: dict[str, Any]) -> str:
             lines.append(
                 f"- {label}: median {k['median_ms']} ms, p99 {k['p99_ms']} ms, max {k['max_ms']} ms"
             )
+    for engine in engines:
+        got = results[engine].get("crons")
+        if not got:
+            continue
+        lines += [
+            "",
+            f"{engine}: the cron loop, {got['ticks_written']:,} ticks, each written once: "
+            f"a second's ticks {got['round_wall_ms_median']} ms (median; max "
+            f"{got['round_wall_ms_max']} ms), {got['cpu_us_per_tick']} us of CPU per tick; "
+            f"reconciling the declarations {got['reconcile_s']} s",
+        ]
     lines += ["", "Ratios:", ""]
     lines += [f"- {name}: {value}x" for name, value in report["ratios"].items()]
     return "\n".join(lines) + "\n"

@@ -9,7 +9,7 @@ from .._errors import DatabaseError
 from ._after_commit import AfterCommit, take_notes
 from ._claim_hints import FastPathHint, LevelFloor
 from ._claims import SERVE_ALL, ClaimFilter
-from ._crons import CRON_LEASE, DECLARED, CronRow, tick_id
+from ._crons import CRON_LEASE, DECLARED, CronMove, CronRow, tick_id
 from ._driver import Driver
 from ._filters import RowFilter
 from ._rows import (
@@ -28,6 +28,7 @@ __all__ = [
     "CRON_LEASE",
     "DECLARED",
     "AfterCommit",
+    "CronMove",
     "CronRow",
     "SCHEMA_VERSION",
     "SERVE_ALL",

@@ -13,12 +13,12 @@ import builtins
 import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
-from sqlalchemy import CursorResult, delete, func, select, update
+from sqlalchemy import CursorResult, Double, Integer, Text, bindparam, delete, func, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from .._types import ScheduledFunctionId
+from .._types import ScheduledFunctionId, State
 from ._tables import crons, leases, sf
 
 DECLARED = ("code", "crontab")
@@ -64,6 +64,37 @@ def tick_id(name: str, tick: float) -> ScheduledFunctionId:
     value = (ms << 80) | (0x7 << 76) | ((rest >> 62) << 64) | (0x2 << 62) | (rest & ((1 << 62) - 1))
     h = f"{value:032x}"
     return ScheduledFunctionId(f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}")
+
+
+class CronMove(NamedTuple):
+    """How a due cron moves on: its next run, and its last tick or its last skip (the
+    other pair None: left as it was)."""
+
+    b_name: str
+    b_expected: float
+    b_next: float | None
+    b_last_run: float | None
+    b_row: str | None
+    b_runs: int
+    b_skip_at: float | None
+    b_skip_reason: str | None
+
+
+# By primary key, guarded by the next run it was read with.
+_ADVANCE = (
+    update(crons)
+    .where(crons.c.name == bindparam("b_name"), crons.c.next_run_at == bindparam("b_expected"))
+    .values(
+        next_run_at=bindparam("b_next", type_=Double),
+        last_run_at=func.coalesce(bindparam("b_last_run", type_=Double), crons.c.last_run_at),
+        last_row_id=func.coalesce(bindparam("b_row", type_=Text), crons.c.last_row_id),
+        run_count=crons.c.run_count + bindparam("b_runs", type_=Integer),
+        last_skip_at=func.coalesce(bindparam("b_skip_at", type_=Double), crons.c.last_skip_at),
+        last_skip_reason=func.coalesce(
+            bindparam("b_skip_reason", type_=Text), crons.c.last_skip_reason
+        ),
+    )
+)
 
 
 class CronStatements:
@@ -120,22 +151,22 @@ class CronStatements:
         value = (await conn.execute(select(func.min(crons.c.next_run_at)))).scalar()
         return float(value) if value is not None else None
 
-    async def advance_cron(
-        self,
-        conn: AsyncConnection,
-        name: str,
-        expected: float,
-        values: dict[str, Any],
-    ) -> bool:
-        """Set ``values`` on the cron if its next run is still ``expected`` (the tick it
-        was read for has not been handled by another leader meanwhile)."""
-        result = await conn.execute(
-            update(crons)
-            .where(crons.c.name == name, crons.c.next_run_at == expected)
-            .values(**values)
-        )
+    async def advance_crons(self, conn: AsyncConnection, moves: Sequence[CronMove]) -> int:
+        """Move each cron on from the next run it was read with (``expected``), if it is
+        still that (its ticks not handled by another leader meanwhile); returns how many
+        moved. One statement, built once (building one per cron cost ~0.3 ms of CPU)."""
+        result = await conn.execute(_ADVANCE, [m._asdict() for m in moves])
         assert isinstance(result, CursorResult)
-        return result.rowcount == 1
+        return result.rowcount
+
+    async def row_states(self, conn: AsyncConnection, ids: Sequence[str]) -> dict[str, State]:
+        """The states of those of these rows that exist (by primary key)."""
+        found: dict[str, State] = {}
+        for start in range(0, len(ids), 500):  # SQLite's limit on bound parameters
+            chunk = ids[start : start + 500]
+            rows = await conn.execute(select(sf.c.id, sf.c.state).where(sf.c.id.in_(chunk)))
+            found.update((str(id), State(state)) for id, state in rows)
+        return found
 
     async def pending_in_queue(self, conn: AsyncConnection, queue: str) -> int:
         """Pending rows of a named queue (ix_scheduled_functions_claim_queued)."""

@@ -22,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 
 from .._errors import ReadOnlyError
 from .._types import FunctionKind, ScheduledFunctionId, State
+from ._crons import CronMove
 from ._driver import Driver
 from ._rows import NEW_ROW_COLUMNS, Outcome
 from ._statements import FinishParams
@@ -140,6 +141,24 @@ _SETTLE_SQL = text(
                 THEN pg_notify(:channel, :payload)::text END AS notified
     UNION ALL
     SELECT id, NULL, NULL FROM retried
+    """
+)
+
+# _crons._ADVANCE for many crons as one statement that says how many moved (asyncpg's
+# executemany reports no row count).
+_ADVANCE_SQL = text(
+    """
+    UPDATE _durafn_crons AS c
+       SET next_run_at = v.next, last_run_at = coalesce(v.last_run, c.last_run_at),
+           last_row_id = coalesce(v.row_id, c.last_row_id), run_count = c.run_count + v.runs,
+           last_skip_at = coalesce(v.skip_at, c.last_skip_at),
+           last_skip_reason = coalesce(v.skip_reason, c.last_skip_reason)
+      FROM unnest(CAST(:names AS text[]), CAST(:expected AS float8[]),
+                  CAST(:next AS float8[]), CAST(:last_run AS float8[]),
+                  CAST(:row_ids AS text[]), CAST(:runs AS int[]), CAST(:skip_at AS float8[]),
+                  CAST(:skip_reason AS text[]))
+           AS v(name, expected, next, last_run, row_id, runs, skip_at, skip_reason)
+     WHERE c.name = v.name AND c.next_run_at = v.expected
     """
 )
 
@@ -419,6 +438,23 @@ class PostgresDriver(Driver):
             },
         )
         return {str(id) for id in result.scalars()}
+
+    async def advance_crons(self, conn: AsyncConnection, moves: Sequence[CronMove]) -> int:
+        result = await conn.execute(
+            _ADVANCE_SQL,
+            {
+                "names": [m.b_name for m in moves],
+                "expected": [m.b_expected for m in moves],
+                "next": [m.b_next for m in moves],
+                "last_run": [m.b_last_run for m in moves],
+                "row_ids": [m.b_row for m in moves],
+                "runs": [m.b_runs for m in moves],
+                "skip_at": [m.b_skip_at for m in moves],
+                "skip_reason": [m.b_skip_reason for m in moves],
+            },
+        )
+        assert isinstance(result, CursorResult)
+        return result.rowcount
 
     async def record_failures(
         self,
