@@ -69,7 +69,7 @@ class HookEvent:
     """The tick's time (the event's own time is when the hook runs)."""
     run_count: int | None = None
     reason: str | None = None
-    """Why a tick was skipped: ``overlap_skip`` or ``missed``."""
+    """Why a tick was skipped: ``overlap_skip``, ``missed`` or ``dst_skip``."""
 
 
 Hook = Callable[[HookEvent], Awaitable[None] | None]

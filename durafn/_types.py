@@ -224,7 +224,7 @@ class CronInfo(BaseModel):
     last_row_id: ScheduledFunctionId | None
     last_skip_at: datetime | None
     last_skip_reason: str | None
-    """``overlap_skip`` or ``missed``."""
+    """``overlap_skip``, ``missed``, ``dst_skip`` or ``error: ...`` (then disabled)."""
 
 
 class CronTick(BaseModel):

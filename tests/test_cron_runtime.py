@@ -9,6 +9,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
+from zoneinfo import ZoneInfo
 
 import anyio
 import pytest
@@ -395,3 +396,39 @@ async def test_a_cron_that_cannot_be_evaluated_is_disabled_and_the_others_go_on(
     assert broken is not None and not broken.enabled and broken.next_run_at is None
     assert broken.last_skip_reason is not None
     assert broken.last_skip_reason.startswith("error: CronSyntaxError")
+
+
+async def test_daylight_saving_days_skip_the_gap_with_a_report_and_fire_the_fold_once(
+    app: durafn.App, clock: FakeClock
+) -> None:
+    report = _report(app)
+    skipped: list[tuple[str | None, str | None, datetime | None]] = []
+
+    @app.on("cron.skipped")
+    def tell(event: durafn.HookEvent) -> None:
+        skipped.append((event.cron, event.reason, event.scheduled_at))
+
+    app.cron("ny", daily(hour=2, minute=30), report.call("ny"), timezone="America/New_York")
+    app.cron("ldn", daily(hour=1, minute=30), report.call("ldn"), timezone="Europe/London")
+    clock.set(utc(2030, 3, 9, 12))
+    executor = app.executor()
+    await executor.run_until_idle()
+    # 2030-03-10 02:30 does not exist in New York: the next run is the 11th, 02:30 EDT.
+    assert (await registry(app))["ny"]["next_run_at"] == utc(2030, 3, 11, 6, 30)
+    clock.set(utc(2030, 3, 11, 6, 30))
+    await executor.run_until_idle()
+    gap = datetime(2030, 3, 10, 2, 30, tzinfo=ZoneInfo("America/New_York"))
+    assert skipped == [("ny", "dst_skip", gap.astimezone(UTC))]  # reported, not silent
+    assert (await registry(app))["ny"]["last_skip_reason"] == "dst_skip"
+    # 2030-10-27 01:30 happens twice in London (BST, then GMT): it fires once, the first.
+    clock.set(utc(2030, 10, 27, 0, 30))
+    await executor.run_until_idle()
+    ldn = (await registry(app))["ldn"]
+    assert (ldn["last_run_at"], ldn["next_run_at"]) == (
+        utc(2030, 10, 27, 0, 30),
+        utc(2030, 10, 28, 1, 30),
+    )
+
+
+def utc(year: int, month: int, day: int, hour: int, minute: int = 0) -> float:
+    return datetime(year, month, day, hour, minute, tzinfo=UTC).timestamp()

@@ -24,7 +24,7 @@ import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import anyio
@@ -66,6 +66,8 @@ class _Plan:
     latest: float
     following: float | None
     rows: list[dict[str, Any]]
+    gaps: list[float]
+    """Ticks daylight saving skipped since the last one (their wall times, as instants)."""
 
     def event(self, hook: HookName, id: str, **more: Any) -> HookEvent:
         more.setdefault("scheduled_at", self.latest)
@@ -243,7 +245,14 @@ class CronLoop:
                 args = json.dumps(json.loads(args) | {param: given.model_dump(mode="json")})
             id = tick_id(cron["name"], tick)
             rows.append(new_row(id, cron["function"], cron["kind"], args, tick, None, options))
-        return _Plan(cron, expected, latest, _stamp(following), rows)
+        # Fixed wall times daylight saving skipped since the last tick (or registration),
+        # reported rather than silent (OJS's dst_skip).
+        since = cron["last_run_at"] if cron["last_run_at"] is not None else cron["updated_at"]
+        gaps = [
+            wall.replace(tzinfo=schedule.zone).astimezone(UTC).timestamp()
+            for wall in schedule.skipped(to_datetime(float(since)), to_datetime(latest))
+        ]
+        return _Plan(cron, expected, latest, _stamp(following), rows, gaps)
 
     async def _write_all(
         self, plans: list[_Plan], now: float, conn: AsyncConnection
@@ -262,6 +271,8 @@ class CronLoop:
         rows, events, moves = [], [], []
         for plan in plans:
             cron = plan.cron
+            for gap in plan.gaps:
+                events.append(plan.event("cron.skipped", "", scheduled_at=gap, reason="dst_skip"))
             previous = states.get(cron["last_row_id"]) if cron["last_row_id"] else None
             busy = previous in (State.PENDING, State.IN_PROGRESS)
             skip = "missed" if not plan.rows else None
@@ -298,6 +309,7 @@ class CronLoop:
                     )
                 )
             last = plan.rows[-1]
+            last_gap = plan.gaps[-1] if plan.gaps else None
             moves.append(
                 CronMove(
                     cron["name"],
@@ -306,8 +318,8 @@ class CronLoop:
                     last["scheduled_time"],
                     last["id"],
                     len(plan.rows),
-                    None,
-                    None,
+                    last_gap,
+                    "dst_skip" if last_gap is not None else None,
                 )
             )
         if await rt.driver.advance_crons(conn, moves) != len(moves):

@@ -161,6 +161,25 @@ class Clock:
             if first_utc > after:
                 yield first
 
+    def skipped(self, after: datetime, until: datetime) -> list[datetime]:
+        """The wall times (naive) a fixed-time schedule matches that do not exist, in the
+        spring-forward gap, between the aware instants ``after`` and ``until``; a periodic
+        one (hour ``*`` or ``*/n``) skips no tick of its own, only an hour of the clock."""
+        if self.both_passes:
+            return []
+        zone = self.zone
+        found: list[datetime] = []
+        end = until.astimezone(UTC)
+        wall = after.astimezone(zone).replace(tzinfo=None, fold=0)
+        for candidate in self._walls_from(wall):
+            first = candidate.replace(tzinfo=zone, fold=0)
+            instant = first.astimezone(UTC)
+            if instant > end:
+                return found
+            if instant.astimezone(zone).replace(tzinfo=None) != candidate:
+                found.append(candidate)
+        return found
+
     def _walls_from(self, start: datetime) -> Iterator[datetime]:
         """Allowed wall times at or after ``start`` (naive), in order."""
         if not self.days.possible:
@@ -245,6 +264,14 @@ class Schedule:
         _check_aware(t)
         return self._clock.after(t)
 
+    def skipped(self, after: datetime, until: datetime) -> list[datetime]:
+        """Wall times (naive, in the zone) this schedule would have fired at between the
+        aware ``after`` and ``until`` but did not, because daylight saving skipped them
+        (a fixed time in the spring-forward gap)."""
+        _check_aware(after)
+        _check_aware(until)
+        return self._clock.skipped(after, until)
+
     def describe(self) -> str:
         """A short English line: ``at 09:00 on Monday through Friday, America/New_York``."""
         days = self._clock.days
@@ -281,6 +308,9 @@ class Every(Schedule):
 
     def matches(self, t: datetime) -> bool:
         return False  # it has no fixed times: only times counted from an anchor
+
+    def skipped(self, after: datetime, until: datetime) -> list[datetime]:
+        return []  # an interval of real time: daylight saving skips none of it
 
     def describe(self) -> str:
         return f"every {self.expression.split(None, 1)[1]}, {self.timezone}"
