@@ -205,6 +205,14 @@ async def run(sizes: Sizes, engines: list[str]) -> dict[str, Any]:
                     f"postgres: {count} worker processes, mutations", 1, _procs
                 )
             results["postgres"]["worker_processes_mutations"] = procs
+
+            async def _cron_lag(_: Any) -> Any:
+                url = await url_for("postgres", "cron-lag")
+                return await crons.lag(url, sizes.crons, 4, sizes.cron_seconds)
+
+            results["postgres"]["cron_lag"] = await step(
+                f"postgres: {sizes.crons:,} crons, 4 worker processes", 1, _cron_lag
+            )
     return results
 
 
@@ -368,6 +376,14 @@ def markdown(report: dict[str, Any]) -> str:
             f"a second's ticks {got['round_wall_ms_median']} ms (median; max "
             f"{got['round_wall_ms_max']} ms), {got['cpu_us_per_tick']} us of CPU per tick; "
             f"reconciling the declarations {got['reconcile_s']} s",
+        ]
+    got = results.get("postgres", {}).get("cron_lag")
+    if got:
+        lines += [
+            "",
+            f"postgres: 4 worker processes, {got['ticks']:,} cron ticks (each once, "
+            f"{got['missed_between']} missed): tick to row done median {got['lag_ms_median']} "
+            f"ms, p99 {got['lag_ms_p99']} ms, max {got['lag_ms_max']} ms",
         ]
     lines += ["", "Ratios:", ""]
     lines += [f"- {name}: {value}x" for name, value in report["ratios"].items()]

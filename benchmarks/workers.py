@@ -45,14 +45,21 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @asynccontextmanager
-async def workers(url: str, count: int, *args: str) -> AsyncIterator[list[anyio.abc.Process]]:
-    command = [sys.executable, "-m", "_durafn_cli", "worker", "--app", "benchmarks.worker_app:app"]
+async def workers(
+    url: str,
+    count: int,
+    *args: str,
+    app: str = "benchmarks.worker_app:app",
+    env: dict[str, str] | None = None,
+) -> AsyncIterator[list[anyio.abc.Process]]:
+    command = [sys.executable, "-m", "_durafn_cli", "worker", "--app", app]
     procs = [
         await anyio.open_process(
             [*command, "--url", url, "--log-level", "WARNING", *args],
             cwd=ROOT,
             stdout=None,
             stderr=None,
+            env={**os.environ, **(env or {})},
         )
         for _ in range(count)
     ]
