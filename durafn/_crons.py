@@ -150,8 +150,9 @@ class CronDeclarations:
     ) -> CronInfo:
         """Register a cron at run time (OJS's register: an upsert by name), with the
         parameters of ``cron``. It is kept when executors reconcile their declarations
-        (``source`` ``api``); a name declared in code is refused. It runs once an
-        executor of an app that declares crons leads (within a third of its lease)."""
+        (``source`` ``api``); a name declared in code is refused. The cron leader, any
+        executor, writes its ticks (one of an app without crons of its own looks for
+        registered ones every third of its lease)."""
         rt = self._rt
         if name in rt.crons:
             raise RegistrationError(f"cron {name!r} is declared in code; give another name")

@@ -432,3 +432,18 @@ async def test_daylight_saving_days_skip_the_gap_with_a_report_and_fire_the_fold
 
 def utc(year: int, month: int, day: int, hour: int, minute: int = 0) -> float:
     return datetime(year, month, day, hour, minute, tzinfo=UTC).timestamp()
+
+
+async def test_an_app_with_no_cron_in_code_runs_the_registered_ones(
+    app: durafn.App, db_url: str, clock: FakeClock
+) -> None:
+    report = _report(app)
+    await app.register_cron("from-the-api", every(minutes=10), report.call("api"))
+    async with durafn.App(db_url, clock=clock) as worker:  # declares no cron
+        _report(worker)
+        clock.advance(600)
+        await worker.executor().run_until_idle()
+        async with worker.run_executor():  # the background loop finds it too
+            clock.advance(600)
+            await wait_until(functools.partial(_has_effects, app, 2), "the second tick ran")
+    assert await effects(app) == ["api 2030-01-01T00:10+00:00", "api 2030-01-01T00:20+00:00"]

@@ -1,7 +1,8 @@
 """The cron loop: one leader at a time writes each due tick as an ordinary row.
 
-Every executor of an app that declares crons reconciles the declarations with the
-registry when it starts (added, changed and removed ones are logged) and runs this loop.
+Every executor reconciles its app's declarations with the registry when it starts (added,
+changed and removed ones are logged) and runs this loop (an app that declares none looks
+for crons registered at run time).
 The loop takes or renews the cron lease (a third of the worker timeout, renewed three
 times per lease, so another executor takes over within one lease of the leader's death);
 while it holds it, it writes the due ticks and sleeps until the earliest next run (read
@@ -95,15 +96,34 @@ class CronLoop:
         self._worker_id = worker_id
         self._lease = lease
         self._reconciled = False
+        self._registered = False
+        self.looked = False
+        """Whether ``look`` ran (``run_until_idle`` looks once per executor)."""
 
     @property
     def active(self) -> bool:
-        """Whether the app declares crons (an app without any runs no cron loop)."""
-        return bool(self._rt.crons)
+        """Whether there are crons to evaluate: the app declares some, or the registry
+        had some (registered at run time) when last looked at (``look``)."""
+        return bool(self._rt.crons) or self._registered
+
+    async def look(self) -> bool:
+        """Reconcile the app's declarations (once per executor) or, for an app that
+        declares none, look whether the registry holds any; returns ``active``."""
+        if self._rt.crons:
+            await self.reconcile()
+        elif not self._registered:
+            rt = self._rt
+
+            async def _any(conn: AsyncConnection) -> bool:
+                return await rt.driver.next_cron(conn) is not None
+
+            self._registered = await rt.transaction(_any, read_only=True, doing="reading crons")
+        self.looked = True
+        return self.active
 
     async def reconcile(self) -> None:
         """Make the registry's code crons the app's declarations (once per executor)."""
-        if self._reconciled or not self.active:
+        if self._reconciled or not self._rt.crons:
             return
         rt = self._rt
         declared = rt.crons
@@ -340,11 +360,15 @@ class CronLoop:
         return events
 
     async def loop(self, stopping: anyio.Event) -> None:
-        """Lead when possible, write ticks, sleep until the next one; until stopped."""
+        """Lead when possible, write ticks, sleep until the next one; until stopped. With
+        no cron anywhere, it only looks for one every third of a lease (crons registered
+        at run time, by any process)."""
         rt = self._rt
         while not stopping.is_set():
             try:
-                _, next_run = await self.tick()
+                next_run = None
+                if await self.look():
+                    _, next_run = await self.tick()
             except DatabaseError as exc:
                 rt.health.fault(exc, "evaluating crons")
                 next_run = None

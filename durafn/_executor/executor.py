@@ -97,11 +97,12 @@ class Executor:
         """
         await self._rt.ensure_ready()
         total = 0
+        # Crons: the app's, or the registry's when this executor first looked.
+        crons = self._crons.active if self._crons.looked else await self._crons.look()
         async with AsyncExitStack() as stack:
             for _ in range(max_rounds):
                 ran = 0
-                if self._crons.active:  # the crons' due ticks, written as rows first
-                    await self._crons.reconcile()
+                if crons:  # the crons' due ticks, written as rows first
                     ran, _ = await self._crons.tick()
                 done, _ = await self._mutations.run_batch(timed=False)
                 ran += done
@@ -229,9 +230,8 @@ class Executor:
                 tg.start_soon(self._actions.watch.run)
                 tg.start_soon(self._maintenance.loop, wakeups.stopping)
                 tg.start_soon(poll_cancels, self._rt, wakeups.poll_interval)
-                if self._crons.active:
-                    await self._crons.reconcile()
-                    tg.start_soon(self._crons.loop, wakeups.stopping)
+                await self._crons.reconcile()
+                tg.start_soon(self._crons.loop, wakeups.stopping)
                 try:
                     listening = self._rt.driver.listen(
                         self._rt.engine, wakeups.on_wake, self._rt.cancels.request
