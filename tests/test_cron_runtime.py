@@ -447,3 +447,22 @@ async def test_an_app_with_no_cron_in_code_runs_the_registered_ones(
             clock.advance(600)
             await wait_until(functools.partial(_has_effects, app, 2), "the second tick ran")
     assert await effects(app) == ["api 2030-01-01T00:10+00:00", "api 2030-01-01T00:20+00:00"]
+
+
+async def test_a_crontab_line_with_a_job_key_replaces_its_pending_row(
+    app: durafn.App, clock: FakeClock
+) -> None:
+    @app.mutation(name="digest")
+    async def digest(ctx: MutationCtx, to: str) -> None:
+        pass
+
+    app.crontab("* * * * * digest ?jobKey=the-digest&queue=held {to: 'ops'}")
+    await app.pause_queue("held")  # the rows wait: each tick replaces the one before
+    executor = app.executor()
+    await executor.run_until_idle()
+    for _ in range(3):
+        clock.advance(60)
+        await executor.run_until_idle()
+    rows = (await app.list(name="digest")).items
+    assert [(r.key, r.state) for r in rows] == [("the-digest", State.PENDING)]
+    assert rows[0].scheduled_time.timestamp() == _at(0, 3)  # the latest tick's time
