@@ -19,9 +19,10 @@ import re
 import typing
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Literal, TypedDict, get_args
 
 from sqlalchemy.ext.asyncio import AsyncConnection
+from typing_extensions import Unpack
 
 from ._clock import to_datetime
 from ._errors import ArgumentError, CronSyntaxError, RegistrationError
@@ -44,6 +45,19 @@ CatchUp = Literal["latest", "none"]
 """After downtime: ``latest`` (the default) runs the latest missed tick once, then the
 schedule goes on from now; ``none`` runs none of the missed ticks."""
 
+
+class CronSettings(TypedDict, total=False):
+    """A cron's settings besides its name, schedule and call (``cron``, ``register_cron``):
+    see ``cron``; the defaults are ``declare``'s."""
+
+    timezone: str
+    overlap: Overlap
+    catch_up: CatchUp
+    enabled: bool
+    description: str | None
+    backfill: timedelta | None
+
+
 OVERLAPS: tuple[str, ...] = get_args(Overlap)
 CATCH_UPS: tuple[str, ...] = get_args(CatchUp)
 _NAME = re.compile(r"[a-z0-9][a-z0-9\-.]*")
@@ -59,36 +73,22 @@ class CronDeclarations:
         name: str,
         schedule: str,
         call: Call | SchedulableRef[[], Any],
-        *,
-        timezone: str = "UTC",
-        overlap: Overlap = "skip",
-        catch_up: CatchUp = "latest",
-        enabled: bool = True,
-        description: str | None = None,
-        backfill: timedelta | None = None,
+        **settings: Unpack[CronSettings],
     ) -> None:
         """Run ``call`` (``fn.call(*args, **kwargs)``, or ``fn`` with no arguments) on
         ``schedule`` (a cron expression or ``durafn.cron.every``/``hourly``/``daily``/
-        ``weekly``/``monthly``) in ``timezone`` (IANA). Each tick is an ordinary row of
+        ``weekly``/``monthly``) in ``timezone`` (IANA; default UTC). Settings
+        (``CronSettings``): ``timezone``, ``overlap``, ``catch_up``, ``enabled`` (True),
+        ``description``, ``backfill``. Each tick is an ordinary row of
         ``_scheduled_functions``, written once however many executors run; the function's
-        options (queue, priority, retry, ...) travel with ``fn``. ``overlap``: ``"skip"``
-        a tick while the previous run is Pending or InProgress, or ``"allow"`` it;
+        options (queue, priority, retry, ...) travel with ``fn``. ``overlap``, while the
+        previous run is Pending or InProgress: ``"skip"`` the tick, ``"allow"`` it,
+        ``"cancel_previous"`` or ``"enqueue"`` (see ``Overlap``);
         ``catch_up``: after downtime, ``"latest"`` runs the latest missed tick once,
         ``"none"`` none; ``backfill=timedelta(...)``: every missed tick of that last span
         instead, oldest first (a ``CronTick`` parameter says ``backfilled``). Name: 1-255
         characters of a-z, 0-9, '-' and '.'."""
-        declare(
-            self._rt,
-            name,
-            schedule,
-            call,
-            timezone=timezone,
-            overlap=overlap,
-            catch_up=catch_up,
-            enabled=enabled,
-            description=description,
-            backfill=backfill,
-        )
+        declare(self._rt, name, schedule, call, **settings)
 
     def crontab(self, crontab: str | Path) -> list[str]:
         """Declare the crons of a Graphile Worker crontab (its text, or a ``Path`` to its
@@ -124,13 +124,10 @@ class CronDeclarations:
                 item.identifier,
                 item.schedule.expression,
                 ref.options(**options).call(**(item.payload or {})),
-                timezone="UTC",
+                source="crontab",
                 overlap="allow",
                 catch_up="none",
-                enabled=True,
-                description=None,
                 backfill=fill if fill > timedelta(0) else None,
-                source="crontab",
             )
             names.append(item.identifier)
         return names
@@ -140,13 +137,7 @@ class CronDeclarations:
         name: str,
         schedule: str,
         call: Call | SchedulableRef[[], Any],
-        *,
-        timezone: str = "UTC",
-        overlap: Overlap = "skip",
-        catch_up: CatchUp = "latest",
-        enabled: bool = True,
-        description: str | None = None,
-        backfill: timedelta | None = None,
+        **settings: Unpack[CronSettings],
     ) -> CronInfo:
         """Register a cron at run time (OJS's register: an upsert by name), with the
         parameters of ``cron``. It is kept when executors reconcile their declarations
@@ -156,19 +147,7 @@ class CronDeclarations:
         rt = self._rt
         if name in rt.crons:
             raise RegistrationError(f"cron {name!r} is declared in code; give another name")
-        row = declare(
-            rt,
-            name,
-            schedule,
-            call,
-            timezone=timezone,
-            overlap=overlap,
-            catch_up=catch_up,
-            enabled=enabled,
-            description=description,
-            backfill=backfill,
-            source="api",
-        )
+        row = declare(rt, name, schedule, call, source="api", **settings)
 
         async def _write(conn: AsyncConnection) -> None:
             now = rt.clock.now()
@@ -331,13 +310,13 @@ def declare(
     schedule: str,
     call: Call | SchedulableRef[[], Any],
     *,
-    timezone: str,
-    overlap: Overlap,
-    catch_up: CatchUp,
-    enabled: bool,
-    description: str | None,
-    backfill: timedelta | None,
     source: str = "code",
+    timezone: str = "UTC",
+    overlap: Overlap = "skip",
+    catch_up: CatchUp = "latest",
+    enabled: bool = True,
+    description: str | None = None,
+    backfill: timedelta | None = None,
 ) -> CronRow:
     """A cron as data, every part checked (``RegistrationError`` names the bad one)."""
     # A crontab line's identifier follows Graphile's grammar, checked by its parser.

@@ -61,7 +61,7 @@ from ._statements import (
 )
 from ._tables import sf, workers
 
-_KIND_OF = {State.PENDING: FunctionKind.MUTATION, State.IN_PROGRESS: FunctionKind.ACTION}
+KIND_OF = {State.PENDING: FunctionKind.MUTATION, State.IN_PROGRESS: FunctionKind.ACTION}
 """The kind of the rows a finish expects in each state."""
 
 
@@ -181,12 +181,15 @@ class Driver(
         written = await self._finish_rows(conn, now, outcomes, expected)
         # Only the runs whose finish moved their row: one cancelled meanwhile has no
         # failure to keep (nor one recorded lost, whose rescue kept its own).
-        failed = [o for o in outcomes if not o.unwritten and o.error_type is not None]
-        failed = [o for o in failed if o.state is State.FAILED or o.retry_at is not None]
+        failed = [
+            o
+            for o in outcomes
+            if not o.unwritten and (o.state is State.FAILED or o.retry_at is not None)
+        ]
         if failed:
             await self.record_failures(conn, now, failed, worker_id)
-        if any(o.retry_at is not None and not o.unwritten for o in outcomes):
-            await self.notify(conn, {_KIND_OF[expected]})
+            if any(o.retry_at is not None for o in failed):
+                await self.notify(conn, {KIND_OF[expected]})
         return written
 
     async def _finish_rows(

@@ -7,13 +7,14 @@ and without a row count. A part of ``PostgresDriver``.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from sqlalchemy import CursorResult, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from .._types import FunctionKind, ScheduledFunctionId, State
+from .._types import ScheduledFunctionId, State
 from ._crons import CronMove
-from ._driver import Driver
+from ._driver import KIND_OF, Driver
 from ._rows import Outcome
 from ._statements import FinishParams
 
@@ -160,6 +161,17 @@ _RECORD_SQL = text(
 )
 
 
+def _failures(outcomes: Sequence[Outcome]) -> dict[str, list[Any]]:
+    """The arrays the failure statements bind: each run's row, error and retry time."""
+    return {
+        "ids": [o.id for o in outcomes],
+        "retry_ats": [o.retry_at for o in outcomes],
+        "error_types": [o.error_type for o in outcomes],
+        "error_messages": [o.error_message for o in outcomes],
+        "error_tracebacks": [o.error_traceback for o in outcomes],
+    }
+
+
 class PostgresBatches(Driver):
     """The batch statements of ``PostgresDriver``."""
 
@@ -187,7 +199,7 @@ class PostgresBatches(Driver):
         retried = [o for o in outcomes if o.retry_at is not None]
         if not retried:
             return await super()._finish(conn, now, outcomes, expected, worker_id)
-        kind = FunctionKind.MUTATION if expected is State.PENDING else FunctionKind.ACTION
+        kind = KIND_OF[expected]
         rows = await conn.execute(
             _SETTLE_SQL,
             {
@@ -196,11 +208,7 @@ class PostgresBatches(Driver):
                 "counted": 1 if expected is State.PENDING else 0,
                 "worker_id": worker_id,
                 "plain_ids": ",".join(o.id for o in outcomes if o.retry_at is None),
-                "ids": [o.id for o in retried],
-                "retry_ats": [o.retry_at for o in retried],
-                "error_types": [o.error_type for o in retried],
-                "error_messages": [o.error_message for o in retried],
-                "error_tracebacks": [o.error_traceback for o in retried],
+                **_failures(retried),
                 "channel": CHANNEL,
                 "payload": kind.value,
             },
@@ -248,11 +256,7 @@ class PostgresBatches(Driver):
         result = await conn.execute(
             _RETRY_SQL,
             {
-                "ids": [o.id for o in outcomes],
-                "retry_ats": [o.retry_at for o in outcomes],
-                "error_types": [o.error_type for o in outcomes],
-                "error_messages": [o.error_message for o in outcomes],
-                "error_tracebacks": [o.error_traceback for o in outcomes],
+                **_failures(outcomes),
                 "expected": expected.value,
                 "counted": counted,
                 "failed": failed,
@@ -286,13 +290,5 @@ class PostgresBatches(Driver):
     ) -> None:
         await conn.execute(
             _RECORD_SQL,
-            {
-                "now": now,
-                "worker_id": worker_id,
-                "ids": [o.id for o in outcomes],
-                "error_types": [o.error_type for o in outcomes],
-                "error_messages": [o.error_message for o in outcomes],
-                "error_tracebacks": [o.error_traceback for o in outcomes],
-                "retry_ats": [o.retry_at for o in outcomes],
-            },
+            {"now": now, "worker_id": worker_id, **_failures(outcomes)},
         )
