@@ -23,7 +23,8 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 test: lint typecheck
-	$(BIN)/pytest
+	$(BIN)/pytest -n 2 -m "not terminal"
+	$(BIN)/pytest -m terminal
 
 BENCH_STAMP := $(VENV)/.bench-installed
 

@@ -25,8 +25,11 @@ from .models import Base
 PG_ADMIN_DSN = os.environ.get(
     "DURAFN_TEST_PG_ADMIN", "postgresql://postgres@127.0.0.1:5432/postgres"
 )
-# Another database name lets two suites run at once on one server (each resets its schema).
-PG_DATABASE = os.environ.get("DURAFN_TEST_PG_DATABASE", "durafn_test")
+# Another database name lets two suites run at once on one server (each resets its schema);
+# so does each of pytest-xdist's workers (``-n 2``, the default), with a database of its own.
+PG_DATABASE = os.environ.get("DURAFN_TEST_PG_DATABASE", "durafn_test") + (
+    f"_{os.environ['PYTEST_XDIST_WORKER']}" if "PYTEST_XDIST_WORKER" in os.environ else ""
+)
 PG_URL = f"postgresql+asyncpg://postgres@127.0.0.1:5432/{PG_DATABASE}"
 PG_DSN = f"postgresql://postgres@127.0.0.1:5432/{PG_DATABASE}"
 

@@ -141,7 +141,8 @@ async def _still_running(app: durafn.App) -> bool:
         async with app.engine.connect() as conn:
             found = await conn.scalar(
                 text(
-                    "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'SELECT pg_sleep(600)%'"
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND query LIKE 'SELECT pg_sleep(600)%'"
                 )
             )
         return bool(found)
