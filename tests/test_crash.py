@@ -74,8 +74,8 @@ async def test_exactly_once_under_kill_9(db_url: str, tmp_path: Path) -> None:
                     # Then land inside an open batch: runs have begun (the file, read
                     # first) that were not committed when the count was read after it.
                     while not last_round:
-                        began, done = _began(starts), await _done(app)
-                        if began > done + lost or done == TOTAL:
+                        begun, done = _began(starts), await _done(app)
+                        if begun > done + lost or done == TOTAL:
                             break
                         await anyio.sleep(0.001)
             finally:
