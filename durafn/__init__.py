@@ -31,6 +31,8 @@ from ._errors import (
     WorkerLostError,
 )
 from ._executor import Executor, ExecutorConfig, ExecutorOptions, RunawayError
+from ._explain import Explanation
+from ._flow import Debounce, Flow, FlowError, Rate
 from ._hooks import HookEvent
 from ._options import JobOptions, OptionError, Queue
 from ._registry import ActionRef, Call, FunctionRef, MutationRef, QueryRef, SchedulableRef
@@ -75,6 +77,7 @@ __all__ = [
     "DEFAULT_URL",
     "DELAYED_JOB",
     "DatabaseError",
+    "Debounce",
     "DurableNameWarning",
     "DurafnError",
     "ErrorInfo",
@@ -82,9 +85,12 @@ __all__ = [
     "ExecutorConfig",
     "ExecutorOptions",
     "ExecutorShutdownError",
+    "Explanation",
     "Exponential",
     "FailedAttempt",
     "Fixed",
+    "Flow",
+    "FlowError",
     "FunctionKind",
     "FunctionRef",
     "FunctionTimeoutError",
@@ -102,6 +108,7 @@ __all__ = [
     "QueryRef",
     "Queue",
     "QueueInfo",
+    "Rate",
     "ReadOnlyError",
     "RegistrationError",
     "Retention",

@@ -13,7 +13,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ._checks import aware_time, integer, scheduled_id
 from ._context import row_filter
-from ._errors import ArgumentError
+from ._errors import ArgumentError, NotFoundError
+from ._explain import Explanation, explain
 from ._options import check_name, check_priority
 from ._retries import MAX_ATTEMPTS
 from ._runtime import Runtime
@@ -27,6 +28,27 @@ class Operations:
     """The operator half of ``App`` (a base class of it)."""
 
     _rt: Runtime
+
+    # -- why a row waits ---------------------------------------------------------------
+
+    async def explain(self, id: ScheduledFunctionId | str) -> Explanation:
+        """Why this row is where it is: for a Pending row, what holds it back (not due yet,
+        its queue paused, no worker serving it, a forbidden flag, its queue or flow key
+        at its concurrency, its key's rate budget spent, debounced) or that it is ready.
+        Raises NotFoundError for an unknown id."""
+        checked = scheduled_id(id)
+        if checked is None:
+            raise NotFoundError(str(id), malformed=True)
+        now = self._rt.clock.now()
+
+        async def _read(conn: AsyncConnection) -> Explanation | None:
+            facts = await self._rt.driver.explain_facts(conn, checked, now)
+            return None if facts is None else explain(facts, now)
+
+        found = await self._rt.transaction(_read, read_only=True, doing="explaining a row")
+        if found is None:
+            raise NotFoundError(checked)
+        return found
 
     # -- queues ------------------------------------------------------------------------
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypedDict, get_args
 
 from ._checks import Error, integer, is_integer, optional, text
 from ._errors import SchedulingError
+from ._flow import Flow, FlowError, check_flow
 from ._retries import Retry, check_retry
 
 if TYPE_CHECKING:
@@ -66,6 +67,7 @@ class JobOptionArgs(TypedDict, total=False):
     flags: Iterable[str] | None
     retry: Retry | None
     on_complete: MutationRef[[Completion], Any] | None
+    flow: Flow | None
 
 
 class OptionError(SchedulingError):
@@ -81,14 +83,27 @@ class Queue:
     and host (1, the default, is a serial queue: Graphile's ``queue_name``); None: no limit
     (a queue that only routes rows to workers and pools, as delayed_job's queues do).
     ``priority``: the default priority of its rows (delayed_job's ``queue_attributes``).
+    ``flow``: the default flow control of its rows (``durafn.Flow``); a queue with flow
+    control routes rows only, so its ``concurrency`` must be None.
     """
 
     concurrency: int | None = 1
     priority: int | None = None
+    flow: Flow | None = None
 
     def __post_init__(self) -> None:
         optional(integer, "Queue concurrency", self.concurrency, high=100_000)
         check_priority(self.priority, "Queue priority", error=SchedulingError)
+        optional(check_flow, "Queue flow", self.flow, error=SchedulingError)
+        if self.flow is not None and self.concurrency is not None:
+            raise SchedulingError(_FLOW_IN_SERIAL_QUEUE)
+
+
+_FLOW_IN_SERIAL_QUEUE = (
+    "a row with flow control cannot be in a queue with a concurrency limit: the flow "
+    "key's limits decide when it starts; declare the queue with Queue(concurrency=None) "
+    "(a queue that only routes rows to workers)"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +117,7 @@ class JobOptions:
     flags: frozenset[str] | None = None
     retry: Retry | None = None
     on_complete: MutationRef[[Completion], Any] | None = None
+    flow: Flow | None = None
 
     @classmethod
     def checked(cls, error: Error = OptionError, **values: Any) -> JobOptions:
@@ -127,6 +143,7 @@ class JobOptions:
             on_complete=optional(
                 check_on_complete, "on_complete", values.get("on_complete"), error=error
             ),
+            flow=optional(check_flow, "flow", values.get("flow"), error=error),
         )
 
     def over(self, base: JobOptions) -> JobOptions:
@@ -153,6 +170,10 @@ class RowOptions:
     max_attempts: int | None
     on_complete: str | None = None
     """The completion callback as data (``_completions.spec``), or None."""
+    flow: Flow | None = None
+    """Flow control: the key is computed per call, from its arguments (``_scheduler``)."""
+    flow_spec: str | None = None
+    """The flow's knobs as stored (``Flow.spec``), or None."""
 
 
 def resolve(
@@ -160,12 +181,20 @@ def resolve(
 ) -> RowOptions:
     """The row's options: ``options`` (call over decorator), then the queue's attributes;
     ``retry``: the app's policy, for a function without one."""
-    priority = options.priority
-    if priority is None and options.queue is not None:
-        attributes = queues.get(options.queue)
-        priority = attributes.priority if attributes is not None else None
+    priority, flow = options.priority, options.flow
+    attributes = queues.get(options.queue) if options.queue is not None else None
+    if attributes is not None:
+        priority = attributes.priority if priority is None else priority
+        flow = attributes.flow if flow is None else flow
     if options.key_mode is not None and options.key is None:
         raise OptionError(f"key_mode={options.key_mode!r} was given without a key")
+    if flow is not None:
+        if options.queue is not None and (attributes is None or attributes.concurrency is not None):
+            raise FlowError(_FLOW_IN_SERIAL_QUEUE + f" (queue {options.queue!r})")
+        if flow.debounce is not None and options.key is not None:
+            raise FlowError(
+                "a debounced row's job key is its flow key; drop key= (or the debounce)"
+            )
     return RowOptions(
         priority=priority or 0,
         queue=options.queue,
@@ -175,6 +204,8 @@ def resolve(
         retry=policy.to_json() if (policy := options.retry or retry) is not None else None,
         max_attempts=policy.max_attempts if policy is not None else None,
         on_complete=_callback(options.on_complete, queues, retry),
+        flow=flow,
+        flow_spec=flow.spec() if flow is not None else None,
     )
 
 

@@ -25,6 +25,7 @@ from pydantic import ConfigDict, TypeAdapter
 from ._cancels import CancelMode
 from ._checks import optional, positive_seconds, text
 from ._errors import ArgumentError, DurableNameWarning, RegistrationError, UnknownFunctionError
+from ._flow import Flow
 from ._hooks import FUNCTION_HOOKS, Hook, HookName, HookT, check_hook
 from ._options import JobOptions, KeyMode, OptionError
 from ._retention import Retention
@@ -167,6 +168,12 @@ class FunctionRef(Generic[P, R]):
 
     def encode_args(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
         """Validate a call's arguments and return their JSON text (defaults filled in)."""
+        return self.encode_call(args, kwargs)[1]
+
+    def encode_call(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[dict[str, Any], str]:
+        """A call's validated arguments, by name, and their JSON text."""
         value = self._validate(args, kwargs)
         try:
             data = self._args_adapter.dump_json(value)
@@ -177,7 +184,7 @@ class FunctionRef(Generic[P, R]):
             ) from None
         if b"null" in data:  # where a NaN or an infinity would have gone: look closer
             _refuse_non_finite(value, f"arguments for {self.name!r}")
-        return data.decode()
+        return value, data.decode()
 
     def decode_args(self, text: str) -> dict[str, Any]:
         """Validate stored arguments back into Python values for a run."""
@@ -260,6 +267,7 @@ class SchedulableRef(FunctionRef[P, R]):
         flags: Iterable[str] | None = None,
         retry: Retry | None = None,
         on_complete: MutationRef[[Completion], Any] | None = None,
+        flow: Flow | None = None,
     ) -> Self:
         """This function with job options for the calls scheduled through the result
         (which has the same parameters, so mypy still checks the arguments).
@@ -273,8 +281,9 @@ class SchedulableRef(FunctionRef[P, R]):
         ``retry``: a ``durafn.Retry`` policy for these calls (its backoff one of durafn's,
         kept on the row: a backoff function belongs on the decorator). ``on_complete``: a
         mutation taking a ``durafn.Completion``, scheduled in the same transaction as the
-        row's final Success, Failed or Canceled (never lost, never twice). Options not
-        given keep the decorator's.
+        row's final Success, Failed or Canceled (never lost, never twice). ``flow``: a
+        ``durafn.Flow`` (flow key, concurrency, rate, fairness weight, debounce), in place
+        of the decorator's. Options not given keep the decorator's.
         """
         chosen = JobOptions.checked(
             priority=priority,
@@ -284,6 +293,7 @@ class SchedulableRef(FunctionRef[P, R]):
             flags=flags,
             retry=retry,
             on_complete=on_complete,
+            flow=flow,
         )
         if chosen.retry is not None and chosen.retry.to_json() is None:
             raise OptionError(

@@ -235,7 +235,7 @@ class Scheduler:
             raise SchedulingError(
                 f"{ref.name!r} is a {ref.kind}; only mutations and actions can be scheduled"
             )
-        args_json = ref.encode_args(args, kwargs)
+        values, args_json = ref.encode_call(args, kwargs)
         options = self._rt.row_options(ref.job_options)
         size = len(args_json) if args_json.isascii() else len(args_json.encode())
         limits = self._limits
@@ -249,8 +249,16 @@ class Scheduler:
             )
         self._count += 1
         self._bytes += size
+        flow_key = options.flow.key_of(ref.name, values) if options.flow is not None else None
         return new_row(
-            new_id(now), ref.name, ref.kind.value, args_json, due, self._parent_id, options
+            new_id(now),
+            ref.name,
+            ref.kind.value,
+            args_json,
+            due,
+            self._parent_id,
+            options,
+            flow_key,
         )
 
     def _limit(self, message: str) -> None:

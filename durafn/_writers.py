@@ -159,15 +159,19 @@ async def write(
     if names:
         await driver.ensure_queues(conn, {n: rt.concurrency_of(n) for n in names}, rt.clock.now())
     plain = [row for row in rows if row["job_key"] is None]
-    keyed = [row for row in rows if row["job_key"] is not None]
+    keyed = [row for row in rows if row["job_key"] is not None and row["debounce"] is None]
+    debounced = [row for row in rows if row["debounce"] is not None]
     if plain:
         await driver.insert_rows(conn, _in_claim_order(plain), new)
     ids = {row["id"]: row["id"] for row in plain}
     if keyed:
         for row, id in zip(keyed, await driver.insert_keyed(conn, keyed), strict=True):
             ids[row["id"]] = id
-        if new and not plain:
-            await driver.notify(conn, new)
+    if debounced:
+        for row, id in zip(debounced, await driver.write_debounced(conn, debounced), strict=True):
+            ids[row["id"]] = id
+    if new and not plain:
+        await driver.notify(conn, new)
     return new, [ids[row["id"]] for row in rows]
 
 

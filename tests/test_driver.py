@@ -91,6 +91,8 @@ def new_row(
         "retry": None,
         "max_attempts": None,
         "on_complete": None,
+        "flow_key": None,
+        "flow": None,
     }
 
 

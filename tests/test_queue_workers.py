@@ -14,7 +14,7 @@ import anyio
 import pytest
 
 import durafn
-from durafn import State
+from durafn import Flow, State
 
 from .helpers import equals, wait_until
 from .test_workers import SLACK, stop, worker_processes
@@ -84,13 +84,18 @@ async def test_a_serial_queue_and_a_limit_of_3_hold_across_4_racing_workers(
     qapp: tuple[durafn.App, Functions], db_url: str, tmp_path: Path
 ) -> None:
     """One run of 4 worker processes: a serial queue never runs two rows at once and
-    starts them in order; a queue limited to 3 never runs more (and reaches 3)."""
+    starts them in order; a queue limited to 3 never runs more (and reaches 3); a flow
+    key of concurrency 2 never runs more (and reaches 2)."""
     app, fns = qapp
     trace = tmp_path / "spans"
     calls = [fns.span.options(queue="account:1").call(n, str(trace), 0.02) for n in range(16)]
     calls += [fns.span.options(queue="limited").call(100 + n, str(trace), 0.03) for n in range(24)]
     # Unqueued rows keep every worker busy claiming alongside the queues'.
     calls += [fns.span.call(200 + n, str(trace), 0.0) for n in range(40)]
+    # Flow keys: at most 2 rows of each key at once (its key computed here, from the
+    # arguments: the workers read it, and the limit, off the rows).
+    keyed = fns.span.options(flow=Flow(key=lambda a: f"k{a['n'] % 2}", concurrency=2))
+    calls += [keyed.call(300 + n, str(trace), 0.02) for n in range(24)]
     async with worker_processes(db_url, 4, tmp_path, *QUICK_POLL, "--concurrency", "4") as procs:
         ids = await app.scheduler().run_many(calls)
         await _wait_done(app, ids)
@@ -100,6 +105,9 @@ async def test_a_serial_queue_and_a_limit_of_3_hold_across_4_racing_workers(
     assert most_at_once(serial) == 1
     assert sorted(serial, key=lambda n: serial[n].start) == list(range(16))
     assert most_at_once({n: s for n, s in spans.items() if 100 <= n < 200}) == 3
+    for parity in (0, 1):
+        of_key = {n: s for n, s in spans.items() if n >= 300 and n % 2 == parity}
+        assert len(of_key) == 12 and most_at_once(of_key) == 2
     assert len({s.pid for s in spans.values()}) > 1  # the workers did race
 
 

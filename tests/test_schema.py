@@ -42,7 +42,8 @@ async def test_a_version_1_database_is_upgraded_in_place(
 ) -> None:
     """Version 2 added worker heartbeats, version 3 the traceback column, version 4 job
     options (flags, queues, the priority-first claim indexes), version 5 retry policies
-    (retry, failures, the failed attempts' table), version 6 completion callbacks: an
+    (retry, failures, the failed attempts' table), version 6 completion callbacks, 7 the
+    cron registry, 8 flow control (the claim indexes redefined without keyed rows): an
     existing version 1 database keeps its rows, refuses to run until migrated
     (PostgreSQL), and gains the new tables, indexes and columns, one recorded step each."""
     app = durafn.App(db_url, clock=clock)
@@ -58,8 +59,14 @@ async def test_a_version_1_database_is_upgraded_in_place(
             await conn.execute(text("DROP INDEX ix_scheduled_functions_running"))
             await conn.execute(text("DROP TABLE _durafn_workers"))
             await conn.execute(text("ALTER TABLE _scheduled_functions DROP COLUMN error_traceback"))
-            for index in ("claim", "claim_queued", "queue", "key"):
+            for index in (
+                *("claim", "claim_queued", "queued_due", "queue", "key"),
+                *("keyed_due", "keys", "key_head", "key_running"),
+            ):
                 await conn.execute(text(f"DROP INDEX ix_scheduled_functions_{index}"))
+            for column in ("flow_key", "flow", "flow_until"):
+                await conn.execute(text(f"ALTER TABLE _scheduled_functions DROP COLUMN {column}"))
+            await conn.execute(text("DROP TABLE _durafn_flow_keys"))
             await conn.execute(text("DROP TABLE _durafn_queues"))
             await conn.execute(text("ALTER TABLE _scheduled_functions DROP COLUMN flags"))
             await conn.execute(text("DROP TABLE _durafn_failed_attempts"))
@@ -76,10 +83,10 @@ async def test_a_version_1_database_is_upgraded_in_place(
         await app.aclose()
         if engine_name == "postgres":
             stale = durafn.App(db_url, clock=clock)
-            with pytest.raises(durafn.SchemaError, match="at version 1, this durafn needs 7"):
+            with pytest.raises(durafn.SchemaError, match="at version 1, this durafn needs 8"):
                 await stale.executor().run_until_idle()
             await stale.aclose()
-        assert await app.migrate() == 7
+        assert await app.migrate() == 8
         async with app.engine.connect() as conn:
             tables = await conn.run_sync(lambda c: set(inspect(c).get_table_names()))
             indexes = await conn.run_sync(
@@ -91,15 +98,18 @@ async def test_a_version_1_database_is_upgraded_in_place(
             )
         assert "_durafn_workers" in tables and "ix_scheduled_functions_running" in indexes
         assert {"error_traceback", "flags", "retry", "failures", "on_complete"} <= columns
+        assert {"flow_key", "flow", "flow_until"} <= columns
         assert {
             "_durafn_queues",
             "_durafn_failed_attempts",
             "_durafn_crons",
             "_durafn_leases",
+            "_durafn_flow_keys",
         } <= tables
         assert "ix_scheduled_functions_due" not in indexes
         assert {"ix_scheduled_functions_claim", "ix_scheduled_functions_key"} <= indexes
-        assert sorted(versions) == [1, 2, 3, 4, 5, 6, 7]
+        assert {"ix_scheduled_functions_keys", "ix_scheduled_functions_queued_due"} <= indexes
+        assert sorted(versions) == [1, 2, 3, 4, 5, 6, 7, 8]
         row = await app.get(sid)
         assert row is not None and row.state is durafn.State.PENDING
         async with app.run_executor() as executor:

@@ -175,11 +175,17 @@ class Executor:
 
     async def next_due(self) -> float | None:
         """The earliest time (epoch seconds) any Pending row becomes due, or a cron of the
-        app's runs next, or None."""
+        app's runs next, or None. Rows due already that this executor's last claims left
+        for a flow key's spent rate budget count from when the budget allows a start."""
         driver = self._rt.driver
+        now = self._rt.clock.now()
+        held = [w for w in (self._mutations.hint.flow.wake_at, self._claims.hint.flow.wake_at) if w]
 
         async def _both(conn: AsyncConnection) -> list[float | None]:
             times = [await driver.next_due(conn, kind) for kind in KINDS]
+            if held and any(t is not None and t <= now for t in times):
+                times = [await driver.next_due(conn, kind, now) for kind in KINDS]
+                times.append(min(held))
             if self._crons.active:
                 times.append(await driver.next_cron(conn))
             return times

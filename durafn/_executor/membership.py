@@ -170,6 +170,7 @@ class Membership:
                 os.getpid(),
                 self._config.concurrency,
                 written,
+                self._config.serve,
             )
             return False
 

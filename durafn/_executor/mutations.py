@@ -56,7 +56,7 @@ class MutationLanes:
         self._mode_batches = 0  # batches left before the mode reverts to optimistic
         self.pace = Pace()
         """Recent wall seconds per mutation run, for the claim size."""
-        self._hint = FastPathHint()
+        self.hint = FastPathHint()
         self._floor = LevelFloor(hold=config.batch_time)
 
     async def lane(self) -> None:
@@ -70,7 +70,7 @@ class MutationLanes:
                 # Everything due at ``now`` that no one else holds is done: rows due since
                 # then, or scheduled by this batch, are found by the next-due read (or their
                 # wake-up), so a second claim that would find nothing is not needed.
-                await self._wakeups.idle_wait(FunctionKind.MUTATION, signal, now)
+                await self._wakeups.idle_wait(FunctionKind.MUTATION, signal, now, self.hint.flow)
 
     async def run_batch(
         self,
@@ -97,7 +97,7 @@ class MutationLanes:
                 mode,
                 self.pace,
                 self._config.serve,
-                self._hint,
+                self.hint,
                 self._worker_id(),
                 # Lanes skip the levels another lane has just taken the rest of; not in
                 # run_until_idle, whose claims must come out in priority order.

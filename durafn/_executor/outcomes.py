@@ -68,7 +68,7 @@ def failed(row: Claimed | Outcome, exc: BaseException) -> Outcome:
         # The traceback is written for a final failure only (``retrying.settle``): it
         # cost ~0.2 ms per failed run, a third of what a retried no-op run added.
         name=row.name,
-        queue=row.queue_name if isinstance(row, Claimed) else row.queue,
+        queue=row.slot if isinstance(row, Claimed) else row.queue,
         error=exc,
         on_complete=row.on_complete,
         retry_state=row.retry_state() if isinstance(row, Claimed) else row.retry_state,
@@ -102,7 +102,7 @@ def success(row: Claimed, encoded: str | None) -> Outcome:
         State.SUCCESS,
         result=encoded,
         name=row.name,
-        queue=row.queue_name,
+        queue=row.slot,
         on_complete=row.on_complete,
     )
 

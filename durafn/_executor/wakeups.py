@@ -16,6 +16,7 @@ import anyio
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from .._runtime import Runtime
+from .._store import FlowCursor
 from .._types import FunctionKind
 from .tasks import Signal, first_of, shielded
 
@@ -55,13 +56,17 @@ class Wakeups:
         """The event the next wake-up for ``kind`` sets: take it before a claim."""
         return self._work[kind].current()
 
-    async def idle_wait(self, kind: FunctionKind, signal: anyio.Event, claimed_at: float) -> None:
+    async def idle_wait(
+        self, kind: FunctionKind, signal: anyio.Event, claimed_at: float, flow: FlowCursor
+    ) -> None:
         """Sleep until the next row of ``kind`` is due, new work is signalled, or the poll.
 
         ``claimed_at`` is when the claim that found nothing ran: rows due by then are all
         taken (locked by another lane or executor), so only later ones are waited for.
+        ``flow``: the claim's visit of the flow keys; it wakes when a spent rate budget
+        allows a start again, and does not sleep while keys are left to visit.
         """
-        if self.stopping.is_set():
+        if self.stopping.is_set() or flow.after:
             return
         rt = self._rt
         try:
@@ -79,8 +84,9 @@ class Wakeups:
             )
             return
         deadline = rt.clock.now() + self.poll_interval
-        if next_due is not None:
-            deadline = min(deadline, next_due)
+        for at in (next_due, flow.wake_at):
+            if at is not None:
+                deadline = min(deadline, at)
         await first_of(signal.wait, functools.partial(rt.clock.sleep_until, deadline))
 
     async def _read(self, body: Callable[[AsyncConnection], Awaitable[T]]) -> T:

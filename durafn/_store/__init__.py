@@ -12,6 +12,7 @@ from ._claims import SERVE_ALL, ClaimFilter
 from ._crons import CRON_LEASE, DECLARED, CronMove, CronRow, tick_id
 from ._driver import Driver
 from ._filters import RowFilter
+from ._flow_claims import FlowCursor
 from ._rows import (
     Claimed,
     LostAction,
@@ -36,6 +37,7 @@ __all__ = [
     "Claimed",
     "Driver",
     "FastPathHint",
+    "FlowCursor",
     "LevelFloor",
     "LostAction",
     "Outcome",

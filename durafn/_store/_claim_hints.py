@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 
 from .._options import PRIORITY_RANGE
+from ._flow_claims import FlowCursor
 
 
 class FastPathHint:
@@ -17,6 +18,9 @@ class FastPathHint:
 
     def __init__(self) -> None:
         self.use = True
+        self.flow = FlowCursor()
+        """Where the next claim's visit of the flow keys starts, and when a spent rate
+        budget allows a start again (``_flow_claims``)."""
 
 
 class LevelFloor:

@@ -35,6 +35,7 @@ InProgress rows then keeps the queue busy until they finish.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +60,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from .._options import PRIORITY_RANGE
 from .._types import FunctionKind
 from ._claim_hints import FastPathHint, LevelFloor
+from ._flow_claims import FlowCursor, FlowStatements, fair_order, flow_heads, flow_statements, keyed
 from ._queue_claims import queue_heads
 from ._rows import Claimed
 from ._statements import CLAIM_COLUMNS, PENDING, RUNNING, STARTED, claimed
@@ -84,6 +86,7 @@ def _pending(queued: bool) -> tuple[ColumnElement[bool], ...]:
         sf.c.state == PENDING,
         sf.c.kind == bindparam("b_kind", type_=Text),
         sf.c.queue_name.is_not(None) if queued else sf.c.queue_name.is_(None),
+        sf.c.flow_key.is_(None),
     )
 
 
@@ -124,7 +127,12 @@ def _next_due(queued: bool, after: bool) -> Any:
 # No queued row of the kind is due: the first entry of ix_scheduled_functions_queued_due,
 # so a queued row due next week does not send every claim down the full path.
 _FIRST_QUEUED_DUE = select(func.min(sf.c.available_at)).where(*_pending(True)).scalar_subquery()
-NO_QUEUED = or_(_FIRST_QUEUED_DUE.is_(None), bindparam("now", type_=Double) < _FIRST_QUEUED_DUE)
+# Nor a keyed one (flow control: claimed per key), from ix_scheduled_functions_keyed_due.
+_FIRST_KEYED_DUE = select(func.min(sf.c.available_at)).where(*keyed()).scalar_subquery()
+NO_QUEUED = and_(
+    or_(_FIRST_QUEUED_DUE.is_(None), bindparam("now", type_=Double) < _FIRST_QUEUED_DUE),
+    or_(_FIRST_KEYED_DUE.is_(None), bindparam("now", type_=Double) < _FIRST_KEYED_DUE),
+)
 # The highest unqueued level Pending (its last entry in ix_scheduled_functions_claim):
 # returned with the fast path's first try, to tell whether a second could find more.
 HIGHEST = select(func.max(sf.c.priority)).where(*_pending(False)).scalar_subquery()
@@ -134,11 +142,22 @@ SECOND_LEVEL = select(func.min(sf.c.priority)).where(
     sf.c.priority > select(func.min(sf.c.priority)).where(*_pending(False)).scalar_subquery(),
 )
 LEVELS = _levels()
-# Both indexes in one statement (one round trip: the idle wait reads it after every
-# claim that came back short).
+
+
+def _next_keyed(after: bool) -> Any:
+    first = select(func.min(sf.c.available_at)).where(*keyed())
+    if after:
+        first = first.where(sf.c.available_at > bindparam("after", type_=Double))
+    return first.scalar_subquery()
+
+
+# Every class of Pending rows in one statement (one round trip: the idle wait reads it
+# after every claim that came back short).
 NEXT_DUE = {
     after: select(
-        _next_due(False, after).scalar_subquery(), _next_due(True, after).scalar_subquery()
+        _next_due(False, after).scalar_subquery(),
+        _next_due(True, after).scalar_subquery(),
+        _next_keyed(after),
     )
     for after in (False, True)
 }
@@ -166,6 +185,12 @@ def _due_at_level(queued: bool) -> tuple[ColumnElement[bool], ...]:
         sf.c.priority == bindparam("level", type_=Integer),
         sf.c.available_at <= bindparam("now", type_=Double),
     )
+
+
+def _not_paused() -> ColumnElement[bool]:
+    """A keyed row's queue (if any: it only routes) is not paused."""
+    paused = select(queues.c.name).where(queues.c.paused)  # ix_durafn_queues_paused
+    return or_(sf.c.queue_name.is_(None), ~sf.c.queue_name.in_(paused))
 
 
 def _blocked_queues() -> ColumnElement[bool]:
@@ -204,6 +229,8 @@ class ClaimStatements:
     of every level, ascending (LATERAL on PostgreSQL, ``priority IN (levels)`` on SQLite)."""
     fast_actions: Any
     """``fast``, starting the actions in the same statement."""
+    flow: FlowStatements
+    """The keyed rows' reads (``_flow_claims``)."""
 
 
 @functools.cache
@@ -296,7 +323,8 @@ def statements(serve: ClaimFilter, lateral: bool = False) -> ClaimStatements:
         )
     if fast is not None:
         fast_actions = _starting(fast)
-    return ClaimStatements(unqueued, queued, first, first_actions, fast, fast_actions)
+    flow = flow_statements((served, flags_ok, _not_paused()))
+    return ClaimStatements(unqueued, queued, first, first_actions, fast, fast_actions, flow)
 
 
 def _starting(chosen: Select[Any], *extra: Any) -> Any:
@@ -427,11 +455,33 @@ async def take(
     now: float,
     limit: int,
     serve: ClaimFilter,
+    insert: Callable[..., Any],
     hint: FastPathHint | None = None,
 ) -> list[Claimed]:
     """Choose and lock up to ``limit`` due rows of ``kind`` (see the module docstring).
     Actions are then started by ``START_ACTIONS``; mutations run in this transaction."""
     st = statements(serve)
+    cursor = hint.flow if hint is not None else FlowCursor()
+    keyed_rows = await flow_heads(conn, st.flow, kind, now, limit, cursor, insert)
+    rows = await _take_unkeyed(conn, st, kind, now, limit, serve, hint)
+    if not cursor.visited:
+        return rows
+    if hint is not None:
+        hint.use = False  # keyed rows are due: the fast path's guard would fail
+    chosen = fair_order(rows, keyed_rows.ranked(), limit)
+    await keyed_rows.consume(conn, chosen, now, cursor)
+    return chosen
+
+
+async def _take_unkeyed(
+    conn: AsyncConnection,
+    st: ClaimStatements,
+    kind: FunctionKind,
+    now: float,
+    limit: int,
+    serve: ClaimFilter,
+    hint: FastPathHint | None,
+) -> list[Claimed]:
     present = await levels(conn, kind)
     free: list[Claimed] = []
     if st.unqueued is not None:

@@ -67,6 +67,9 @@ def _completion_row(now: float, outcome: Outcome) -> dict[str, Any]:
         "retry": spec["retry"],
         "max_attempts": spec["max_attempts"],
         "on_complete": None,
+        "flow_key": None,
+        "flow": None,
+        "debounce": None,
         "concurrency": spec["concurrency"],
     }
 

@@ -14,6 +14,7 @@ checked by the caller: a lost race is explicit, never a row moved backwards.
 from __future__ import annotations
 
 import builtins
+import json
 from collections.abc import Collection, Sequence
 from typing import Any
 
@@ -41,7 +42,9 @@ from ._claims import (
 )
 from ._completions import canceled
 from ._crons import CronStatements
+from ._debounce import write_debounced
 from ._engine import EngineDriver
+from ._explain import ExplainStatements
 from ._failures import RETRY_COLUMNS, FailureStatements, in_state
 from ._filters import RowFilter
 from ._inline import InlineStatements
@@ -72,6 +75,7 @@ class Driver(
     CancelStatements,
     InlineStatements,
     CronStatements,
+    ExplainStatements,
     EngineDriver,
 ):
     """Dialect-neutral statements on the system tables."""
@@ -103,6 +107,12 @@ class Driver(
     ) -> builtins.list[ScheduledFunctionId]:
         """Write rows that carry job keys (``_keys``); returns the id that runs for each."""
         return await insert_keyed(conn, self.dialect_insert, rows)
+
+    async def write_debounced(
+        self, conn: AsyncConnection, rows: Sequence[dict[str, Any]]
+    ) -> builtins.list[ScheduledFunctionId]:
+        """Write debounced calls (``_debounce``); returns the id that runs for each."""
+        return await write_debounced(conn, self.dialect_insert, rows)
 
     async def pending_batch(
         self, conn: AsyncConnection, where: RowFilter, after: str | None, limit: int
@@ -155,7 +165,7 @@ class Driver(
             # every level: the full claim could add nothing. (It ran the full claim for
             # every short claim at first: a 1-row claim cost 15 ms against a backlog at
             # seven levels.)
-            rows = await take(conn, kind, now, limit, serve, hint)
+            rows = await take(conn, kind, now, limit, serve, self.dialect_insert, hint)
         return rows
 
     async def finish_pending(
@@ -283,7 +293,7 @@ class Driver(
     ) -> list[Claimed]:
         """Pending -> InProgress for up to ``limit`` due actions (``_claims.take``, after
         ``claim_actions_fast``); commit before running them."""
-        rows = await take(conn, FunctionKind.ACTION, now, limit, serve, hint)
+        rows = await take(conn, FunctionKind.ACTION, now, limit, serve, self.dialect_insert, hint)
         return await start_actions(conn, rows, now, worker_id)
 
     async def claim_actions_fast(
@@ -363,7 +373,14 @@ class Driver(
     # -- workers -------------------------------------------------------------------------
 
     async def register_worker(
-        self, conn: AsyncConnection, id: str, hostname: str, pid: int, concurrency: int, now: float
+        self,
+        conn: AsyncConnection,
+        id: str,
+        hostname: str,
+        pid: int,
+        concurrency: int,
+        now: float,
+        serve: ClaimFilter = SERVE_ALL,
     ) -> None:
         await conn.execute(
             insert(workers).values(
@@ -373,6 +390,10 @@ class Driver(
                 concurrency=concurrency,
                 started_at=now,
                 heartbeat_at=now,
+                serves=None if serve.queues is None else json.dumps(sorted(serve.queues)),
+                forbidden=json.dumps(sorted(serve.forbidden_flags))
+                if serve.forbidden_flags
+                else None,
             )
         )
 

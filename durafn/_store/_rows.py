@@ -40,6 +40,8 @@ NEW_ROW_COLUMNS = (
     "retry",
     "max_attempts",
     "on_complete",
+    "flow_key",
+    "flow",
 )
 """The keys of a row passed to ``Driver.insert_rows``; the other columns take defaults."""
 
@@ -114,6 +116,13 @@ class Claimed:
     retry: str | None = None
     max_attempts: int | None = None
     failures: int = 0
+    flow_key: str | None = None
+
+    @property
+    def slot(self) -> str | None:
+        """The queue or flow key whose slot it holds while it runs: its end wakes the
+        claimers that skipped it."""
+        return self.queue_name if self.queue_name is not None else self.flow_key
 
     def order(self) -> tuple[int, float, str]:
         """Claim order: priority (lower first), then due time, then id."""
@@ -206,6 +215,7 @@ def to_model(row: Row[Any]) -> ScheduledFunction:
         max_attempts=m["max_attempts"],
         failures=m["failures"],
         on_complete=json.loads(m["on_complete"])["name"] if m["on_complete"] else None,
+        flow_key=m["flow_key"],
     )
 
 
@@ -217,8 +227,12 @@ def new_row(
     due: float,
     parent_id: ScheduledFunctionId | None,
     options: RowOptions,
+    flow_key: str | None = None,
 ) -> dict[str, Any]:
-    """A Pending row to write (its keys ``NEW_ROW_COLUMNS``, and the key mode)."""
+    """A Pending row to write (its keys ``NEW_ROW_COLUMNS``, the key mode, and its
+    debounce: a debounced row holds the job key ``debounce:<flow key>``)."""
+    debounce = options.flow.debounce if options.flow is not None and flow_key else None
+    job_key = options.key if debounce is None else f"debounce:{flow_key}"
     return {
         "id": id,
         "name": name,
@@ -231,12 +245,15 @@ def new_row(
         "parent_id": parent_id,
         "priority": options.priority,
         "queue_name": options.queue,
-        "job_key": options.key,
+        "job_key": job_key,
         "key_mode": options.key_mode,
         "flags": options.flags,
         "retry": options.retry,
         "max_attempts": options.max_attempts,
         "on_complete": options.on_complete,
+        "flow_key": flow_key,
+        "flow": options.flow_spec if flow_key is not None else None,
+        "debounce": debounce,
     }
 
 
@@ -260,6 +277,7 @@ def new_row_model(row: dict[str, Any], id: ScheduledFunctionId) -> ScheduledFunc
         queue=row["queue_name"],
         key=row["job_key"],
         flags=read_flags(row["flags"]),
+        flow_key=row["flow_key"],
         max_attempts=row["max_attempts"],
     )
 

@@ -26,7 +26,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Connection
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 """Bump with a new step in ``MIGRATIONS`` whenever the tables change."""
 
 metadata = MetaData()
@@ -71,6 +71,11 @@ scheduled_functions = Table(
     # Version 6: the completion callback (``on_complete``) as data, JSON: which mutation
     # to schedule, with which options, when the row finishes for good (_store/_completions).
     Column("on_complete", Text),
+    # Version 8, flow control (durafn/_flow.py): the row's flow key, the key's knobs as
+    # JSON, and a debounced row's latest run time (its first call plus max_wait).
+    Column("flow_key", Text),
+    Column("flow", Text),
+    Column("flow_until", Double),
     CheckConstraint(
         "state IN ('Pending', 'InProgress', 'Success', 'Failed', 'Canceled')",
         name="ck_scheduled_functions_state",
@@ -81,6 +86,11 @@ sf = scheduled_functions
 
 # Claims and "when is the next row due": only Pending rows are in them, so they stay as
 # small as the backlog of unstarted work however many finished rows await retention.
+# Three classes of Pending rows, each with its own indexes: unqueued, queued, and keyed
+# (a flow key: flow control, claimed per key by _store/_flow_claims.py).
+UNQUEUED = and_(sf.c.state == "Pending", sf.c.queue_name.is_(None), sf.c.flow_key.is_(None))
+QUEUED = and_(sf.c.state == "Pending", sf.c.queue_name.is_not(None), sf.c.flow_key.is_(None))
+KEYED = and_(sf.c.state == "Pending", sf.c.flow_key.is_not(None))
 # Priority comes before time: a claim reads each priority level present as one range
 # (``priority = p AND available_at <= now``, in order), so neither a future row nor a row
 # of a later level is read to find a due one (_claims.py). Unqueued and queued rows have
@@ -92,8 +102,8 @@ Index(
     sf.c.priority,
     sf.c.available_at,
     sf.c.id,
-    postgresql_where=and_(sf.c.state == "Pending", sf.c.queue_name.is_(None)),
-    sqlite_where=and_(sf.c.state == "Pending", sf.c.queue_name.is_(None)),
+    postgresql_where=UNQUEUED,
+    sqlite_where=UNQUEUED,
 )
 # queue_name last, so that finding which queues have due rows reads the index alone.
 Index(
@@ -103,8 +113,8 @@ Index(
     sf.c.available_at,
     sf.c.id,
     sf.c.queue_name,
-    postgresql_where=and_(sf.c.state == "Pending", sf.c.queue_name.is_not(None)),
-    sqlite_where=and_(sf.c.state == "Pending", sf.c.queue_name.is_not(None)),
+    postgresql_where=QUEUED,
+    sqlite_where=QUEUED,
 )
 # "Is a queued row due?": the fast path's guard, one probe (its first entry) planned in
 # microseconds (the same read over the priority levels took 0.3 ms to plan).
@@ -112,8 +122,8 @@ Index(
     "ix_scheduled_functions_queued_due",
     sf.c.kind,
     sf.c.available_at,
-    postgresql_where=and_(sf.c.state == "Pending", sf.c.queue_name.is_not(None)),
-    sqlite_where=and_(sf.c.state == "Pending", sf.c.queue_name.is_not(None)),
+    postgresql_where=QUEUED,
+    sqlite_where=QUEUED,
 )
 # The head of each named queue: a claim that found rows of queue Q re-reads Q's first
 # due rows in queue order, holding Q's lock, so a queue starts its rows in order.
@@ -123,8 +133,43 @@ ix_queue = Index(
     sf.c.priority,
     sf.c.available_at,
     sf.c.id,
-    postgresql_where=and_(sf.c.state == "Pending", sf.c.queue_name.is_not(None)),
-    sqlite_where=and_(sf.c.state == "Pending", sf.c.queue_name.is_not(None)),
+    postgresql_where=QUEUED,
+    sqlite_where=QUEUED,
+)
+# Keyed rows. "Is a keyed row due?" (the fast path's guard, and the next due time).
+Index(
+    "ix_scheduled_functions_keyed_due",
+    sf.c.kind,
+    sf.c.available_at,
+    postgresql_where=KEYED,
+    sqlite_where=KEYED,
+)
+# Which keys have due rows: a loose scan, one probe per key (_flow_claims.DUE_KEYS).
+Index(
+    "ix_scheduled_functions_keys",
+    sf.c.kind,
+    sf.c.flow_key,
+    sf.c.available_at,
+    postgresql_where=KEYED,
+    sqlite_where=KEYED,
+)
+# A key's head: its first due rows in claim order, read holding the key's lock.
+Index(
+    "ix_scheduled_functions_key_head",
+    sf.c.flow_key,
+    sf.c.priority,
+    sf.c.available_at,
+    sf.c.id,
+    postgresql_where=KEYED,
+    sqlite_where=KEYED,
+)
+# How many rows of a key run: as many entries as keyed actions running anywhere.
+RUNNING_KEYED = and_(sf.c.state == "InProgress", sf.c.flow_key.is_not(None))
+Index(
+    "ix_scheduled_functions_key_running",
+    sf.c.flow_key,
+    postgresql_where=RUNNING_KEYED,
+    sqlite_where=RUNNING_KEYED,
 )
 # Job keys: one row holds a key until it succeeds (or gives the key up to a new row).
 # Also the upsert's conflict target.
@@ -172,6 +217,10 @@ workers = Table(
     Column("concurrency", Integer, nullable=False),
     Column("started_at", Double, nullable=False),
     Column("heartbeat_at", Double, nullable=False),
+    # Version 8: what it serves, for ``app.explain``: its queues (a JSON list; None: every
+    # row) and its forbidden flags (a JSON list; None: none).
+    Column("serves", Text),
+    Column("forbidden", Text),
     # No index on heartbeat_at: one row per live worker, read by a full scan.
 )
 
@@ -228,6 +277,15 @@ Index(
     crons.c.next_run_at,
     postgresql_where=crons.c.next_run_at.is_not(None),
     sqlite_where=crons.c.next_run_at.is_not(None),
+)
+# Flow keys (version 8): one row per key with rows scheduled, made by the first claim
+# that meets it. Claims lock it (FOR UPDATE SKIP LOCKED) while they choose the key's rows;
+# ``tat`` is its rate budget (the GCRA's theoretical arrival time, _flow.py).
+flow_keys = Table(
+    "_durafn_flow_keys",
+    metadata,
+    Column("key", Text, primary_key=True),
+    Column("tat", Double, nullable=False, server_default="0"),
 )
 # Leases: who evaluates the crons (one leader at a time, taken over once it expires).
 leases = Table(
@@ -290,7 +348,8 @@ def _step_4(conn: Connection) -> None:
         conn.execute(text("ALTER TABLE _scheduled_functions ADD COLUMN flags TEXT"))
     conn.execute(text("DROP INDEX IF EXISTS ix_scheduled_functions_due"))
     for index in scheduled_functions.indexes:
-        index.create(conn, checkfirst=True)
+        if index.name not in _VERSION_8:  # their predicates name version 8's columns
+            index.create(conn, checkfirst=True)
     queues.create(conn, checkfirst=True)  # with its index
 
 
@@ -320,6 +379,44 @@ def _step_7(conn: Connection) -> None:
     leases.create(conn, checkfirst=True)
 
 
+# The indexes whose predicates version 8 changed (keyed rows left out of them), and all
+# that name its columns.
+_REDEFINED = (
+    "ix_scheduled_functions_claim",
+    "ix_scheduled_functions_claim_queued",
+    "ix_scheduled_functions_queued_due",
+    "ix_scheduled_functions_queue",
+)
+_VERSION_8 = frozenset(
+    (
+        *_REDEFINED,
+        "ix_scheduled_functions_keyed_due",
+        "ix_scheduled_functions_keys",
+        "ix_scheduled_functions_key_head",
+        "ix_scheduled_functions_key_running",
+    )
+)
+
+
+def _step_8(conn: Connection) -> None:
+    """Version 8: flow control. Three nullable columns (a change of the catalogue only),
+    the claim indexes rebuilt without keyed rows (each reads the table once: seconds at
+    10^6 rows, while writes wait), the keyed rows' indexes, ``_durafn_flow_keys``."""
+    columns = {c["name"] for c in inspect(conn).get_columns(scheduled_functions.name)}
+    for name, kind in (("flow_key", "TEXT"), ("flow", "TEXT"), ("flow_until", "DOUBLE PRECISION")):
+        if name not in columns:
+            conn.execute(text(f"ALTER TABLE _scheduled_functions ADD COLUMN {name} {kind}"))
+    found = {c["name"] for c in inspect(conn).get_columns(workers.name)}
+    for name in ("serves", "forbidden"):
+        if name not in found:
+            conn.execute(text(f"ALTER TABLE _durafn_workers ADD COLUMN {name} TEXT"))
+    for name in _REDEFINED:
+        conn.execute(text(f"DROP INDEX IF EXISTS {name}"))
+    for index in scheduled_functions.indexes:
+        index.create(conn, checkfirst=True)
+    flow_keys.create(conn, checkfirst=True)
+
+
 MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     2: _step_2,
     3: _step_3,
@@ -327,5 +424,6 @@ MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     5: _step_5,
     6: _step_6,
     7: _step_7,
+    8: _step_8,
 }
 """Steps from version N-1 to N. A fresh database gets the latest tables in one go."""

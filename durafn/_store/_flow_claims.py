@@ -1,0 +1,272 @@
+"""The keyed part of a claim: flow control (``durafn/_flow.py``), enforced while rows are
+chosen, inside the claim's transaction.
+
+1. **Due keys**, from the cursor on, wrapping around: a loose scan of
+   ``ix_scheduled_functions_keys`` (kind, flow_key, available_at), one probe per key
+   (a recursive CTE that stops after ``:n`` keys). The cursor (``FlowCursor``) moves past
+   the keys each claim visited, so that with more keys than a claim has room for, every
+   key is visited in turn.
+2. **Their locks**: each key's ``_durafn_flow_keys`` row, ``FOR UPDATE SKIP LOCKED`` (a key
+   another claim is choosing from, or a mutation batch of that key is running, is
+   skipped, never waited for); the first claim to meet a key inserts its row (ON CONFLICT
+   DO NOTHING: a row that exists is someone else's to lock).
+3. **Running counts** of those keys (``ix_scheduled_functions_key_running``).
+4. **Heads**: per key, its first due rows in claim order (``ix_scheduled_functions_key_head``),
+   as many as its concurrency, its rate budget and the claim's room allow; the budget
+   consumed is written back to the key's row in the same transaction (a claim that rolls
+   back consumed nothing).
+
+The claim then shares out the rows of every key round-robin, ``weight`` rows of a key per
+round (``fair_order``), so one key's backlog delays another key's row by one round at most.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import Double, Integer, Text, bindparam, func, literal, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.sql.elements import ColumnElement
+
+from .._flow import Limits, allowance, consumed, next_slot
+from .._types import FunctionKind
+from ._rows import Claimed
+from ._statements import CLAIM_COLUMNS, PENDING, RUNNING, claimed
+from ._tables import flow_keys, sf
+
+KEYS_PER_CLAIM = 64
+"""Keys one claim visits at most (and so, statements it runs: one head read per key)."""
+
+
+@dataclass(slots=True)
+class FlowCursor:
+    """Per claimer: the last key its previous claim visited, and the earliest time a key
+    whose rate budget was spent can start again (the idle wait wakes for it)."""
+
+    after: str = ""
+    wake_at: float | None = None
+    visited: list[str] = field(default_factory=list)
+
+
+def keyed(kind_param: str = "b_kind") -> tuple[ColumnElement[bool], ...]:
+    """Pending keyed rows of ``:b_kind`` (the keyed indexes' predicates)."""
+    return (
+        sf.c.state == PENDING,
+        sf.c.kind == bindparam(kind_param, type_=Text),
+        sf.c.flow_key.is_not(None),
+    )
+
+
+def _due_keys(extra: tuple[ColumnElement[bool], ...]) -> Any:
+    """Up to ``:n`` keys after ``:after`` with a due row, in key order: one probe each."""
+    now = bindparam("now", type_=Double)
+    first = select(func.min(sf.c.flow_key).label("k"), literal(1, type_=Integer).label("n")).where(
+        *keyed(), *extra, sf.c.flow_key > bindparam("after", type_=Text), sf.c.available_at <= now
+    )
+    keys = first.cte("due_keys", recursive=True)
+    following = select(func.min(sf.c.flow_key)).where(
+        *keyed(), *extra, sf.c.flow_key > keys.c.k, sf.c.available_at <= now
+    )
+    keys = keys.union_all(
+        select(following.scalar_subquery(), keys.c.n + 1).where(
+            keys.c.k.is_not(None), keys.c.n < bindparam("n", type_=Integer)
+        )
+    )
+    return select(keys.c.k).where(keys.c.k.is_not(None))
+
+
+LOCK_KEYS = (
+    select(flow_keys.c.key, flow_keys.c.tat)
+    .where(flow_keys.c.key.in_(bindparam("keys", expanding=True)))
+    .order_by(flow_keys.c.key)
+    .with_for_update(skip_locked=True)
+)
+RUNNING_OF = (
+    select(sf.c.flow_key, func.count())
+    .where(sf.c.state == RUNNING, sf.c.flow_key.in_(bindparam("keys", expanding=True)))
+    .group_by(sf.c.flow_key)
+)
+SET_TAT = (
+    update(flow_keys)
+    .where(flow_keys.c.key == bindparam("b_key", type_=Text))
+    .values(tat=bindparam("tat", type_=Double))
+)
+
+
+def _head(extra: tuple[ColumnElement[bool], ...]) -> Any:
+    # ix_scheduled_functions_key_head: (flow_key, priority, available_at, id). No SKIP
+    # LOCKED: holding the key's lock, only a momentary writer (a cancel, a debounced
+    # call) can hold its rows.
+    return (
+        select(*CLAIM_COLUMNS, sf.c.flow)
+        .where(
+            *keyed(),
+            *extra,
+            sf.c.flow_key == bindparam("b_key", type_=Text),
+            sf.c.available_at <= bindparam("now", type_=Double),
+        )
+        .order_by(sf.c.priority, sf.c.available_at, sf.c.id)
+        .limit(bindparam("limit", type_=Integer))
+        .offset(bindparam("skip", type_=Integer))
+        .with_for_update()
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class FlowStatements:
+    due_keys: Any
+    head: Any
+
+
+def flow_statements(extra: tuple[ColumnElement[bool], ...]) -> FlowStatements:
+    """``extra``: what the claimer serves (its queues, its flags, no paused queue)."""
+    return FlowStatements(_due_keys(extra), _head(extra))
+
+
+async def _keys_from(
+    conn: AsyncConnection, st: FlowStatements, params: dict[str, Any], after: str, n: int
+) -> list[str]:
+    found = await conn.execute(st.due_keys, {**params, "after": after, "n": n})
+    return [k for (k,) in found]
+
+
+@dataclass(slots=True)
+class _Key:
+    """One key while a claim chooses its rows."""
+
+    key: str
+    limits: Limits
+    free: int
+    rows: list[Claimed]
+
+
+async def flow_heads(
+    conn: AsyncConnection,
+    st: FlowStatements,
+    kind: FunctionKind,
+    now: float,
+    room: int,
+    cursor: FlowCursor,
+    insert: Callable[..., Any],
+) -> Keyed:
+    """The keyed rows this claim may run.
+
+    Each key first gets an equal share of the room (at least its weight), then, if the
+    claim still has room, the keys that filled their share get more: a single busy key
+    still fills a claim, and many keys each get a start."""
+    params = {"b_kind": kind.value, "now": now}
+    wanted = min(max(room, 1), KEYS_PER_CLAIM)
+    keys = await _keys_from(conn, st, params, cursor.after, wanted)
+    if len(keys) < wanted and cursor.after:
+        more = await _keys_from(conn, st, params, "", wanted - len(keys))
+        keys += [k for k in more if k <= cursor.after]
+    cursor.wake_at, cursor.visited = None, keys
+    if not keys:
+        cursor.after = ""
+        return Keyed([], {})
+    cursor.after = keys[-1] if len(keys) >= wanted else ""
+    tats = dict((await conn.execute(LOCK_KEYS, {"keys": sorted(keys)})).tuples().all())
+    if missing := [k for k in keys if k not in tats]:
+        made = insert(flow_keys).values([{"key": k, "tat": 0.0} for k in sorted(missing)])
+        result = await conn.execute(
+            made.on_conflict_do_nothing(index_elements=[flow_keys.c.key]).returning(flow_keys.c.key)
+        )
+        tats.update(dict.fromkeys(result.scalars(), 0.0))
+    running = dict((await conn.execute(RUNNING_OF, {"keys": list(tats)})).tuples().all())
+    share = max(1, -(-room // len(keys)))
+    chosen: list[_Key] = []
+    for key in keys:  # in cursor order
+        if key not in tats:
+            continue
+        limit = min(room, share)
+        rows = list(
+            await conn.execute(st.head, {**params, "b_key": key, "limit": limit, "skip": 0})
+        )
+        if not rows:
+            continue
+        limits = Limits.parse(rows[0].flow)
+        free = room
+        if limits.concurrency is not None:
+            slots = limits.concurrency - running.get(key, 0)
+            # A mutation batch runs its rows of a key one after another: one slot for all.
+            free = min(free, slots) if kind is FunctionKind.ACTION else (room if slots > 0 else 0)
+        if limits.rate is not None:
+            free = min(free, allowance(limits.rate, tats[key], now))
+            if free <= 0:
+                _wake(cursor, next_slot(limits.rate, tats[key]))
+        if free > 0:
+            chosen.append(_Key(key, limits, free, claimed(rows[:free])))
+    # More for the keys that filled their share: up to their weighted share of the room,
+    # then, while the claim has room left, up to the room.
+    weights = sum(k.limits.weight for k in chosen)
+    total = sum(len(k.rows) for k in chosen)
+    for k in chosen:
+        total += await _more(conn, st, params, k, -(-room * k.limits.weight // weights), share)
+    for k in chosen:
+        if total < room:
+            total += await _more(conn, st, params, k, len(k.rows) + room - total, share)
+    return Keyed(chosen, tats)
+
+
+async def _more(
+    conn: AsyncConnection,
+    st: FlowStatements,
+    params: dict[str, Any],
+    k: _Key,
+    target: int,
+    share: int,
+) -> int:
+    """Read more rows of a key that filled its first share, up to ``target`` rows in all
+    (and what its limits allow); returns how many."""
+    wanted = min(k.free, target) - len(k.rows)
+    if len(k.rows) < share or wanted <= 0:
+        return 0
+    head = {**params, "b_key": k.key, "limit": wanted, "skip": len(k.rows)}
+    extra = claimed(list(await conn.execute(st.head, head)))
+    k.rows += extra
+    return len(extra)
+
+
+@dataclass(slots=True)
+class Keyed:
+    """The keyed rows a claim may take, locked; ``consume`` what it took."""
+
+    keys: list[_Key]
+    tats: dict[str, float]
+
+    def ranked(self) -> list[tuple[Claimed, int]]:
+        """Each row with its round (for ``fair_order``)."""
+        return [(row, i // k.limits.weight) for k in self.keys for i, row in enumerate(k.rows)]
+
+    async def consume(
+        self, conn: AsyncConnection, taken: Sequence[Claimed], now: float, cursor: FlowCursor
+    ) -> None:
+        """Spend the rate budgets of the keys whose rows the claim took (in its own
+        transaction: a claim rolled back spent nothing)."""
+        ids = {r.id for r in taken}
+        for k in self.keys:
+            if (rate := k.limits.rate) is None:
+                continue
+            starts = sum(1 for r in k.rows if r.id in ids)
+            if starts:
+                tat = consumed(rate, self.tats[k.key], now, starts)
+                await conn.execute(SET_TAT, {"b_key": k.key, "tat": tat})
+                if allowance(rate, tat, now) == 0:  # spent: wake when it allows the next
+                    _wake(cursor, next_slot(rate, tat))
+
+
+def _wake(cursor: FlowCursor, at: float) -> None:
+    cursor.wake_at = at if cursor.wake_at is None else min(cursor.wake_at, at)
+
+
+def fair_order(
+    plain: Sequence[Claimed], keyed_rows: Sequence[tuple[Claimed, int]], limit: int
+) -> list[Claimed]:
+    """Unkeyed and keyed rows in one order: priority, then round (an unkeyed row is in the
+    first round, a key of its own), then due time and id; the first ``limit``."""
+    ranked = [(r.priority, 0, r.available_at, r.id, r) for r in plain]
+    ranked += [(r.priority, n, r.available_at, r.id, r) for r, n in keyed_rows]
+    ranked.sort(key=lambda item: item[:4])
+    return [item[4] for item in ranked[:limit]]

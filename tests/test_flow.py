@@ -1,0 +1,348 @@
+"""Flow control in one process, on both engines: per-key concurrency, rate limits (GCRA
+with bursts, over a simulated hour), fairness across keys, debounce, ``explain`` for every
+reason, and bad flow options. Across 4 racing worker processes: test_queue_workers.py."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import anyio
+import pytest
+from sqlalchemy import text
+
+import durafn
+from durafn import ActionCtx, Debounce, Flow, MutationCtx, Queue, Rate, State
+from durafn.testing import FakeClock, finish_all
+
+from .helpers import effects, row_of, wait_until
+from .models import Effect
+
+pytestmark = pytest.mark.anyio
+
+
+def by_user(args: Any) -> str:
+    return f"user:{args['user']}"
+
+
+async def a_worker(app: durafn.App) -> None:
+    """A registered worker that serves every row (as a running ``durafn worker`` is)."""
+    async with app.engine.begin() as conn:
+        await conn.execute(
+            text(
+                "INSERT INTO _durafn_workers (id, hostname, pid, concurrency, started_at, "
+                "heartbeat_at) VALUES ('w', 'h', 1, 1, 0, 0)"
+            )
+        )
+
+
+async def all_done(app: durafn.App, ids: list[durafn.ScheduledFunctionId]) -> bool:
+    return {(await row_of(app, i)).state for i in ids} == {State.SUCCESS}
+
+
+async def has_workers(app: durafn.App) -> bool:
+    return bool(await app.workers())
+
+
+async def running(app: durafn.App, id: durafn.ScheduledFunctionId) -> bool:
+    return (await row_of(app, id)).state is State.IN_PROGRESS
+
+
+# -- concurrency -------------------------------------------------------------------------
+
+
+async def test_at_most_n_rows_of_a_key_run_at_once(app: durafn.App, clock: FakeClock) -> None:
+    running: Counter[str] = Counter()
+    most: Counter[str] = Counter()
+
+    @app.action(flow=Flow(key=by_user, concurrency=2))
+    async def sync(ctx: ActionCtx, user: int, n: int) -> None:
+        key = f"user:{user}"
+        running[key] += 1
+        most[key] = max(most[key], running[key])
+        await anyio.sleep(0.01)  # long enough for the other claims to land meanwhile
+        running[key] -= 1
+
+    calls = [sync.call(1, n) for n in range(8)] + [sync.call(2, n) for n in range(3)]
+    ids = await app.scheduler().run_many(calls)
+    async with app.run_executor(concurrency=10, poll_interval=0.01):
+        await wait_until(lambda: all_done(app, ids), "every row ran")
+    assert most == {"user:1": 2, "user:2": 2}
+    row = await row_of(app, ids[0])
+    assert row.flow_key == "user:1"
+
+
+async def test_a_key_of_concurrency_1_runs_its_mutations_one_after_another(
+    app: durafn.App, clock: FakeClock
+) -> None:
+    @app.mutation(flow=Flow(key="ledger", concurrency=1))
+    async def post(ctx: MutationCtx, n: int) -> None:
+        ctx.db.add(Effect(key=f"p{n}"))
+
+    await app.scheduler().run_many([post.call(n) for n in range(5)])
+    await app.executor(batch_size=10).run_until_idle()
+    assert await effects(app) == [f"p{n}" for n in range(5)]  # one batch, in order
+
+
+# -- rate --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["mutation", "action"])
+async def test_a_rate_holds_over_a_simulated_hour_with_bursts(
+    app: durafn.App, clock: FakeClock, kind: str
+) -> None:
+    """2 per 3 minutes with bursts of 3, for an hour: starts spaced 90 s apart after the
+    first three, and no window of w seconds with more than 3 + w / 90 starts."""
+    starts: list[float] = []
+    flow = Flow(key="api", rate=Rate(2, per=180, burst=3))
+    if kind == "mutation":
+
+        @app.mutation(flow=flow, name="call")
+        async def call_m(ctx: MutationCtx, n: int) -> None:
+            starts.append(clock.now())
+
+        fn: Any = call_m
+    else:
+
+        @app.action(flow=flow, name="call")
+        async def call_a(ctx: ActionCtx, n: int) -> None:
+            starts.append(clock.now())
+
+        fn = call_a
+    t0 = clock.now()
+    await app.scheduler().run_many([fn.call(n) for n in range(43)])
+    # As a worker would: run what is due, sleep until the budget allows the next start.
+    executor = app.executor(concurrency=10, batch_size=10)
+    assert await finish_all(executor, clock, max_steps=100) == 43
+    offsets = [round(s - t0, 3) for s in starts]
+    assert offsets[:3] == [0, 0, 0]  # the burst
+    assert offsets[3:6] == [90, 180, 270]  # then one per interval
+    assert offsets[-1] == 3600
+    for i, start in enumerate(offsets):
+        for j in range(i, len(offsets)):
+            window = offsets[j] - start
+            assert j - i + 1 <= 3 + window / 90 + 1e-9, (start, offsets[j])
+
+
+async def test_a_spent_budget_sleeps_until_the_next_slot_without_spinning(
+    app: durafn.App, clock: FakeClock
+) -> None:
+    @app.action(flow=Flow(key="slow", rate=Rate(1, per=1000)))
+    async def ping(ctx: ActionCtx, n: int) -> None:
+        pass
+
+    ids = await app.scheduler().run_many([ping.call(n) for n in range(2)])
+    executor = app.executor()
+    assert await executor.run_until_idle() == 1
+    assert executor._claims.hint.flow.wake_at == pytest.approx(clock.now() + 1000)
+    assert (await row_of(app, ids[1])).state is State.PENDING
+    clock.advance(1000)
+    assert await executor.run_until_idle() == 1
+
+
+async def test_a_batch_rolled_back_and_run_again_spends_its_budget_once(
+    app: durafn.App, clock: FakeClock
+) -> None:
+    """A mutation that raises after a write restarts its batch (rolled back, claimed again
+    with savepoints): the rate budget the first claim spent is rolled back with it."""
+    flow = Flow(key="once", rate=Rate(2, per=3600, burst=2))
+
+    @app.mutation(flow=flow)
+    async def step(ctx: MutationCtx, n: int, fail: bool) -> None:
+        ctx.db.add(Effect(key=f"s{n}"))
+        await ctx.db.flush()
+        if fail:
+            raise ValueError("after a write")
+
+    calls = [step.call(1, True), step.call(2, False), step.call(3, False)]
+    ids = await app.scheduler().run_many(calls)
+    await app.executor(batch_size=10).run_until_idle()
+    states = [(await row_of(app, i)).state for i in ids]
+    # Two starts allowed (burst 2), both spent once: the third waits for the next slot.
+    assert states == [State.FAILED, State.SUCCESS, State.PENDING]
+    assert await effects(app) == ["s2"]
+    await a_worker(app)
+    explained = await app.explain(ids[2])
+    assert explained.reason == "rate_limited"
+    assert explained.until is not None
+    assert explained.until.timestamp() == pytest.approx(clock.now() + 1800)
+
+
+# -- fairness ----------------------------------------------------------------------------
+
+
+async def test_a_light_key_starts_within_one_round_of_a_heavy_one(
+    app: durafn.App, clock: FakeClock
+) -> None:
+    @app.mutation(flow=Flow(key=lambda a: a["tenant"]))
+    async def work(ctx: MutationCtx, tenant: str, n: int) -> None:
+        ctx.db.add(Effect(key=f"{tenant}{n}"))
+
+    sched = app.scheduler()
+    await sched.run_many([work.call("heavy", n) for n in range(200)])
+    clock.advance(1)
+    await sched.run_after(0, work, "light", 0)
+    executor = app.executor(batch_size=4)
+    await executor._mutations.run_batch(timed=False)
+    # The first batch: the heavy key's first row and the light key's, then more heavy.
+    assert (await effects(app))[:2] == ["heavy0", "light0"]
+
+
+async def test_weights_share_out_a_claim(app: durafn.App, clock: FakeClock) -> None:
+    @app.mutation(flow=Flow(key=lambda a: a["tenant"], weight=3))
+    async def gold(ctx: MutationCtx, tenant: str, n: int) -> None:
+        ctx.db.add(Effect(key=f"{tenant}{n}"))
+
+    @app.mutation(flow=Flow(key=lambda a: a["tenant"]))
+    async def basic(ctx: MutationCtx, tenant: str, n: int) -> None:
+        ctx.db.add(Effect(key=f"{tenant}{n}"))
+
+    await app.scheduler().run_many(
+        [gold.call("g", n) for n in range(10)] + [basic.call("b", n) for n in range(10)]
+    )
+    await app.executor(batch_size=8)._mutations.run_batch(timed=False)
+    done = await effects(app)
+    assert sorted(done) == sorted(["g0", "g1", "g2", "b0", "b1", "g3", "g4", "g5"])
+
+
+# -- debounce ----------------------------------------------------------------------------
+
+
+async def test_debounce_runs_once_after_the_quiet_period_with_the_last_arguments(
+    app: durafn.App, clock: FakeClock
+) -> None:
+    @app.mutation(flow=Flow(key=by_user, debounce=Debounce(quiet=10, max_wait=30)))
+    async def reindex(ctx: MutationCtx, user: int, note: str) -> None:
+        ctx.db.add(Effect(key=note))
+
+    sched = app.scheduler()
+    first = await sched.run_after(0, reindex, 1, "a")
+    executor = app.executor()
+    for note in ("b", "c"):  # a call every 4 s: each pushes the run 10 s on
+        clock.advance(4)
+        assert await executor.run_until_idle() == 0
+        assert await sched.run_after(0, reindex, 1, note) == first
+    await a_worker(app)
+    explained = await app.explain(first)
+    assert explained.reason == "debounced"
+    assert explained.until is not None and explained.until.timestamp() == clock.now() + 10
+    clock.advance(10)
+    assert await executor.run_until_idle() == 1
+    assert await effects(app) == ["c"]
+
+
+async def test_debounce_max_wait_runs_a_steady_stream(app: durafn.App, clock: FakeClock) -> None:
+    @app.mutation(flow=Flow(key="feed", debounce=Debounce(quiet=10, max_wait=30)))
+    async def rebuild(ctx: MutationCtx, note: str) -> None:
+        ctx.db.add(Effect(key=note))
+
+    sched, executor = app.scheduler(), app.executor()
+    t0 = clock.now()
+    for n in range(20):  # a call every 5 s, for 100 s: never quiet for 10 s
+        await sched.run_after(0, rebuild, f"n{n}")
+        await executor.run_until_idle()
+        clock.advance(5)
+    await executor.run_until_idle()
+    runs = await effects(app)
+    # Run at most 30 s after the first call of each round: t0+30 (n6), t0+65 (n13), ...
+    assert runs[:2] == ["n6", "n13"]
+    assert clock.now() - t0 == 100
+
+
+async def test_debounce_accumulates_a_list_parameter(app: durafn.App, clock: FakeClock) -> None:
+    seen: list[list[int]] = []
+
+    @app.action(flow=Flow(key="batch", debounce=Debounce(quiet=5, accumulate="ids")))
+    async def index(ctx: ActionCtx, ids: list[int]) -> None:
+        seen.append(ids)
+
+    sched = app.scheduler()
+    await sched.run_after(0, index, [1, 2])
+    await sched.run_after(0, index, [3])
+    await sched.run_after(0, index, [])
+    clock.advance(5)
+    await app.executor().run_until_idle()
+    assert seen == [[1, 2, 3]]
+
+
+# -- explain -----------------------------------------------------------------------------
+
+
+async def test_explain_names_what_holds_a_row(db_url: str, clock: FakeClock) -> None:
+    app = durafn.App(db_url, clock=clock, queues={"q": Queue(concurrency=1), "r": Queue()})
+    try:
+        await app.migrate()
+
+        @app.action(flow=Flow(key="k", concurrency=1), cancel="interrupt")
+        async def keyed(ctx: ActionCtx) -> None:
+            await anyio.sleep_forever()
+
+        @app.action(cancel="interrupt")
+        async def plain(ctx: ActionCtx) -> None:
+            await anyio.sleep_forever()
+
+        sched = app.scheduler()
+        later = await sched.run_after(60, plain)
+        assert (await app.explain(later)).reason == "not_due"
+        now = await sched.run_after(0, plain.options(flags=["gpu"]))
+        assert (await app.explain(now)).reason == "no_worker"
+        async with app.run_executor(forbidden_flags=["gpu"], concurrency=4, grace_period=0.1):
+            await wait_until(lambda: has_workers(app), "the worker registered")
+            found = await app.explain(now)
+            assert (found.reason, "gpu" in found.message) == ("forbidden_flag", True)
+            first, second = await sched.run_after(0, keyed), await sched.run_after(0, keyed)
+            await wait_until(lambda: running(app, first), "it started")
+            held = await app.explain(second)
+            assert (held.reason, held.held_by, held.flow_key) == ("key_full", [first], "k")
+            assert (await app.explain(first)).reason == "running"
+            in_q = await sched.run_after(0, plain.options(queue="q"))
+            behind = await sched.run_after(0, plain.options(queue="q"))
+            await wait_until(lambda: running(app, in_q), "it started")
+            assert (await app.explain(behind)).reason == "queue_full"
+            await app.pause_queue("r")
+            paused = await sched.run_after(0, plain.options(queue="r"))
+            assert (await app.explain(paused)).reason == "queue_paused"
+            await app.cancel(first)
+        assert (await app.explain(first)).reason == "finished"
+        with pytest.raises(durafn.NotFoundError):
+            await app.explain("00000000-0000-0000-0000-000000000000")
+    finally:
+        await app.aclose()
+
+
+async def test_explain_says_ready_when_nothing_holds_a_row(app: durafn.App) -> None:
+    @app.mutation
+    async def noop(ctx: MutationCtx) -> None:
+        pass
+
+    sid = await app.scheduler().run_after(0, noop)
+    await a_worker(app)
+    assert (await app.explain(sid)).reason == "ready"
+
+
+# -- bad options -------------------------------------------------------------------------
+
+
+def test_bad_flow_options_are_typed_errors() -> None:
+    with pytest.raises(durafn.FlowError, match="Rate limit must be an integer"):
+        Rate(0)
+    with pytest.raises(durafn.FlowError, match="Flow concurrency"):
+        Flow(key="k", concurrency=0)
+    with pytest.raises(durafn.FlowError, match=r"max_wait .* shorter than quiet"):
+        Debounce(quiet=10, max_wait=5)
+    with pytest.raises(durafn.FlowError, match="Flow key must be a non-empty string"):
+        Flow(key="")
+    with pytest.raises(durafn.SchedulingError, match="cannot be in a queue with a concurrency"):
+        Queue(flow=Flow(key="k"))
+
+
+async def test_a_flow_in_a_serial_queue_or_a_failing_key_is_refused(app: durafn.App) -> None:
+    @app.action(flow=Flow(key=lambda a: a["missing"]))
+    async def broken(ctx: ActionCtx, user: int) -> None:
+        pass
+
+    with pytest.raises(durafn.FlowError, match=r"flow key function of .* raised KeyError"):
+        await app.scheduler().run_after(0, broken, 1)
+    with pytest.raises(durafn.FlowError, match="cannot be in a queue with a concurrency"):
+        await app.scheduler().run_after(0, broken.options(flow=Flow(key="k"), queue="serial"), 1)
+    assert await app.list() == durafn.Page(items=[], next_cursor=None)
