@@ -31,7 +31,7 @@ from ._errors import (
     WorkerLostError,
 )
 from ._executor import Executor, ExecutorConfig, ExecutorOptions, RunawayError
-from ._explain import Explanation
+from ._explain import Explanation, FlowKeyInfo
 from ._flow import Debounce, Flow, FlowError, Rate
 from ._hooks import HookEvent
 from ._options import JobOptions, OptionError, Queue
@@ -91,6 +91,7 @@ __all__ = [
     "Fixed",
     "Flow",
     "FlowError",
+    "FlowKeyInfo",
     "FunctionKind",
     "FunctionRef",
     "FunctionTimeoutError",

@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from ._checks import aware_time, integer, scheduled_id
 from ._context import row_filter
 from ._errors import ArgumentError, NotFoundError
-from ._explain import Explanation, explain
+from ._explain import Explanation, FlowKeyInfo, explain, key_info
 from ._options import check_name, check_priority
 from ._retries import MAX_ATTEMPTS
 from ._runtime import Runtime
@@ -49,6 +49,19 @@ class Operations:
         if found is None:
             raise NotFoundError(checked)
         return found
+
+    async def flow_keys(self, *, limit: int = 100) -> list[FlowKeyInfo]:
+        """The flow keys with rows Pending or running, most due rows first: per key its
+        due, waiting and running rows, its limits, what holds its due rows back (its
+        concurrency, its spent rate budget) and when its budget allows the next start."""
+        integer("limit", limit, high=10_000)
+        now = self._rt.clock.now()
+
+        async def _read(conn: AsyncConnection) -> list[FlowKeyInfo]:
+            found = await self._rt.driver.flow_key_counts(conn, now, limit)
+            return [key_info(c, now) for c in found]
+
+        return await self._rt.transaction(_read, read_only=True, doing="listing flow keys")
 
     # -- queues ------------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ the reason; a row that passes them all is ready, waiting for a claim (the worker
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
 
@@ -16,7 +17,7 @@ from pydantic import BaseModel, ConfigDict
 from ._clock import to_datetime
 from ._flow import Limits, allowance, next_slot
 from ._options import read_flags
-from ._store._explain import Facts
+from ._store._explain import Facts, KeyCounts
 from ._types import ScheduledFunctionId, State
 
 Reason = Literal[
@@ -49,8 +50,18 @@ class Explanation(BaseModel):
     """When the reason ends by itself (due time, rate slot, debounce), if it does."""
     held_by: list[ScheduledFunctionId] = []
     """The running rows that fill its queue or key (at most 10 named)."""
+    also: list[str] = []
+    """What else would hold it once ``reason`` is gone, in the claim's order."""
     queue: str | None = None
     flow_key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Held:
+    reason: Reason
+    message: str
+    until: datetime | None = None
+    held_by: list[ScheduledFunctionId] = field(default_factory=list)
 
 
 def explain(facts: Facts, now: float) -> Explanation:
@@ -65,6 +76,28 @@ def explain(facts: Facts, now: float) -> Explanation:
         return Explanation(
             **base, reason="running", message=f"it runs on worker {row.worker_id} since {since}"
         )
+    found = _holding(facts, now)
+    if not found:
+        return Explanation(
+            **base,
+            reason="ready",
+            message="due and free to start: waiting for a worker's next claim (they are "
+            "busy, or it was just scheduled)",
+        )
+    first = found[0]
+    return Explanation(
+        **base,
+        reason=first.reason,
+        message=first.message,
+        until=first.until,
+        held_by=first.held_by,
+        also=[h.message for h in found[1:]],
+    )
+
+
+def _holding(facts: Facts, now: float) -> list[_Held]:
+    """Everything that holds a Pending row back, in the claim's order."""
+    row, found = facts.row, []
     if row.available_at > now:
         at = to_datetime(row.available_at)
         if row.flow_until is not None:
@@ -72,18 +105,14 @@ def explain(facts: Facts, now: float) -> Explanation:
                 f"debounced: it runs at {at.isoformat()} unless another call comes first "
                 f"(and by {to_datetime(row.flow_until).isoformat()} at the latest)"
             )
-            return Explanation(**base, reason="debounced", message=message, until=at)
-        return Explanation(
-            **base, reason="not_due", message=f"not due until {at.isoformat()}", until=at
-        )
+            found.append(_Held("debounced", message, at))
+        else:
+            found.append(_Held("not_due", f"not due until {at.isoformat()}", at))
     if facts.queue_paused:
-        return Explanation(
-            **base,
-            reason="queue_paused",
-            message=f"its queue {row.queue_name!r} is paused (durafn queue resume)",
-        )
-    flags = set(read_flags(row.flags))
+        message = f"its queue {row.queue_name!r} is paused (durafn queue resume)"
+        found.append(_Held("queue_paused", message))
     serving = [w for w in facts.workers if w.queues is None or row.queue_name in w.queues]
+    flags = set(read_flags(row.flags))
     if not serving:
         message = "no live worker serves it: start one (durafn worker)"
         if row.queue_name is not None:
@@ -91,54 +120,76 @@ def explain(facts: Facts, now: float) -> Explanation:
                 f"no live worker serves its queue {row.queue_name!r}: start one "
                 f"(durafn worker --queues {row.queue_name})"
             )
-        return Explanation(**base, reason="no_worker", message=message)
-    if flags and all(w.forbidden & flags for w in serving):
-        refused = sorted(set().union(*(w.forbidden & flags for w in serving)))
-        return Explanation(
-            **base,
-            reason="forbidden_flag",
-            message=f"every live worker that serves it forbids its flag(s) {', '.join(refused)}",
-        )
-    if row.queue_name is not None and row.flow_key is None:
-        limit = facts.queue_concurrency
-        if limit is not None and facts.queue_running_count >= limit:
-            return Explanation(
-                **base,
-                reason="queue_full",
-                message=f"its queue {row.queue_name!r} runs {facts.queue_running_count} of "
-                f"at most {limit}",
-                held_by=facts.queue_running,
+        found.append(_Held("no_worker", message))
+    elif flags and all(w.forbidden & flags for w in serving):
+        refused = ", ".join(sorted(set().union(*(w.forbidden & flags for w in serving))))
+        message = f"every live worker that serves it forbids its flag(s) {refused}"
+        found.append(_Held("forbidden_flag", message))
+    limit = facts.queue_concurrency
+    if row.queue_name is not None and row.flow_key is None and limit is not None:
+        if facts.queue_running_count >= limit:
+            message = (
+                f"its queue {row.queue_name!r} runs {facts.queue_running_count} of at most {limit}"
             )
-        if limit is not None and facts.queue_ahead:
-            return Explanation(
-                **base,
-                reason="queue_order",
-                message=f"{facts.queue_ahead} due row(s) of its queue {row.queue_name!r} "
-                "start before it (a queue starts its rows in order)",
+            found.append(_Held("queue_full", message, held_by=facts.queue_running))
+        elif facts.queue_ahead:
+            message = (
+                f"{facts.queue_ahead} due row(s) of its queue {row.queue_name!r} start "
+                "before it (a queue starts its rows in order)"
             )
+            found.append(_Held("queue_order", message))
     if row.flow_key is not None:
         limits = Limits.parse(row.flow)
         if limits.concurrency is not None and facts.key_running_count >= limits.concurrency:
-            return Explanation(
-                **base,
-                reason="key_full",
-                message=f"its flow key {row.flow_key!r} runs {facts.key_running_count} of at "
-                f"most {limits.concurrency}",
-                held_by=facts.key_running,
+            message = (
+                f"its flow key {row.flow_key!r} runs {facts.key_running_count} of at most "
+                f"{limits.concurrency}"
             )
+            found.append(_Held("key_full", message, held_by=facts.key_running))
         rate, tat = limits.rate, facts.key_tat
         if rate is not None and tat is not None and allowance(rate, tat, now) == 0:
             at = to_datetime(next_slot(rate, tat))
-            return Explanation(
-                **base,
-                reason="rate_limited",
-                message=f"its flow key {row.flow_key!r} has spent its rate budget "
-                f"({rate.limit} per {rate.per:g}s); next start at {at.isoformat()}",
-                until=at,
+            message = (
+                f"its flow key {row.flow_key!r} has spent its rate budget ({rate.limit} per "
+                f"{rate.per:g}s); next start at {at.isoformat()}"
             )
-    return Explanation(
-        **base,
-        reason="ready",
-        message="due and free to start: waiting for a worker's next claim (they are busy, "
-        "or it was just scheduled)",
+            found.append(_Held("rate_limited", message, at))
+    return found
+
+
+class FlowKeyInfo(BaseModel):
+    """A flow key with rows Pending or running (``app.flow_keys()``, ``durafn stats``)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    key: str
+    due: int
+    """Pending rows due now: waiting for ``held`` (or for a claim, if None)."""
+    pending: int
+    running: int
+    concurrency: int | None
+    rate: str | None
+    """``"LIMIT/PERs burst B"``, or None."""
+    held: Literal["key_full", "rate_limited"] | None
+    """What holds its due rows back, if anything."""
+    next_start: datetime | None
+    """When its spent rate budget allows a start again (None: it allows one now)."""
+
+
+def key_info(counts: KeyCounts, now: float) -> FlowKeyInfo:
+    limits = Limits.parse(counts.flow)
+    rate, held, next_start = limits.rate, None, None
+    if rate is not None and counts.tat is not None and allowance(rate, counts.tat, now) == 0:
+        held, next_start = "rate_limited", to_datetime(next_slot(rate, counts.tat))
+    if limits.concurrency is not None and counts.running >= limits.concurrency:
+        held = "key_full"
+    return FlowKeyInfo(
+        key=counts.key,
+        due=counts.due,
+        pending=counts.pending,
+        running=counts.running,
+        concurrency=limits.concurrency,
+        rate=None if rate is None else f"{rate.limit}/{rate.per:g}s burst {rate.burst}",
+        held=held if counts.due else None,
+        next_start=next_start,
     )

@@ -17,6 +17,7 @@ from durafn.testing import FakeClock, finish_all
 
 from .helpers import effects, row_of, wait_until
 from .models import Effect
+from .test_cli import invoke, invoke_json
 
 pytestmark = pytest.mark.anyio
 
@@ -346,3 +347,40 @@ async def test_a_flow_in_a_serial_queue_or_a_failing_key_is_refused(app: durafn.
     with pytest.raises(durafn.FlowError, match="cannot be in a queue with a concurrency"):
         await app.scheduler().run_after(0, broken.options(flow=Flow(key="k"), queue="serial"), 1)
     assert await app.list() == durafn.Page(items=[], next_cursor=None)
+
+
+def test_the_cli_explains_a_row_and_lists_the_flow_keys(db_url: str) -> None:
+    async def rows() -> list[durafn.ScheduledFunctionId]:
+        app = durafn.App(db_url)
+        try:
+            await app.migrate()
+
+            @app.mutation(flow=Flow(key="api", rate=Rate(1, per=3600)), name="flow:step")
+            async def step(ctx: MutationCtx, n: int) -> None:
+                pass
+
+            ids = await app.scheduler().run_many([step.call(n) for n in range(3)])
+            assert await app.executor().run_until_idle() == 1  # the budget is spent
+            return ids
+        finally:
+            await app.aclose()
+
+    ids = anyio.run(rows)
+    result = invoke("explain", ids[1], "--url", db_url)
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    # No worker is running, and after that the key's budget would hold it.
+    assert lines[0] == f"{ids[1]} is Pending: no_worker"
+    assert lines[2].startswith("then: its flow key 'api' has spent its rate budget (1 per 3600s)")
+    explained = invoke_json("explain", ids[1], "--url", db_url)
+    assert explained["reason"] == "no_worker" and explained["flow_key"] == "api"
+    [key] = invoke_json("stats", "--url", db_url)["flow_keys"]
+    assert {k: key[k] for k in ("key", "due", "pending", "running", "held", "rate")} == {
+        "key": "api",
+        "due": 2,
+        "pending": 2,
+        "running": 0,
+        "held": "rate_limited",
+        "rate": "1/3600s burst 1",
+    }
+    assert "flow keys" in invoke("stats", "--url", db_url).stdout

@@ -44,7 +44,7 @@ from ._completions import canceled
 from ._crons import CronStatements
 from ._debounce import write_debounced
 from ._engine import EngineDriver
-from ._explain import ExplainStatements
+from ._explain import ExplainStatements, FlowKeyStatements
 from ._failures import RETRY_COLUMNS, FailureStatements, in_state
 from ._filters import RowFilter
 from ._inline import InlineStatements
@@ -76,6 +76,7 @@ class Driver(
     InlineStatements,
     CronStatements,
     ExplainStatements,
+    FlowKeyStatements,
     EngineDriver,
 ):
     """Dialect-neutral statements on the system tables."""

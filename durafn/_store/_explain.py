@@ -121,3 +121,44 @@ class ExplainStatements:
         return Facts(
             row, concurrency, paused, q_running, q_count, ahead, k_running, k_count, tat, serving
         )
+
+
+@dataclass(frozen=True, slots=True)
+class KeyCounts:
+    key: str
+    due: int
+    pending: int
+    running: int
+    flow: str | None
+    tat: float | None
+
+
+class FlowKeyStatements:
+    """The driver's part that reads flow keys for ``app.flow_keys`` (a part of ``Driver``)."""
+
+    async def flow_key_counts(
+        self, conn: AsyncConnection, now: float, limit: int
+    ) -> list[KeyCounts]:
+        """The keys with rows Pending or InProgress, most due first: the keyed indexes
+        (Pending) and the running index, never the finished rows."""
+        counts = (
+            select(
+                sf.c.flow_key,
+                func.count()
+                .filter((sf.c.state == PENDING) & (sf.c.available_at <= now))
+                .label("due"),
+                func.count().filter(sf.c.state == PENDING).label("pending"),
+                func.count().filter(sf.c.state == RUNNING).label("running"),
+                func.max(sf.c.flow).label("flow"),
+            )
+            .where(sf.c.flow_key.is_not(None), sf.c.state.in_([PENDING, RUNNING]))
+            .group_by(sf.c.flow_key)
+            .subquery()
+        )
+        rows = await conn.execute(
+            select(counts, flow_keys.c.tat)
+            .outerjoin(flow_keys, flow_keys.c.key == counts.c.flow_key)
+            .order_by(counts.c.due.desc(), counts.c.running.desc(), counts.c.flow_key)
+            .limit(limit)
+        )
+        return [KeyCounts(r.flow_key, r.due, r.pending, r.running, r.flow, r.tat) for r in rows]

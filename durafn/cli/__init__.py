@@ -24,6 +24,7 @@ import click
 from .. import _signals
 from .cron import cron, list_crons
 from .database import migrate, stats
+from .flow import explain
 from .queues import queue
 from .rows import cancel, clear, list_rows, reschedule, retry, show
 from .running import CliError, load_app
@@ -54,6 +55,7 @@ main.add_command(migrate)
 main.add_command(stats)
 main.add_command(list_rows)
 main.add_command(show)
+main.add_command(explain)
 main.add_command(cancel)
 main.add_command(reschedule)
 main.add_command(retry)

@@ -8,7 +8,9 @@ import click
 from rich.table import Column
 
 from .._app import App
+from .._explain import FlowKeyInfo
 from .._types import QueueInfo, Stats, WorkerInfo
+from .flow import busiest_keys, print_flow_keys
 from .options import app_options, output_options
 from .output import Output, duration, iso, plural, state_text
 from .queues import print_queues
@@ -32,9 +34,9 @@ def migrate(app_ref: str | None, url: str | None, as_json: bool, verbose: bool) 
 @app_options
 @output_options
 def stats(app_ref: str | None, url: str | None, as_json: bool, verbose: bool) -> None:
-    """Rows by state, how late due work is, when the next row is due, the queues with
-    work waiting or running, and the workers."""
-    workers, snapshot, queues = run_with_app(app_ref, url, read_stats, verbose=verbose)
+    """Rows by state, how late due work is, when the next row is due, the queues and
+    flow keys with work waiting or running (and what holds it), and the workers."""
+    workers, snapshot, queues, keys = run_with_app(app_ref, url, read_stats, verbose=verbose)
     # Negative when a worker's host clock runs ahead of this one's: shown, not hidden.
     ages = [(snapshot.at - w.heartbeat_at).total_seconds() for w in workers]
     out = Output(as_json)
@@ -47,6 +49,7 @@ def stats(app_ref: str | None, url: str | None, as_json: bool, verbose: bool) ->
                     for w, age in zip(workers, ages, strict=True)
                 ],
                 "queues": [q.model_dump(mode="json") for q in queues],
+                "flow_keys": [k.model_dump(mode="json") for k in keys],
             }
         )
         return
@@ -60,6 +63,8 @@ def stats(app_ref: str | None, url: str | None, as_json: bool, verbose: bool) ->
         )
         if more:
             out.line(f"{plural(more, 'more queue')} with work: durafn queue ls")
+    if keys:
+        print_flow_keys(out, keys)
     print_workers(out, workers, ages)
 
 
@@ -67,9 +72,11 @@ STATS_QUEUES = 20
 """Queues ``stats`` lists (those with the most due rows); ``queue ls`` lists them all."""
 
 
-async def read_stats(app: App) -> tuple[list[WorkerInfo], Stats, list[QueueInfo]]:
+async def read_stats(
+    app: App,
+) -> tuple[list[WorkerInfo], Stats, list[QueueInfo], list[FlowKeyInfo]]:
     # Workers first, so that the snapshot's clock reading is later than any heartbeat read.
-    return await app.workers(), await app.stats(), await app.queues()
+    return await app.workers(), await app.stats(), await app.queues(), await busiest_keys(app)
 
 
 def print_stats(out: Output, snapshot: Stats) -> None:
