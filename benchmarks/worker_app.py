@@ -17,6 +17,7 @@ class Functions(NamedTuple):
     probe: durafn.MutationRef[[], float]
     hang: durafn.ActionRef[[], None]
     until_cancelled: durafn.ActionRef[[str], None]
+    noop_action: durafn.ActionRef[[], None]
 
 
 def register(app: durafn.App) -> Functions:
@@ -55,7 +56,7 @@ def register(app: durafn.App) -> Functions:
         async with await anyio.open_file(path, "a") as f:
             await f.write(f"seen {ctx.run_id} {seen}\n")
 
-    return Functions(fan_out, probe, hang, until_cancelled)
+    return Functions(fan_out, probe, hang, until_cancelled, noop_action)
 
 
 app = durafn.App()

@@ -323,7 +323,7 @@ def statements(serve: ClaimFilter, lateral: bool = False) -> ClaimStatements:
         )
     if fast is not None:
         fast_actions = _starting(fast)
-    flow = flow_statements((served, flags_ok, _not_paused()))
+    flow = flow_statements((served, flags_ok, _not_paused()), lateral)
     return ClaimStatements(unqueued, queued, first, first_actions, fast, fast_actions, flow)
 
 
@@ -457,10 +457,11 @@ async def take(
     serve: ClaimFilter,
     insert: Callable[..., Any],
     hint: FastPathHint | None = None,
+    lateral: bool = False,
 ) -> list[Claimed]:
     """Choose and lock up to ``limit`` due rows of ``kind`` (see the module docstring).
     Actions are then started by ``START_ACTIONS``; mutations run in this transaction."""
-    st = statements(serve)
+    st = statements(serve, lateral)
     cursor = hint.flow if hint is not None else FlowCursor()
     keyed_rows = await flow_heads(conn, st.flow, kind, now, limit, cursor, insert)
     rows = await _take_unkeyed(conn, st, kind, now, limit, serve, hint)

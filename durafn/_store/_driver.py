@@ -166,7 +166,9 @@ class Driver(
             # every level: the full claim could add nothing. (It ran the full claim for
             # every short claim at first: a 1-row claim cost 15 ms against a backlog at
             # seven levels.)
-            rows = await take(conn, kind, now, limit, serve, self.dialect_insert, hint)
+            rows = await take(
+                conn, kind, now, limit, serve, self.dialect_insert, hint, self.lateral_claims
+            )
         return rows
 
     async def finish_pending(
@@ -294,7 +296,16 @@ class Driver(
     ) -> list[Claimed]:
         """Pending -> InProgress for up to ``limit`` due actions (``_claims.take``, after
         ``claim_actions_fast``); commit before running them."""
-        rows = await take(conn, FunctionKind.ACTION, now, limit, serve, self.dialect_insert, hint)
+        rows = await take(
+            conn,
+            FunctionKind.ACTION,
+            now,
+            limit,
+            serve,
+            self.dialect_insert,
+            hint,
+            self.lateral_claims,
+        )
         return await start_actions(conn, rows, now, worker_id)
 
     async def claim_actions_fast(

@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Double, Integer, Text, bindparam, func, literal, select, update
+from sqlalchemy import ARRAY, Double, Integer, Text, bindparam, func, literal, select, true, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import ColumnElement
 
@@ -114,15 +114,52 @@ def _head(extra: tuple[ColumnElement[bool], ...]) -> Any:
     )
 
 
+_NOW = bindparam("now", type_=Double)
+
+
+def _heads(extra: tuple[ColumnElement[bool], ...]) -> Any:
+    """Every key's head in one statement: a LATERAL read of ``_head`` per key of the
+    ``:keys`` array (PostgreSQL). A statement per key cost a round trip each: with 100
+    keys, claims of 100 actions drained at 0.12x the plain rate."""
+    keys = func.unnest(bindparam("keys", type_=ARRAY(Text))).table_valued("key").render_derived("k")
+    head = (
+        select(*CLAIM_COLUMNS, sf.c.flow)
+        .where(*keyed(), *extra, sf.c.flow_key == keys.c.key, sf.c.available_at <= _NOW)
+        .order_by(sf.c.priority, sf.c.available_at, sf.c.id)
+        .limit(bindparam("limit", type_=Integer))
+        .with_for_update()
+        .lateral("head")
+    )
+    return select(*head.c).select_from(keys.join(head, true()))
+
+
 @dataclass(frozen=True, slots=True)
 class FlowStatements:
     due_keys: Any
     head: Any
+    heads: Any | None
+    """Every key's head at once (PostgreSQL), or None: one ``head`` per key (SQLite,
+    where a statement is a call into the library, not a round trip)."""
 
 
-def flow_statements(extra: tuple[ColumnElement[bool], ...]) -> FlowStatements:
+def flow_statements(extra: tuple[ColumnElement[bool], ...], lateral: bool) -> FlowStatements:
     """``extra``: what the claimer serves (its queues, its flags, no paused queue)."""
-    return FlowStatements(_due_keys(extra), _head(extra))
+    return FlowStatements(_due_keys(extra), _head(extra), _heads(extra) if lateral else None)
+
+
+async def _first_heads(
+    conn: AsyncConnection, st: FlowStatements, params: dict[str, Any], keys: list[str], limit: int
+) -> dict[str, list[Any]]:
+    """Up to ``limit`` head rows of each key, by key."""
+    found: dict[str, list[Any]] = {}
+    if st.heads is not None:
+        for row in await conn.execute(st.heads, {**params, "keys": keys, "limit": limit}):
+            found.setdefault(row.flow_key, []).append(row)
+        return found
+    for key in keys:
+        head = {**params, "b_key": key, "limit": limit, "skip": 0}
+        found[key] = list(await conn.execute(st.head, head))
+    return found
 
 
 async def _keys_from(
@@ -176,14 +213,11 @@ async def flow_heads(
         tats.update(dict.fromkeys(result.scalars(), 0.0))
     running = dict((await conn.execute(RUNNING_OF, {"keys": list(tats)})).tuples().all())
     share = max(1, -(-room // len(keys)))
+    locked = [k for k in keys if k in tats]  # in cursor order
+    heads = await _first_heads(conn, st, params, locked, min(room, share)) if locked else {}
     chosen: list[_Key] = []
-    for key in keys:  # in cursor order
-        if key not in tats:
-            continue
-        limit = min(room, share)
-        rows = list(
-            await conn.execute(st.head, {**params, "b_key": key, "limit": limit, "skip": 0})
-        )
+    for key in locked:
+        rows = heads.get(key)
         if not rows:
             continue
         limits = Limits.parse(rows[0].flow)

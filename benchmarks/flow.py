@@ -1,0 +1,198 @@
+"""Flow control under load (``python -m benchmarks.flow``), each compared in one run:
+
+* **cost**: the no-op drain of rows with a flow key and no limit (100 keys) against the
+  plain drain of as many rows, interleaved repeats (one executor, as throughput.drain);
+* **rate**: one key limited to 1,000 starts per second (burst 50), 5,000 no-op actions
+  drained by 4 worker processes on PostgreSQL: starts per second after the first burst,
+  from the rows' ``started_time`` (the claim's clock, which the budget is kept against);
+* **fairness**: 100 keys, one with 100x the rows of each other (2,000 and 99 x 20),
+  the heavy key's rows scheduled first: the light keys' median start lag (completed
+  minus due time) with flow keys against the same rows without (first come, first
+  served), one executor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from typing import Any
+
+import anyio
+from sqlalchemy import func, select
+
+import durafn
+from durafn import Flow, MutationCtx, Rate
+
+from . import throughput
+from .options import drain
+from .workers import _fresh_app, _until, _workers_are, workers
+
+
+def _keyed_app(url: str) -> tuple[durafn.App, Any]:
+    app = durafn.App(url)
+
+    @app.mutation(name="bench:keyed_fan")
+    async def fan(ctx: MutationCtx, start: int, n: int, kind: str) -> None:
+        ref = noop if kind == "mutation" else noop_action
+        calls = [ref.options(flow=Flow(key=f"k{i % 100}")).call() for i in range(start, start + n)]
+        await ctx.scheduler.run_many(calls)
+
+    @app.mutation(name="bench:noop")
+    async def noop(ctx: MutationCtx) -> None:
+        pass
+
+    @app.action(name="bench:noop_action")
+    async def noop_action(ctx: durafn.ActionCtx) -> None:
+        pass
+
+    return app, fan
+
+
+async def keyed_drain(url: str, n: int, kind: str) -> float:
+    """Rows/s of one executor draining ``n`` no-op rows spread over 100 flow keys."""
+    app, fan = _keyed_app(url)
+    await app.migrate()
+    for start in range(0, n, 1000):
+        await app.run_mutation(fan, start, min(1000, n - start), kind)
+    started = time.perf_counter()
+    async with app.run_executor(concurrency=100 if kind == "action" else 10) as executor:
+        counted = "actions" if kind == "action" else "mutations"
+        while executor.stats[counted] + executor.stats["failed"] < n:  # noqa: ASYNC110 - as throughput.drain
+            await anyio.sleep(0.001)
+        elapsed = time.perf_counter() - started
+    await app.aclose()
+    return n / elapsed
+
+
+async def cost(url_for: Any, n: int, repeats: int, engine: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for kind in ("mutation", "action"):
+        plain: list[float] = []
+        keyed: list[float] = []
+        for i in range(repeats):
+            plain.append(await drain(await url_for(f"flow-{kind}-plain-{i}"), n, kind, "plain"))
+            keyed.append(await keyed_drain(await url_for(f"flow-{kind}-keyed-{i}"), n, kind))
+        p, k = statistics.median(plain), statistics.median(keyed)
+        out[f"{kind}s"] = {"plain_per_s": p, "keyed_per_s": k, "ratio": k / p}
+        print(f"{engine} {kind}s: plain {p:,.0f}/s, 100 flow keys {k:,.0f}/s ({k / p:.2f}x)")
+    return out
+
+
+async def rate(
+    n: int = 5000, per_second: int = 1000, burst: int = 50, processes: int = 4
+) -> dict[str, float]:
+    """PostgreSQL, ``processes`` workers: the starts per second one limited key sees after
+    its first burst (a burst of 1 would need a claim every millisecond: each claim may
+    start what the budget allows, and a budget keeps at most ``burst`` unspent starts)."""
+    url, app, fns = await _fresh_app()
+    sf = durafn.scheduled_functions
+    try:
+        async with workers(url, processes, "--concurrency", "64"):
+            await _until(app, lambda: _workers_are(app, processes))
+            limited = fns.noop_action.options(
+                flow=Flow(key="api", rate=Rate(per_second, burst=burst))
+            )
+            due = time.time() + 2  # every row in place before the first is due
+            sched = app.scheduler()
+            for start in range(0, n, 1000):
+                await sched.run_many([limited.call().at(due) for _ in range(min(1000, n - start))])
+
+            async def _done() -> bool:
+                async with app.engine.connect() as conn:
+                    found = select(func.count()).where(sf.c.state == "Success")
+                    return int((await conn.execute(found)).scalar_one()) == n
+
+            await _until(app, _done)
+            async with app.engine.connect() as conn:
+                first, last = (
+                    await conn.execute(
+                        select(func.min(sf.c.started_time), func.max(sf.c.started_time))
+                    )
+                ).one()
+        observed = (n - burst) / (float(last) - float(first))
+        print(
+            f"postgres, {processes} workers: a key limited to {per_second}/s (burst {burst}) "
+            f"started {observed:,.1f}/s after its burst ({observed / per_second - 1:+.1%})"
+        )
+        return {"limit_per_s": per_second, "observed_per_s": observed}
+    finally:
+        await app.aclose()
+
+
+def _fair_app(url: str, keyed: bool) -> tuple[durafn.App, Any]:
+    app = durafn.App(url)
+
+    @app.mutation(name="bench:tenant_work")
+    async def work(ctx: MutationCtx, tenant: int) -> None:
+        pass
+
+    return app, (work.options(flow=Flow(key=lambda a: f"t{a['tenant']}")) if keyed else work)
+
+
+async def lag(url: str, keyed: bool, heavy: int = 2000, light: int = 20) -> float:
+    """The light keys' median lag (completed - due) in seconds."""
+    app, work = _fair_app(url, keyed)
+    await app.migrate()
+    sched = app.scheduler()
+    for start in range(0, heavy, 1000):
+        await sched.run_many([work.call(0) for _ in range(min(1000, heavy - start))])
+    await sched.run_many([work.call(t) for t in range(1, 100) for _ in range(light)])
+    total = heavy + 99 * light
+    async with app.run_executor() as executor:
+        while executor.stats["mutations"] < total:  # noqa: ASYNC110 - as throughput.drain
+            await anyio.sleep(0.005)
+    sf = durafn.scheduled_functions
+    async with app.engine.connect() as conn:
+        rows = await conn.execute(
+            select(sf.c.completed_time - sf.c.scheduled_time).where(sf.c.args != '{"tenant":0}')
+        )
+        lags = [float(x) for (x,) in rows]
+    await app.aclose()
+    return statistics.median(lags)
+
+
+async def fairness(url_for: Any, engine: str, repeats: int) -> dict[str, float]:
+    fair: list[float] = []
+    unfair: list[float] = []
+    for i in range(repeats):
+        unfair.append(await lag(await url_for(f"unfair-{i}"), keyed=False))
+        fair.append(await lag(await url_for(f"fair-{i}"), keyed=True))
+    f, u = statistics.median(fair), statistics.median(unfair)
+    print(
+        f"{engine}: light keys' median start lag {f * 1000:,.0f} ms with flow keys, "
+        f"{u * 1000:,.0f} ms first come first served ({u / f:.1f}x sooner)"
+    )
+    return {"fair_median_s": f, "unfair_median_s": u}
+
+
+async def measure(url_for: Any, engine: str, n: int, repeats: int) -> dict[str, Any]:
+    out: dict[str, Any] = {"cost": await cost(url_for, n, repeats, engine)}
+    out["fairness"] = await fairness(url_for, engine, repeats)
+    if engine == "postgres":
+        out["rate"] = await rate()
+    return out
+
+
+async def main(engines: list[str], n: int, repeats: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        for engine in engines:
+
+            async def url_for(name: str, engine: str = engine) -> str:
+                return await throughput.fresh_url(engine, tmp, name)
+
+            await measure(url_for, engine, n, repeats)
+
+
+def cli() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--engines", default="sqlite,postgres")
+    parser.add_argument("--n", type=int, default=10000)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    anyio.run(main, args.engines.split(","), args.n, args.repeats)
+
+
+if __name__ == "__main__":
+    cli()
