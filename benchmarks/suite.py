@@ -29,6 +29,7 @@ from . import (
     cancels,
     charts,
     crons,
+    flow,
     options,
     peers,
     retries,
@@ -193,6 +194,13 @@ async def run(sizes: Sizes, engines: list[str]) -> dict[str, Any]:
                 return await crons.measure(url, sizes.crons, sizes.cron_seconds)
 
             r["crons"] = await step(f"{engine}: the cron loop, {sizes.crons:,} crons", 1, _crons)
+
+            async def _flow(_: Any, engine: str = engine) -> Any:
+                return await flow.measure(
+                    lambda name: url_for(engine, name), engine, sizes.drain, sizes.repeats
+                )
+
+            r["flow"] = await step(f"{engine}: flow keys, a rate, fairness", 1, _flow)
             results[engine] = r
         if "postgres" in engines:
             procs: dict[str, dict[str, float]] = {}
