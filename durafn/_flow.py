@@ -31,6 +31,7 @@ from ._checks import Error, integer, optional, positive_seconds, text
 from ._errors import SchedulingError
 
 KeyFunction = Callable[[Mapping[str, Any]], str]
+PRIORITY_FLOOR = -(2**31)  # _options.PRIORITY_RANGE[0] (which imports this module)
 MAX_FLOW_KEY = 512
 
 
@@ -94,13 +95,16 @@ class Flow:
     validated arguments, by name, returning a string (``lambda a: f"user:{a['user_id']}"``).
     ``concurrency``: at most this many rows of a key run at once (1: a per-key mutex).
     ``rate``: a ``Rate``. ``weight``: rows of this key per round when claims share out due
-    keyed rows (fairness). ``debounce``: a ``Debounce``."""
+    keyed rows (fairness). ``debounce``: a ``Debounce``. ``aging``: seconds per priority
+    level: a waiting row competes as though its priority were one lower (more urgent) for
+    each ``aging`` seconds it has been due, so no stream of more urgent rows starves it."""
 
     key: str | KeyFunction
     concurrency: int | None = None
     rate: Rate | None = None
     weight: int = 1
     debounce: Debounce | None = None
+    aging: float | None = None
 
     def __post_init__(self) -> None:
         if not callable(self.key):
@@ -113,6 +117,7 @@ class Flow:
         integer("Flow weight", self.weight, low=1, high=10_000, error=FlowError)
         if self.debounce is not None and not isinstance(self.debounce, Debounce):
             raise FlowError(f"Flow debounce must be a durafn.Debounce, not {self.debounce!r}")
+        optional(positive_seconds, "Flow aging", self.aging, error=FlowError)
 
     def key_of(self, name: str, arguments: Mapping[str, Any]) -> str:
         """The flow key of a call of ``name`` with these validated arguments."""
@@ -128,15 +133,17 @@ class Flow:
 
     def spec(self) -> str:
         """What the claim needs, as stored in the row's ``flow`` column."""
-        return spec_of(self.concurrency, self.rate, self.weight)
+        return spec_of(self.concurrency, self.rate, self.weight, self.aging)
 
 
-def spec_of(concurrency: int | None, rate: Rate | None, weight: int) -> str:
+def spec_of(concurrency: int | None, rate: Rate | None, weight: int, aging: float | None) -> str:
     data: dict[str, Any] = {"w": weight}
     if concurrency is not None:
         data["c"] = concurrency
     if rate is not None:
         data["r"] = [rate.limit, rate.per, rate.burst]
+    if aging is not None:
+        data["a"] = aging
     return json.dumps(data, separators=(",", ":"))
 
 
@@ -147,14 +154,25 @@ class Limits:
     concurrency: int | None
     rate: Rate | None
     weight: int
+    aging: float | None = None
 
     @classmethod
     def parse(cls, stored: str | None) -> Limits:
         data = json.loads(stored) if stored else {}
         rate = data.get("r")
         return cls(
-            data.get("c"), Rate(rate[0], rate[1], rate[2]) if rate else None, data.get("w", 1)
+            data.get("c"),
+            Rate(rate[0], rate[1], rate[2]) if rate else None,
+            data.get("w", 1),
+            data.get("a"),
         )
+
+    def priority(self, stored: int, due: float, now: float) -> int:
+        """The priority a row competes with: ``stored``, one level more urgent for each
+        ``aging`` seconds it has been due."""
+        if self.aging is None or now <= due:
+            return stored
+        return max(PRIORITY_FLOOR, stored - int((now - due) // self.aging))
 
 
 def check_flow_key(name: str, value: object, *, error: Error = FlowError) -> str:

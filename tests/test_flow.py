@@ -206,6 +206,34 @@ async def test_weights_share_out_a_claim(app: durafn.App, clock: FakeClock) -> N
     assert sorted(done) == sorted(["g0", "g1", "g2", "b0", "b1", "g3", "g4", "g5"])
 
 
+@pytest.mark.parametrize("aging", [None, 1.0])
+async def test_aging_lifts_a_low_priority_row_past_a_stream_of_urgent_ones(
+    app: durafn.App, clock: FakeClock, aging: float | None
+) -> None:
+    """One row at priority 10 under a stream of priority -10 rows that fills every batch:
+    aged one level a second, it competes at -10 after 20 s and runs then; not aged, never."""
+
+    @app.mutation
+    async def note(ctx: MutationCtx, tag: str) -> None:
+        ctx.db.add(Effect(key=tag))
+
+    sched = app.scheduler()
+    t0 = clock.now()
+    low = note.options(priority=10, flow=Flow(key="reports", aging=aging))
+    await sched.run_after(0, low, "low")
+    executor = app.executor(batch_size=2)
+    for second in range(30):
+        await sched.run_many([note.options(priority=-10).call(f"u{second}.{i}") for i in range(2)])
+        await executor._mutations.run_batch(timed=False)
+        if "low" in await effects(app):
+            break
+        clock.advance(1)
+    ran = "low" in await effects(app)
+    assert ran == (aging is not None)
+    if aging is not None:
+        assert clock.now() - t0 == 20
+
+
 # -- debounce ----------------------------------------------------------------------------
 
 
@@ -333,6 +361,8 @@ def test_bad_flow_options_are_typed_errors() -> None:
         Debounce(quiet=10, max_wait=5)
     with pytest.raises(durafn.FlowError, match="Flow key must be a non-empty string"):
         Flow(key="")
+    with pytest.raises(durafn.FlowError, match="Flow aging must be a positive number"):
+        Flow(key="k", aging=0)
     with pytest.raises(durafn.SchedulingError, match="cannot be in a queue with a concurrency"):
         Queue(flow=Flow(key="k"))
 

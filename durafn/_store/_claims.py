@@ -469,7 +469,7 @@ async def take(
         return rows
     if hint is not None:
         hint.use = False  # keyed rows are due: the fast path's guard would fail
-    chosen = fair_order(rows, keyed_rows.ranked(), limit)
+    chosen = fair_order(rows, keyed_rows.ranked(now), limit)
     await keyed_rows.consume(conn, chosen, now, cursor)
     return chosen
 

@@ -270,9 +270,13 @@ class Keyed:
     keys: list[_Key]
     tats: dict[str, float]
 
-    def ranked(self) -> list[tuple[Claimed, int]]:
-        """Each row with its round (for ``fair_order``)."""
-        return [(row, i // k.limits.weight) for k in self.keys for i, row in enumerate(k.rows)]
+    def ranked(self, now: float) -> list[tuple[Claimed, int, int]]:
+        """Each row with its round and the priority it competes with (``fair_order``)."""
+        return [
+            (row, i // k.limits.weight, k.limits.priority(row.priority, row.available_at, now))
+            for k in self.keys
+            for i, row in enumerate(k.rows)
+        ]
 
     async def consume(
         self, conn: AsyncConnection, taken: Sequence[Claimed], now: float, cursor: FlowCursor
@@ -296,11 +300,12 @@ def _wake(cursor: FlowCursor, at: float) -> None:
 
 
 def fair_order(
-    plain: Sequence[Claimed], keyed_rows: Sequence[tuple[Claimed, int]], limit: int
+    plain: Sequence[Claimed], keyed_rows: Sequence[tuple[Claimed, int, int]], limit: int
 ) -> list[Claimed]:
-    """Unkeyed and keyed rows in one order: priority, then round (an unkeyed row is in the
-    first round, a key of its own), then due time and id; the first ``limit``."""
+    """Unkeyed and keyed rows in one order: priority (a keyed row's aged, ``Flow.aging``),
+    then round (an unkeyed row is in the first round, a key of its own), then due time and
+    id; the first ``limit``."""
     ranked = [(r.priority, 0, r.available_at, r.id, r) for r in plain]
-    ranked += [(r.priority, n, r.available_at, r.id, r) for r, n in keyed_rows]
+    ranked += [(p, n, r.available_at, r.id, r) for r, n, p in keyed_rows]
     ranked.sort(key=lambda item: item[:4])
     return [item[4] for item in ranked[:limit]]
