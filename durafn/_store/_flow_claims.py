@@ -100,7 +100,7 @@ def _head(extra: tuple[ColumnElement[bool], ...]) -> Any:
     # LOCKED: holding the key's lock, only a momentary writer (a cancel, a debounced
     # call) can hold its rows.
     return (
-        select(*CLAIM_COLUMNS, sf.c.flow)
+        select(*CLAIM_COLUMNS)
         .where(
             *keyed(),
             *extra,
@@ -123,7 +123,7 @@ def _heads(extra: tuple[ColumnElement[bool], ...]) -> Any:
     keys, claims of 100 actions drained at 0.12x the plain rate."""
     keys = func.unnest(bindparam("keys", type_=ARRAY(Text))).table_valued("key").render_derived("k")
     head = (
-        select(*CLAIM_COLUMNS, sf.c.flow)
+        select(*CLAIM_COLUMNS)
         .where(*keyed(), *extra, sf.c.flow_key == keys.c.key, sf.c.available_at <= _NOW)
         .order_by(sf.c.priority, sf.c.available_at, sf.c.id)
         .limit(bindparam("limit", type_=Integer))

@@ -117,12 +117,17 @@ class Claimed:
     max_attempts: int | None = None
     failures: int = 0
     flow_key: str | None = None
+    flow: str | None = None
+    """Its flow key's knobs, as stored (``durafn._flow.Flow.spec``)."""
 
     @property
     def slot(self) -> str | None:
-        """The queue or flow key whose slot it holds while it runs: its end wakes the
-        claimers that skipped it."""
-        return self.queue_name if self.queue_name is not None else self.flow_key
+        """The queue, or the flow key with a concurrency limit, whose slot it holds while
+        it runs: its end wakes the claimers that skipped it. (A rate-only key frees no
+        slot: a NOTIFY per finish sent every worker claiming at a 1000/s key, 0.90x.)"""
+        if self.queue_name is not None:
+            return self.queue_name
+        return self.flow_key if self.flow is not None and '"c":' in self.flow else None
 
     def order(self) -> tuple[int, float, str]:
         """Claim order: priority (lower first), then due time, then id."""

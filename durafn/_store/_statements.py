@@ -37,6 +37,7 @@ CLAIM_COLUMNS = (
     sf.c.max_attempts,
     sf.c.failures,
     sf.c.flow_key,
+    sf.c.flow,
 )
 # Literals, not bind parameters: a partial index is used only when the query's WHERE
 # visibly implies the index's (SQLite does not look into parameters).
