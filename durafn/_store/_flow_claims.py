@@ -36,8 +36,12 @@ from ._rows import Claimed
 from ._statements import CLAIM_COLUMNS, PENDING, RUNNING, claimed
 from ._tables import flow_keys, sf
 
-KEYS_PER_CLAIM = 64
-"""Keys one claim visits at most (and so, statements it runs: one head read per key)."""
+KEYS_PER_CLAIM = 16
+"""Keys one claim visits at most; the next claim carries on from the last one. The loose
+scan costs a probe per key visited: over 100 keys, PostgreSQL drained keyed mutations at
+0.36x the plain rate visiting 64 keys a claim, 0.60x visiting 16 (0.40x at 8, where a
+claim's fixed cost weighs more); SQLite 0.14x -> 0.50x. A key waits at most
+``keys / 16`` claims for its turn."""
 
 
 @dataclass(slots=True)
