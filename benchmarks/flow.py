@@ -30,42 +30,6 @@ from .options import drain
 from .workers import _fresh_app, _until, _workers_are, workers
 
 
-def _keyed_app(url: str) -> tuple[durafn.App, Any]:
-    app = durafn.App(url)
-
-    @app.mutation(name="bench:keyed_fan")
-    async def fan(ctx: MutationCtx, start: int, n: int, kind: str) -> None:
-        ref = noop if kind == "mutation" else noop_action
-        calls = [ref.options(flow=Flow(key=f"k{i % 100}")).call() for i in range(start, start + n)]
-        await ctx.scheduler.run_many(calls)
-
-    @app.mutation(name="bench:noop")
-    async def noop(ctx: MutationCtx) -> None:
-        pass
-
-    @app.action(name="bench:noop_action")
-    async def noop_action(ctx: durafn.ActionCtx) -> None:
-        pass
-
-    return app, fan
-
-
-async def keyed_drain(url: str, n: int, kind: str) -> float:
-    """Rows/s of one executor draining ``n`` no-op rows spread over 100 flow keys."""
-    app, fan = _keyed_app(url)
-    await app.migrate()
-    for start in range(0, n, 1000):
-        await app.run_mutation(fan, start, min(1000, n - start), kind)
-    started = time.perf_counter()
-    async with app.run_executor(concurrency=100 if kind == "action" else 10) as executor:
-        counted = "actions" if kind == "action" else "mutations"
-        while executor.stats[counted] + executor.stats["failed"] < n:  # noqa: ASYNC110 - as throughput.drain
-            await anyio.sleep(0.001)
-        elapsed = time.perf_counter() - started
-    await app.aclose()
-    return n / elapsed
-
-
 async def cost(url_for: Any, n: int, repeats: int, engine: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for kind in ("mutation", "action"):
@@ -73,7 +37,7 @@ async def cost(url_for: Any, n: int, repeats: int, engine: str) -> dict[str, Any
         keyed: list[float] = []
         for i in range(repeats):
             plain.append(await drain(await url_for(f"flow-{kind}-plain-{i}"), n, kind, "plain"))
-            keyed.append(await keyed_drain(await url_for(f"flow-{kind}-keyed-{i}"), n, kind))
+            keyed.append(await drain(await url_for(f"flow-{kind}-keyed-{i}"), n, kind, "keys"))
         p, k = statistics.median(plain), statistics.median(keyed)
         out[f"{kind}s"] = {"plain_per_s": p, "keyed_per_s": k, "ratio": k / p}
         print(f"{engine} {kind}s: plain {p:,.0f}/s, 100 flow keys {k:,.0f}/s ({k / p:.2f}x)")

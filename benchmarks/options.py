@@ -24,7 +24,7 @@ from sqlalchemy import bindparam, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 import durafn
-from durafn import ActionCtx, MutationCtx
+from durafn import ActionCtx, Flow, MutationCtx
 from durafn._store import SERVE_ALL
 from durafn._store import _claims as claims
 from durafn._store._queue_claims import QUEUE_HEAD
@@ -57,6 +57,8 @@ def _build(url: str) -> tuple[durafn.App, durafn.MutationRef[[int, int, str, str
                 calls.append(ref.options(queue=f"user:{i % QUEUES}").call())
             elif mix == "one queue":
                 calls.append(ref.options(queue="serial").call())
+            elif mix == "keys":  # benchmarks/flow.py: 100 flow keys, no limits
+                calls.append(ref.options(flow=Flow(key=f"k{i % 100}")).call())
             else:
                 calls.append(ref.call())
         await ctx.scheduler.run_many(calls)

@@ -194,7 +194,8 @@ class Runtime:
         self, rows: list[dict[str, Any]], ids: list[ScheduledFunctionId]
     ) -> list[Inline]:
         """The Pending rows written (``ids``: the one that runs for each) that inline mode
-        runs at once: those its predicate accepts, in no named queue."""
+        runs at once: those its predicate accepts, in no named queue and with no flow key
+        (their limits are the claim's to keep)."""
         accepts = self.inline
         if accepts is None:
             return []
@@ -203,6 +204,7 @@ class Runtime:
             for row, id in zip(rows, ids, strict=True)
             if row["state"] == State.PENDING.value
             and row["queue_name"] is None
+            and row["flow_key"] is None
             and accepts(new_row_model(row, id))
         ]
 

@@ -247,9 +247,9 @@ class Scheduler:
                 f"{who} may schedule at most {limits.max_args_bytes} bytes of "
                 f"arguments; this call would bring it to {self._bytes + size}"
             )
+        flow_key = options.flow.key_of(ref.name, values) if options.flow is not None else None
         self._count += 1
         self._bytes += size
-        flow_key = options.flow.key_of(ref.name, values) if options.flow is not None else None
         return new_row(
             new_id(now),
             ref.name,

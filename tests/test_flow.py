@@ -414,3 +414,25 @@ def test_the_cli_explains_a_row_and_lists_the_flow_keys(db_url: str) -> None:
         "rate": "1/3600s burst 1",
     }
     assert "flow keys" in invoke("stats", "--url", db_url).stdout
+
+
+async def test_inline_mode_leaves_keyed_rows_to_the_claim(app_url: tuple[str, bool]) -> None:
+    app = durafn.App(app_url[0], inline=True)
+    try:
+        if not app_url[1]:
+            await app.migrate()
+
+        @app.mutation(flow=Flow(key="k", concurrency=1))
+        async def keyed(ctx: MutationCtx) -> None:
+            pass
+
+        @app.mutation
+        async def plain(ctx: MutationCtx) -> None:
+            pass
+
+        kept = await app.scheduler().run_after(0, keyed)
+        ran = await app.scheduler().run_after(0, plain)
+        assert (await row_of(app, ran)).state is State.SUCCESS
+        assert (await row_of(app, kept)).state is State.PENDING
+    finally:
+        await app.aclose()

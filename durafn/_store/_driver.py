@@ -14,11 +14,10 @@ checked by the caller: a lost race is explicit, never a row moved backwards.
 from __future__ import annotations
 
 import builtins
-import json
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from sqlalchemy import CursorResult, and_, delete, func, insert, literal, or_, select, update
+from sqlalchemy import CursorResult, and_, delete, func, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import ColumnElement
 
@@ -31,27 +30,20 @@ from .._types import (
 )
 from ._cancels import CancelStatements
 from ._claim_hints import FastPathHint, LevelFloor
-from ._claims import (
-    SERVE_ALL,
-    ClaimFilter,
-    next_due,
-    start_actions,
-    start_fast,
-    take,
-    take_fast,
-)
+from ._claims import SERVE_ALL, ClaimFilter, next_due, start_actions, take
 from ._completions import canceled
 from ._crons import CronStatements
 from ._debounce import write_debounced
 from ._engine import EngineDriver
 from ._explain import ExplainStatements, FlowKeyStatements
-from ._failures import RETRY_COLUMNS, FailureStatements, in_state
+from ._failures import FailureStatements, in_state
+from ._fast_claims import start_fast, take_fast
 from ._filters import RowFilter
 from ._inline import InlineStatements
 from ._keys import insert_keyed
 from ._queues import QueueStatements
 from ._reading import ReadStatements
-from ._rows import Claimed, LostAction, Outcome, RetryState
+from ._rows import Claimed, Outcome
 from ._statements import (
     CANCEL,
     CANCELED_COLUMNS,
@@ -62,7 +54,8 @@ from ._statements import (
     claimed,
     finish_params,
 )
-from ._tables import sf, workers
+from ._tables import sf
+from ._workers import WorkerStatements
 
 KIND_OF = {State.PENDING: FunctionKind.MUTATION, State.IN_PROGRESS: FunctionKind.ACTION}
 """The kind of the rows a finish expects in each state."""
@@ -77,6 +70,7 @@ class Driver(
     CronStatements,
     ExplainStatements,
     FlowKeyStatements,
+    WorkerStatements,
     EngineDriver,
 ):
     """Dialect-neutral statements on the system tables."""
@@ -381,99 +375,6 @@ class Driver(
         # The first entry of each priority level's range of the two claim indexes: one
         # probe per level, whatever the backlog (_claims.next_due).
         return await next_due(conn, kind, after)
-
-    # -- workers -------------------------------------------------------------------------
-
-    async def register_worker(
-        self,
-        conn: AsyncConnection,
-        id: str,
-        hostname: str,
-        pid: int,
-        concurrency: int,
-        now: float,
-        serve: ClaimFilter = SERVE_ALL,
-    ) -> None:
-        await conn.execute(
-            insert(workers).values(
-                id=id,
-                hostname=hostname,
-                pid=pid,
-                concurrency=concurrency,
-                started_at=now,
-                heartbeat_at=now,
-                serves=None if serve.queues is None else json.dumps(sorted(serve.queues)),
-                forbidden=json.dumps(sorted(serve.forbidden_flags))
-                if serve.forbidden_flags
-                else None,
-            )
-        )
-
-    async def heartbeat(self, conn: AsyncConnection, id: str, now: float) -> bool:
-        """Renew a worker's heartbeat; False if its row is gone (it was declared lost)."""
-        result = await conn.execute(
-            update(workers).where(workers.c.id == id).values(heartbeat_at=now)
-        )
-        assert isinstance(result, CursorResult)
-        return result.rowcount == 1
-
-    async def unregister_worker(self, conn: AsyncConnection, id: str) -> None:
-        await conn.execute(delete(workers).where(workers.c.id == id))
-
-    async def rescue_lost(
-        self, conn: AsyncConnection, now: float, cutoff: float, message: str
-    ) -> list[LostAction]:
-        """InProgress -> Failed for actions whose worker has not heartbeaten since
-        ``cutoff`` (or has no row at all); returns (id, name, worker_id) of each.
-
-        ``started_time < cutoff`` as well: a row is never rescued sooner after its claim
-        than a worker is allowed to go without a heartbeat. The state guard makes two
-        workers rescuing at once harmless: the second finds nothing left to move.
-        """
-        before, _, after = message.partition("{worker}")
-        alive = select(workers.c.id).where(workers.c.heartbeat_at >= cutoff)
-        result = await conn.execute(
-            update(sf)
-            .where(
-                sf.c.state == State.IN_PROGRESS.value,  # ix_scheduled_functions_running
-                sf.c.started_time < cutoff,
-                or_(sf.c.worker_id.is_(None), sf.c.worker_id.not_in(alive)),
-            )
-            .values(
-                state=State.FAILED.value,
-                completed_time=now,
-                error_type="durafn.WorkerLostError",
-                # The message names the lost worker: "{worker}" in it becomes its id.
-                error_message=literal(before)
-                .concat(func.coalesce(sf.c.worker_id, "unknown"))
-                .concat(after),
-                failures=sf.c.failures + 1,
-            )
-            .returning(
-                sf.c.id,
-                sf.c.name,
-                sf.c.worker_id,
-                sf.c.error_message,
-                sf.c.queue_name,
-                *RETRY_COLUMNS[1:],
-                sf.c.on_complete,
-            )
-        )
-        # The failures returned count this one: the retry's count is of those before it.
-        lost = [
-            LostAction(
-                ScheduledFunctionId(str(i)),
-                n,
-                w,
-                m,
-                q,
-                RetryState(n, retry, most, failures - 1),
-                callback,
-            )
-            for i, n, w, m, q, retry, most, failures, callback in result
-        ]
-        await conn.execute(delete(workers).where(workers.c.heartbeat_at < cutoff))
-        return lost
 
     # -- retention -----------------------------------------------------------------------
 
