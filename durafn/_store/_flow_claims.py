@@ -6,15 +6,19 @@ chosen, inside the claim's transaction.
    (a recursive CTE that stops after ``:n`` keys). The cursor (``FlowCursor``) moves past
    the keys each claim visited, so that with more keys than a claim has room for, every
    key is visited in turn.
-2. **Their locks**: each key's ``_durafn_flow_keys`` row, ``FOR UPDATE SKIP LOCKED`` (a key
-   another claim is choosing from, or a mutation batch of that key is running, is
-   skipped, never waited for); the first claim to meet a key inserts its row (ON CONFLICT
-   DO NOTHING: a row that exists is someone else's to lock).
-3. **Running counts** of those keys (``ix_scheduled_functions_key_running``).
-4. **Heads**: per key, its first due rows in claim order (``ix_scheduled_functions_key_head``),
-   as many as its concurrency, its rate budget and the claim's room allow; the budget
-   consumed is written back to the key's row in the same transaction (a claim that rolls
-   back consumed nothing).
+2. **Heads**: every key's first due rows in claim order (``ix_scheduled_functions_key_head``,
+   one LATERAL statement on PostgreSQL), ``FOR UPDATE SKIP LOCKED``; their knobs come
+   with them (``flow``).
+3. **Locks of the keys with a limit** (a concurrency or a rate): each key's
+   ``_durafn_flow_keys`` row, ``FOR UPDATE SKIP LOCKED`` (a key another claim is choosing
+   from, or a mutation batch of that key is running, is skipped, its rows dropped, never
+   waited for); the first claim to meet a key inserts its row (ON CONFLICT DO NOTHING: a
+   row that exists is someone else's to lock). A key with no limit needs no lock: its
+   rows are locked one by one.
+4. **Running counts** of the keys with a concurrency (``ix_scheduled_functions_running``);
+   each key then gives as many rows as its concurrency, its rate budget and the claim's
+   room allow; the budget consumed is written back to the key's row in the same
+   transaction (a claim that rolls back consumed nothing).
 
 The claim then shares out the rows of every key round-robin, ``weight`` rows of a key per
 round (``fair_order``), so one key's backlog delays another key's row by one round at most.
@@ -26,7 +30,19 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import ARRAY, Double, Integer, Text, bindparam, func, literal, select, true, update
+from sqlalchemy import (
+    ARRAY,
+    Double,
+    Integer,
+    Text,
+    bindparam,
+    func,
+    literal,
+    select,
+    true,
+    tuple_,
+    update,
+)
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import ColumnElement
 
@@ -99,22 +115,32 @@ SET_TAT = (
 )
 
 
-def _head(extra: tuple[ColumnElement[bool], ...]) -> Any:
-    # ix_scheduled_functions_key_head: (flow_key, priority, available_at, id). No SKIP
-    # LOCKED: holding the key's lock, only a momentary writer (a cancel, a debounced
-    # call) can hold its rows.
-    return (
-        select(*CLAIM_COLUMNS)
-        .where(
-            *keyed(),
-            *extra,
-            sf.c.flow_key == bindparam("b_key", type_=Text),
-            sf.c.available_at <= bindparam("now", type_=Double),
+def _head(extra: tuple[ColumnElement[bool], ...], after: bool) -> Any:
+    """A key's first due rows in claim order; ``after``: those after ``:after_*`` (a
+    keyset, not an OFFSET: rows another claim held and released meanwhile would shift an
+    offset onto rows already taken)."""
+    # ix_scheduled_functions_key_head: (flow_key, priority, available_at, id). SKIP LOCKED:
+    # rows another claim holds are its own (a limited key's rows read here are dropped
+    # if its lock, taken after, is another claim's).
+    head = select(*CLAIM_COLUMNS).where(
+        *keyed(),
+        *extra,
+        sf.c.flow_key == bindparam("b_key", type_=Text),
+        sf.c.available_at <= bindparam("now", type_=Double),
+    )
+    if after:
+        head = head.where(
+            tuple_(sf.c.priority, sf.c.available_at, sf.c.id)
+            > tuple_(
+                bindparam("after_p", type_=Integer),
+                bindparam("after_at", type_=Double),
+                bindparam("after_id", type_=sf.c.id.type),
+            )
         )
-        .order_by(sf.c.priority, sf.c.available_at, sf.c.id)
+    return (
+        head.order_by(sf.c.priority, sf.c.available_at, sf.c.id)
         .limit(bindparam("limit", type_=Integer))
-        .offset(bindparam("skip", type_=Integer))
-        .with_for_update()
+        .with_for_update(skip_locked=True)
     )
 
 
@@ -131,7 +157,7 @@ def _heads(extra: tuple[ColumnElement[bool], ...]) -> Any:
         .where(*keyed(), *extra, sf.c.flow_key == keys.c.key, sf.c.available_at <= _NOW)
         .order_by(sf.c.priority, sf.c.available_at, sf.c.id)
         .limit(bindparam("limit", type_=Integer))
-        .with_for_update()
+        .with_for_update(skip_locked=True)
         .lateral("head")
     )
     return select(*head.c).select_from(keys.join(head, true()))
@@ -141,6 +167,7 @@ def _heads(extra: tuple[ColumnElement[bool], ...]) -> Any:
 class FlowStatements:
     due_keys: Any
     head: Any
+    head_after: Any
     heads: Any | None
     """Every key's head at once (PostgreSQL), or None: one ``head`` per key (SQLite,
     where a statement is a call into the library, not a round trip)."""
@@ -148,7 +175,12 @@ class FlowStatements:
 
 def flow_statements(extra: tuple[ColumnElement[bool], ...], lateral: bool) -> FlowStatements:
     """``extra``: what the claimer serves (its queues, its flags, no paused queue)."""
-    return FlowStatements(_due_keys(extra), _head(extra), _heads(extra) if lateral else None)
+    return FlowStatements(
+        _due_keys(extra),
+        _head(extra, False),
+        _head(extra, True),
+        _heads(extra) if lateral else None,
+    )
 
 
 async def _first_heads(
@@ -161,7 +193,7 @@ async def _first_heads(
             found.setdefault(row.flow_key, []).append(row)
         return found
     for key in keys:
-        head = {**params, "b_key": key, "limit": limit, "skip": 0}
+        head = {**params, "b_key": key, "limit": limit}
         found[key] = list(await conn.execute(st.head, head))
     return found
 
@@ -208,23 +240,22 @@ async def flow_heads(
         cursor.after = ""
         return Keyed([], {})
     cursor.after = keys[-1] if len(keys) >= wanted else ""
-    tats = dict((await conn.execute(LOCK_KEYS, {"keys": sorted(keys)})).tuples().all())
-    if missing := [k for k in keys if k not in tats]:
-        made = insert(flow_keys).values([{"key": k, "tat": 0.0} for k in sorted(missing)])
-        result = await conn.execute(
-            made.on_conflict_do_nothing(index_elements=[flow_keys.c.key]).returning(flow_keys.c.key)
-        )
-        tats.update(dict.fromkeys(result.scalars(), 0.0))
-    running = dict((await conn.execute(RUNNING_OF, {"keys": list(tats)})).tuples().all())
     share = max(1, -(-room // len(keys)))
-    locked = [k for k in keys if k in tats]  # in cursor order
-    heads = await _first_heads(conn, st, params, locked, min(room, share)) if locked else {}
+    heads = await _first_heads(conn, st, params, keys, min(room, share))
+    limits_of = {key: Limits.parse(rows[0].flow) for key, rows in heads.items() if rows}
+    # Only keys with a limit are locked (a key with none orders rows for fairness only,
+    # and its rows are locked one by one): three statements fewer per claim then.
+    limited = sorted(k for k, lim in limits_of.items() if lim.concurrency or lim.rate)
+    tats = await _lock_keys(conn, limited, insert) if limited else {}
+    counted = [k for k in limited if k in tats and limits_of[k].concurrency]
+    running = (
+        dict((await conn.execute(RUNNING_OF, {"keys": counted})).tuples().all()) if counted else {}
+    )
     chosen: list[_Key] = []
-    for key in locked:
-        rows = heads.get(key)
-        if not rows:
-            continue
-        limits = Limits.parse(rows[0].flow)
+    for key in keys:  # in cursor order
+        if key not in limits_of or (key in limited and key not in tats):
+            continue  # nothing due, or a key another claim is choosing from
+        rows, limits = heads[key], limits_of[key]
         free = room
         if limits.concurrency is not None:
             slots = limits.concurrency - running.get(key, 0)
@@ -248,6 +279,21 @@ async def flow_heads(
     return Keyed(chosen, tats)
 
 
+async def _lock_keys(
+    conn: AsyncConnection, keys: list[str], insert: Callable[..., Any]
+) -> dict[str, float]:
+    """Lock these keys' rows (SKIP LOCKED), inserting those that do not exist yet; the
+    rate budget (``tat``) of each key locked."""
+    tats = dict((await conn.execute(LOCK_KEYS, {"keys": keys})).tuples().all())
+    if missing := [k for k in keys if k not in tats]:
+        made = insert(flow_keys).values([{"key": k, "tat": 0.0} for k in missing])
+        result = await conn.execute(
+            made.on_conflict_do_nothing(index_elements=[flow_keys.c.key]).returning(flow_keys.c.key)
+        )
+        tats.update(dict.fromkeys(result.scalars(), 0.0))
+    return tats
+
+
 async def _more(
     conn: AsyncConnection,
     st: FlowStatements,
@@ -261,8 +307,10 @@ async def _more(
     wanted = min(k.free, target) - len(k.rows)
     if len(k.rows) < share or wanted <= 0:
         return 0
-    head = {**params, "b_key": k.key, "limit": wanted, "skip": len(k.rows)}
-    extra = claimed(list(await conn.execute(st.head, head)))
+    last = k.rows[-1]
+    head = {**params, "b_key": k.key, "limit": wanted}
+    head |= {"after_p": last.priority, "after_at": last.available_at, "after_id": last.id}
+    extra = claimed(list(await conn.execute(st.head_after, head)))
     k.rows += extra
     return len(extra)
 
