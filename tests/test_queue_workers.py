@@ -95,7 +95,9 @@ async def test_a_serial_queue_and_a_limit_of_3_hold_across_4_racing_workers(
     # Flow keys: at most 2 rows of each key at once (its key computed here, from the
     # arguments: the workers read it, and the limit, off the rows).
     keyed = fns.span.options(flow=Flow(key=lambda a: f"k{a['n'] % 2}", concurrency=2))
-    calls += [keyed.call(300 + n, str(trace), 0.02) for n in range(24)]
+    # 50 ms each: long enough for another worker's claim to land beside it on a loaded
+    # machine (at 20 ms a SQLite run once never had two rows of a key at once).
+    calls += [keyed.call(300 + n, str(trace), 0.05) for n in range(24)]
     async with worker_processes(db_url, 4, tmp_path, *QUICK_POLL, "--concurrency", "4") as procs:
         ids = await app.scheduler().run_many(calls)
         await _wait_done(app, ids)
