@@ -177,7 +177,8 @@ class Scheduler:
                     )
                 due = _call_time(call, now)
                 row = self._row(due, now, call.fn, call.args, call.kwargs)
-                if (key := row["job_key"]) is not None:
+                # Debounced calls of one key may share a batch: each joins the waiting row.
+                if (key := row["job_key"]) is not None and row["debounce"] is None:
                     if row["key_mode"] == "unsafe_dedupe":
                         raise OptionError(
                             f"run_many: item {i} uses key_mode='unsafe_dedupe', which a "

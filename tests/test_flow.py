@@ -289,9 +289,12 @@ async def test_debounce_accumulates_a_list_parameter(app: durafn.App, clock: Fak
     await sched.run_after(0, index, [1, 2])
     await sched.run_after(0, index, [3])
     await sched.run_after(0, index, [])
+    # In one batch too: each call joins the waiting row, in order.
+    ids = await sched.run_many([index.call([4]), index.call([5, 6])])
+    assert len(set(ids)) == 1
     clock.advance(5)
     await app.executor().run_until_idle()
-    assert seen == [[1, 2, 3]]
+    assert seen == [[1, 2, 3, 4, 5, 6]]
 
 
 # -- explain -----------------------------------------------------------------------------
