@@ -70,24 +70,26 @@ class FlowCursor:
     visited: list[str] = field(default_factory=list)
 
 
-def keyed(kind_param: str = "b_kind") -> tuple[ColumnElement[bool], ...]:
+_NOW = bindparam("now", type_=Double)
+
+
+def keyed() -> tuple[ColumnElement[bool], ...]:
     """Pending keyed rows of ``:b_kind`` (the keyed indexes' predicates)."""
     return (
         sf.c.state == PENDING,
-        sf.c.kind == bindparam(kind_param, type_=Text),
+        sf.c.kind == bindparam("b_kind", type_=Text),
         sf.c.flow_key.is_not(None),
     )
 
 
 def _due_keys(extra: tuple[ColumnElement[bool], ...]) -> Any:
     """Up to ``:n`` keys after ``:after`` with a due row, in key order: one probe each."""
-    now = bindparam("now", type_=Double)
     first = select(func.min(sf.c.flow_key).label("k"), literal(1, type_=Integer).label("n")).where(
-        *keyed(), *extra, sf.c.flow_key > bindparam("after", type_=Text), sf.c.available_at <= now
+        *keyed(), *extra, sf.c.flow_key > bindparam("after", type_=Text), sf.c.available_at <= _NOW
     )
     keys = first.cte("due_keys", recursive=True)
     following = select(func.min(sf.c.flow_key)).where(
-        *keyed(), *extra, sf.c.flow_key > keys.c.k, sf.c.available_at <= now
+        *keyed(), *extra, sf.c.flow_key > keys.c.k, sf.c.available_at <= _NOW
     )
     keys = keys.union_all(
         select(following.scalar_subquery(), keys.c.n + 1).where(
@@ -115,21 +117,19 @@ SET_TAT = (
 )
 
 
-def _head(extra: tuple[ColumnElement[bool], ...], after: bool) -> Any:
-    """A key's first due rows in claim order; ``after``: those after ``:after_*`` (a
-    keyset, not an OFFSET: rows another claim held and released meanwhile would shift an
-    offset onto rows already taken)."""
+def _rows_of(key: Any, extra: tuple[ColumnElement[bool], ...], after: bool = False) -> Any:
+    """The first due rows of ``key`` (a bound key, or a column of the keys being joined)
+    in claim order, locked; ``after``: only those after ``:after_*`` (a keyset, not an
+    OFFSET: rows another claim held and released meanwhile would shift an offset onto
+    rows already taken)."""
     # ix_scheduled_functions_key_head: (flow_key, priority, available_at, id). SKIP LOCKED:
     # rows another claim holds are its own (a limited key's rows read here are dropped
     # if its lock, taken after, is another claim's).
-    head = select(*CLAIM_COLUMNS).where(
-        *keyed(),
-        *extra,
-        sf.c.flow_key == bindparam("b_key", type_=Text),
-        sf.c.available_at <= bindparam("now", type_=Double),
+    rows = select(*CLAIM_COLUMNS).where(
+        *keyed(), *extra, sf.c.flow_key == key, sf.c.available_at <= _NOW
     )
     if after:
-        head = head.where(
+        rows = rows.where(
             tuple_(sf.c.priority, sf.c.available_at, sf.c.id)
             > tuple_(
                 bindparam("after_p", type_=Integer),
@@ -138,28 +138,18 @@ def _head(extra: tuple[ColumnElement[bool], ...], after: bool) -> Any:
             )
         )
     return (
-        head.order_by(sf.c.priority, sf.c.available_at, sf.c.id)
+        rows.order_by(sf.c.priority, sf.c.available_at, sf.c.id)
         .limit(bindparam("limit", type_=Integer))
         .with_for_update(skip_locked=True)
     )
-
-
-_NOW = bindparam("now", type_=Double)
 
 
 def _heads(extra: tuple[ColumnElement[bool], ...]) -> Any:
-    """Every key's head in one statement: a LATERAL read of ``_head`` per key of the
-    ``:keys`` array (PostgreSQL). A statement per key cost a round trip each: with 100
+    """Every key's head in one statement: ``_rows_of`` per key of the ``:keys`` array, as
+    a LATERAL subquery (PostgreSQL). A statement per key cost a round trip each: with 100
     keys, claims of 100 actions drained at 0.12x the plain rate."""
     keys = func.unnest(bindparam("keys", type_=ARRAY(Text))).table_valued("key").render_derived("k")
-    head = (
-        select(*CLAIM_COLUMNS)
-        .where(*keyed(), *extra, sf.c.flow_key == keys.c.key, sf.c.available_at <= _NOW)
-        .order_by(sf.c.priority, sf.c.available_at, sf.c.id)
-        .limit(bindparam("limit", type_=Integer))
-        .with_for_update(skip_locked=True)
-        .lateral("head")
-    )
+    head = _rows_of(keys.c.key, extra).lateral("head")
     return select(*head.c).select_from(keys.join(head, true()))
 
 
@@ -175,10 +165,11 @@ class FlowStatements:
 
 def flow_statements(extra: tuple[ColumnElement[bool], ...], lateral: bool) -> FlowStatements:
     """``extra``: what the claimer serves (its queues, its flags, no paused queue)."""
+    key = bindparam("b_key", type_=Text)
     return FlowStatements(
         _due_keys(extra),
-        _head(extra, False),
-        _head(extra, True),
+        _rows_of(key, extra),
+        _rows_of(key, extra, after=True),
         _heads(extra) if lateral else None,
     )
 
