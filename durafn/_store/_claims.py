@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import (
+    Boolean,
     Double,
     Integer,
     Select,
@@ -104,13 +105,24 @@ def _levels_cte(queued: bool) -> Any:
 
 
 def _levels() -> Any:
-    """(queued, level) of both claim indexes in one statement: one round trip."""
+    """(queued, level) of both claim indexes, and a row (None, 0) if a keyed row is due
+    (ix_scheduled_functions_keyed_due), in one statement: one round trip. The keyed part
+    of a claim runs only then: a statement of its own on every full claim cost a queued
+    drain (1000 serial queues) about 8% on PostgreSQL."""
     parts = []
     for queued in (False, True):
         levels = _levels_cte(queued)
         parts.append(
-            select(literal(queued).label("queued"), levels.c.p).where(levels.c.p.is_not(None))
+            select(literal(queued, Boolean).label("queued"), levels.c.p).where(
+                levels.c.p.is_not(None)
+            )
         )
+    keyed_due = select(func.min(sf.c.available_at)).where(*keyed()).scalar_subquery()
+    parts.append(
+        select(literal(None, Boolean), literal(0, Integer)).where(
+            keyed_due <= bindparam("now", type_=Double)
+        )
+    )
     return union_all(*parts)
 
 
@@ -354,12 +366,19 @@ START_ACTIONS = (
 )
 
 
-async def levels(conn: AsyncConnection, kind: FunctionKind) -> dict[bool, list[int]]:
-    """The priority levels of Pending rows of ``kind``, unqueued (False) and queued (True)."""
+async def levels(
+    conn: AsyncConnection, kind: FunctionKind, now: float
+) -> tuple[dict[bool, list[int]], bool]:
+    """The priority levels of Pending rows of ``kind``, unqueued (False) and queued (True),
+    and whether a keyed row of ``kind`` is due."""
     found: dict[bool, list[int]] = {False: [], True: []}
-    for queued, level in await conn.execute(LEVELS, {"b_kind": kind.value}):
-        found[bool(queued)].append(level)
-    return found
+    keyed_due = False
+    for queued, level in await conn.execute(LEVELS, {"b_kind": kind.value, "now": now}):
+        if queued is None:
+            keyed_due = True
+        else:
+            found[bool(queued)].append(level)
+    return found, keyed_due
 
 
 async def take(
@@ -375,9 +394,13 @@ async def take(
     """Choose and lock up to ``limit`` due rows of ``kind`` (see the module docstring).
     Actions are then started by ``START_ACTIONS``; mutations run in this transaction."""
     st = statements(serve, lateral)
+    present, keyed_due = await levels(conn, kind, now)
     cursor = hint.flow if hint is not None else FlowCursor()
+    if not keyed_due:
+        cursor.after, cursor.wake_at, cursor.visited = "", None, []
+        return await _take_unkeyed(conn, st, kind, now, limit, serve, hint, present)
     keyed_rows = await flow_heads(conn, st.flow, kind, now, limit, cursor, insert)
-    rows = await _take_unkeyed(conn, st, kind, now, limit, serve, hint)
+    rows = await _take_unkeyed(conn, st, kind, now, limit, serve, hint, present)
     if not cursor.visited:
         return rows
     if hint is not None:
@@ -395,8 +418,8 @@ async def _take_unkeyed(
     limit: int,
     serve: ClaimFilter,
     hint: FastPathHint | None,
+    present: dict[bool, list[int]],
 ) -> list[Claimed]:
-    present = await levels(conn, kind)
     free: list[Claimed] = []
     if st.unqueued is not None:
         for level in present[False]:

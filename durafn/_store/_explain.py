@@ -99,6 +99,7 @@ class ExplainStatements:
             )
             ahead_of = select(func.count()).where(
                 sf.c.state == PENDING,
+                sf.c.flow_key.is_(None),  # ix_scheduled_functions_queue's predicate
                 sf.c.queue_name == row.queue_name,
                 sf.c.available_at <= now,
                 before,

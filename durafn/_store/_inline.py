@@ -31,7 +31,8 @@ class InlineStatements:
         now: float,
         worker_id: str | None = None,
     ) -> list[Claimed]:
-        """The rows of ``ids`` still Pending, of ``kind``, in no named queue: mutations
+        """The rows of ``ids`` still Pending, of ``kind``, in no named queue and with no flow
+        key: mutations
         locked until this transaction ends, actions started under ``worker_id`` (by
         primary key)."""
         where = (
@@ -39,6 +40,7 @@ class InlineStatements:
             sf.c.state == PENDING,
             sf.c.kind == kind.value,
             sf.c.queue_name.is_(None),
+            sf.c.flow_key.is_(None),  # a keyed row's limits are the claim's to keep
         )
         if kind is FunctionKind.MUTATION:
             locked = select(*CLAIM_COLUMNS).where(*where).with_for_update(skip_locked=True)
