@@ -439,3 +439,40 @@ async def test_inline_mode_leaves_keyed_rows_to_the_claim(app_url: tuple[str, bo
         assert (await row_of(app, kept)).state is State.PENDING
     finally:
         await app.aclose()
+
+
+async def test_keyed_rows_in_a_routing_queue_keep_their_key_limit(
+    db_url: str, clock: FakeClock
+) -> None:
+    """A queue that only routes (no limit) holds keyed and plain rows: the queue's head
+    read takes its plain row, never a keyed one past its key's concurrency."""
+    app = durafn.App(db_url, clock=clock, queues={"r": Queue(concurrency=None)})
+    try:
+        await app.migrate()
+
+        @app.action(queue="r", flow=Flow(key="k", concurrency=1), cancel="interrupt")
+        async def keyed(ctx: ActionCtx) -> None:
+            await anyio.sleep_forever()
+
+        @app.action(queue="r")
+        async def plain(ctx: ActionCtx) -> None:
+            pass
+
+        sched = app.scheduler()
+        ids = [await sched.run_after(0, keyed) for _ in range(3)]
+        other = await sched.run_after(0, plain)
+        async with app.run_executor(concurrency=5, grace_period=0.1):
+            await wait_until(lambda: running(app, ids[0]), "the first keyed row started")
+            await wait_until(lambda: done(app, other), "the plain row ran")
+            states = [(await row_of(app, i)).state for i in ids]
+            assert states == [State.IN_PROGRESS, State.PENDING, State.PENDING]
+            await wait_until(lambda: has_workers(app), "the worker registered")
+            assert (await app.explain(ids[1])).reason == "key_full"
+            for id in ids:
+                await app.cancel(id)
+    finally:
+        await app.aclose()
+
+
+async def done(app: durafn.App, id: durafn.ScheduledFunctionId) -> bool:
+    return (await row_of(app, id)).state is State.SUCCESS
