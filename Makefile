@@ -23,8 +23,7 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 test: lint typecheck
-	$(BIN)/pytest -n 2 -m "not terminal"
-	$(BIN)/pytest -m terminal
+	$(BIN)/pytest -n 2
 
 BENCH_STAMP := $(VENV)/.bench-installed
 

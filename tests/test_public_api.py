@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tomllib
 import traceback
 from pathlib import Path
 
@@ -47,3 +48,15 @@ def test_public_classes_are_named_as_users_import_them() -> None:
     assert repr(durafn.App) == "<class 'durafn.App'>"
     for name in durafn.__all__:
         assert not getattr(getattr(durafn, name), "__module__", "durafn").startswith("durafn._")
+
+
+def test_the_package_declares_its_licence_and_home() -> None:
+    """What `pip install` of a checkout or a git URL publishes: the MIT licence the
+    LICENSE file holds, and where the project lives; build output is never committed."""
+    root = Path(__file__).resolve().parent.parent
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    assert project["license"] == "MIT"
+    assert (root / "LICENSE").read_text().startswith("MIT License\n")
+    assert set(project["urls"]) >= {"Homepage", "Documentation", "Source", "Issues"}
+    assert all(url.startswith("https://") for url in project["urls"].values())
+    assert {"build/", "dist/"} <= set((root / ".gitignore").read_text().split())

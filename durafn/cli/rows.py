@@ -39,6 +39,7 @@ from .output import (
     shorten,
     state_text,
 )
+from .prompt import confirm
 from .running import fail, run_with_app
 
 
@@ -433,7 +434,7 @@ def clear(
         app_ref, url, functools.partial(count_rows, states, older_than), verbose=verbose
     )
     if count and not yes:
-        click.confirm(f"Delete {plural(count, 'finished row')}?", abort=True, err=True)
+        confirm(f"Delete {plural(count, 'finished row')}?")
     deleted = 0
     if count:
         deleted = run_with_app(
