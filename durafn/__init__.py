@@ -32,7 +32,7 @@ from ._errors import (
 )
 from ._executor import Executor, ExecutorConfig, ExecutorOptions, RunawayError
 from ._explain import Explanation, FlowKeyInfo
-from ._flow import Debounce, Flow, FlowError, Rate
+from ._flow import Debounce, Flow, FlowError, Rate, Throttle
 from ._hooks import HookEvent
 from ._options import JobOptions, OptionError, Queue
 from ._registry import ActionRef, Call, FunctionRef, MutationRef, QueryRef, SchedulableRef
@@ -127,6 +127,7 @@ __all__ = [
     "Stats",
     "SystemClock",
     "SystemTable",
+    "Throttle",
     "TransactionError",
     "UnknownFunctionError",
     "WorkerInfo",

@@ -362,12 +362,20 @@ def declare(
         raise RegistrationError(f"cron {name!r}: {tick!r} is given each tick; leave it out")
     placeholder = {tick: CronTick(ts=to_datetime(0))} if tick is not None else {}
     # ArgumentError names a bad argument.
-    args = ref.encode_args(call.args, call.kwargs | placeholder)
+    values, args = ref.encode_call(call.args, call.kwargs | placeholder)
     if tick is not None:
         values = json.loads(args)
         del values[tick]
         args = json.dumps(values, separators=(",", ":"))
     options = rt.row_options(ref.job_options)
+    if options.flow is not None:  # the ticks' flow key, computed once: the arguments are fixed
+        if options.flow.coalesce is not None:
+            raise RegistrationError(
+                f"cron {name!r}: {ref.name!r} is debounced or throttled, but a cron writes one "
+                "row per tick already; give the cron fn.options(flow=Flow(...)) without them"
+            )
+        key = options.flow.key_of(ref.name, values)
+        options = dataclasses.replace(options, flow=None, flow_key=key)
     if overlap == "enqueue":
         if options.queue is not None:
             raise RegistrationError(

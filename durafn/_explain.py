@@ -25,6 +25,7 @@ Reason = Literal[
     "running",
     "not_due",
     "debounced",
+    "throttled",
     "queue_paused",
     "no_worker",
     "forbidden_flag",
@@ -100,7 +101,13 @@ def _holding(facts: Facts, now: float) -> list[_Held]:
     row, found = facts.row, []
     if row.available_at > now:
         at = to_datetime(row.available_at)
-        if row.flow_until is not None:
+        if row.flow_until is not None and row.job_key is None:  # Throttle's later run
+            message = (
+                f"throttled: its key ran less than a period ago; it runs at {at.isoformat()} "
+                "and the calls until then join it"
+            )
+            found.append(_Held("throttled", message, at))
+        elif row.flow_until is not None:
             message = (
                 f"debounced: it runs at {at.isoformat()} unless another call comes first "
                 f"(and by {to_datetime(row.flow_until).isoformat()} at the latest)"

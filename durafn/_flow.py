@@ -13,10 +13,16 @@ in the function: a row the limits hold back simply stays Pending.
 * ``weight``: fairness. Claims take due keyed rows round-robin across keys (``weight`` rows
   of a key per round), so one key's backlog never delays another key's row by more than a
   round; a row without a flow key counts as a key of its own.
-* ``debounce``: calls within ``quiet`` seconds of each other become one run, due ``quiet``
-  after the last call (at most ``max_wait`` after the first), with the last call's
-  arguments, or every call's values of one list parameter (``accumulate``). Built on
-  the job key: the key's one Pending row takes each new call (``_store/_debounce.py``).
+* ``debounce``: calls within ``quiet`` seconds of each other become one run. On the
+  trailing edge (default) it is due ``quiet`` after the last call (at most ``max_wait``
+  after the first), with the last call's arguments, or every call's values of one list
+  parameter (``accumulate``); built on the job key: the key's one Pending row takes each
+  new call. On the leading edge the first call runs at once and the calls that follow
+  it less than ``quiet`` apart are absorbed by that run (``max_wait``: a new run at
+  least that often under a steady stream).
+* ``throttle``: at most one run per ``per`` seconds: the first call runs at once, the
+  calls of the next ``per`` seconds join one run due when the period ends. Leading edge
+  and throttle keep one row per key in ``_durafn_flow_windows`` (``_store/_debounce.py``).
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ import json
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from ._checks import Error, integer, optional, positive_seconds, text
 from ._errors import SchedulingError
@@ -74,16 +80,42 @@ class Debounce:
     quiet: float
     max_wait: float | None = None
     accumulate: str | None = None
+    edge: Literal["trailing", "leading"] = "trailing"
+    """``"leading"``: the first call of a burst runs at once and the calls that follow it
+    less than ``quiet`` apart are absorbed by that run (they return its id); with
+    ``max_wait``, a call at least ``max_wait`` after the last run starts a new one."""
 
     def __post_init__(self) -> None:
         positive_seconds("Debounce quiet", self.quiet, error=FlowError)
         optional(positive_seconds, "Debounce max_wait", self.max_wait, error=FlowError)
         optional(text, "Debounce accumulate", self.accumulate, error=FlowError)
-        if self.max_wait is not None and self.max_wait < self.quiet:
+        if self.edge not in ("trailing", "leading"):
+            raise FlowError(f"Debounce edge must be 'trailing' or 'leading', not {self.edge!r}")
+        if self.edge == "trailing" and self.max_wait is not None and self.max_wait < self.quiet:
             raise FlowError(
                 f"Debounce max_wait ({self.max_wait}s) is shorter than quiet ({self.quiet}s): "
                 "no call could ever wait out its quiet period"
             )
+        if self.edge == "leading" and self.accumulate is not None:
+            raise FlowError(
+                "Debounce(edge='leading') cannot accumulate: its run starts at the first "
+                "call, before the others come (use the trailing edge, or Throttle)"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class Throttle:
+    """At most one run per ``per`` seconds for one key: the first call runs at once; the
+    calls that come before ``per`` seconds have passed since the last run join one run,
+    due then, with the last call's arguments (or every call's values of the list
+    parameter ``accumulate``). A steady stream runs every ``per`` seconds."""
+
+    per: float
+    accumulate: str | None = None
+
+    def __post_init__(self) -> None:
+        positive_seconds("Throttle per", self.per, error=FlowError)
+        optional(text, "Throttle accumulate", self.accumulate, error=FlowError)
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +127,8 @@ class Flow:
     validated arguments, by name, returning a string (``lambda a: f"user:{a['user_id']}"``).
     ``concurrency``: at most this many rows of a key run at once (1: a per-key mutex).
     ``rate``: a ``Rate``. ``weight``: rows of this key per round when claims share out due
-    keyed rows (fairness). ``debounce``: a ``Debounce``. ``aging``: seconds per priority
+    keyed rows (fairness). ``debounce``: a ``Debounce``; ``throttle``: a ``Throttle`` (one
+    or the other). ``aging``: seconds per priority
     level: a waiting row competes as though its priority were one lower (more urgent) for
     each ``aging`` seconds it has been due, so no stream of more urgent rows starves it."""
 
@@ -105,6 +138,7 @@ class Flow:
     weight: int = 1
     debounce: Debounce | None = None
     aging: float | None = None
+    throttle: Throttle | None = None
 
     def __post_init__(self) -> None:
         if not callable(self.key):
@@ -117,6 +151,10 @@ class Flow:
         integer("Flow weight", self.weight, low=1, high=10_000, error=FlowError)
         if self.debounce is not None and not isinstance(self.debounce, Debounce):
             raise FlowError(f"Flow debounce must be a durafn.Debounce, not {self.debounce!r}")
+        if self.throttle is not None and not isinstance(self.throttle, Throttle):
+            raise FlowError(f"Flow throttle must be a durafn.Throttle, not {self.throttle!r}")
+        if self.debounce is not None and self.throttle is not None:
+            raise FlowError("a Flow debounces or throttles, not both: choose one")
         optional(positive_seconds, "Flow aging", self.aging, error=FlowError)
 
     def key_of(self, name: str, arguments: Mapping[str, Any]) -> str:
@@ -130,6 +168,11 @@ class Flow:
                 f"the flow key function of {name!r} raised {type(exc).__name__}: {exc}"
             ) from exc
         return check_flow_key(f"the flow key of {name!r}", found)
+
+    @property
+    def coalesce(self) -> Debounce | Throttle | None:
+        """How calls of a key become fewer runs, if they do."""
+        return self.debounce or self.throttle
 
     def spec(self) -> str:
         """What the claim needs, as stored in the row's ``flow`` column."""

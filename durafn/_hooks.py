@@ -70,6 +70,9 @@ class HookEvent:
     run_count: int | None = None
     reason: str | None = None
     """Why a tick was skipped: ``overlap_skip``, ``missed`` or ``dst_skip``."""
+    flow_key: str | None = None
+    """The row's flow key, if it has one (per-key metrics: count ``before`` less ``after``
+    for the rows of a key running in this process)."""
 
 
 Hook = Callable[[HookEvent], Awaitable[None] | None]
@@ -130,10 +133,13 @@ class Hooks:
         if self.active:
             await self.fire(HookEvent(hook, id, name, kind, **more))
 
-    async def enqueued(self, rows: Iterable[tuple[ScheduledFunctionId, str, FunctionKind]]) -> None:
+    async def enqueued(
+        self, rows: Iterable[tuple[ScheduledFunctionId, str, FunctionKind, str | None]]
+    ) -> None:
         if self.active:
-            for id, name, kind in rows:
-                await self.fire(HookEvent("enqueue", id, name, kind, state=State.PENDING))
+            for id, name, kind, key in rows:
+                event = HookEvent("enqueue", id, name, kind, state=State.PENDING, flow_key=key)
+                await self.fire(event)
 
     async def finished(self, kind: FunctionKind, outcomes: Sequence[Outcome]) -> None:
         """``success``, ``error``, ``failure`` for committed outcomes."""
@@ -144,12 +150,20 @@ class Hooks:
                 continue
             if o.state is State.SUCCESS:
                 result = json.loads(o.result) if o.result is not None else None
-                await self.fire(HookEvent("success", o.id, o.name, kind, o.state, result=result))
+                event = HookEvent(
+                    "success", o.id, o.name, kind, o.state, result=result, flow_key=o.flow_key
+                )
+                await self.fire(event)
             elif o.error_type is not None:
                 error = ErrorInfo(
                     type=o.error_type, message=o.error_message or "", traceback=o.error_traceback
                 )
                 at = to_datetime(o.retry_at) if o.retry_at is not None else None
-                await self.fire(HookEvent("error", o.id, o.name, kind, o.state, error, at))
+                key = o.flow_key
+                await self.fire(
+                    HookEvent("error", o.id, o.name, kind, o.state, error, at, flow_key=key)
+                )
                 if o.state is State.FAILED:
-                    await self.fire(HookEvent("failure", o.id, o.name, kind, o.state, error))
+                    await self.fire(
+                        HookEvent("failure", o.id, o.name, kind, o.state, error, flow_key=key)
+                    )

@@ -174,6 +174,9 @@ class RowOptions:
     """Flow control: the key is computed per call, from its arguments (``_scheduler``)."""
     flow_spec: str | None = None
     """The flow's knobs as stored (``Flow.spec``), or None."""
+    flow_key: str | None = None
+    """A flow key fixed in advance, for a cron's ticks (their arguments never change; the
+    key function itself is not stored)."""
 
 
 def resolve(
@@ -191,9 +194,10 @@ def resolve(
     if flow is not None:
         if options.queue is not None and (attributes is None or attributes.concurrency is not None):
             raise FlowError(_FLOW_IN_SERIAL_QUEUE + f" (queue {options.queue!r})")
-        if flow.debounce is not None and options.key is not None:
+        if flow.coalesce is not None and options.key is not None:
             raise FlowError(
-                "a debounced row's job key is its flow key; drop key= (or the debounce)"
+                "a debounced or throttled row's job key is its flow key; drop key= (or the "
+                "debounce or throttle)"
             )
     return RowOptions(
         priority=priority or 0,

@@ -28,13 +28,13 @@ from ._types import FunctionKind, ScheduledFunctionId, State
 _PENDING = State.PENDING.value
 
 
-Enqueued = tuple[ScheduledFunctionId, str, FunctionKind]
+Enqueued = tuple[ScheduledFunctionId, str, FunctionKind, str | None]
 
 
 def enqueued(rows: list[dict[str, Any]], ids: list[ScheduledFunctionId]) -> list[Enqueued]:
-    """(id, name, kind) of the Pending rows written (for ``enqueue`` hooks)."""
+    """(id, name, kind, flow key) of the Pending rows written (for ``enqueue`` hooks)."""
     return [
-        (id, row["name"], FunctionKind(row["kind"]))
+        (id, row["name"], FunctionKind(row["kind"]), row["flow_key"])
         for row, id in zip(rows, ids, strict=True)
         if row["state"] == _PENDING
     ]
@@ -152,13 +152,13 @@ async def write(
             ]
             await driver.write_completions(conn, now, born)
     new = _pending_kinds(rows) - set(notified)
-    if all(row["queue_name"] is None and row["job_key"] is None for row in rows):
+    if all(row["queue_name"] is None and _plain(row) for row in rows):
         await driver.insert_rows(conn, _in_claim_order(rows), new)  # the common case
         return new, [row["id"] for row in rows]
     names = {row["queue_name"] for row in rows if row["queue_name"] is not None}
     if names:
         await driver.ensure_queues(conn, {n: rt.concurrency_of(n) for n in names}, rt.clock.now())
-    plain = [row for row in rows if row["job_key"] is None]
+    plain = [row for row in rows if _plain(row)]
     keyed = [row for row in rows if row["job_key"] is not None and row["debounce"] is None]
     debounced = [row for row in rows if row["debounce"] is not None]
     if plain:
@@ -173,6 +173,11 @@ async def write(
     if new and not plain:
         await driver.notify(conn, new)
     return new, [ids[row["id"]] for row in rows]
+
+
+def _plain(row: dict[str, Any]) -> bool:
+    """Neither keyed nor debounced nor throttled: a plain INSERT."""
+    return row["job_key"] is None and row["debounce"] is None
 
 
 class DirectWriter:

@@ -466,3 +466,23 @@ async def test_a_crontab_line_with_a_job_key_replaces_its_pending_row(
     rows = (await app.list(name="digest")).items
     assert [(r.key, r.state) for r in rows] == [("the-digest", State.PENDING)]
     assert rows[0].scheduled_time.timestamp() == _at(0, 3)  # the latest tick's time
+
+
+async def test_a_flowed_functions_ticks_carry_its_flow_key(
+    app: durafn.App, clock: FakeClock
+) -> None:
+    @app.mutation(name="sync", flow=durafn.Flow(key=lambda a: f"tenant:{a['tenant']}"))
+    async def sync(ctx: MutationCtx, tenant: int) -> None:
+        pass
+
+    app.cron("sync-7", every(minutes=1), sync.options(flow=durafn.Flow(key="fixed")).call(1))
+    app.cron("sync-9", every(minutes=1), sync.call(9))
+    executor = app.executor()
+    await executor.run_until_idle()
+    clock.advance(60)
+    await executor.run_until_idle()
+    rows = (await app.list(name="sync")).items
+    assert sorted(r.flow_key or "" for r in rows) == ["fixed", "tenant:9"]
+    slow = durafn.Flow(key="t", throttle=durafn.Throttle(per=60))
+    with pytest.raises(durafn.RegistrationError, match="writes one row per tick already"):
+        app.cron("sync-throttled", every(minutes=1), sync.options(flow=slow).call(1))

@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import text
 
 import durafn
-from durafn import ActionCtx, Debounce, Flow, MutationCtx, Queue, Rate, State
+from durafn import ActionCtx, Debounce, Flow, MutationCtx, Queue, Rate, State, Throttle
 from durafn.testing import FakeClock, finish_all
 
 from .helpers import effects, row_of, wait_until
@@ -297,6 +297,120 @@ async def test_debounce_accumulates_a_list_parameter(app: durafn.App, clock: Fak
     assert seen == [[1, 2, 3, 4, 5, 6]]
 
 
+async def test_leading_edge_debounce_runs_the_first_call_and_absorbs_the_burst(
+    app: durafn.App, clock: FakeClock
+) -> None:
+    @app.mutation(flow=Flow(key="save", debounce=Debounce(quiet=5, edge="leading")))
+    async def autosave(ctx: MutationCtx, note: str) -> None:
+        ctx.db.add(Effect(key=note))
+
+    sched, executor = app.scheduler(), app.executor()
+    first = await sched.run_after(0, autosave, "a")
+    assert await executor.run_until_idle() == 1  # at once, not after the quiet period
+    for note in ("b", "c", "d"):  # 4 s apart: each within 5 s of the one before
+        clock.advance(4)
+        assert await sched.run_after(0, autosave, note) == first
+        assert await executor.run_until_idle() == 0
+    clock.advance(5)  # quiet for 5 s: the next call starts a new burst, and runs
+    second = await sched.run_after(0, autosave, "e")
+    assert second != first
+    assert await executor.run_until_idle() == 1
+    assert await effects(app) == ["a", "e"]
+
+
+async def test_leading_edge_max_wait_runs_a_steady_stream(
+    app: durafn.App, clock: FakeClock
+) -> None:
+    rule = Debounce(quiet=10, max_wait=12, edge="leading")
+
+    @app.mutation(flow=Flow(key="feed", debounce=rule))
+    async def rebuild(ctx: MutationCtx, note: str) -> None:
+        ctx.db.add(Effect(key=note))
+
+    sched, executor = app.scheduler(), app.executor()
+    for n in range(10):  # a call every 4 s: never quiet, a run at least every 12 s
+        await sched.run_after(0, rebuild, f"n{n}")
+        await executor.run_until_idle()
+        clock.advance(4)
+    assert await effects(app) == ["n0", "n3", "n6", "n9"]
+
+
+async def test_throttle_runs_at_once_then_once_per_period(
+    app: durafn.App, clock: FakeClock
+) -> None:
+    @app.mutation(flow=Flow(key=by_user, throttle=Throttle(per=10)))
+    async def refresh(ctx: MutationCtx, user: int, note: str) -> None:
+        ctx.db.add(Effect(key=note))
+
+    sched, executor = app.scheduler(), app.executor()
+    t0 = clock.now()
+    first = await sched.run_after(0, refresh, 1, "a")
+    assert await sched.run_after(0, refresh, 1, "b") == first  # not started: joins it
+    assert await sched.run_after(0, refresh, 2, "other key") != first
+    assert await executor.run_until_idle() == 2
+    clock.advance(3)
+    later = await sched.run_after(0, refresh, 1, "c")
+    await a_worker(app)
+    explained = await app.explain(later)
+    assert explained.reason == "throttled"
+    assert explained.until is not None and explained.until.timestamp() == t0 + 10
+    clock.advance(3)
+    assert await sched.run_after(0, refresh, 1, "d") == later
+    assert await executor.run_until_idle() == 0
+    clock.advance(4)
+    assert await executor.run_until_idle() == 1
+    assert await effects(app) == ["b", "other key", "d"]
+    # A steady stream, a call a second for 35 s: a run every 10 s, on the period.
+    starts: list[float] = []
+    for n in range(35):
+        clock.advance(1)
+        await sched.run_after(0, refresh, 1, f"s{n}")
+        if await executor.run_until_idle():
+            starts.append(clock.now() - t0)
+    assert starts == [20, 30, 40]
+
+
+async def test_throttle_accumulates_a_list_parameter(app: durafn.App, clock: FakeClock) -> None:
+    seen: list[list[int]] = []
+
+    @app.action(flow=Flow(key="batch", throttle=Throttle(per=5, accumulate="ids")))
+    async def index(ctx: ActionCtx, ids: list[int]) -> None:
+        seen.append(ids)
+
+    sched, executor = app.scheduler(), app.executor()
+    await sched.run_after(0, index, [1])
+    await executor.run_until_idle()
+    await sched.run_many([index.call([2]), index.call([3, 4])])
+    await sched.run_after(0, index, [5])
+    clock.advance(5)
+    await executor.run_until_idle()
+    assert seen == [[1], [2, 3, 4, 5]]
+
+
+# -- hooks -------------------------------------------------------------------------------
+
+
+async def test_hooks_carry_the_flow_key(app: durafn.App, clock: FakeClock) -> None:
+    seen: list[tuple[str, str | None]] = []
+    for hook in ("enqueue", "before", "after", "success", "error", "failure"):
+        app.on(hook)(lambda event: seen.append((event.hook, event.flow_key)))
+
+    @app.mutation(flow=Flow(key=by_user, concurrency=1))
+    async def charge(ctx: MutationCtx, user: int) -> None:
+        pass
+
+    @app.action(flow=Flow(key=by_user, rate=Rate(10)))
+    async def mail(ctx: ActionCtx, user: int) -> None:
+        raise ValueError("bounced")
+
+    await app.scheduler().run_many([charge.call(1), mail.call(2)])
+    await app.executor().run_until_idle()
+    ran = ("enqueue", "before", "after")
+    expected = [(h, "user:1") for h in (*ran, "success")]
+    expected += [(h, "user:2") for h in (*ran, "error", "failure")]
+    assert sorted(seen) == sorted(expected)
+
+
 # -- explain -----------------------------------------------------------------------------
 
 
@@ -362,6 +476,14 @@ def test_bad_flow_options_are_typed_errors() -> None:
         Flow(key="k", concurrency=0)
     with pytest.raises(durafn.FlowError, match=r"max_wait .* shorter than quiet"):
         Debounce(quiet=10, max_wait=5)
+    with pytest.raises(durafn.FlowError, match=r"edge='leading'.* cannot accumulate"):
+        Debounce(quiet=1, accumulate="ids", edge="leading")
+    with pytest.raises(durafn.FlowError, match="edge must be 'trailing' or 'leading'"):
+        Debounce(quiet=1, edge="middle")  # type: ignore[arg-type]
+    with pytest.raises(durafn.FlowError, match="Throttle per must be a positive number"):
+        Throttle(per=0)
+    with pytest.raises(durafn.FlowError, match="debounces or throttles, not both"):
+        Flow(key="k", debounce=Debounce(quiet=1), throttle=Throttle(per=1))
     with pytest.raises(durafn.FlowError, match="Flow key must be a non-empty string"):
         Flow(key="")
     with pytest.raises(durafn.FlowError, match="Flow aging must be a positive number"):

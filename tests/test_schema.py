@@ -67,6 +67,7 @@ async def test_a_version_1_database_is_upgraded_in_place(
             for column in ("flow_key", "flow", "flow_until"):
                 await conn.execute(text(f"ALTER TABLE _scheduled_functions DROP COLUMN {column}"))
             await conn.execute(text("DROP TABLE _durafn_flow_keys"))
+            await conn.execute(text("DROP TABLE _durafn_flow_windows"))
             await conn.execute(text("DROP TABLE _durafn_queues"))
             await conn.execute(text("ALTER TABLE _scheduled_functions DROP COLUMN flags"))
             await conn.execute(text("DROP TABLE _durafn_failed_attempts"))
@@ -83,10 +84,10 @@ async def test_a_version_1_database_is_upgraded_in_place(
         await app.aclose()
         if engine_name == "postgres":
             stale = durafn.App(db_url, clock=clock)
-            with pytest.raises(durafn.SchemaError, match="at version 1, this durafn needs 8"):
+            with pytest.raises(durafn.SchemaError, match="at version 1, this durafn needs 9"):
                 await stale.executor().run_until_idle()
             await stale.aclose()
-        assert await app.migrate() == 8
+        assert await app.migrate() == 9
         async with app.engine.connect() as conn:
             tables = await conn.run_sync(lambda c: set(inspect(c).get_table_names()))
             indexes = await conn.run_sync(
@@ -105,11 +106,12 @@ async def test_a_version_1_database_is_upgraded_in_place(
             "_durafn_crons",
             "_durafn_leases",
             "_durafn_flow_keys",
+            "_durafn_flow_windows",
         } <= tables
         assert "ix_scheduled_functions_due" not in indexes
         assert {"ix_scheduled_functions_claim", "ix_scheduled_functions_key"} <= indexes
         assert {"ix_scheduled_functions_keys", "ix_scheduled_functions_queued_due"} <= indexes
-        assert sorted(versions) == [1, 2, 3, 4, 5, 6, 7, 8]
+        assert sorted(versions) == [1, 2, 3, 4, 5, 6, 7, 8, 9]
         row = await app.get(sid)
         assert row is not None and row.state is durafn.State.PENDING
         async with app.run_executor() as executor:

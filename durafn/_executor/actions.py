@@ -237,7 +237,7 @@ class ActionPool:
             return
         hooks = self._rt.hooks
         if hooks.active:
-            await hooks.run("before", row.id, row.name, ACTION)
+            await hooks.run("before", row.id, row.name, ACTION, flow_key=row.flow_key)
         started = time.monotonic()
         slot.row, slot.expired, slot.started, slot.deadline = row, False, started, started + timeout
         slot.interrupted = False
@@ -291,7 +291,14 @@ class ActionPool:
         """The ``after`` hooks of an action that returned or raised (one stopped by its
         time limit or a stop has only its ``error`` hooks, once written)."""
         if self._rt.hooks.active:
-            await self._rt.hooks.run("after", outcome.id, outcome.name, ACTION, state=outcome.state)
+            await self._rt.hooks.run(
+                "after",
+                outcome.id,
+                outcome.name,
+                ACTION,
+                state=outcome.state,
+                flow_key=outcome.flow_key,
+            )
 
     def _prepare(
         self, row: Claimed
@@ -328,7 +335,7 @@ class ActionPool:
                 raise anyio.get_cancelled_exc_class()()
             ref, values, ctx, timeout = self._prepare(row)
             if self._rt.hooks.active:
-                await self._rt.hooks.run("before", row.id, row.name, ACTION)
+                await self._rt.hooks.run("before", row.id, row.name, ACTION, flow_key=row.flow_key)
             # One scope for both ways an action is stopped: its time limit (the deadline)
             # and the end of a stop's grace period (``stop`` cancels it).
             finished = False

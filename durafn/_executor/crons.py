@@ -264,7 +264,10 @@ class CronLoop:
                 given = CronTick(ts=to_datetime(tick), backfilled=tick != latest)
                 args = json.dumps(json.loads(args) | {param: given.model_dump(mode="json")})
             id = tick_id(cron["name"], tick)
-            rows.append(new_row(id, cron["function"], cron["kind"], args, tick, None, options))
+            row = new_row(
+                id, cron["function"], cron["kind"], args, tick, None, options, options.flow_key
+            )
+            rows.append(row)
         # Fixed wall times daylight saving skipped since the last tick (or registration),
         # reported rather than silent (OJS's dst_skip).
         since = cron["last_run_at"] if cron["last_run_at"] is not None else cron["updated_at"]

@@ -207,7 +207,9 @@ class Membership:
                     error_type="durafn.WorkerLostError",
                     error_message=row.error_message,
                     name=row.name,
-                    queue=row.queue_name,
+                    # A lost keyed row frees its key's slot: wake the claimers of it.
+                    queue=row.queue_name or row.flow_key,
+                    flow_key=row.flow_key,
                     error=WorkerLostError(row.error_message),
                     on_complete=row.on_complete,
                 )

@@ -250,7 +250,7 @@ class MutationBatch:
         self._current, self._timeout = row, timeout
         hooks = rt.hooks
         if hooks.active:
-            await hooks.run("before", row.id, row.name, MUTATION)
+            await hooks.run("before", row.id, row.name, MUTATION, flow_key=row.flow_key)
         limit.deadline = anyio.current_time() + timeout
         try:
             result = await ref.fn(ctx, **values)
@@ -300,7 +300,12 @@ class MutationBatch:
         """The ``after`` hooks of a run that ended with ``outcome`` (not yet written)."""
         if self._rt.hooks.active:
             await self._rt.hooks.run(
-                "after", outcome.id, outcome.name, MUTATION, state=outcome.state
+                "after",
+                outcome.id,
+                outcome.name,
+                MUTATION,
+                state=outcome.state,
+                flow_key=outcome.flow_key,
             )
         return outcome
 

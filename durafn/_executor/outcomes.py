@@ -69,6 +69,7 @@ def failed(row: Claimed | Outcome, exc: BaseException) -> Outcome:
         # cost ~0.2 ms per failed run, a third of what a retried no-op run added.
         name=row.name,
         queue=row.slot if isinstance(row, Claimed) else row.queue,
+        flow_key=row.flow_key,
         error=exc,
         on_complete=row.on_complete,
         retry_state=row.retry_state() if isinstance(row, Claimed) else row.retry_state,
@@ -103,6 +104,7 @@ def success(row: Claimed, encoded: str | None) -> Outcome:
         result=encoded,
         name=row.name,
         queue=row.slot,
+        flow_key=row.flow_key,
         on_complete=row.on_complete,
     )
 

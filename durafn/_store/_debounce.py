@@ -1,7 +1,8 @@
-"""Writing debounced calls (``Flow(debounce=Debounce(...))``), on the job key.
+"""Writing debounced and throttled calls (``Flow(debounce=...)``, ``Flow(throttle=...)``).
 
-A debounced call's row holds the job key ``debounce:<flow key>``, so at most one row of a
-key waits (``ix_scheduled_functions_key``). Per call, in the caller's transaction:
+**Trailing edge** (``Debounce``'s default), on the job key. A debounced call's row holds
+the job key ``debounce:<flow key>``, so at most one row of a key waits
+(``ix_scheduled_functions_key``). Per call, in the caller's transaction:
 
 1. The key's Pending row, locked (``FOR UPDATE``). If there is one, it takes the call:
    the new arguments (or its list parameter extended, ``accumulate``) and a run time
@@ -14,6 +15,20 @@ key waits (``ix_scheduled_functions_key``). Per call, in the caller's transactio
 
 Two statements for a call that joins a waiting row, three or four for the first: debounce
 is for calls that would otherwise run too often, not the hot path.
+
+**Leading edge and throttle**, on the key's window (``_durafn_flow_windows``): made if
+missing and locked (``FOR UPDATE``), so the calls of one key take turns; then
+
+* leading edge: a call before the burst's end (``quiet_until``) and, with ``max_wait``,
+  before ``last_run + max_wait`` is absorbed: the burst's end moves to the call plus
+  ``quiet``, and the call returns the run's id. Otherwise its row is inserted, due at once,
+  and the window starts anew.
+* throttle: a call joins the window's row while it is still Pending (its arguments, or
+  its list extended). Otherwise its row is inserted, due at once if ``per`` seconds have
+  passed since the last run's due time, else when they will have.
+
+Three or four statements a call. The window of a key is kept after its runs end (a row
+of four columns per key ever throttled).
 """
 
 from __future__ import annotations
@@ -26,11 +41,11 @@ from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from .._errors import DatabaseError
-from .._flow import Debounce, FlowError
+from .._flow import Debounce, FlowError, Throttle
 from .._types import ScheduledFunctionId
 from ._rows import NEW_ROW_COLUMNS
 from ._statements import PENDING
-from ._tables import KEY_HOLDER, sf
+from ._tables import KEY_HOLDER, flow_windows, sf
 
 # ix_scheduled_functions_key: the key's one waiting row, locked.
 _WAITING = select(sf.c.id, sf.c.args, sf.c.flow_until).where(sf.c.state == PENDING)
@@ -58,13 +73,19 @@ async def write_debounced(
 ) -> list[ScheduledFunctionId]:
     """Write debounced calls (each row with its ``debounce`` and its ``job_key``); returns,
     per row, the id of the row that will run for it."""
-    return [await _write_one(conn, insert, row) for row in rows]
+    written = []
+    for row in rows:
+        rule: Debounce | Throttle = row["debounce"]
+        if isinstance(rule, Debounce) and rule.edge == "trailing":
+            written.append(await _write_trailing(conn, insert, row, rule))
+        else:
+            written.append(await _write_windowed(conn, insert, row, rule))
+    return written
 
 
-async def _write_one(
-    conn: AsyncConnection, insert: Callable[..., Any], row: dict[str, Any]
+async def _write_trailing(
+    conn: AsyncConnection, insert: Callable[..., Any], row: dict[str, Any], debounce: Debounce
 ) -> ScheduledFunctionId:
-    debounce: Debounce = row["debounce"]
     key = row["job_key"]
     due = row["available_at"] + debounce.quiet
     for _ in range(3):  # a third only after a racing caller's row went meanwhile
@@ -100,3 +121,42 @@ async def _write_one(
         if made is not None:
             return ScheduledFunctionId(str(made))
     raise DatabaseError(f"could not write the debounced call of key {key!r}")  # pragma: no cover
+
+
+async def _write_windowed(
+    conn: AsyncConnection,
+    insert: Callable[..., Any],
+    row: dict[str, Any],
+    rule: Debounce | Throttle,
+) -> ScheduledFunctionId:
+    key, now = row["flow_key"], row["available_at"]
+    made = insert(flow_windows).values(key=key)
+    await conn.execute(made.on_conflict_do_nothing(index_elements=[flow_windows.c.key]))
+    window = (
+        await conn.execute(select(flow_windows).where(flow_windows.c.key == key).with_for_update())
+    ).one()
+    set_window = update(flow_windows).where(flow_windows.c.key == key)
+    if isinstance(rule, Debounce):  # the leading edge
+        in_burst = window.quiet_until is not None and now < window.quiet_until
+        if in_burst and (rule.max_wait is None or now < window.last_run + rule.max_wait):
+            await conn.execute(set_window.values(quiet_until=now + rule.quiet))
+            return ScheduledFunctionId(str(window.row_id))
+        due, quiet_until = now, now + rule.quiet
+    else:
+        if window.row_id is not None:
+            found = await conn.execute(_WAITING.where(sf.c.id == window.row_id).with_for_update())
+            if (waiting := found.first()) is not None:  # not started: the call joins it
+                args = _merged(row["name"], rule.accumulate, waiting.args, row["args"])
+                await conn.execute(
+                    update(sf).where(sf.c.id == waiting.id, sf.c.state == PENDING).values(args=args)
+                )
+                return ScheduledFunctionId(str(waiting.id))
+        _merged(row["name"], rule.accumulate, "{}", row["args"], first=True)
+        due = now if window.last_run is None else max(now, window.last_run + rule.per)
+        quiet_until = None
+    values = {c: row[c] for c in NEW_ROW_COLUMNS}
+    # A throttled row due later says so (``flow_until``: explain's "throttled").
+    values.update(available_at=due, scheduled_time=due, flow_until=due if due > now else None)
+    await conn.execute(insert(sf).values(values))
+    await conn.execute(set_window.values(last_run=due, quiet_until=quiet_until, row_id=row["id"]))
+    return ScheduledFunctionId(str(row["id"]))

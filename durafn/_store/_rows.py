@@ -20,6 +20,7 @@ from sqlalchemy import Row
 
 from .._clock import to_datetime
 from .._errors import ArgumentError
+from .._flow import Debounce
 from .._options import RowOptions, read_flags
 from .._types import ErrorInfo, FunctionKind, ScheduledFunction, ScheduledFunctionId, State
 
@@ -152,6 +153,8 @@ class Outcome:
     """The function's durable name, for logs."""
     queue: str | None = None
     """The row's named queue: its end frees the queue for the next row (wake claimers)."""
+    flow_key: str | None = None
+    """The row's flow key (for hooks)."""
     error: BaseException | None = None
     """What the run raised, in this process, for its retry policy; None: not retryable
     (a result that could not be stored: the function itself succeeded)."""
@@ -178,6 +181,7 @@ class LostAction(NamedTuple):
     queue_name: str | None
     retry: RetryState
     on_complete: str | None
+    flow_key: str | None
 
 
 def is_id(id: object) -> bool:
@@ -235,9 +239,12 @@ def new_row(
     flow_key: str | None = None,
 ) -> dict[str, Any]:
     """A Pending row to write (its keys ``NEW_ROW_COLUMNS``, the key mode, and its
-    debounce: a debounced row holds the job key ``debounce:<flow key>``)."""
-    debounce = options.flow.debounce if options.flow is not None and flow_key else None
-    job_key = options.key if debounce is None else f"debounce:{flow_key}"
+    debounce or throttle: a row debounced on the trailing edge holds the job key
+    ``debounce:<flow key>``)."""
+    debounce = options.flow.coalesce if options.flow is not None and flow_key else None
+    job_key = options.key
+    if isinstance(debounce, Debounce) and debounce.edge == "trailing":
+        job_key = f"debounce:{flow_key}"
     return {
         "id": id,
         "name": name,

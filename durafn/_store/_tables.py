@@ -26,7 +26,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Connection
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 """Bump with a new step in ``MIGRATIONS`` whenever the tables change."""
 
 metadata = MetaData()
@@ -287,6 +287,18 @@ flow_keys = Table(
     Column("key", Text, primary_key=True),
     Column("tat", Double, nullable=False, server_default="0"),
 )
+# Leading-edge debounce and throttle windows (version 9): one row per flow key, locked by
+# the calls that write through it (``_store/_debounce.py``), never by claims. ``last_run``:
+# when the key's latest run is due; ``quiet_until``: a leading-edge burst's end (its last
+# call plus ``quiet``); ``row_id``: that run's row.
+flow_windows = Table(
+    "_durafn_flow_windows",
+    metadata,
+    Column("key", Text, primary_key=True),
+    Column("last_run", Double),
+    Column("quiet_until", Double),
+    Column("row_id", _ID),
+)
 # Leases: who evaluates the crons (one leader at a time, taken over once it expires).
 leases = Table(
     "_durafn_leases",
@@ -417,6 +429,11 @@ def _step_8(conn: Connection) -> None:
     flow_keys.create(conn, checkfirst=True)
 
 
+def _step_9(conn: Connection) -> None:
+    """Version 9: leading-edge debounce and throttle, ``_durafn_flow_windows``."""
+    flow_windows.create(conn, checkfirst=True)
+
+
 MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     2: _step_2,
     3: _step_3,
@@ -425,5 +442,6 @@ MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     6: _step_6,
     7: _step_7,
     8: _step_8,
+    9: _step_9,
 }
 """Steps from version N-1 to N. A fresh database gets the latest tables in one go."""

@@ -89,6 +89,7 @@ class WorkerStatements:
                 sf.c.queue_name,
                 *RETRY_COLUMNS[1:],
                 sf.c.on_complete,
+                sf.c.flow_key,
             )
         )
         # The failures returned count this one: the retry's count is of those before it.
@@ -101,8 +102,9 @@ class WorkerStatements:
                 q,
                 RetryState(n, retry, most, failures - 1),
                 callback,
+                key,
             )
-            for i, n, w, m, q, retry, most, failures, callback in result
+            for i, n, w, m, q, retry, most, failures, callback, key in result
         ]
         await conn.execute(delete(workers).where(workers.c.heartbeat_at < cutoff))
         return lost
