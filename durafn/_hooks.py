@@ -66,7 +66,10 @@ class HookEvent:
     """For ``cron.triggered`` and ``cron.skipped``: the cron's name (``id`` is then the
     tick's row, or for a skip the previous run that was still active, if any)."""
     scheduled_at: datetime | None = None
-    """The tick's time (the event's own time is when the hook runs)."""
+    """The tick's time."""
+    actual_at: datetime | None = None
+    """When the cron leader wrote (or skipped) the tick: ``actual_at - scheduled_at`` is
+    the tick's lag (OJS's ``actual_time``)."""
     run_count: int | None = None
     reason: str | None = None
     """Why a tick was skipped: ``overlap_skip``, ``missed`` or ``dst_skip``."""

@@ -14,7 +14,7 @@ from ._app import App
 from ._executor import Executor, RunawayError
 from ._types import ScheduledFunction, State
 
-__all__ = ["FakeClock", "RunawayError", "all_rows", "finish_all", "states"]
+__all__ = ["FakeClock", "RunawayError", "advance", "all_rows", "finish_all", "states"]
 
 DEFAULT_START = datetime(2030, 1, 1, tzinfo=UTC)
 
@@ -75,6 +75,30 @@ async def finish_all(executor: Executor, clock: FakeClock, *, max_steps: int = 1
     raise RunawayError(
         f"scheduled work remained after {max_steps} time steps; a function probably "
         "reschedules itself forever"
+    )
+
+
+async def advance(
+    executor: Executor, clock: FakeClock, by: float | timedelta, *, max_steps: int = 100_000
+) -> int:
+    """Move ``clock`` on by ``by``, stopping at every due time on the way (rows, and the
+    crons' ticks) and running what is due there, so each runs at its own time (``ctx.now()``
+    is the tick's). Returns how many functions ran.
+
+    A simulated month of a daily cron is 31 stops; of an hourly one, 744 (each stop is
+    a ``run_until_idle``: a few milliseconds on PostgreSQL, more on SQLite)."""
+    end = clock.now() + (by.total_seconds() if isinstance(by, timedelta) else float(by))
+    total = await executor.run_until_idle()
+    for _ in range(max_steps):
+        next_due = await executor.next_due(after=clock.now())  # what is left now is held
+        if next_due is None or next_due > end:
+            clock.set(max(clock.now(), end))
+            return total + await executor.run_until_idle()
+        clock.set(next_due)
+        total += await executor.run_until_idle()
+    raise RunawayError(
+        f"still due times ahead after {max_steps} stops; a function probably reschedules "
+        "itself with no delay"
     )
 
 

@@ -18,7 +18,7 @@ from sqlalchemy import select
 import durafn
 from durafn import MutationCtx, State
 from durafn.cron import daily, every, hourly, monthly, weekly
-from durafn.testing import FakeClock
+from durafn.testing import FakeClock, advance
 
 from . import cron_app
 from .helpers import effects, wait_until
@@ -52,23 +52,28 @@ def _at(hour: int, minute: int = 0) -> float:
 async def test_each_tick_is_written_once_whichever_executors_race(
     app: durafn.App, clock: FakeClock
 ) -> None:
+    """Four executors race at every tick of a simulated week (every 4 hours: 42 ticks;
+    the lease lapses between ticks, so any of them may lead at each: the tick's id and
+    the guarded move of the cron keep it to one row)."""
     report = _report(app)
-    app.cron("hourly-report", hourly(minute=0), report.call("sales"), description="sales")
-    executors = [app.executor() for _ in range(3)]
-    await executors[0].run_until_idle()  # registers it: next run at 01:00
-    for hour in range(1, 13):
-        clock.set(_at(0) + hour * 3600)
-        async with anyio.create_task_group() as tg:  # three at once, at the same moment
+    app.cron("report-4h", "0 */4 * * *", report.call("sales"), description="sales")
+    executors = [app.executor() for _ in range(4)]
+    await executors[0].run_until_idle()  # registers it: next run at 04:00
+    for n in range(1, 43):
+        clock.set(_at(0) + n * 4 * 3600)
+        async with anyio.create_task_group() as tg:  # four at once, at the same moment
             for executor in executors:
                 tg.start_soon(executor.run_until_idle)
     ticks = await effects(app)
-    assert len(ticks) == 12 == len(set(ticks))
-    assert ticks[0] == "sales 2030-01-01T01:00+00:00" and ticks[-1].endswith("01T12:00+00:00")
-    cron = (await registry(app))["hourly-report"]
-    assert (cron["run_count"], cron["last_run_at"]) == (12, _at(12))
-    assert cron["next_run_at"] == _at(13) and cron["description"] == "sales"
+    assert len(ticks) == 42 == len(set(ticks))
+    assert (
+        ticks[0] == "sales 2030-01-01T04:00+00:00" and ticks[-1] == "sales 2030-01-08T00:00+00:00"
+    )
+    cron = (await registry(app))["report-4h"]
+    assert (cron["run_count"], cron["last_run_at"]) == (42, _at(0) + 7 * 86400)
+    assert cron["next_run_at"] == _at(4) + 7 * 86400 and cron["description"] == "sales"
     rows = [r for r in (await app.list(limit=100)).items if r.name == "report"]
-    assert len(rows) == 12 and all(r.state is State.SUCCESS for r in rows)
+    assert len(rows) == 42 and all(r.state is State.SUCCESS for r in rows)
 
 
 async def test_after_downtime_the_latest_missed_tick_runs_once(
@@ -128,6 +133,13 @@ async def test_a_tick_is_skipped_while_the_previous_run_waits(
     )
     pending = [r.args["n"] for r in (await app.list(state=State.PENDING)).items]
     assert sorted(pending) == [1, 2, 2, 2]
+    lags: list[float] = []
+    app.on("cron.triggered")(
+        lambda e: lags.append(e.actual_at.timestamp() - e.scheduled_at.timestamp())
+    )
+    clock.advance(75)  # the next tick was due 60 s on: written 15 s late
+    await executor.run_until_idle()
+    assert lags == [15.0]
 
 
 async def test_declarations_are_reconciled_when_an_executor_starts(
@@ -486,3 +498,23 @@ async def test_a_flowed_functions_ticks_carry_its_flow_key(
     slow = durafn.Flow(key="t", throttle=durafn.Throttle(per=60))
     with pytest.raises(durafn.RegistrationError, match="writes one row per tick already"):
         app.cron("sync-throttled", every(minutes=1), sync.options(flow=slow).call(1))
+
+
+async def test_the_test_kit_steps_through_a_month_of_ticks(
+    app: durafn.App, clock: FakeClock
+) -> None:
+    """``durafn.testing.advance`` stops at each tick (each run sees its own time), and at
+    rows due between them; a row held back (a paused queue) does not stop it."""
+    report = _report(app)
+    app.cron("daily-report", daily(hour=6), report.call("daily"))
+    app.cron("weekly-report", weekly(day="mon", hour=7), report.call("weekly"))
+    await app.pause_queue("held")
+    await app.scheduler().run_after(0, report.options(queue="held"), "held")
+    await app.scheduler().run_after(86400 * 3 + 60, report, "once")
+    executor = app.executor()
+    ran = await advance(executor, clock, timedelta(days=31))
+    runs = await effects(app)
+    assert ran == len(runs) == 31 + 4 + 1  # January 2030: 31 days, 4 Mondays, the row
+    assert runs[0] == "daily 2030-01-01T06:00+00:00" and "once 2030-01-04T00:01+00:00" in runs
+    assert next(r for r in runs if r.startswith("weekly")) == "weekly 2030-01-07T07:00+00:00"
+    assert clock.now() == _at(0) + 31 * 86400

@@ -69,6 +69,8 @@ class _Plan:
     rows: list[dict[str, Any]]
     gaps: list[float]
     """Ticks daylight saving skipped since the last one (their wall times, as instants)."""
+    now: float = 0.0
+    """When the leader evaluated it (the events' ``actual_at``)."""
 
     def event(self, hook: HookName, id: str, **more: Any) -> HookEvent:
         more.setdefault("scheduled_at", self.latest)
@@ -80,6 +82,7 @@ class _Plan:
             FunctionKind(self.cron["kind"]),
             state=State.PENDING if hook == "cron.triggered" else None,
             cron=self.cron["name"],
+            actual_at=to_datetime(self.now),
             **more,
         )
 
@@ -95,6 +98,8 @@ class CronLoop:
         self._rt = runtime
         self._worker_id = worker_id
         self._lease = lease
+        self._held: tuple[float, float] | None = None
+        """When this loop last took the lease, and when it renews it (a third on)."""
         self._reconciled = False
         self._registered = False
         self.looked = False
@@ -155,23 +160,19 @@ class CronLoop:
         """If this executor leads (or can take the lease), write the due ticks; returns how
         many rows it wrote and the earliest next run (None: no enabled cron)."""
         rt = self._rt
-        holder = self._worker_id()
-
-        async def _lead(conn: AsyncConnection) -> bool:
-            now = rt.clock.now()
-            return await rt.driver.take_lease(conn, CRON_LEASE, holder, now, now + self._lease)
-
-        if not await rt.transaction(_lead, doing="taking the cron lease"):
+        if not await self._lead():
             return 0, None
 
-        async def _due(conn: AsyncConnection) -> list[dict[str, Any]]:
-            return await rt.driver.due_crons(conn, rt.clock.now(), DUE_BATCH)
+        async def _due(conn: AsyncConnection) -> tuple[list[dict[str, Any]], float | None]:
+            found = await rt.driver.due_crons(conn, rt.clock.now(), DUE_BATCH)
+            return found, None if found else await rt.driver.next_cron(conn)
 
         # One read per tick (crons still due after it are the next tick's, at once: the
         # loop does not sleep while a next run is past), and one transaction for all the
         # due crons' ticks: one transaction per cron cost 2.8 ms of CPU per tick on SQLite
         # and 1.5 ms on PostgreSQL (benchmarks/crons.py), too slow for 1,000 a second.
-        due = await rt.transaction(_due, read_only=True, doing="reading due crons")
+        # The next run is read with them, or after the ticks in their transaction.
+        due, next_run = await rt.transaction(_due, read_only=True, doing="reading due crons")
         now = rt.clock.now()
         plans = []
         for cron in due:
@@ -180,22 +181,37 @@ class CronLoop:
             except Exception as exc:  # this cron cannot be evaluated: disable it, go on
                 await self._disable(cron["name"], exc)
         written = 0
-        if plans:
+        if due:
+
+            async def _write(conn: AsyncConnection) -> tuple[list[HookEvent], float | None]:
+                events = await self._write_all(plans, now, conn) if plans else []
+                return events, await rt.driver.next_cron(conn)
+
             try:
-                events = await rt.transaction(
-                    functools.partial(self._write_all, plans, now), doing="writing cron ticks"
-                )
+                events, next_run = await rt.transaction(_write, doing="writing cron ticks")
             except _MovedOn:  # another leader is writing these ticks: let it
-                events = []
+                events, next_run = [], None
             written = sum(e.hook == "cron.triggered" for e in events)
             await self._tell(events)
         if written:
             rt.wake((FunctionKind.MUTATION, FunctionKind.ACTION))
+        return written, next_run
 
-        async def _next(conn: AsyncConnection) -> float | None:
-            return await rt.driver.next_cron(conn)
+    async def _lead(self) -> bool:
+        """Whether this loop leads: it takes the lease, or renews it once a third of it
+        has passed (renewing on every tick was a write transaction per tick, a quarter of
+        ``run_until_idle``'s statements while it steps through a schedule)."""
+        rt, now = self._rt, self._rt.clock.now()
+        if self._held is not None and self._held[0] <= now < self._held[1]:
+            return True  # (a clock stepped back before the taking retakes it)
+        holder = self._worker_id()
 
-        return written, await rt.transaction(_next, read_only=True, doing="reading crons")
+        async def _take(conn: AsyncConnection) -> bool:
+            return await rt.driver.take_lease(conn, CRON_LEASE, holder, now, now + self._lease)
+
+        taken = await rt.transaction(_take, doing="taking the cron lease")
+        self._held = (now, now + self._lease / LEASE_SHARE) if taken else None
+        return taken
 
     async def _disable(self, name: str, exc: Exception) -> None:
         """A cron whose tick cannot be written (a schedule, a function's arguments or
@@ -275,7 +291,7 @@ class CronLoop:
             wall.replace(tzinfo=schedule.zone).astimezone(UTC).timestamp()
             for wall in schedule.skipped(to_datetime(float(since)), to_datetime(latest))
         ]
-        return _Plan(cron, expected, latest, _stamp(following), rows, gaps)
+        return _Plan(cron, expected, latest, _stamp(following), rows, gaps, now)
 
     async def _write_all(
         self, plans: list[_Plan], now: float, conn: AsyncConnection

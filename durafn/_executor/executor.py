@@ -99,13 +99,15 @@ class Executor:
         total = 0
         # Crons: the app's, or the registry's when this executor first looked.
         crons = self._crons.active if self._crons.looked else await self._crons.look()
+        cron_next: float | None = None
         async with AsyncExitStack() as stack:
             for _ in range(max_rounds):
-                ran = 0
-                if crons:  # the crons' due ticks, written as rows first
-                    ran, _ = await self._crons.tick()
-                done, _ = await self._mutations.run_batch(timed=False)
-                ran += done
+                written = 0
+                # The crons' due ticks, written as rows first (and run by this round); in a
+                # later round only if the next run the last one read has come.
+                if crons and (cron_next is None or cron_next <= self._rt.clock.now()):
+                    written, cron_next = await self._crons.tick()
+                ran, _ = await self._mutations.run_batch(timed=False)
                 rows = await self._claims.claim(self.config.concurrency)
                 if rows:
                     if not self._membership.depth:
@@ -114,7 +116,7 @@ class Executor:
                         await stack.enter_async_context(self._membership.hold("run_until_idle()"))
                     await self._actions.run_claimed(rows)
                     ran += len(rows)
-                if ran == 0:
+                if ran == 0 and written == 0:
                     return total
                 total += ran
         raise RunawayError(
@@ -173,25 +175,28 @@ class Executor:
         """Delete finished rows older than the retention period; returns how many."""
         return await self._maintenance.run_once()
 
-    async def next_due(self) -> float | None:
+    async def next_due(self, *, after: float | None = None) -> float | None:
         """The earliest time (epoch seconds) any Pending row becomes due, or a cron of the
         app's runs next, or None. Rows due already that this executor's last claims left
-        for a flow key's spent rate budget count from when the budget allows a start."""
+        for a flow key's spent rate budget count from when the budget allows a start.
+        ``after``: only times later than it (after ``run_until_idle`` at that time, the
+        rows still due are held: a paused queue, a full key, another executor's)."""
         driver = self._rt.driver
         now = self._rt.clock.now()
         held = [w for w in (self._mutations.hint.flow.wake_at, self._claims.hint.flow.wake_at) if w]
 
         async def _both(conn: AsyncConnection) -> list[float | None]:
-            times = [await driver.next_due(conn, kind) for kind in KINDS]
-            if held and any(t is not None and t <= now for t in times):
-                times = [await driver.next_due(conn, kind, now) for kind in KINDS]
+            times = [await driver.next_due(conn, kind, after) for kind in KINDS]
+            if held and (after is not None or any(t is not None and t <= now for t in times)):
+                if after is None:
+                    times = [await driver.next_due(conn, kind, now) for kind in KINDS]
                 times.append(min(held))
             if self._crons.active:
                 times.append(await driver.next_cron(conn))
             return times
 
         times = await self._rt.transaction(_both, read_only=True, doing="reading the next due time")
-        due = [t for t in times if t is not None]
+        due = [t for t in times if t is not None and (after is None or t > after)]
         return min(due) if due else None
 
     async def wait_for(
