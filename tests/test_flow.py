@@ -466,6 +466,25 @@ async def test_explain_says_ready_when_nothing_holds_a_row(app: durafn.App) -> N
     assert (await app.explain(sid)).reason == "ready"
 
 
+async def test_explain_says_when_rows_of_its_queue_start_first(db_url: str) -> None:
+    app = durafn.App(db_url, queues={"q": Queue(concurrency=1)})
+    try:
+        await app.migrate()
+
+        @app.mutation(queue="q")
+        async def step(ctx: MutationCtx, n: int) -> None:
+            pass
+
+        first, second = await app.scheduler().run_many([step.call(1), step.call(2)])
+        await a_worker(app)
+        assert (await app.explain(first)).reason == "ready"
+        behind = await app.explain(second)
+        assert (behind.reason, behind.queue) == ("queue_order", "q")
+        assert behind.message.startswith("1 due row(s) of its queue 'q' start before it")
+    finally:
+        await app.aclose()
+
+
 # -- bad options -------------------------------------------------------------------------
 
 
