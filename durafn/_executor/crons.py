@@ -136,16 +136,17 @@ class CronLoop:
         async def _reconcile(conn: AsyncConnection) -> list[str]:
             now = rt.clock.now()
             stored = {row["name"]: row for row in await rt.driver.stored_crons(conn)}
-            changes = []
+            changes, added = [], []
             for name, row in declared.items():
                 found = stored.get(name)
                 if found is None:
-                    await rt.driver.add_cron(conn, row, now, first_run(row, now))
+                    added.append((row, first_run(row, now)))
                     changes.append(f"added {name}")
                 elif found["source"] in DECLARED and row.differs(found):
                     timing = row.timing_differs(found)
                     await rt.driver.change_cron(conn, row, now, first_run(row, now), timing)
                     changes.append(f"changed {name}")
+            await rt.driver.add_crons(conn, added, now)
             gone = [n for n, r in stored.items() if r["source"] in DECLARED and n not in declared]
             if gone:
                 await rt.driver.remove_crons(conn, gone)
