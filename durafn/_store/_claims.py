@@ -104,6 +104,16 @@ def _levels_cte(queued: bool) -> Any:
     return levels.union_all(select(following.scalar_subquery()).where(levels.c.p.is_not(None)))
 
 
+def _first_due(*where: ColumnElement[bool]) -> Any:
+    """The earliest ``available_at`` of these rows, written ``ORDER BY ... LIMIT 1`` rather
+    than ``min()``: the planner then reads the first entry of the index in that order
+    (``ix_scheduled_functions_keyed_due``, ``_queued_due``). As ``min()``, PostgreSQL with
+    fresh rows and stale statistics read every entry of ``ix_scheduled_functions_keys``
+    instead: 3.4 ms a claim with 10,000 keyed actions, against 0.05 ms."""
+    first = select(sf.c.available_at).where(*where).order_by(sf.c.available_at).limit(1)
+    return first.scalar_subquery()
+
+
 def _levels() -> Any:
     """(queued, level) of both claim indexes, and a row (None, 0) if a keyed row is due
     (ix_scheduled_functions_keyed_due), in one statement: one round trip. The keyed part
@@ -117,7 +127,7 @@ def _levels() -> Any:
                 levels.c.p.is_not(None)
             )
         )
-    keyed_due = select(func.min(sf.c.available_at)).where(*keyed()).scalar_subquery()
+    keyed_due = _first_due(*keyed())
     parts.append(
         select(literal(None, Boolean), literal(0, Integer)).where(
             keyed_due <= bindparam("now", type_=Double)
@@ -142,9 +152,9 @@ def _next_due(queued: bool, after: bool) -> Any:
 
 # No queued row of the kind is due: the first entry of ix_scheduled_functions_queued_due,
 # so a queued row due next week does not send every claim down the full path.
-_FIRST_QUEUED_DUE = select(func.min(sf.c.available_at)).where(*_pending(True)).scalar_subquery()
+_FIRST_QUEUED_DUE = _first_due(*_pending(True))
 # Nor a keyed one (flow control: claimed per key), from ix_scheduled_functions_keyed_due.
-_FIRST_KEYED_DUE = select(func.min(sf.c.available_at)).where(*keyed()).scalar_subquery()
+_FIRST_KEYED_DUE = _first_due(*keyed())
 NO_QUEUED = and_(
     or_(_FIRST_QUEUED_DUE.is_(None), bindparam("now", type_=Double) < _FIRST_QUEUED_DUE),
     or_(_FIRST_KEYED_DUE.is_(None), bindparam("now", type_=Double) < _FIRST_KEYED_DUE),
@@ -161,10 +171,8 @@ LEVELS = _levels()
 
 
 def _next_keyed(after: bool) -> Any:
-    first = select(func.min(sf.c.available_at)).where(*keyed())
-    if after:
-        first = first.where(sf.c.available_at > bindparam("after", type_=Double))
-    return first.scalar_subquery()
+    later = (sf.c.available_at > bindparam("after", type_=Double),) if after else ()
+    return _first_due(*keyed(), *later)
 
 
 # Every class of Pending rows in one statement (one round trip: the idle wait reads it

@@ -41,6 +41,7 @@ from sqlalchemy import (
     select,
     true,
     tuple_,
+    union_all,
     update,
 )
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -153,24 +154,34 @@ def _heads(extra: tuple[ColumnElement[bool], ...]) -> Any:
     return select(*head.c).select_from(keys.join(head, true()))
 
 
+def _union_heads(extra: tuple[ColumnElement[bool], ...], n: int) -> Any:
+    """The heads of ``n`` keys (``:k0`` ... ) in one statement, a UNION ALL of ``_rows_of``
+    per key (SQLite, which has no LATERAL). A statement per key cost a hop to the driver's
+    thread each: 16 a claim."""
+    parts = [_rows_of(bindparam(f"k{i}", type_=Text), extra).subquery() for i in range(n)]
+    selects = [select(*part.c) for part in parts]
+    return selects[0] if n == 1 else union_all(*selects)
+
+
 @dataclass(frozen=True, slots=True)
 class FlowStatements:
     due_keys: Any
-    head: Any
     head_after: Any
     heads: Any | None
-    """Every key's head at once (PostgreSQL), or None: one ``head`` per key (SQLite,
-    where a statement is a call into the library, not a round trip)."""
+    """Every key's head at once, LATERAL (PostgreSQL), or None: ``union_heads``."""
+    union_heads: tuple[Any, ...]
+    """For 1 to ``KEYS_PER_CLAIM`` keys, their heads in one UNION ALL (SQLite)."""
 
 
 def flow_statements(extra: tuple[ColumnElement[bool], ...], lateral: bool) -> FlowStatements:
     """``extra``: what the claimer serves (its queues, its flags, no paused queue)."""
     key = bindparam("b_key", type_=Text)
+    unions = () if lateral else tuple(_union_heads(extra, n) for n in range(1, KEYS_PER_CLAIM + 1))
     return FlowStatements(
         _due_keys(extra),
-        _rows_of(key, extra),
         _rows_of(key, extra, after=True),
         _heads(extra) if lateral else None,
+        unions,
     )
 
 
@@ -180,12 +191,14 @@ async def _first_heads(
     """Up to ``limit`` head rows of each key, by key."""
     found: dict[str, list[Any]] = {}
     if st.heads is not None:
-        for row in await conn.execute(st.heads, {**params, "keys": keys, "limit": limit}):
-            found.setdefault(row.flow_key, []).append(row)
-        return found
-    for key in keys:
-        head = {**params, "b_key": key, "limit": limit}
-        found[key] = list(await conn.execute(st.head, head))
+        rows = await conn.execute(st.heads, {**params, "keys": keys, "limit": limit})
+    else:
+        named = {f"k{i}": key for i, key in enumerate(keys)}
+        rows = await conn.execute(
+            st.union_heads[len(keys) - 1], {**params, **named, "limit": limit}
+        )
+    for row in rows:
+        found.setdefault(row.flow_key, []).append(row)
     return found
 
 
