@@ -177,15 +177,19 @@ class Rule:
             frozenset(data["give_up_on"]),
         )
 
+    def gives_up(self, failures: int, error: BaseException, max_attempts: int | None) -> bool:
+        """Whether ``failures`` failed attempts, the last with ``error``, end the retries."""
+        limit = self.max_attempts if max_attempts is None else max_attempts
+        names = {type_name(c) for c in type(error).__mro__}
+        if failures >= limit or type_name(NonRetryableError) in names:
+            return True
+        return bool(names & self.give_up_on or not names & self.retry_on)
+
     def delay(self, failures: int, error: BaseException, max_attempts: int | None) -> float | None:
         """Seconds until the next attempt after ``failures`` failed ones, the last with
         ``error``; None: give up. ``max_attempts``: the row's own limit, if it has one
         (``app.reschedule(max_attempts=...)``)."""
-        limit = self.max_attempts if max_attempts is None else max_attempts
-        names = {type_name(c) for c in type(error).__mro__}
-        if failures >= limit or type_name(NonRetryableError) in names:
-            return None
-        if names & self.give_up_on or not names & self.retry_on:
+        if self.gives_up(failures, error, max_attempts):
             return None
         delay = float(self.backoff(failures, error))
         return min(max(delay, 0.0), MAX_DELAY) if math.isfinite(delay) else MAX_DELAY

@@ -8,8 +8,10 @@ policy) is in ``test_workers.py``.
 
 from __future__ import annotations
 
+import gc
 import math
 import re
+import weakref
 from collections.abc import Callable
 
 import anyio
@@ -130,6 +132,38 @@ async def test_the_last_attempt_fails_the_row_with_its_error_and_every_one_is_ke
     assert history[1].error.traceback is not None and "broken" in history[1].error.traceback
     assert row.error.traceback == history[1].error.traceback
     assert executor.stats["failed"] == 1
+
+
+async def test_a_failed_run_lets_go_of_its_frames_and_the_last_keeps_its_traceback(
+    app: durafn.App, clock: FakeClock
+) -> None:
+    """Outcomes wait for their batch's write; what a failed run's frames held must not
+    wait with them (the cyclic collector would have to find it). With the collector off,
+    an object local to the failing mutation is gone once each run is recorded."""
+    locals_seen: list[weakref.ref[object]] = []
+
+    class Local:
+        pass
+
+    @app.mutation(retry=Retry(2, backoff=Fixed(0)))
+    async def flaky(ctx: MutationCtx) -> None:
+        local = Local()
+        locals_seen.append(weakref.ref(local))
+        raise RuntimeError("down")
+
+    sid = await app.scheduler().run_after(0, flaky)
+    gc.disable()
+    try:
+        await app.executor().run_until_idle()  # retried at once, then failed for good
+        alive = [ref() is not None for ref in locals_seen]
+    finally:
+        gc.enable()
+    assert alive == [False, False]
+    row = await row_of(app, sid)
+    assert (row.state, row.failures) == (State.FAILED, 2)
+    assert row.error is not None and row.error.traceback is not None
+    assert "in flaky" in row.error.traceback and "RuntimeError: down" in row.error.traceback
+    assert [h.error.traceback is None for h in row.history] == [True, False]
 
 
 @pytest.mark.parametrize(

@@ -20,7 +20,7 @@ from .._store import Claimed, Outcome
 from .._types import FunctionKind, ScheduledFunctionId, State
 from .action_claims import ActionClaims
 from .outcomes import Tally, failed
-from .retrying import retried, settle
+from .retrying import keep_trace, retried, settle
 from .tasks import Signal
 from .wakeups import KINDS
 
@@ -57,7 +57,7 @@ class Finisher:
 
     def queue(self, outcome: Outcome) -> None:
         """An action ended: write its outcome with the next batch."""
-        self._outcomes.append(outcome)
+        self._outcomes.append(keep_trace(self._rt, outcome))
         self._ready.fire()
 
     async def run(self) -> None:

@@ -50,7 +50,7 @@ from .._store import (
 from .._types import FunctionKind, ScheduledFunctionId, State
 from .._writers import BufferedWriter, Enqueued
 from .outcomes import failed, success
-from .retrying import retried, settle
+from .retrying import keep_trace, retried, settle
 from .tasks import Pace
 from .wakeups import KINDS
 
@@ -298,6 +298,7 @@ class MutationBatch:
 
     async def _after(self, outcome: Outcome) -> Outcome:
         """The ``after`` hooks of a run that ended with ``outcome`` (not yet written)."""
+        keep_trace(self._rt, outcome)
         if self._rt.hooks.active:
             await self._rt.hooks.run(
                 "after",

@@ -45,6 +45,19 @@ def error_fields(exc: BaseException) -> tuple[str, str]:
     return name, message
 
 
+def forget_frames(exc: BaseException) -> None:
+    """Drop the tracebacks of ``exc`` and of the exceptions it chains (their frames)."""
+    seen: set[int] = set()
+    chain: list[BaseException | None] = [exc]
+    while chain:
+        e = chain.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        e.__traceback__ = None
+        chain += (e.__cause__, e.__context__)
+
+
 def traceback_text(exc: BaseException) -> str | None:
     """Where ``exc`` was raised, for the row (its last ``MAX_TRACEBACK`` characters), or
     None when no frame of it is the user's: an error durafn made itself (a time limit, a

