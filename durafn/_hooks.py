@@ -38,7 +38,7 @@ from ._types import ErrorInfo, FunctionKind, ScheduledFunctionId, State
 
 if TYPE_CHECKING:
     from ._registry import Registry
-    from ._store import Outcome
+    from ._store import Claimed, Outcome
 
 logger = logging.getLogger("durafn.hooks")
 
@@ -130,11 +130,18 @@ class Hooks:
                     event.name,
                 )
 
-    async def run(
-        self, hook: HookName, id: ScheduledFunctionId, name: str, kind: FunctionKind, **more: Any
-    ) -> None:
+    async def before(self, kind: FunctionKind, row: Claimed) -> None:
+        """``before``: a claimed row is about to run."""
         if self.active:
-            await self.fire(HookEvent(hook, id, name, kind, **more))
+            await self.fire(HookEvent("before", row.id, row.name, kind, flow_key=row.flow_key))
+
+    async def after(self, kind: FunctionKind, outcome: Outcome) -> None:
+        """``after``: a run ended, as ``outcome`` says (not yet written)."""
+        if self.active:
+            event = HookEvent(
+                "after", outcome.id, outcome.name, kind, outcome.state, flow_key=outcome.flow_key
+            )
+            await self.fire(event)
 
     async def enqueued(
         self, rows: Iterable[tuple[ScheduledFunctionId, str, FunctionKind, str | None]]

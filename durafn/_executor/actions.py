@@ -235,9 +235,7 @@ class ActionPool:
         except Exception as exc:
             record(failed(row, exc))
             return
-        hooks = self._rt.hooks
-        if hooks.active:
-            await hooks.run("before", row.id, row.name, ACTION, flow_key=row.flow_key)
+        await self._rt.hooks.before(ACTION, row)
         started = time.monotonic()
         slot.row, slot.expired, slot.started, slot.deadline = row, False, started, started + timeout
         slot.interrupted = False
@@ -290,15 +288,7 @@ class ActionPool:
     async def _after(self, outcome: Outcome) -> None:
         """The ``after`` hooks of an action that returned or raised (one stopped by its
         time limit or a stop has only its ``error`` hooks, once written)."""
-        if self._rt.hooks.active:
-            await self._rt.hooks.run(
-                "after",
-                outcome.id,
-                outcome.name,
-                ACTION,
-                state=outcome.state,
-                flow_key=outcome.flow_key,
-            )
+        await self._rt.hooks.after(ACTION, outcome)
 
     def _prepare(
         self, row: Claimed
@@ -334,8 +324,7 @@ class ActionPool:
             if self._aborting:
                 raise anyio.get_cancelled_exc_class()()
             ref, values, ctx, timeout = self._prepare(row)
-            if self._rt.hooks.active:
-                await self._rt.hooks.run("before", row.id, row.name, ACTION, flow_key=row.flow_key)
+            await self._rt.hooks.before(ACTION, row)
             # One scope for both ways an action is stopped: its time limit (the deadline)
             # and the end of a stop's grace period (``stop`` cancels it).
             finished = False

@@ -248,9 +248,7 @@ class MutationBatch:
         self.begun.append(row)
         timeout = self._invoker.timeouts.for_(ref)
         self._current, self._timeout = row, timeout
-        hooks = rt.hooks
-        if hooks.active:
-            await hooks.run("before", row.id, row.name, MUTATION, flow_key=row.flow_key)
+        await rt.hooks.before(MUTATION, row)
         limit.deadline = anyio.current_time() + timeout
         try:
             result = await ref.fn(ctx, **values)
@@ -299,15 +297,7 @@ class MutationBatch:
     async def _after(self, outcome: Outcome) -> Outcome:
         """The ``after`` hooks of a run that ended with ``outcome`` (not yet written)."""
         keep_trace(self._rt, outcome)
-        if self._rt.hooks.active:
-            await self._rt.hooks.run(
-                "after",
-                outcome.id,
-                outcome.name,
-                MUTATION,
-                state=outcome.state,
-                flow_key=outcome.flow_key,
-            )
+        await self._rt.hooks.after(MUTATION, outcome)
         return outcome
 
     def _count_writes(self, _conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
