@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from durafn.testing import FakeClock
-from examples import flaky_webhook, self_destruct, starlette_app
+from examples import flaky_webhook, nightly_sync, self_destruct, starlette_app
 
 pytestmark = pytest.mark.anyio
 
@@ -43,6 +43,28 @@ async def test_flaky_webhook_example(db_url: str) -> None:
         "webhooks:deliver Success after 3 runs -> 204",
         "on_complete: webhooks:delivered Success -> webhooks:deliver Success, result 204",
     ]
+
+
+async def test_nightly_sync_example(db_url: str) -> None:
+    out: list[str] = []
+    await nightly_sync.main(db_url, out, FakeClock())
+    night = [
+        "02:00:00.0 synced acme page 1",  # two a second, evenly spaced
+        "02:00:00.0 dashboard refreshed (after acme page 1)",  # the first ask: at once
+        "02:00:00.5 synced acme page 2",
+        "02:00:01.0 synced globex page 1",
+        "02:00:01.5 synced globex page 2",
+        "02:00:02.0 synced globex page 3",
+        "02:00:02.5 synced initech page 1",
+        "02:01:00.0 dashboard refreshed (after initech page 1)",  # the rest: one, the last
+    ]
+    assert out[0] == (
+        "a page waits: no live worker serves it: start one (durafn worker); then: its flow "
+        "key 'crm-api' has spent its rate budget (2 per 1s); next start at "
+        "2030-01-01T02:00:00.500000+00:00"
+    )
+    assert out[1:-1] == [f"0{day} {line}" for day in (1, 2, 3) for line in night]
+    assert out[-1] == "nightly-sync: 3 runs, next 04 02:00"
 
 
 def test_starlette_example(db_url: str) -> None:
