@@ -364,9 +364,10 @@ def declare(
     # ArgumentError names a bad argument.
     values, args = ref.encode_call(call.args, call.kwargs | placeholder)
     if tick is not None:
-        values = json.loads(args)
-        del values[tick]
-        args = json.dumps(values, separators=(",", ":"))
+        stored = json.loads(args)
+        del stored[tick]
+        args = json.dumps(stored, separators=(",", ":"))
+        values = {name: value for name, value in values.items() if name != tick}
     options = rt.row_options(ref.job_options)
     if options.flow is not None:  # the ticks' flow key, computed once: the arguments are fixed
         if options.flow.coalesce is not None:

@@ -22,7 +22,8 @@ in the function: a row the limits hold back simply stays Pending.
   least that often under a steady stream).
 * ``throttle``: at most one run per ``per`` seconds: the first call runs at once, the
   calls of the next ``per`` seconds join one run due when the period ends. Leading edge
-  and throttle keep one row per key in ``_durafn_flow_windows`` (``_store/_debounce.py``).
+  and throttle keep one row per function and key in ``_durafn_flow_windows``
+  (``_store/_debounce.py``).
 """
 
 from __future__ import annotations

@@ -91,8 +91,8 @@ class ScheduledFunction(BaseModel):
     queue: str | None = None
     """The named queue the row runs in, if any."""
     key: str | None = None
-    """The job key it was scheduled with, if any (a debounced row's: ``debounce:<flow
-    key>``)."""
+    """The job key it was scheduled with, if any (a debounced row's:
+    ``debounce:["<function>","<flow key>"]``)."""
     flow_key: str | None = None
     """Its flow key (``durafn.Flow``), if any: ``app.explain`` says what it waits for."""
     flags: list[str] = []

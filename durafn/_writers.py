@@ -55,11 +55,15 @@ class BufferedWriter:
         conn: AsyncConnection,
         check_parent: ScheduledFunctionId | None,
         before_cancel: Callable[[], Awaitable[None]] | None = None,
+        running: Collection[ScheduledFunctionId] = (),
     ) -> None:
         self._rt = runtime
         self._conn = conn
         self._check_parent = check_parent
         self._before_cancel = before_cancel
+        self._running = running
+        """The rows of the mutation batch writing through it (debounced calls never join
+        a row that is running)."""
         self._rows: list[dict[str, Any]] = []
         self.woken: set[FunctionKind] = set()
         """Kinds of Pending rows written: wake executors for them once committed."""
@@ -70,11 +74,14 @@ class BufferedWriter:
         """Rows written that inline mode runs once committed."""
 
     async def add(self, rows: list[dict[str, Any]]) -> list[ScheduledFunctionId]:
-        if any(row["job_key"] is not None for row in rows):
-            # The id of a keyed row is the holder's, known only once written: write now
-            # (after the rows buffered before it, to keep their order).
+        if not all(map(_plain, rows)):
+            # The id of a keyed, debounced or throttled row is the one that runs for it,
+            # known only once written: write now (after the rows buffered before it, to
+            # keep their order).
             await self.flush()
-            kinds, ids = await write(self._rt, self._conn, rows, self._check_parent, self.woken)
+            kinds, ids = await write(
+                self._rt, self._conn, rows, self._check_parent, self.woken, self._running
+            )
             self._written(rows, ids, kinds)
             return ids
         self._rows.extend(rows)
@@ -132,10 +139,12 @@ async def write(
     rows: list[dict[str, Any]],
     check_parent: ScheduledFunctionId | None,
     notified: Collection[FunctionKind] = (),
+    running: Collection[ScheduledFunctionId] = (),
 ) -> tuple[set[FunctionKind], list[ScheduledFunctionId]]:
     """Write ``rows`` with a NOTIFY for the kinds of Pending rows among them not in
     ``notified`` (one per kind per transaction is enough); returns those kinds, and the id
-    that runs for each row (a keyed row's may be an existing row's)."""
+    that runs for each row (a keyed row's may be an existing row's). ``running``: rows
+    the writing transaction has claimed (a mutation batch's)."""
     driver = rt.driver
     if check_parent is not None:
         # The parent is an action that may be cancelled while it runs: what it schedules
@@ -144,7 +153,10 @@ async def write(
         if parent_state is State.CANCELED:
             now = rt.clock.now()
             for row in rows:
-                row.update(state=State.CANCELED.value, completed_time=now, job_key=None)
+                # Nor do they join, start or hold back a debounce or a throttle.
+                row.update(
+                    state=State.CANCELED.value, completed_time=now, job_key=None, debounce=None
+                )
             # Finished for good at birth: their completion callbacks are due too.
             born = [
                 Outcome(r["id"], State.CANCELED, name=r["name"], on_complete=r["on_complete"])
@@ -168,7 +180,8 @@ async def write(
         for row, id in zip(keyed, await driver.insert_keyed(conn, keyed), strict=True):
             ids[row["id"]] = id
     if debounced:
-        for row, id in zip(debounced, await driver.write_debounced(conn, debounced), strict=True):
+        written = await driver.write_debounced(conn, debounced, running)
+        for row, id in zip(debounced, written, strict=True):
             ids[row["id"]] = id
     if new and not plain:
         await driver.notify(conn, new)
@@ -221,7 +234,7 @@ class DirectWriter:
         # A plain write with no parent to lock is one statement (its NOTIFY included): on
         # PostgreSQL one autocommit round trip instead of four. Retrying it is safe (above).
         single = self._check_parent is None and all(
-            row["job_key"] is None and row["queue_name"] is None for row in rows
+            _plain(row) and row["queue_name"] is None for row in rows
         )
         kinds, ids = await rt.transaction(
             _body, doing="scheduling a function", single_statement=single

@@ -4,6 +4,7 @@ behind that hung the event loop's shutdown."""
 
 from __future__ import annotations
 
+import faulthandler
 import sys
 
 import anyio
@@ -40,5 +41,8 @@ async def _main(url: str) -> None:
 
 
 if __name__ == "__main__":
+    # It hung twice in suite runs under pytest-xdist (never run alone, even under load): if it
+    # hangs again, every thread's stack goes to stderr, which the test's failure shows.
+    faulthandler.dump_traceback_later(90, exit=True)
     anyio.run(_main, sys.argv[1])
     print("exited")

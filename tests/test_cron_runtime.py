@@ -495,6 +495,23 @@ async def test_a_flowed_functions_ticks_carry_its_flow_key(
     await executor.run_until_idle()
     rows = (await app.list(name="sync")).items
     assert sorted(r.flow_key or "" for r in rows) == ["fixed", "tenant:9"]
+    # The key function sees the validated arguments (a datetime here), also for a
+    # function that is given the tick.
+    since_key = durafn.Flow(key=lambda a: f"since:{a['since'].year}")
+
+    @app.mutation(name="catch_up", flow=since_key)
+    async def catch_up(
+        ctx: MutationCtx, since: datetime, tick: durafn.CronTick | None = None
+    ) -> None:
+        pass
+
+    app.cron("catch-up", every(minutes=1), catch_up.call(datetime(2029, 1, 1, tzinfo=UTC)))
+    executor = app.executor()  # a new one reconciles the new declaration
+    await executor.run_until_idle()
+    clock.advance(60)
+    await executor.run_until_idle()
+    [ticked] = (await app.list(name="catch_up")).items
+    assert ticked.flow_key == "since:2029"
     slow = durafn.Flow(key="t", throttle=durafn.Throttle(per=60))
     with pytest.raises(durafn.RegistrationError, match="writes one row per tick already"):
         app.cron("sync-throttled", every(minutes=1), sync.options(flow=slow).call(1))

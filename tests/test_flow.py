@@ -617,3 +617,110 @@ async def test_keyed_rows_in_a_routing_queue_keep_their_key_limit(
 
 async def done(app: durafn.App, id: durafn.ScheduledFunctionId) -> bool:
     return (await row_of(app, id)).state is State.SUCCESS
+
+
+async def test_run_until_idle_runs_the_rows_of_every_key(app: durafn.App) -> None:
+    """A claim visits 16 keys at most: run_until_idle goes on while keys are left."""
+
+    @app.mutation(flow=Flow(key=lambda a: f"k{a['n']}"))
+    async def note(ctx: MutationCtx, n: int) -> None:
+        ctx.db.add(Effect(key=f"m{n}"))
+
+    @app.action(flow=Flow(key=lambda a: f"k{a['n']}"))
+    async def ping(ctx: ActionCtx, n: int) -> None:
+        pass
+
+    await app.scheduler().run_many([note.call(n) for n in range(40)])
+    assert await app.executor().run_until_idle() == 40
+    assert len(await effects(app)) == 40
+    await app.scheduler().run_many([ping.call(n) for n in range(40)])
+    assert await app.executor(concurrency=100).run_until_idle() == 40
+
+
+async def test_racing_throttled_calls_join_one_run(app: durafn.App, clock: FakeClock) -> None:
+    """Calls from many tasks at once, each its own transaction (on PostgreSQL, each on its
+    own connection): the key's window is locked, so they all join the first one's row."""
+    seen: list[list[int]] = []
+
+    @app.action(flow=Flow(key="batch", throttle=Throttle(per=5, accumulate="ids")))
+    async def index(ctx: ActionCtx, ids: list[int]) -> None:
+        seen.append(ids)
+
+    ids: list[durafn.ScheduledFunctionId] = []
+
+    async def call(n: int) -> None:
+        ids.append(await app.scheduler().run_after(0, index, [n]))
+
+    async with anyio.create_task_group() as tg:
+        for n in range(20):
+            tg.start_soon(call, n)
+    assert len(set(ids)) == 1
+    await app.executor().run_until_idle()
+    assert len(seen) == 1 and sorted(seen[0]) == list(range(20))
+
+
+async def test_functions_sharing_a_flow_key_coalesce_apart(
+    app: durafn.App, clock: FakeClock
+) -> None:
+    @app.mutation(flow=Flow(key=by_user, throttle=Throttle(per=60)))
+    async def refresh(ctx: MutationCtx, user: int) -> None:
+        ctx.db.add(Effect(key=f"refresh {user}"))
+
+    @app.mutation(flow=Flow(key=by_user, debounce=Debounce(quiet=5, edge="leading")))
+    async def alert(ctx: MutationCtx, user: int, note: str) -> None:
+        ctx.db.add(Effect(key=f"alert {note}"))
+
+    @app.mutation(flow=Flow(key=by_user, debounce=Debounce(quiet=5)))
+    async def reindex(ctx: MutationCtx, user: int) -> None:
+        ctx.db.add(Effect(key=f"reindex {user}"))
+
+    sched = app.scheduler()
+    assert len({await sched.run_after(0, f, 1) for f in (refresh, reindex)}) == 2
+    assert await sched.run_after(0, alert, 1, "a") != await sched.run_after(0, refresh, 1)
+    clock.advance(5)
+    await app.executor().run_until_idle()
+    assert sorted(await effects(app)) == ["alert a", "refresh 1", "reindex 1"]
+
+
+async def test_a_running_mutation_never_joins_its_own_row(
+    app: durafn.App, clock: FakeClock
+) -> None:
+    """A throttled (or debounced) mutation that calls its own key while it runs makes the
+    key's next run: its own row, claimed by the batch, is Pending still in the batch's
+    transaction, but started. Inside a mutation, a call that joins a row returns its id."""
+    joined: list[bool] = []
+
+    @app.mutation(flow=Flow(key="feed", throttle=Throttle(per=10)))
+    async def rebuild(ctx: MutationCtx, note: str) -> None:
+        ctx.db.add(Effect(key=note))
+        if note == "first":
+            again = await ctx.scheduler.run_after(0, rebuild, "from inside")
+            joined.append(again == await ctx.scheduler.run_after(0, rebuild, "last"))
+
+    @app.mutation(flow=Flow(key="quiet", debounce=Debounce(quiet=3)))
+    async def settle(ctx: MutationCtx, note: str) -> None:
+        ctx.db.add(Effect(key=note))
+        if note == "first settle":
+            await ctx.scheduler.run_after(0, settle, "second settle")
+
+    await app.scheduler().run_after(0, rebuild, "first")
+    await app.scheduler().run_after(0, settle, "first settle")
+    executor = app.executor()
+    await finish_all(executor, clock)
+    assert joined == [True]
+    assert sorted(await effects(app)) == ["first", "first settle", "last", "second settle"]
+
+
+async def test_a_cancelled_leading_run_absorbs_no_call(app: durafn.App, clock: FakeClock) -> None:
+    @app.mutation(flow=Flow(key="save", debounce=Debounce(quiet=5, edge="leading")))
+    async def autosave(ctx: MutationCtx, note: str) -> None:
+        ctx.db.add(Effect(key=note))
+
+    sched = app.scheduler()
+    first = await sched.run_after(0, autosave, "a")
+    await app.cancel(first)
+    clock.advance(1)
+    second = await sched.run_after(0, autosave, "b")  # within quiet: yet nothing ran
+    assert second != first
+    await app.executor().run_until_idle()
+    assert await effects(app) == ["b"]

@@ -119,6 +119,7 @@ class MutationBatch:
         self._mode = mode
         self._pace = pace
         self.claimed: list[Claimed] = []
+        self._running: frozenset[ScheduledFunctionId] = frozenset()
         self.begun: list[Claimed] = []
         """Rows whose function this batch started: if the batch rolls back, each of these
         runs still counts as an attempt (``MutationLanes`` records it)."""
@@ -157,6 +158,7 @@ class MutationBatch:
                 return
             handle = await driver.statement_handle(conn)
             self.claimed.extend(rows)
+            self._running = frozenset(r.id for r in self.claimed)
             # Optimistic: one session for the batch. With savepoints each mutation gets its
             # own session joined to its own savepoint. "rollback_only": a user's
             # ctx.db.commit() commits nothing of ours; a ctx.db.rollback() is detected.
@@ -239,7 +241,11 @@ class MutationBatch:
         savepoint = await conn.begin_nested() if batch_session is None else None
         session = batch_session or mutation_session(conn)
         writer = BufferedWriter(
-            rt, conn, check_parent=None, before_cancel=functools.partial(self._before_cancel, conn)
+            rt,
+            conn,
+            check_parent=None,
+            before_cancel=functools.partial(self._before_cancel, conn),
+            running=self._running,
         )
         scheduler = Scheduler(rt, writer, parent_id=row.id, own_run_id=row.id)
         ctx = MutationCtx(rt, session, scheduler, SystemTable(rt, conn, writer.flush), row.id)

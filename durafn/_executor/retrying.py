@@ -62,7 +62,9 @@ def keep_trace(rt: Runtime, outcome: Outcome) -> Outcome:
     of 20,000 no-op mutations failing once (PostgreSQL), 423 collections against 363,
     and 2.2 us of CPU more per row drained."""
     exc, state = outcome.error, outcome.retry_state
-    if exc is None or exc.__traceback__ is None or state is None:
+    # Not a BaseException that is not an Exception (a cancellation, KeyboardInterrupt):
+    # those are raised on after they are recorded, and keep their frames.
+    if not isinstance(exc, Exception) or exc.__traceback__ is None or state is None:
         return outcome
     rule = rule_for(rt, state)
     if rule is None or rule.gives_up(state.failures + 1, exc, state.max_attempts):

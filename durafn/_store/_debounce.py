@@ -1,7 +1,7 @@
 """Writing debounced and throttled calls (``Flow(debounce=...)``, ``Flow(throttle=...)``).
 
 **Trailing edge** (``Debounce``'s default), on the job key. A debounced call's row holds
-the job key ``debounce:<flow key>``, so at most one row of a key waits
+the job key ``debounce:["<function>","<flow key>"]``, so at most one row of a key waits
 (``ix_scheduled_functions_key``). Per call, in the caller's transaction:
 
 1. The key's Pending row, locked (``FOR UPDATE``). If there is one, it takes the call:
@@ -16,33 +16,37 @@ the job key ``debounce:<flow key>``, so at most one row of a key waits
 Two statements for a call that joins a waiting row, three or four for the first: debounce
 is for calls that would otherwise run too often, not the hot path.
 
-**Leading edge and throttle**, on the key's window (``_durafn_flow_windows``): made if
-missing and locked (``FOR UPDATE``), so the calls of one key take turns; then
+**Leading edge and throttle**, on the window of the function and key
+(``_durafn_flow_windows``): made if missing and locked (``FOR UPDATE``), so the calls of
+one key take turns; then, unless the window's run was cancelled (then it starts anew):
 
 * leading edge: a call before the burst's end (``quiet_until``) and, with ``max_wait``,
   before ``last_run + max_wait`` is absorbed: the burst's end moves to the call plus
   ``quiet``, and the call returns the run's id. Otherwise its row is inserted, due at once,
   and the window starts anew.
-* throttle: a call joins the window's row while it is still Pending (its arguments, or
-  its list extended). Otherwise its row is inserted, due at once if ``per`` seconds have
-  passed since the last run's due time, else when they will have.
+* throttle: a call joins the window's row while it is still Pending and not running in
+  the calling batch (its arguments, or its list extended). Otherwise its row is
+  inserted, due at once if ``per`` seconds have passed since the last run's due time,
+  else when they will have.
 
-Three or four statements a call. The window of a key is kept after its runs end (a row
-of four columns per key ever throttled).
+Both edges and throttle coalesce the calls of one function: two functions sharing a flow
+key keep apart (their arguments differ). Three or four statements a call. A window is
+kept after its runs end (a row of four columns per function and key ever throttled).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import and_, false, not_, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.sql.elements import ColumnElement
 
 from .._errors import DatabaseError
 from .._flow import Debounce, FlowError, Throttle
-from .._types import ScheduledFunctionId
+from .._types import ScheduledFunctionId, State
 from ._rows import NEW_ROW_COLUMNS
 from ._statements import PENDING
 from ._tables import KEY_HOLDER, flow_windows, sf
@@ -51,7 +55,14 @@ from ._tables import KEY_HOLDER, flow_windows, sf
 _WAITING = select(sf.c.id, sf.c.args, sf.c.flow_until).where(sf.c.state == PENDING)
 
 
-def _merged(name: str, param: str | None, old: str, new: str, first: bool = False) -> str:
+def _merged(
+    name: str,
+    param: str | None,
+    old: str,
+    new: str,
+    first: bool = False,
+    rule: Debounce | Throttle | None = None,
+) -> str:
     """The waiting row's arguments after a call: the call's, with ``param``'s list
     extended by it (``accumulate``) if there is one (``first``: only check the call's)."""
     if param is None:
@@ -61,7 +72,8 @@ def _merged(name: str, param: str | None, old: str, new: str, first: bool = Fals
         before = {param: []}
     if not isinstance(before.get(param), list) or not isinstance(after.get(param), list):
         raise FlowError(
-            f"Debounce(accumulate={param!r}) of {name!r}: the parameter {param!r} must be a "
+            f"{type(rule or Debounce).__name__}(accumulate={param!r}) of {name!r}: the "
+            f"parameter {param!r} must be a "
             "list (its values are appended call after call)"
         )
     after[param] = before[param] + after[param]
@@ -69,27 +81,38 @@ def _merged(name: str, param: str | None, old: str, new: str, first: bool = Fals
 
 
 async def write_debounced(
-    conn: AsyncConnection, insert: Callable[..., Any], rows: Sequence[dict[str, Any]]
+    conn: AsyncConnection,
+    insert: Callable[..., Any],
+    rows: Sequence[dict[str, Any]],
+    running: Collection[ScheduledFunctionId] = (),
 ) -> list[ScheduledFunctionId]:
-    """Write debounced calls (each row with its ``debounce`` and its ``job_key``); returns,
-    per row, the id of the row that will run for it."""
+    """Write debounced and throttled calls (each row with its ``debounce``, and a trailing
+    edge's ``job_key``); returns, per row, the id of the row that will run for it.
+    ``running``: the rows of the mutation batch making these calls (Pending still, in its
+    transaction, but started: a call never joins one of them)."""
     written = []
+    started = sf.c.id.in_([str(i) for i in running]) if running else false()
     for row in rows:
         rule: Debounce | Throttle = row["debounce"]
         if isinstance(rule, Debounce) and rule.edge == "trailing":
-            written.append(await _write_trailing(conn, insert, row, rule))
+            written.append(await _write_trailing(conn, insert, row, rule, started))
         else:
-            written.append(await _write_windowed(conn, insert, row, rule))
+            written.append(await _write_windowed(conn, insert, row, rule, started))
     return written
 
 
 async def _write_trailing(
-    conn: AsyncConnection, insert: Callable[..., Any], row: dict[str, Any], debounce: Debounce
+    conn: AsyncConnection,
+    insert: Callable[..., Any],
+    row: dict[str, Any],
+    debounce: Debounce,
+    started: ColumnElement[bool],
 ) -> ScheduledFunctionId:
     key = row["job_key"]
     due = row["available_at"] + debounce.quiet
     for _ in range(3):  # a third only after a racing caller's row went meanwhile
-        found = await conn.execute(_WAITING.where(sf.c.job_key == key).with_for_update())
+        waiting_now = _WAITING.where(sf.c.job_key == key, not_(started))
+        found = await conn.execute(waiting_now.with_for_update())
         waiting = found.first()
         if waiting is not None:
             at = due if waiting.flow_until is None else min(due, waiting.flow_until)
@@ -102,8 +125,11 @@ async def _write_trailing(
             if result.rowcount:
                 return ScheduledFunctionId(str(waiting.id))
             continue
-        # Holders that are no longer Pending give the key up to the new row.
-        given_up = update(sf).where(sf.c.job_key == key, KEY_HOLDER, sf.c.state != PENDING)
+        # Holders that are no longer Pending (or are running in this batch) give the key up
+        # to the new row.
+        given_up = update(sf).where(
+            sf.c.job_key == key, KEY_HOLDER, or_(sf.c.state != PENDING, started)
+        )
         await conn.execute(given_up.values(job_key=None))
         _merged(row["name"], debounce.accumulate, "{}", row["args"], first=True)
         values = {c: row[c] for c in NEW_ROW_COLUMNS}
@@ -128,31 +154,42 @@ async def _write_windowed(
     insert: Callable[..., Any],
     row: dict[str, Any],
     rule: Debounce | Throttle,
+    started: ColumnElement[bool],
 ) -> ScheduledFunctionId:
-    key, now = row["flow_key"], row["available_at"]
-    made = insert(flow_windows).values(key=key)
-    await conn.execute(made.on_conflict_do_nothing(index_elements=[flow_windows.c.key]))
-    window = (
-        await conn.execute(select(flow_windows).where(flow_windows.c.key == key).with_for_update())
-    ).one()
-    set_window = update(flow_windows).where(flow_windows.c.key == key)
+    name, key, now = row["name"], row["flow_key"], row["available_at"]
+    this = and_(flow_windows.c.name == name, flow_windows.c.key == key)
+    made = insert(flow_windows).values(name=name, key=key)
+    await conn.execute(made.on_conflict_do_nothing(index_elements=[*flow_windows.primary_key]))
+    window = (await conn.execute(select(flow_windows).where(this).with_for_update())).one()
+    set_window = update(flow_windows).where(this)
+    # The window's run, unless it was cancelled: a cancelled run absorbs no call, and
+    # holds no later one back (nothing of it ran).
+    last = None
+    if window.row_id is not None:
+        found = await conn.execute(select(sf.c.id, sf.c.state).where(sf.c.id == window.row_id))
+        last = found.first()
+    if last is not None and last.state == State.CANCELED.value:
+        last = None
     if isinstance(rule, Debounce):  # the leading edge
-        in_burst = window.quiet_until is not None and now < window.quiet_until
+        quiet = window.quiet_until
+        in_burst = last is not None and quiet is not None and now < quiet
         if in_burst and (rule.max_wait is None or now < window.last_run + rule.max_wait):
             await conn.execute(set_window.values(quiet_until=now + rule.quiet))
             return ScheduledFunctionId(str(window.row_id))
         due, quiet_until = now, now + rule.quiet
     else:
-        if window.row_id is not None:
-            found = await conn.execute(_WAITING.where(sf.c.id == window.row_id).with_for_update())
-            if (waiting := found.first()) is not None:  # not started: the call joins it
-                args = _merged(row["name"], rule.accumulate, waiting.args, row["args"])
+        if last is not None and last.state == State.PENDING.value:
+            waiting = await conn.execute(
+                _WAITING.where(sf.c.id == last.id, not_(started)).with_for_update()
+            )
+            if (held := waiting.first()) is not None:  # not started: the call joins it
+                args = _merged(name, rule.accumulate, held.args, row["args"], rule=rule)
                 await conn.execute(
-                    update(sf).where(sf.c.id == waiting.id, sf.c.state == PENDING).values(args=args)
+                    update(sf).where(sf.c.id == held.id, sf.c.state == PENDING).values(args=args)
                 )
-                return ScheduledFunctionId(str(waiting.id))
-        _merged(row["name"], rule.accumulate, "{}", row["args"], first=True)
-        due = now if window.last_run is None else max(now, window.last_run + rule.per)
+                return ScheduledFunctionId(str(held.id))
+        _merged(name, rule.accumulate, "{}", row["args"], first=True, rule=rule)
+        due = now if last is None else max(now, window.last_run + rule.per)
         quiet_until = None
     values = {c: row[c] for c in NEW_ROW_COLUMNS}
     # A throttled row due later says so (``flow_until``: explain's "throttled").

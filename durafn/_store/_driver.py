@@ -104,10 +104,14 @@ class Driver(
         return await insert_keyed(conn, self.dialect_insert, rows)
 
     async def write_debounced(
-        self, conn: AsyncConnection, rows: Sequence[dict[str, Any]]
+        self,
+        conn: AsyncConnection,
+        rows: Sequence[dict[str, Any]],
+        running: Collection[ScheduledFunctionId] = (),
     ) -> builtins.list[ScheduledFunctionId]:
-        """Write debounced calls (``_debounce``); returns the id that runs for each."""
-        return await write_debounced(conn, self.dialect_insert, rows)
+        """Write debounced and throttled calls (``_debounce``); returns the id that runs for
+        each. ``running``: rows this transaction has claimed and is running."""
+        return await write_debounced(conn, self.dialect_insert, rows, running)
 
     async def pending_batch(
         self, conn: AsyncConnection, where: RowFilter, after: str | None, limit: int

@@ -240,11 +240,12 @@ def new_row(
 ) -> dict[str, Any]:
     """A Pending row to write (its keys ``NEW_ROW_COLUMNS``, the key mode, and its
     debounce or throttle: a row debounced on the trailing edge holds the job key
-    ``debounce:<flow key>``)."""
+    ``debounce:["<function>","<flow key>"]``: the calls of one function coalesce, never
+    those of two functions that share a flow key, whose arguments differ)."""
     debounce = options.flow.coalesce if options.flow is not None and flow_key else None
     job_key = options.key
     if isinstance(debounce, Debounce) and debounce.edge == "trailing":
-        job_key = f"debounce:{flow_key}"
+        job_key = "debounce:" + json.dumps([name, flow_key], separators=(",", ":"))
     return {
         "id": id,
         "name": name,

@@ -287,13 +287,15 @@ flow_keys = Table(
     Column("key", Text, primary_key=True),
     Column("tat", Double, nullable=False, server_default="0"),
 )
-# Leading-edge debounce and throttle windows (version 9): one row per flow key, locked by
-# the calls that write through it (``_store/_debounce.py``), never by claims. ``last_run``:
+# Leading-edge debounce and throttle windows (version 9): one row per function and flow
+# key (two functions sharing a key never coalesce: their arguments differ), locked by the
+# calls that write through it (``_store/_debounce.py``), never by claims. ``last_run``:
 # when the key's latest run is due; ``quiet_until``: a leading-edge burst's end (its last
 # call plus ``quiet``); ``row_id``: that run's row.
 flow_windows = Table(
     "_durafn_flow_windows",
     metadata,
+    Column("name", Text, primary_key=True),
     Column("key", Text, primary_key=True),
     Column("last_run", Double),
     Column("quiet_until", Double),

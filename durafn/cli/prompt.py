@@ -7,6 +7,7 @@ import os
 import select
 import signal
 import sys
+import threading
 from collections.abc import Iterator
 
 import click
@@ -48,6 +49,13 @@ def _answer() -> str | None:
     try:
         fd = sys.stdin.fileno()
     except (OSError, ValueError):  # a stream without a descriptor (click's test runner)
+        fd = None
+    # select() on a terminal and set_wakeup_fd() need POSIX and the main thread.
+    if (
+        fd is None
+        or os.name != "posix"
+        or threading.current_thread() is not threading.main_thread()
+    ):
         return sys.stdin.readline() or None
     with _wakeup_pipe() as wakeup:
         return _read_line(fd, wakeup)
@@ -76,7 +84,8 @@ def _read_line(fd: int, wakeup: int) -> str | None:
         if wakeup in ready:
             os.read(wakeup, 64)
             continue  # the handler runs now, between bytecodes: KeyboardInterrupt
-        chunk = os.read(fd, 1024)
+        # A byte at a time: the next line (typed ahead, or piped) is the next question's.
+        chunk = os.read(fd, 1)
         if not chunk:
             return data.decode(errors="replace") if data else None
         data += chunk
