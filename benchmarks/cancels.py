@@ -90,13 +90,7 @@ async def measure(url_for: Any, samples: int, engine: str) -> dict[str, Any]:
 
 
 async def main(engines: list[str], samples: int) -> None:
-    with tempfile.TemporaryDirectory() as tmp:
-        for engine in engines:
-
-            async def url_for(name: str, engine: str = engine) -> str:
-                return await throughput.fresh_url(engine, tmp, name)
-
-            await measure(url_for, samples, engine)
+    await throughput.per_engine(engines, lambda url_for, engine: measure(url_for, samples, engine))
 
 
 def cli() -> None:

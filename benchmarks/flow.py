@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import tempfile
 import time
 from typing import Any
 
@@ -148,13 +147,9 @@ async def measure(url_for: Any, engine: str, n: int, repeats: int) -> dict[str, 
 
 
 async def main(engines: list[str], n: int, repeats: int) -> None:
-    with tempfile.TemporaryDirectory() as tmp:
-        for engine in engines:
-
-            async def url_for(name: str, engine: str = engine) -> str:
-                return await throughput.fresh_url(engine, tmp, name)
-
-            await measure(url_for, engine, n, repeats)
+    await throughput.per_engine(
+        engines, lambda url_for, engine: measure(url_for, engine, n, repeats)
+    )
 
 
 def cli() -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import tempfile
 import time
 from typing import Any
 
@@ -96,13 +95,9 @@ async def measure(url_for: Any, n: int, repeats: int, engine: str) -> dict[str, 
 
 
 async def main(engines: list[str], n: int, repeats: int) -> None:
-    with tempfile.TemporaryDirectory() as tmp:
-        for engine in engines:
-
-            async def url_for(name: str, engine: str = engine) -> str:
-                return await throughput.fresh_url(engine, tmp, name)
-
-            await measure(url_for, n, repeats, engine)
+    await throughput.per_engine(
+        engines, lambda url_for, engine: measure(url_for, n, repeats, engine)
+    )
 
 
 def cli() -> None:

@@ -27,6 +27,24 @@ PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 PG_DB = "durafn_bench"
 
 
+UrlFor = Callable[[str], Awaitable[str]]
+"""A fresh database's URL, by name (``fresh_url`` of one engine and one directory)."""
+
+
+async def per_engine(
+    engines: list[str], measure_one: Callable[[UrlFor, str], Awaitable[Any]]
+) -> None:
+    """``measure_one(url_for, engine)`` for each engine, its databases made fresh by name
+    (SQLite files in a temporary directory, removed at the end)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        for engine in engines:
+
+            async def url_for(name: str, engine: str = engine) -> str:
+                return await fresh_url(engine, tmp, name)
+
+            await measure_one(url_for, engine)
+
+
 async def fresh_url(engine: str, directory: str | Path, name: str) -> str:
     """An empty database of ``engine``: a new SQLite file ``name`` in ``directory``, or the
     benchmark's PostgreSQL database dropped and created again."""
