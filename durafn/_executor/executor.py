@@ -110,7 +110,6 @@ class Executor:
         async with AsyncExitStack() as stack:
             stack.callback(self._rt._wake_listeners.discard, woken.update)
             for _ in range(max_rounds):
-                woken.clear()
                 written = 0
                 # The crons' due ticks, written as rows first (and run by this round); in a
                 # later round only if the next run the last one read has come.

@@ -53,6 +53,8 @@ from ._tables import KEY_HOLDER, flow_windows, sf
 
 # ix_scheduled_functions_key: the key's one waiting row, locked.
 _WAITING = select(sf.c.id, sf.c.args, sf.c.flow_until).where(sf.c.state == PENDING)
+# A window's run, by id: whether it may absorb or take a call.
+_RUN = select(sf.c.id, sf.c.state)
 
 
 def _merged(
@@ -91,13 +93,14 @@ async def write_debounced(
     ``running``: the rows of the mutation batch making these calls (Pending still, in its
     transaction, but started: a call never joins one of them)."""
     written = []
-    started = sf.c.id.in_([str(i) for i in running]) if running else false()
+    ids = {str(i) for i in running}
+    started = sf.c.id.in_(sorted(ids)) if ids else false()
     for row in rows:
         rule: Debounce | Throttle = row["debounce"]
         if isinstance(rule, Debounce) and rule.edge == "trailing":
             written.append(await _write_trailing(conn, insert, row, rule, started))
         else:
-            written.append(await _write_windowed(conn, insert, row, rule, started))
+            written.append(await _write_windowed(conn, insert, row, rule, ids))
     return written
 
 
@@ -154,7 +157,7 @@ async def _write_windowed(
     insert: Callable[..., Any],
     row: dict[str, Any],
     rule: Debounce | Throttle,
-    started: ColumnElement[bool],
+    running: Collection[str],
 ) -> ScheduledFunctionId:
     name, key, now = row["name"], row["flow_key"], row["available_at"]
     this = and_(flow_windows.c.name == name, flow_windows.c.key == key)
@@ -166,8 +169,7 @@ async def _write_windowed(
     # holds no later one back (nothing of it ran).
     last = None
     if window.row_id is not None:
-        found = await conn.execute(select(sf.c.id, sf.c.state).where(sf.c.id == window.row_id))
-        last = found.first()
+        last = (await conn.execute(_RUN.where(sf.c.id == window.row_id))).first()
     if last is not None and last.state == State.CANCELED.value:
         last = None
     if isinstance(rule, Debounce):  # the leading edge
@@ -178,16 +180,16 @@ async def _write_windowed(
             return ScheduledFunctionId(str(window.row_id))
         due, quiet_until = now, now + rule.quiet
     else:
-        if last is not None and last.state == State.PENDING.value:
-            waiting = await conn.execute(
-                _WAITING.where(sf.c.id == last.id, not_(started)).with_for_update()
-            )
-            if (held := waiting.first()) is not None:  # not started: the call joins it
-                args = _merged(name, rule.accumulate, held.args, row["args"], rule=rule)
+        if last is not None and last.state == State.PENDING.value and str(last.id) not in running:
+            # SKIP LOCKED: a row a claim holds is starting; waiting for that claim while
+            # holding the window could deadlock with its mutation calling this key.
+            held = _WAITING.where(sf.c.id == last.id).with_for_update(skip_locked=True)
+            if (waiting := (await conn.execute(held)).first()) is not None:  # joins it
+                args = _merged(name, rule.accumulate, waiting.args, row["args"], rule=rule)
                 await conn.execute(
-                    update(sf).where(sf.c.id == held.id, sf.c.state == PENDING).values(args=args)
+                    update(sf).where(sf.c.id == waiting.id, sf.c.state == PENDING).values(args=args)
                 )
-                return ScheduledFunctionId(str(held.id))
+                return ScheduledFunctionId(str(waiting.id))
         _merged(name, rule.accumulate, "{}", row["args"], first=True, rule=rule)
         due = now if last is None else max(now, window.last_run + rule.per)
         quiet_until = None
