@@ -180,8 +180,8 @@ class Rule:
     def gives_up(self, failures: int, error: BaseException, max_attempts: int | None) -> bool:
         """Whether ``failures`` failed attempts, the last with ``error``, end the retries."""
         limit = self.max_attempts if max_attempts is None else max_attempts
-        names = {type_name(c) for c in type(error).__mro__}
-        if failures >= limit or type_name(NonRetryableError) in names:
+        names = _names(type(error))
+        if failures >= limit or _NON_RETRYABLE in names:
             return True
         return bool(names & self.give_up_on or not names & self.retry_on)
 
@@ -203,6 +203,22 @@ def type_name(cls: type) -> str:
     if module.startswith("durafn._"):
         return f"durafn.{cls.__qualname__}"  # every durafn error is exported
     return f"{module}.{cls.__qualname__}"
+
+
+def _names(cls: type[BaseException]) -> frozenset[str]:
+    """The names of ``cls`` and of its bases, as ``type_name`` gives them: what a rule's
+    ``retry_on``/``give_up_on`` match a failure by, made once per exception type (made per
+    failure, they cost more than the rest of the retry's decision)."""
+    names = _NAMES.get(cls)
+    if names is None:
+        if len(_NAMES) >= 1024:  # classes made on the fly: do not keep them all
+            _NAMES.clear()
+        names = _NAMES[cls] = frozenset(type_name(c) for c in cls.__mro__)
+    return names
+
+
+_NAMES: dict[type[BaseException], frozenset[str]] = {}
+_NON_RETRYABLE = type_name(NonRetryableError)
 
 
 def check_retry(name: str, value: object, *, error: Error = SchedulingError) -> Retry:

@@ -9,15 +9,19 @@ first. Times are plain numbers passed in: the driver never reads a clock.
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import event, select
+from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from durafn import ArgumentError, FunctionKind, ScheduledFunctionId, SchemaError, State
+from durafn._clock import to_datetime
 from durafn._store import (
     SCHEMA_VERSION,
     Claimed,
@@ -27,6 +31,8 @@ from durafn._store import (
     driver_for_url,
     new_id,
 )
+from durafn._store._failures import failures_of
+from durafn._store._sqlite_batches import in_thread
 from durafn._store._tables import sf
 
 pytestmark = pytest.mark.anyio
@@ -231,6 +237,90 @@ async def test_finish_in_progress_never_overwrites_a_cancel(store: Store) -> Non
         )
         == 0
     )
+
+
+async def test_a_batch_with_retries_writes_each_retry_with_its_failure_only_if_it_moved(
+    store: Store,
+) -> None:
+    """The finish of plain successes and retried runs (each driver's fast form: one
+    statement on PostgreSQL, one call on SQLite's thread): a row cancelled meanwhile is
+    neither retried nor given a failure; the count and ``unwritten`` say what moved."""
+    ids = await store.insert(*(new_row(ACTION) for _ in range(4)))
+    plain, gone, retried, cancelled = ids
+    driver = store.driver
+    await store.claim_actions("w", T0, 10)
+    for row in (gone, cancelled):
+        assert await store.run(lambda conn, r=row: driver.cancel(conn, r, T0)) is State.IN_PROGRESS
+
+    def retry(id: ScheduledFunctionId) -> Outcome:
+        return Outcome(
+            id, State.PENDING, error_type="E", error_message="m", retry_at=T0 + 5, error=None
+        )
+
+    outcomes = [
+        Outcome(plain, State.SUCCESS),
+        Outcome(gone, State.SUCCESS),
+        retry(retried),
+        retry(cancelled),
+    ]
+    statements: list[str] = []
+
+    def count(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        statements.append(statement)
+
+    event.listen(store.engine.sync_engine, "before_cursor_execute", count)
+    try:
+        written = await store.run(lambda conn: driver.finish_in_progress(conn, T0 + 1, outcomes))
+    finally:
+        event.remove(store.engine.sync_engine, "before_cursor_execute", count)
+    assert written == 2
+    assert [o.unwritten for o in outcomes[2:]] == [False, True]
+    assert await store.states(ids) == [
+        State.SUCCESS,
+        State.CANCELED,
+        State.PENDING,
+        State.CANCELED,
+    ]
+    row = await store.row(retried)
+    assert (row["available_at"], row["failures"], row["worker_id"]) == (T0 + 5, 1, None)
+    history = {i: await store.run(lambda conn, i=i: failures_of(conn, i)) for i in ids}
+    assert [(f.attempt, f.error.type, f.worker_id) for f in history[retried]] == [(1, "E", None)]
+    assert history[retried][0].retry_at == to_datetime(T0 + 5)
+    assert not history[cancelled] and not history[plain]
+    # The finisher runs such a batch without a transaction of its own only where it is
+    # one statement (BEGIN IMMEDIATE aside).
+    written_by = [s for s in statements if not s.startswith("BEGIN")]
+    if driver.finishes_in_one_statement(outcomes, {retried, cancelled}):
+        assert len(written_by) == 1, written_by
+
+
+async def test_sqlite_errors_in_a_call_on_the_thread_are_classified_as_sqlalchemys(
+    tmp_path: Path,
+) -> None:
+    """A statement run on aiosqlite's thread (``_sqlite_batches.in_thread``, SQLite's
+    alone) fails as one run through SQLAlchemy: a lock held too long is a transient fault,
+    retried."""
+    url = f"sqlite+aiosqlite:///{tmp_path / 'locked.sqlite3'}"
+    driver = driver_for_url(url)
+    engine = driver.create_engine()
+    blocker = sqlite3.connect(tmp_path / "locked.sqlite3", isolation_level=None)
+    try:
+        await Store(driver, engine).run(lambda conn: driver.migrate(conn, T0))
+        blocker.execute("BEGIN IMMEDIATE")
+        async with engine.connect() as conn:
+
+            def write(db: sqlite3.Connection) -> None:
+                db.execute("PRAGMA busy_timeout = 10")
+                db.execute("DELETE FROM _scheduled_functions")
+
+            with pytest.raises(sa_exc.OperationalError) as raised:
+                await in_thread(conn, write)
+            assert "locked" in str(raised.value) and driver.is_transient(raised.value)
+            with pytest.raises(sa_exc.OperationalError, match="no such table"):
+                await in_thread(conn, lambda db: db.execute("SELECT * FROM nowhere"))
+    finally:
+        blocker.close()
+        await engine.dispose()
 
 
 async def test_many_plain_successes_finish_in_one_call(store: Store) -> None:

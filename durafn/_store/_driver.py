@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import builtins
 from collections.abc import Collection, Sequence
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 from sqlalchemy import CursorResult, and_, delete, func, select, update
@@ -180,6 +181,15 @@ class Driver(
         transaction; returns the count. Each failed run goes into its row's history (under
         ``worker_id``), and executors are notified of rows retried."""
         return await self._finish(conn, now, outcomes, State.PENDING, worker_id)
+
+    def finishes_in_one_statement(
+        self, outcomes: Sequence[Outcome], retrying: AbstractSet[ScheduledFunctionId]
+    ) -> bool:
+        """Whether ``finish_in_progress`` writes these outcomes (``retrying``: the failed
+        runs their policies will retry) in statements that each stand alone, so that the
+        caller may run it without a transaction of its own: successes only, here (a
+        failure and its history, a finish and its completion callback commit together)."""
+        return all(o.state is State.SUCCESS and o.on_complete is None for o in outcomes)
 
     async def _finish(
         self,

@@ -6,7 +6,8 @@ and without a row count. A part of ``PostgresDriver``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 from sqlalchemy import CursorResult, text
@@ -172,6 +173,14 @@ def _failures(outcomes: Sequence[Outcome]) -> dict[str, list[Any]]:
     }
 
 
+def _settled_at_once(outcomes: Sequence[Outcome], retried: Callable[[Outcome], bool]) -> bool:
+    """Whether ``_SETTLE_SQL`` writes these: ``retried`` runs and plain successes only."""
+    return all(
+        o.on_complete is None and (retried(o) or (o.state is State.SUCCESS and o.result is None))
+        for o in outcomes
+    )
+
+
 class PostgresBatches(Driver):
     """The batch statements of ``PostgresDriver``."""
 
@@ -182,6 +191,14 @@ class PostgresBatches(Driver):
         assert isinstance(result, CursorResult)
         return result.rowcount
 
+    def finishes_in_one_statement(
+        self, outcomes: Sequence[Outcome], retrying: AbstractSet[ScheduledFunctionId]
+    ) -> bool:
+        # _SETTLE_SQL: retries, their history and the plain successes in one statement.
+        return _settled_at_once(outcomes, lambda o: o.id in retrying) or (
+            super().finishes_in_one_statement(outcomes, retrying)
+        )
+
     async def _finish(
         self,
         conn: AsyncConnection,
@@ -190,11 +207,7 @@ class PostgresBatches(Driver):
         expected: State,
         worker_id: str | None,
     ) -> int:
-        if not all(
-            o.on_complete is None
-            and (o.retry_at is not None or (o.state is State.SUCCESS and o.result is None))
-            for o in outcomes
-        ):
+        if not _settled_at_once(outcomes, lambda o: o.retry_at is not None):
             return await super()._finish(conn, now, outcomes, expected, worker_id)
         retried = [o for o in outcomes if o.retry_at is not None]
         if not retried:

@@ -13,7 +13,7 @@ import logging
 import operator
 import sqlite3
 import threading
-from collections.abc import AsyncIterator, Callable, Collection, Sequence
+from collections.abc import AsyncIterator, Collection, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, ClassVar, TypeGuard
@@ -27,9 +27,10 @@ from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from .._errors import DatabaseError, ReadOnlyError, SchemaError
-from .._types import FunctionKind, State
+from .._types import FunctionKind
 from ._driver import Driver
-from ._rows import NEW_ROW_COLUMNS, Outcome
+from ._rows import NEW_ROW_COLUMNS
+from ._sqlite_batches import SQLiteBatches
 
 logger = logging.getLogger("durafn.store")
 
@@ -40,39 +41,6 @@ _INSERT_SQL = (
     f"INSERT INTO _scheduled_functions ({', '.join(NEW_ROW_COLUMNS)}) "
     f"VALUES ({', '.join('?' * len(NEW_ROW_COLUMNS))})"
 )
-# RETRY_ONE and RECORD_FAILURE (_statements.py) for many rows in one statement each: a
-# row's values are (id, retry_at, error type, message, traceback) and (id, error type,
-# message, traceback, retry_at). By primary key.
-_RETRY_SQL = """
-    UPDATE _scheduled_functions AS sf
-       SET state = 'Pending', available_at = v.column2, completed_time = NULL,
-           started_time = NULL, worker_id = NULL, error_type = v.column3,
-           error_message = v.column4, error_traceback = v.column5,
-           attempts = attempts + ?, failures = failures + ?
-      FROM (VALUES {values}) AS v
-     WHERE sf.id = v.column1 AND sf.state = ?
-    RETURNING id
-"""
-_RECORD_SQL = """
-    INSERT INTO _durafn_failed_attempts
-        (function_id, attempt, failed_at, worker_id, error_type, error_message,
-         error_traceback, retry_at)
-    SELECT sf.id, sf.failures, ?, ?, v.column2, v.column3, v.column4, v.column5
-      FROM (VALUES {values}) AS v JOIN _scheduled_functions AS sf ON sf.id = v.column1
-"""
-_RETRIED = operator.attrgetter("id", "retry_at", "error_type", "error_message", "error_traceback")
-_RECORDED = operator.attrgetter("id", "error_type", "error_message", "error_traceback", "retry_at")
-
-
-def _values(
-    template: str, outcomes: Sequence[Outcome], fields: Callable[[Outcome], tuple[Any, ...]]
-) -> tuple[str, list[Any]]:
-    """``template`` with a VALUES row of placeholders per outcome, and their values."""
-    values = [value for o in outcomes for value in fields(o)]
-    rows = ", ".join(["(?, ?, ?, ?, ?)"] * len(outcomes))
-    return template.format(values=rows), values
-
-
 # A new row's values in _INSERT_SQL's order, in C (a generator per row cost ~2 us).
 _new_row_values = operator.itemgetter(*NEW_ROW_COLUMNS)
 
@@ -109,7 +77,7 @@ def _thread_of(connection: Any) -> threading.Thread | None:
     return thread if isinstance(thread, threading.Thread) else None
 
 
-class SQLiteDriver(Driver):
+class SQLiteDriver(SQLiteBatches, Driver):
     dialect_insert = staticmethod(sqlite_insert)
     name: ClassVar[str] = "SQLite"
     max_mutation_lanes: ClassVar[int] = 1
@@ -259,39 +227,6 @@ class SQLiteDriver(Driver):
         # parameters: a 1000-row schedule's CPU per row went from 16.8 to 14.1 us. Other
         # processes learn of the rows by their poll (SQLite has no NOTIFY).
         await conn.exec_driver_sql(_INSERT_SQL, list(map(_new_row_values, rows)))
-
-    async def retry_rows(
-        self,
-        conn: AsyncConnection,
-        outcomes: Sequence[Outcome],
-        expected: State,
-        counted: int = 0,
-        failed: int = 0,
-    ) -> set[str]:
-        # One UPDATE ... FROM (VALUES ...) RETURNING per 100 rows, through sqlite3 as is:
-        # the portable form (a read of the rows' states, then an executemany through
-        # SQLAlchemy) cost ~60 us per retried row, a quarter of what a failing row added
-        # to a SQLite drain (benchmarks/retries.py).
-        moved: set[str] = set()
-        for chunk in range(0, len(outcomes), 100):
-            sql, values = _values(_RETRY_SQL, outcomes[chunk : chunk + 100], _RETRIED)
-            result = await conn.exec_driver_sql(
-                sql, (int(counted), int(failed), *values, expected.value)
-            )
-            moved.update(str(id) for (id,) in result)
-        return moved
-
-    async def record_failures(
-        self,
-        conn: AsyncConnection,
-        now: float,
-        outcomes: Sequence[Outcome],
-        worker_id: str | None,
-    ) -> None:
-        # One INSERT ... SELECT from (VALUES ...) per 100 rows, as for retry_rows.
-        for chunk in range(0, len(outcomes), 100):
-            sql, values = _values(_RECORD_SQL, outcomes[chunk : chunk + 100], _RECORDED)
-            await conn.exec_driver_sql(sql, (now, worker_id, *values))
 
     @asynccontextmanager
     async def read_only(self, conn: AsyncConnection) -> AsyncIterator[None]:

@@ -1,0 +1,179 @@
+"""SQLite's forms of the finish statements, run as one call on the connection's thread.
+
+aiosqlite runs each sqlite3 call on a thread of its own. Through SQLAlchemy a statement
+is four such calls (cursor, execute, fetch, close), each a wake-up of that thread and
+then of the event loop: ~0.1 ms apiece on this machine, so 0.4 ms for a ``SELECT 1``,
+where SQLite's own work on a retried row is ~7 us. The finish of a batch whose failed
+runs are retried (the plain successes, the retries, their history) is therefore one
+function run on that thread, inside the caller's transaction (``BEGIN IMMEDIATE``: the
+write lock is held, so nothing moves the rows between statements). Measured in a drain of
+20,000 no-op mutations with a tenth failing once: the finish of a batch with failures
+took 2.8 ms more than one without through SQLAlchemy, and 1.5 ms in statements of a
+VALUES list each (``UPDATE ... FROM (VALUES ...)``, 12 us a row against 7 us for one
+UPDATE a row). A part of ``SQLiteDriver``.
+"""
+
+from __future__ import annotations
+
+import functools
+import sqlite3
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from .._types import State
+from ._driver import Driver
+from ._rows import Outcome
+
+T = TypeVar("T")
+
+# _statements.FINISH_PLAIN, RETRY_ONE and RECORD_FAILURE in sqlite3's form; each finds
+# its rows by primary key and is guarded by the state it expects.
+_FINISH_PLAIN_SQL = """
+    UPDATE _scheduled_functions
+       SET state = 'Success', completed_time = ?, attempts = attempts + ?,
+           error_type = NULL, error_message = NULL, error_traceback = NULL
+     WHERE state = ? AND id IN ({ids})
+"""
+_RETRY_SQL = """
+    UPDATE _scheduled_functions
+       SET state = 'Pending', available_at = ?, completed_time = NULL, started_time = NULL,
+           worker_id = NULL, error_type = ?, error_message = ?, error_traceback = ?,
+           attempts = attempts + ?, failures = failures + ?
+     WHERE id = ? AND state = ?
+"""
+_RECORD_SQL = """
+    INSERT INTO _durafn_failed_attempts
+        (function_id, attempt, failed_at, worker_id, error_type, error_message,
+         error_traceback, retry_at)
+    SELECT id, failures, ?, ?, ?, ?, ?, ? FROM _scheduled_functions WHERE id = ?
+"""
+_BOUND = 500
+"""Ids per IN list (SQLite's limit on bound parameters is 32,766 here, 999 in old builds)."""
+
+
+async def in_thread(conn: AsyncConnection, work: Callable[[sqlite3.Connection], T]) -> T:
+    """``work(db)`` on ``conn``'s sqlite3 connection, as one call on its thread (the
+    connection's open transaction is the one ``work`` writes in). sqlite3's errors come
+    back as SQLAlchemy's, as from ``execute``, so that faults are classified as usual."""
+    connection: Any = (await conn.get_raw_connection()).driver_connection  # aiosqlite's
+    try:
+        # aiosqlite's own way to run a call on its thread; it has no public name for it.
+        result: T = await connection._execute(work, connection._conn)
+    except sqlite3.Error as exc:
+        raise sa_exc.DBAPIError.instance(None, None, exc, sqlite3.Error) from exc
+    return result
+
+
+def _finish_plain(
+    db: sqlite3.Connection, ids: Sequence[str], now: float, counted: int, expected: str
+) -> int:
+    written = 0
+    for start in range(0, len(ids), _BOUND):
+        chunk = ids[start : start + _BOUND]
+        sql = _FINISH_PLAIN_SQL.format(ids=", ".join("?" * len(chunk)))
+        written += db.execute(sql, (now, counted, expected, *chunk)).rowcount
+    return written
+
+
+def _retry(
+    db: sqlite3.Connection, outcomes: Sequence[Outcome], expected: str, counted: int, failed: int
+) -> set[str]:
+    moved: set[str] = set()
+    cursor = db.cursor()
+    for o in outcomes:  # one statement a row: its row count says whether it moved
+        cursor.execute(
+            _RETRY_SQL,
+            (
+                o.retry_at,
+                o.error_type,
+                o.error_message,
+                o.error_traceback,
+                counted,
+                failed,
+                o.id,
+                expected,
+            ),
+        )
+        if cursor.rowcount:
+            moved.add(o.id)
+    return moved
+
+
+def _record(
+    db: sqlite3.Connection, outcomes: Sequence[Outcome], now: float, worker_id: str | None
+) -> None:
+    db.executemany(
+        _RECORD_SQL,
+        [
+            (now, worker_id, o.error_type, o.error_message, o.error_traceback, o.retry_at, o.id)
+            for o in outcomes
+        ],
+    )
+
+
+class SQLiteBatches(Driver):
+    """The finish statements of ``SQLiteDriver`` (see the module docstring)."""
+
+    async def retry_rows(
+        self,
+        conn: AsyncConnection,
+        outcomes: Sequence[Outcome],
+        expected: State,
+        counted: int = 0,
+        failed: int = 0,
+    ) -> set[str]:
+        return await in_thread(
+            conn,
+            functools.partial(
+                _retry, outcomes=outcomes, expected=expected.value, counted=counted, failed=failed
+            ),
+        )
+
+    async def record_failures(
+        self,
+        conn: AsyncConnection,
+        now: float,
+        outcomes: Sequence[Outcome],
+        worker_id: str | None,
+    ) -> None:
+        await in_thread(
+            conn, functools.partial(_record, outcomes=outcomes, now=now, worker_id=worker_id)
+        )
+
+    async def _finish(
+        self,
+        conn: AsyncConnection,
+        now: float,
+        outcomes: Sequence[Outcome],
+        expected: State,
+        worker_id: str | None,
+    ) -> int:
+        if not all(
+            o.on_complete is None
+            and (o.retry_at is not None or (o.state is State.SUCCESS and o.result is None))
+            for o in outcomes
+        ):
+            # Rows that need more than these statements (final failures, results,
+            # completion callbacks): rare, through SQLAlchemy.
+            return await super()._finish(conn, now, outcomes, expected, worker_id)
+        retried = [o for o in outcomes if o.retry_at is not None]
+        plain = [o.id for o in outcomes if o.retry_at is None]
+        counted = 1 if expected is State.PENDING else 0
+
+        def work(db: sqlite3.Connection) -> tuple[int, set[str]]:
+            written = _finish_plain(db, plain, now, counted, expected.value)
+            if not retried:
+                return written, set()
+            moved = _retry(db, retried, expected.value, counted, 1)
+            # Only a run whose retry moved its row has a failure to keep (one cancelled
+            # meanwhile has none).
+            _record(db, [o for o in retried if o.id in moved], now, worker_id)
+            return written, moved
+
+        written, moved = await in_thread(conn, work)
+        for o in retried:
+            o.unwritten = o.id not in moved
+        return written + len(moved)
