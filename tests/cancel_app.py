@@ -4,8 +4,11 @@ behind that hung the event loop's shutdown."""
 
 from __future__ import annotations
 
+import asyncio
 import faulthandler
 import sys
+import threading
+import time
 
 import anyio
 from sqlalchemy import text
@@ -40,9 +43,29 @@ async def _main(url: str) -> None:
     print(f"cancelled {cancelled}")
 
 
+def _dump_tasks_later(loop: asyncio.AbstractEventLoop, seconds: float) -> None:
+    """After ``seconds``, every asyncio task's stack to stderr (from the loop's thread)."""
+
+    def _dump() -> None:
+        for task in asyncio.all_tasks(loop):
+            task.print_stack(file=sys.stderr)
+
+    def _watch() -> None:
+        time.sleep(seconds)
+        loop.call_soon_threadsafe(_dump)
+
+    threading.Thread(target=_watch, daemon=True).start()
+
+
+async def _watched(url: str) -> None:
+    _dump_tasks_later(asyncio.get_running_loop(), 60)
+    await _main(url)
+
+
 if __name__ == "__main__":
-    # It hung twice in suite runs under pytest-xdist (never run alone, even under load): if it
-    # hangs again, every thread's stack goes to stderr, which the test's failure shows.
+    # It hung in suite runs under pytest-xdist (never run alone, even under load): if it
+    # hangs again, every task's and every thread's stack goes to stderr, which the test's
+    # failure shows.
     faulthandler.dump_traceback_later(90, exit=True)
-    anyio.run(_main, sys.argv[1])
+    anyio.run(_watched, sys.argv[1])
     print("exited")

@@ -323,6 +323,40 @@ async def test_sqlite_errors_in_a_call_on_the_thread_are_classified_as_sqlalchem
         await engine.dispose()
 
 
+async def test_a_sqlite_statement_is_one_call_on_its_connections_thread(tmp_path: Path) -> None:
+    """SQLAlchemy's aiosqlite adapter makes four calls on aiosqlite's thread per statement
+    (cursor, execute, fetch, close); durafn's makes one (``_store/_sqlite_calls.py``),
+    with the same rows, row counts and errors."""
+    driver = driver_for_url(f"sqlite+aiosqlite:///{tmp_path / 'calls.sqlite3'}")
+    engine = driver.create_engine()
+    try:
+        async with engine.connect() as conn:
+            await conn.exec_driver_sql("CREATE TABLE t (n INTEGER PRIMARY KEY, v TEXT)")
+            connection: Any = (await conn.get_raw_connection()).driver_connection
+            calls: list[object] = []
+            own = connection._execute
+
+            async def counted(fn: Any, *args: Any, **kwargs: Any) -> Any:
+                calls.append(fn)
+                return await own(fn, *args, **kwargs)
+
+            connection._execute = counted
+            inserted = await conn.exec_driver_sql(
+                "INSERT INTO t (v) VALUES (?)", [("a",), ("b",), ("c",)]
+            )
+            assert (len(calls), inserted.rowcount) == (1, 3)
+            rows = (await conn.exec_driver_sql("SELECT n, v FROM t ORDER BY n")).all()
+            assert (len(calls), rows) == (2, [(1, "a"), (2, "b"), (3, "c")])
+            updated = await conn.exec_driver_sql("UPDATE t SET v = 'z' WHERE n > 1")
+            assert (len(calls), updated.rowcount) == (3, 2)
+            returned = await conn.exec_driver_sql("DELETE FROM t WHERE n = 1 RETURNING v")
+            assert (len(calls), returned.all()) == (4, [("a",)])
+            with pytest.raises(sa_exc.OperationalError, match="no such table"):
+                await conn.exec_driver_sql("SELECT * FROM nowhere")
+    finally:
+        await engine.dispose()
+
+
 async def test_many_plain_successes_finish_in_one_call(store: Store) -> None:
     """More ids than SQLite binds in one statement: the driver splits, the count is whole."""
     ids = await store.insert(*(new_row() for _ in range(1200)))

@@ -31,6 +31,7 @@ from .._types import FunctionKind
 from ._driver import Driver
 from ._rows import NEW_ROW_COLUMNS
 from ._sqlite_batches import SQLiteBatches
+from ._sqlite_calls import adopt
 
 logger = logging.getLogger("durafn.store")
 
@@ -149,6 +150,7 @@ class SQLiteDriver(SQLiteBatches, Driver):
 
         @event.listens_for(engine.sync_engine, "connect")
         def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+            adopt(dbapi_conn)  # each statement one call on aiosqlite's thread
             # Take transaction control away from the sqlite3 module so that BEGIN is ours.
             dbapi_conn.isolation_level = None
             cursor = dbapi_conn.cursor()
