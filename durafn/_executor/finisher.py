@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from .._errors import DatabaseError
 from .._runtime import Runtime
 from .._store import Claimed, Outcome
-from .._types import FunctionKind, ScheduledFunctionId, State
+from .._types import FunctionKind, ScheduledFunctionId
 from .action_claims import ActionClaims
 from .outcomes import Tally, failed
 from .retrying import keep_trace, retried, settle, will_retry
@@ -25,7 +25,7 @@ from .tasks import Signal
 from .wakeups import KINDS
 
 logger = logging.getLogger("durafn.executor")
-ACTION, FAILED = FunctionKind.ACTION, State.FAILED
+ACTION = FunctionKind.ACTION
 
 FLUSH_LIMIT = 30.0
 """Seconds a stopping executor keeps trying to record action outcomes if the database is
