@@ -9,6 +9,7 @@ first. Times are plain numbers passed in: the driver never reads a clock.
 
 from __future__ import annotations
 
+import functools
 import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -249,8 +250,12 @@ async def test_a_batch_with_retries_writes_each_retry_with_its_failure_only_if_i
     plain, gone, retried, cancelled = ids
     driver = store.driver
     await store.claim_actions("w", T0, 10)
-    for row in (gone, cancelled):
-        assert await store.run(lambda conn, r=row: driver.cancel(conn, r, T0)) is State.IN_PROGRESS
+
+    async def cancel(conn: AsyncConnection, id: ScheduledFunctionId) -> State | None:
+        return await driver.cancel(conn, id, T0)
+
+    for id in (gone, cancelled):
+        assert await store.run(functools.partial(cancel, id=id)) is State.IN_PROGRESS
 
     def retry(id: ScheduledFunctionId) -> Outcome:
         return Outcome(
@@ -281,9 +286,9 @@ async def test_a_batch_with_retries_writes_each_retry_with_its_failure_only_if_i
         State.PENDING,
         State.CANCELED,
     ]
-    row = await store.row(retried)
-    assert (row["available_at"], row["failures"], row["worker_id"]) == (T0 + 5, 1, None)
-    history = {i: await store.run(lambda conn, i=i: failures_of(conn, i)) for i in ids}
+    found = await store.row(retried)
+    assert (found["available_at"], found["failures"], found["worker_id"]) == (T0 + 5, 1, None)
+    history = {i: await store.run(functools.partial(failures_of, id=i)) for i in ids}
     assert [(f.attempt, f.error.type, f.worker_id) for f in history[retried]] == [(1, "E", None)]
     assert history[retried][0].retry_at == to_datetime(T0 + 5)
     assert not history[cancelled] and not history[plain]
@@ -345,12 +350,12 @@ async def test_a_sqlite_statement_is_one_call_on_its_connections_thread(tmp_path
                 "INSERT INTO t (v) VALUES (?)", [("a",), ("b",), ("c",)]
             )
             assert (len(calls), inserted.rowcount) == (1, 3)
-            rows = (await conn.exec_driver_sql("SELECT n, v FROM t ORDER BY n")).all()
+            rows = [tuple(r) for r in await conn.exec_driver_sql("SELECT n, v FROM t ORDER BY n")]
             assert (len(calls), rows) == (2, [(1, "a"), (2, "b"), (3, "c")])
             updated = await conn.exec_driver_sql("UPDATE t SET v = 'z' WHERE n > 1")
             assert (len(calls), updated.rowcount) == (3, 2)
             returned = await conn.exec_driver_sql("DELETE FROM t WHERE n = 1 RETURNING v")
-            assert (len(calls), returned.all()) == (4, [("a",)])
+            assert (len(calls), [tuple(r) for r in returned]) == (4, [("a",)])
             with pytest.raises(sa_exc.OperationalError, match="no such table"):
                 await conn.exec_driver_sql("SELECT * FROM nowhere")
     finally:
