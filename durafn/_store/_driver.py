@@ -14,7 +14,7 @@ checked by the caller: a lost race is explicit, never a row moved backwards.
 from __future__ import annotations
 
 import builtins
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Any
 
@@ -60,6 +60,18 @@ from ._workers import WorkerStatements
 
 KIND_OF = {State.PENDING: FunctionKind.MUTATION, State.IN_PROGRESS: FunctionKind.ACTION}
 """The kind of the rows a finish expects in each state."""
+
+
+def plain_or_retried(
+    outcomes: Sequence[Outcome],
+    retried: Callable[[Outcome], bool] = lambda o: o.retry_at is not None,
+) -> bool:
+    """Whether every outcome is a plain success (no result, no completion callback) or a
+    ``retried`` run (no callback): what the drivers' one-statement finishes write."""
+    return all(
+        o.on_complete is None and (retried(o) or (o.state is State.SUCCESS and o.result is None))
+        for o in outcomes
+    )
 
 
 class Driver(

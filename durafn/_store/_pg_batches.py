@@ -6,7 +6,7 @@ and without a row count. A part of ``PostgresDriver``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
 from typing import Any
 
@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from .._types import ScheduledFunctionId, State
 from ._crons import CronMove
-from ._driver import KIND_OF, Driver
+from ._driver import KIND_OF, Driver, plain_or_retried
 from ._rows import Outcome
 from ._statements import FinishParams
 
@@ -173,14 +173,6 @@ def _failures(outcomes: Sequence[Outcome]) -> dict[str, list[Any]]:
     }
 
 
-def _settled_at_once(outcomes: Sequence[Outcome], retried: Callable[[Outcome], bool]) -> bool:
-    """Whether ``_SETTLE_SQL`` writes these: ``retried`` runs and plain successes only."""
-    return all(
-        o.on_complete is None and (retried(o) or (o.state is State.SUCCESS and o.result is None))
-        for o in outcomes
-    )
-
-
 class PostgresBatches(Driver):
     """The batch statements of ``PostgresDriver``."""
 
@@ -195,7 +187,7 @@ class PostgresBatches(Driver):
         self, outcomes: Sequence[Outcome], retrying: AbstractSet[ScheduledFunctionId]
     ) -> bool:
         # _SETTLE_SQL: retries, their history and the plain successes in one statement.
-        return _settled_at_once(outcomes, lambda o: o.id in retrying) or (
+        return plain_or_retried(outcomes, lambda o: o.id in retrying) or (
             super().finishes_in_one_statement(outcomes, retrying)
         )
 
@@ -207,7 +199,7 @@ class PostgresBatches(Driver):
         expected: State,
         worker_id: str | None,
     ) -> int:
-        if not _settled_at_once(outcomes, lambda o: o.retry_at is not None):
+        if not plain_or_retried(outcomes):
             return await super()._finish(conn, now, outcomes, expected, worker_id)
         retried = [o for o in outcomes if o.retry_at is not None]
         if not retried:

@@ -23,7 +23,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from .._types import State
-from ._driver import Driver
+from ._driver import Driver, plain_or_retried
 from ._rows import Outcome
 
 T = TypeVar("T")
@@ -150,11 +150,7 @@ class SQLiteBatches(Driver):
         expected: State,
         worker_id: str | None,
     ) -> int:
-        if not all(
-            o.on_complete is None
-            and (o.retry_at is not None or (o.state is State.SUCCESS and o.result is None))
-            for o in outcomes
-        ):
+        if not plain_or_retried(outcomes):
             # Rows that need more than these statements (final failures, results,
             # completion callbacks): rare, through SQLAlchemy.
             return await super()._finish(conn, now, outcomes, expected, worker_id)
