@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+import aiosqlite
 import pytest
 from sqlalchemy import event, select
 from sqlalchemy import exc as sa_exc
@@ -241,7 +242,7 @@ async def test_finish_in_progress_never_overwrites_a_cancel(store: Store) -> Non
 
 
 async def test_a_batch_with_retries_writes_each_retry_with_its_failure_only_if_it_moved(
-    store: Store,
+    store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The finish of plain successes and retried runs (each driver's fast form: one
     statement on PostgreSQL, one call on SQLite's thread): a row cancelled meanwhile is
@@ -269,15 +270,35 @@ async def test_a_batch_with_retries_writes_each_retry_with_its_failure_only_if_i
         retry(cancelled),
     ]
     statements: list[str] = []
+    calls: list[object] = []
+    own = aiosqlite.Connection._execute
 
     def count(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
         statements.append(statement)
 
-    event.listen(store.engine.sync_engine, "before_cursor_execute", count)
-    try:
-        written = await store.run(lambda conn: driver.finish_in_progress(conn, T0 + 1, outcomes))
-    finally:
-        event.remove(store.engine.sync_engine, "before_cursor_execute", count)
+    async def counted(self: aiosqlite.Connection, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append(fn)
+        return await own(self, fn, *args, **kwargs)  # type: ignore[no-untyped-call]
+
+    async def finish(conn: AsyncConnection) -> int:
+        statements.clear()
+        calls.clear()
+        event.listen(store.engine.sync_engine, "before_cursor_execute", count)
+        monkeypatch.setattr(aiosqlite.Connection, "_execute", counted)
+        try:
+            return await driver.finish_in_progress(conn, T0 + 1, outcomes)
+        finally:
+            monkeypatch.undo()
+            event.remove(store.engine.sync_engine, "before_cursor_execute", count)
+
+    written = await store.run(finish)
+    # Each driver's fast form: PostgreSQL one statement (so the finisher sends it without
+    # a transaction of its own), SQLite one call on its connection's thread.
+    if driver.name == "PostgreSQL":
+        assert driver.finishes_in_one_statement(outcomes, {retried, cancelled})
+        assert len(statements) == 1, statements
+    else:
+        assert len(calls) == 1, calls
     assert written == 2
     assert [o.unwritten for o in outcomes[2:]] == [False, True]
     assert await store.states(ids) == [
@@ -292,11 +313,15 @@ async def test_a_batch_with_retries_writes_each_retry_with_its_failure_only_if_i
     assert [(f.attempt, f.error.type, f.worker_id) for f in history[retried]] == [(1, "E", None)]
     assert history[retried][0].retry_at == to_datetime(T0 + 5)
     assert not history[cancelled] and not history[plain]
-    # The finisher runs such a batch without a transaction of its own only where it is
-    # one statement (BEGIN IMMEDIATE aside).
-    written_by = [s for s in statements if not s.startswith("BEGIN")]
-    if driver.finishes_in_one_statement(outcomes, {retried, cancelled}):
-        assert len(written_by) == 1, written_by
+    # A mutation's run is counted as it finishes: its retry counts it too.
+    pending = await store.insert(new_row(), new_row())
+    again = [Outcome(pending[0], State.SUCCESS), retry(pending[1])]
+    assert await store.run(lambda conn: driver.finish_pending(conn, T0 + 2, again)) == 2
+    rows = [await store.row(i) for i in pending]
+    assert [(r["state"], r["attempts"], r["failures"]) for r in rows] == [
+        ("Success", 1, 0),
+        ("Pending", 1, 1),
+    ]
 
 
 async def test_sqlite_errors_in_a_call_on_the_thread_are_classified_as_sqlalchemys(
@@ -304,7 +329,7 @@ async def test_sqlite_errors_in_a_call_on_the_thread_are_classified_as_sqlalchem
 ) -> None:
     """A statement run on aiosqlite's thread (``_sqlite_batches.in_thread``, SQLite's
     alone) fails as one run through SQLAlchemy: a lock held too long is a transient fault,
-    retried."""
+    retried; a closed connection is a disconnect, and the connection is dropped."""
     url = f"sqlite+aiosqlite:///{tmp_path / 'locked.sqlite3'}"
     driver = driver_for_url(url)
     engine = driver.create_engine()
@@ -323,6 +348,13 @@ async def test_sqlite_errors_in_a_call_on_the_thread_are_classified_as_sqlalchem
             assert "locked" in str(raised.value) and driver.is_transient(raised.value)
             with pytest.raises(sa_exc.OperationalError, match="no such table"):
                 await in_thread(conn, lambda db: db.execute("SELECT * FROM nowhere"))
+        async with engine.connect() as conn:
+            closing: Any = (await conn.get_raw_connection()).driver_connection
+            await closing.close()
+            with pytest.raises(sa_exc.OperationalError, match="no active connection") as gone:
+                await in_thread(conn, lambda db: db.execute("SELECT 1"))
+            assert gone.value.connection_invalidated and driver.is_transient(gone.value)
+            assert conn.invalidated
     finally:
         blocker.close()
         await engine.dispose()

@@ -13,6 +13,7 @@ import math
 import re
 import weakref
 from collections.abc import Callable
+from pathlib import Path
 
 import anyio
 import pytest
@@ -32,6 +33,9 @@ from durafn import (
     Retry,
     State,
 )
+from durafn._executor.retrying import decide, will_retry
+from durafn._store import Outcome, new_id
+from durafn._store._rows import RetryState
 from durafn._store._tables import failed_attempts
 from durafn.testing import FakeClock
 
@@ -67,6 +71,32 @@ def test_backoffs_give_each_policys_delays() -> None:
     assert rule.delay(3, error, None) is None  # the third run was the last
     assert rule.delay(2, error, max_attempts=2) is None  # the row's own limit decides
     assert seen == [(1, "x"), (2, "x")]
+
+
+def test_whether_a_failure_is_retried_is_known_before_its_transaction(tmp_path: Path) -> None:
+    """``will_retry`` (what the action finisher sends a batch as: one statement on
+    PostgreSQL when its failures are all retried) says what ``decide`` will do in the
+    batch's transaction; a row whose retry state was not read with its claim is not
+    known to be retried."""
+    app = durafn.App(f"sqlite+aiosqlite:///{tmp_path / 'unused.sqlite3'}")
+    policy = Retry(3, give_up_on=(KeyError,)).to_json()
+    cases = [
+        (RetryState("f", policy, None, 0), ValueError("x"), True),  # attempts left
+        (RetryState("f", policy, None, 2), ValueError("x"), False),  # the third run was the last
+        (RetryState("f", policy, 5, 2), ValueError("x"), True),  # the row's own limit
+        (RetryState("f", policy, None, 0), KeyError("x"), False),  # give_up_on
+        (RetryState("f", policy, None, 0), NonRetryableError("x"), False),
+        (RetryState("f", None, None, 0), ValueError("x"), False),  # no policy anywhere
+    ]
+    for state, error, retried in cases:
+        outcome = Outcome(new_id(0), State.FAILED, error=error, retry_state=state)
+        assert will_retry(app._rt, outcome) is retried, (state, error)
+        decide(app._rt, 100.0, outcome, state)
+        assert (outcome.state, outcome.retry_at is not None) == (
+            (State.PENDING, True) if retried else (State.FAILED, False)
+        )
+    unknown = Outcome(new_id(0), State.FAILED, error=ValueError("x"))
+    assert not will_retry(app._rt, unknown)
 
 
 async def test_a_retried_mutation_commits_its_effects_once_on_its_success(

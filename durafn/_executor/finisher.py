@@ -125,6 +125,9 @@ class Finisher:
         # Rows of named queues free their queues as they end: wake the claimers that
         # skipped those queues, here and (NOTIFY) in other processes.
         queued = any(o.queue is not None for o in outcomes)
+        # Which failed runs are retried, known before their transaction (once: ``settle``
+        # turns them Pending, and would decide again after a fault).
+        retrying = {o.id for o in outcomes if will_retry(self._rt, o)}
         worker_id = self._claims.worker_id()
         while True:
 
@@ -142,8 +145,9 @@ class Finisher:
                 # statements (a retry, its state and its history commit together; a
                 # callback is written with its finish). On PostgreSQL a batch with retries
                 # is one statement; without BEGIN and COMMIT its write took 4.1 ms instead
-                # of 5.5 (a drain of 20,000 actions, a tenth failing once).
-                retrying = {o.id for o in outcomes if will_retry(self._rt, o)}
+                # of 5.5 (a drain of 20,000 actions, a tenth failing once). A connection
+                # lost as it ran may have committed it: run again, it finds the rows moved
+                # and says so (counted "finished elsewhere"), as after a COMMIT lost.
                 single = not queued and self._rt.driver.finishes_in_one_statement(
                     outcomes, retrying
                 )

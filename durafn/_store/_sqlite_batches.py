@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import sqlite3
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -55,14 +55,27 @@ _BOUND = 500
 
 async def in_thread(conn: AsyncConnection, work: Callable[[sqlite3.Connection], T]) -> T:
     """``work(db)`` on ``conn``'s sqlite3 connection, as one call on its thread (the
-    connection's open transaction is the one ``work`` writes in). sqlite3's errors come
-    back as SQLAlchemy's, as from ``execute``, so that faults are classified as usual."""
+    connection's open transaction is the one ``work`` writes in). Its errors come back as
+    from SQLAlchemy's ``execute``: sqlite3's wrapped, a closed connection (aiosqlite's
+    ValueError) as the adapter's "no active connection", and a disconnect invalidates
+    ``conn``, so that faults are classified, and retried, as usual."""
     connection: Any = (await conn.get_raw_connection()).driver_connection  # aiosqlite's
     try:
         # aiosqlite's own way to run a call on its thread; it has no public name for it.
         result: T = await connection._execute(work, connection._conn)
-    except sqlite3.Error as exc:
-        raise sa_exc.DBAPIError.instance(None, None, exc, sqlite3.Error) from exc
+    except (sqlite3.Error, ValueError) as exc:
+        if isinstance(exc, sqlite3.Error):
+            orig: sqlite3.Error = exc
+        elif "no active connection" in str(exc) or "Connection closed" in str(exc):
+            orig = sqlite3.OperationalError("no active connection")
+        else:
+            raise
+        gone = conn.dialect.is_disconnect(cast(Any, orig), None, None)
+        if gone:
+            await conn.invalidate()
+        raise sa_exc.DBAPIError.instance(
+            None, None, orig, sqlite3.Error, connection_invalidated=gone
+        ) from exc
     return result
 
 
