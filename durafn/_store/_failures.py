@@ -57,10 +57,12 @@ async def failures_of(conn: AsyncConnection, id: str) -> list[FailedAttempt]:
 async def in_state(conn: AsyncConnection, ids: Sequence[str], state: State) -> set[str]:
     """Which of these rows are in ``state`` (by primary key). What a guarded UPDATE of them
     will move, with no RETURNING (sqlite3 cannot return rows from an executemany; one
-    statement per row cost a third of a SQLite drain where a tenth of the rows failed):
-    valid where the transaction holds the database's write lock from its start, as
-    durafn's SQLite transactions do (BEGIN IMMEDIATE), so nothing moves the rows between
-    this read and the UPDATE. PostgreSQL's driver uses RETURNING instead."""
+    statement per row sent through SQLAlchemy, each its own calls on aiosqlite's thread,
+    cost a third of a SQLite drain where a tenth of the rows failed; SQLite's retries now
+    run one statement per row inside a single call, ``_sqlite_batches``): valid where the
+    transaction holds the database's write lock from its start, as durafn's SQLite
+    transactions do (BEGIN IMMEDIATE), so nothing moves the rows between this read and
+    the UPDATE. PostgreSQL's driver uses RETURNING instead."""
     found: set[str] = set()
     for start in range(0, len(ids), 500):  # SQLite's limit on bound parameters
         stmt = select(sf.c.id).where(
