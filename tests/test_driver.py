@@ -10,16 +10,13 @@ first. Times are plain numbers passed in: the driver never reads a clock.
 from __future__ import annotations
 
 import functools
-import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, TypeVar
 
 import aiosqlite
 import pytest
 from sqlalchemy import event, select
-from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from durafn import ArgumentError, FunctionKind, ScheduledFunctionId, SchemaError, State
@@ -34,7 +31,6 @@ from durafn._store import (
     new_id,
 )
 from durafn._store._failures import failures_of
-from durafn._store._sqlite_batches import in_thread
 from durafn._store._tables import sf
 
 pytestmark = pytest.mark.anyio
@@ -322,76 +318,6 @@ async def test_a_batch_with_retries_writes_each_retry_with_its_failure_only_if_i
         ("Success", 1, 0),
         ("Pending", 1, 1),
     ]
-
-
-async def test_sqlite_errors_in_a_call_on_the_thread_are_classified_as_sqlalchemys(
-    tmp_path: Path,
-) -> None:
-    """A statement run on aiosqlite's thread (``_sqlite_batches.in_thread``, SQLite's
-    alone) fails as one run through SQLAlchemy: a lock held too long is a transient fault,
-    retried; a closed connection is a disconnect, and the connection is dropped."""
-    url = f"sqlite+aiosqlite:///{tmp_path / 'locked.sqlite3'}"
-    driver = driver_for_url(url)
-    engine = driver.create_engine()
-    blocker = sqlite3.connect(tmp_path / "locked.sqlite3", isolation_level=None)
-    try:
-        await Store(driver, engine).run(lambda conn: driver.migrate(conn, T0))
-        blocker.execute("BEGIN IMMEDIATE")
-        async with engine.connect() as conn:
-
-            def write(db: sqlite3.Connection) -> None:
-                db.execute("PRAGMA busy_timeout = 10")
-                db.execute("DELETE FROM _scheduled_functions")
-
-            with pytest.raises(sa_exc.OperationalError) as raised:
-                await in_thread(conn, write)
-            assert "locked" in str(raised.value) and driver.is_transient(raised.value)
-            with pytest.raises(sa_exc.OperationalError, match="no such table"):
-                await in_thread(conn, lambda db: db.execute("SELECT * FROM nowhere"))
-        async with engine.connect() as conn:
-            closing: Any = (await conn.get_raw_connection()).driver_connection
-            await closing.close()
-            with pytest.raises(sa_exc.OperationalError, match="no active connection") as gone:
-                await in_thread(conn, lambda db: db.execute("SELECT 1"))
-            assert gone.value.connection_invalidated and driver.is_transient(gone.value)
-            assert conn.invalidated
-    finally:
-        blocker.close()
-        await engine.dispose()
-
-
-async def test_a_sqlite_statement_is_one_call_on_its_connections_thread(tmp_path: Path) -> None:
-    """SQLAlchemy's aiosqlite adapter makes four calls on aiosqlite's thread per statement
-    (cursor, execute, fetch, close); durafn's makes one (``_store/_sqlite_calls.py``),
-    with the same rows, row counts and errors."""
-    driver = driver_for_url(f"sqlite+aiosqlite:///{tmp_path / 'calls.sqlite3'}")
-    engine = driver.create_engine()
-    try:
-        async with engine.connect() as conn:
-            await conn.exec_driver_sql("CREATE TABLE t (n INTEGER PRIMARY KEY, v TEXT)")
-            connection: Any = (await conn.get_raw_connection()).driver_connection
-            calls: list[object] = []
-            own = connection._execute
-
-            async def counted(fn: Any, *args: Any, **kwargs: Any) -> Any:
-                calls.append(fn)
-                return await own(fn, *args, **kwargs)
-
-            connection._execute = counted
-            inserted = await conn.exec_driver_sql(
-                "INSERT INTO t (v) VALUES (?)", [("a",), ("b",), ("c",)]
-            )
-            assert (len(calls), inserted.rowcount) == (1, 3)
-            rows = [tuple(r) for r in await conn.exec_driver_sql("SELECT n, v FROM t ORDER BY n")]
-            assert (len(calls), rows) == (2, [(1, "a"), (2, "b"), (3, "c")])
-            updated = await conn.exec_driver_sql("UPDATE t SET v = 'z' WHERE n > 1")
-            assert (len(calls), updated.rowcount) == (3, 2)
-            returned = await conn.exec_driver_sql("DELETE FROM t WHERE n = 1 RETURNING v")
-            assert (len(calls), [tuple(r) for r in returned]) == (4, [("a",)])
-            with pytest.raises(sa_exc.OperationalError, match="no such table"):
-                await conn.exec_driver_sql("SELECT * FROM nowhere")
-    finally:
-        await engine.dispose()
 
 
 async def test_many_plain_successes_finish_in_one_call(store: Store) -> None:

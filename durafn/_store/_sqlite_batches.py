@@ -17,14 +17,16 @@ from __future__ import annotations
 import functools
 import sqlite3
 from collections.abc import Callable, Sequence
+from collections.abc import Set as AbstractSet
 from typing import Any, TypeVar, cast
 
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from .._types import State
+from .._types import ScheduledFunctionId, State
 from ._driver import Driver, plain_or_retried
 from ._rows import Outcome
+from ._sqlite_calls import BEGIN_WRITE, atomically, call
 
 T = TypeVar("T")
 
@@ -61,8 +63,7 @@ async def in_thread(conn: AsyncConnection, work: Callable[[sqlite3.Connection], 
     ``conn``, so that faults are classified, and retried, as usual."""
     connection: Any = (await conn.get_raw_connection()).driver_connection  # aiosqlite's
     try:
-        # aiosqlite's own way to run a call on its thread; it has no public name for it.
-        result: T = await connection._execute(work, connection._conn)
+        result: T = await call(connection, work)
     except (sqlite3.Error, ValueError) as exc:
         if isinstance(exc, sqlite3.Error):
             orig: sqlite3.Error = exc
@@ -126,8 +127,23 @@ def _record(
     )
 
 
+def _atomic(db: sqlite3.Connection, work: Callable[[sqlite3.Connection], T]) -> T:
+    """``work``'s statements in one transaction: the caller's, or, where its transaction
+    was one call that has committed already (``_sqlite_calls``), one of their own."""
+    if db.in_transaction:
+        return work(db)
+    return atomically(db, BEGIN_WRITE, functools.partial(work, db))
+
+
 class SQLiteBatches(Driver):
     """The finish statements of ``SQLiteDriver`` (see the module docstring)."""
+
+    def finishes_in_one_statement(
+        self, outcomes: Sequence[Outcome], retrying: AbstractSet[ScheduledFunctionId]
+    ) -> bool:
+        # ``_finish`` below: the successes, the retries and their history in one call on
+        # the thread, which is then the whole transaction (``_sqlite_calls``).
+        return plain_or_retried(outcomes, lambda o: o.id in retrying)
 
     async def retry_rows(
         self,
@@ -181,7 +197,7 @@ class SQLiteBatches(Driver):
             _record(db, [o for o in retried if o.id in moved], now, worker_id)
             return written, moved
 
-        written, moved = await in_thread(conn, work)
+        written, moved = await in_thread(conn, functools.partial(_atomic, work=work))
         for o in retried:
             o.unwritten = o.id not in moved
         return written + len(moved)

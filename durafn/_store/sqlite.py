@@ -31,12 +31,15 @@ from .._types import FunctionKind
 from ._driver import Driver
 from ._rows import NEW_ROW_COLUMNS
 from ._sqlite_batches import SQLiteBatches
-from ._sqlite_calls import adopt
+from ._sqlite_calls import BEGIN_WRITE, Connection, adopt, begin, turn_for
 
 logger = logging.getLogger("durafn.store")
 
 READ_ONLY_OPTION = "durafn_read_only"
 """Execution option: begin DEFERRED (a reader) rather than IMMEDIATE (a writer)."""
+ONE_CALL_OPTION = "durafn_one_call"
+"""Execution option: the transaction is one call on aiosqlite's thread, BEGIN to COMMIT
+(``_sqlite_calls``): durafn's one-statement transactions."""
 
 _INSERT_SQL = (
     f"INSERT INTO _scheduled_functions ({', '.join(NEW_ROW_COLUMNS)}) "
@@ -44,23 +47,6 @@ _INSERT_SQL = (
 )
 # A new row's values in _INSERT_SQL's order, in C (a generator per row cost ~2 us).
 _new_row_values = operator.itemgetter(*NEW_ROW_COLUMNS)
-
-
-class _Connection(sqlite3.Connection):
-    """sqlite3's connection, rolling back before it closes.
-
-    Closing a connection whose transaction is open while a cursor still holds a statement
-    (a statement cancelled half-way) leaves a "zombie" that keeps the write lock until the
-    cursor is garbage-collected: every other connection then waits out its busy timeout.
-    """
-
-    def close(self) -> None:
-        try:
-            if self.in_transaction:
-                self.rollback()
-        except sqlite3.Error as exc:  # closing matters more; SQLite rolls back on close
-            logger.debug("rollback before close failed: %s", exc)
-        super().close()
 
 
 def _is_file(database: str | None) -> TypeGuard[str]:
@@ -84,6 +70,7 @@ class SQLiteDriver(SQLiteBatches, Driver):
     max_mutation_lanes: ClassVar[int] = 1
     default_poll_interval: ClassVar[float] = 0.5
     auto_migrate: ClassVar[bool] = True
+    single_statement_options: ClassVar[dict[str, Any]] = {ONE_CALL_OPTION: True}
 
     busy_timeout: float = 30.0
     synchronous: str = "FULL"
@@ -111,7 +98,7 @@ class SQLiteDriver(SQLiteBatches, Driver):
             )
         engine = create_async_engine(
             self.url,
-            connect_args={"timeout": self.busy_timeout, "factory": _Connection},
+            connect_args={"timeout": self.busy_timeout, "factory": Connection},
             pool_size=8,
             max_overflow=8,
         )
@@ -135,6 +122,7 @@ class SQLiteDriver(SQLiteBatches, Driver):
 
         engine.sync_engine.dialect.do_terminate = _stop_thread  # type: ignore[method-assign]
         synchronous = self.synchronous
+        turn = turn_for(str(Path(database).expanduser().resolve()))
         busy_ms = int(self.busy_timeout * 1000)
 
         @event.listens_for(engine.sync_engine, "do_connect")
@@ -151,6 +139,7 @@ class SQLiteDriver(SQLiteBatches, Driver):
         @event.listens_for(engine.sync_engine, "connect")
         def _on_connect(dbapi_conn: Any, _record: Any) -> None:
             adopt(dbapi_conn)  # each statement one call on aiosqlite's thread
+            dbapi_conn.driver_connection._conn.turn = turn
             # Take transaction control away from the sqlite3 module so that BEGIN is ours.
             dbapi_conn.isolation_level = None
             cursor = dbapi_conn.cursor()
@@ -169,11 +158,19 @@ class SQLiteDriver(SQLiteBatches, Driver):
 
         @event.listens_for(engine.sync_engine, "begin")
         def _on_begin(conn: Any) -> None:
-            # No autocommit here (single_statement_options stays empty): returning such a
-            # connection to the pool resets sqlite3's isolation_level, undoing _on_connect,
-            # and an autocommit finish of several statements pays an fsync for each.
-            mode = "DEFERRED" if conn.get_execution_options().get(READ_ONLY_OPTION) else "IMMEDIATE"
-            conn.exec_driver_sql(f"BEGIN {mode}")
+            # Sent with the transaction's first statement, not as a call of its own; a
+            # one-statement transaction commits in that call too (``_sqlite_calls``). Not
+            # SQLAlchemy's AUTOCOMMIT: returning such a connection to the pool resets
+            # sqlite3's isolation_level, undoing _on_connect, and an autocommit finish of
+            # several statements would pay an fsync for each.
+            options = conn.get_execution_options()
+            read = options.get(READ_ONLY_OPTION)
+            one_call = bool(options.get(ONE_CALL_OPTION))
+            begin(
+                conn.connection.dbapi_connection,
+                "BEGIN DEFERRED" if read else BEGIN_WRITE,
+                one_call,
+            )
 
         return engine
 
