@@ -102,8 +102,7 @@ class ScheduledFunction(BaseModel):
     failures: int = 0
     """How many of its runs failed (since it was scheduled, or retried by ``app.retry``)."""
     history: list[FailedAttempt] = []
-    """Each failed run, oldest first: filled by ``get`` (one more read), empty in
-    ``list``'s pages."""
+    """Each failed run, oldest first (the row's ``errors``)."""
     on_complete: str | None = None
     """The name of the mutation scheduled when it finishes for good (``on_complete``)."""
 

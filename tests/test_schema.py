@@ -7,7 +7,9 @@ import pytest
 from sqlalchemy import delete, insert, inspect, select, text
 
 import durafn
+from durafn._clock import to_datetime
 from durafn._store import schema_version
+from durafn._store._tables import failed_attempts
 from durafn.testing import FakeClock
 
 pytestmark = pytest.mark.anyio
@@ -37,13 +39,98 @@ async def test_migrate_is_idempotent_and_versioned(db_url: str, clock: FakeClock
         await app.aclose()
 
 
+async def test_version_10_moves_each_rows_failed_attempts_onto_it(
+    db_url: str, clock: FakeClock
+) -> None:
+    """A version 9 database kept failed runs in ``_durafn_failed_attempts``: version 10
+    moves each row's into its ``errors``, in the order they were written, and drops the
+    table."""
+    app = durafn.App(db_url, clock=clock)
+
+    @app.action
+    async def act(ctx: durafn.ActionCtx) -> None:
+        pass
+
+    try:
+        await app.migrate()
+        first = await app.scheduler().run_after(60, act)
+        second = await app.scheduler().run_after(60, act)
+        t = 1_700_000_000.0
+        async with app.engine.begin() as conn:  # back to what version 9 had
+            await conn.execute(text("ALTER TABLE _scheduled_functions DROP COLUMN errors"))
+            await conn.run_sync(failed_attempts.create)
+            await conn.execute(
+                insert(failed_attempts),
+                [
+                    {
+                        "function_id": second,
+                        "attempt": 1,
+                        "failed_at": t,
+                        "worker_id": "w:1",
+                        "error_type": "E",
+                        "error_message": "one",
+                        "error_traceback": None,
+                        "retry_at": t + 5,
+                    },
+                    {
+                        "function_id": first,
+                        "attempt": 1,
+                        "failed_at": t + 1,
+                        "worker_id": None,
+                        "error_type": "durafn.WorkerLostError",
+                        "error_message": "lost",
+                        "error_traceback": None,
+                        "retry_at": None,
+                    },
+                    {
+                        "function_id": second,
+                        "attempt": 2,
+                        "failed_at": t + 6,
+                        "worker_id": "w:2",
+                        "error_type": "E",
+                        "error_message": "two",
+                        "error_traceback": "tb",
+                        "retry_at": None,
+                    },
+                ],
+            )
+            await conn.execute(delete(schema_version))
+            await conn.execute(insert(schema_version).values(version=9, applied_at=0))
+        await app.aclose()
+        assert await app.migrate() == 10
+        rows = {i: await app.get(i) for i in (first, second)}
+        async with app.engine.connect() as conn:
+            tables = await conn.run_sync(lambda c: set(inspect(c).get_table_names()))
+    finally:
+        await app.aclose()
+    assert "_durafn_failed_attempts" not in tables
+    history = {
+        i: [
+            (h.attempt, h.failed_at.timestamp(), h.worker_id, h.error, h.retry_at)
+            for h in row.history
+        ]
+        for i, row in rows.items()
+        if row is not None
+    }
+    assert history == {
+        first: [
+            (1, t + 1, None, durafn.ErrorInfo(type="durafn.WorkerLostError", message="lost"), None)
+        ],
+        second: [
+            (1, t, "w:1", durafn.ErrorInfo(type="E", message="one"), to_datetime(t + 5)),
+            (2, t + 6, "w:2", durafn.ErrorInfo(type="E", message="two", traceback="tb"), None),
+        ],
+    }
+
+
 async def test_a_version_1_database_is_upgraded_in_place(
     db_url: str, engine_name: str, clock: FakeClock
 ) -> None:
     """Version 2 added worker heartbeats, version 3 the traceback column, version 4 job
     options (flags, queues, the priority-first claim indexes), version 5 retry policies
     (retry, failures, the failed attempts' table), version 6 completion callbacks, 7 the
-    cron registry, 8 flow control (the claim indexes redefined without keyed rows): an
+    cron registry, 8 flow control (the claim indexes redefined without keyed rows), 9
+    debounce windows, 10 the failed attempts moved onto their rows (``errors``): an
     existing version 1 database keeps its rows, refuses to run until migrated
     (PostgreSQL), and gains the new tables, indexes and columns, one recorded step each."""
     app = durafn.App(db_url, clock=clock)
@@ -70,8 +157,7 @@ async def test_a_version_1_database_is_upgraded_in_place(
             await conn.execute(text("DROP TABLE _durafn_flow_windows"))
             await conn.execute(text("DROP TABLE _durafn_queues"))
             await conn.execute(text("ALTER TABLE _scheduled_functions DROP COLUMN flags"))
-            await conn.execute(text("DROP TABLE _durafn_failed_attempts"))
-            for column in ("retry", "failures"):
+            for column in ("retry", "failures", "errors"):
                 await conn.execute(text(f"ALTER TABLE _scheduled_functions DROP COLUMN {column}"))
             await conn.execute(
                 text(
@@ -84,10 +170,10 @@ async def test_a_version_1_database_is_upgraded_in_place(
         await app.aclose()
         if engine_name == "postgres":
             stale = durafn.App(db_url, clock=clock)
-            with pytest.raises(durafn.SchemaError, match="at version 1, this durafn needs 9"):
+            with pytest.raises(durafn.SchemaError, match="at version 1, this durafn needs 10"):
                 await stale.executor().run_until_idle()
             await stale.aclose()
-        assert await app.migrate() == 9
+        assert await app.migrate() == 10
         async with app.engine.connect() as conn:
             tables = await conn.run_sync(lambda c: set(inspect(c).get_table_names()))
             indexes = await conn.run_sync(
@@ -98,20 +184,20 @@ async def test_a_version_1_database_is_upgraded_in_place(
                 lambda c: {col["name"] for col in inspect(c).get_columns("_scheduled_functions")}
             )
         assert "_durafn_workers" in tables and "ix_scheduled_functions_running" in indexes
-        assert {"error_traceback", "flags", "retry", "failures", "on_complete"} <= columns
+        assert {"error_traceback", "flags", "retry", "failures", "on_complete", "errors"} <= columns
         assert {"flow_key", "flow", "flow_until"} <= columns
         assert {
             "_durafn_queues",
-            "_durafn_failed_attempts",
             "_durafn_crons",
             "_durafn_leases",
             "_durafn_flow_keys",
             "_durafn_flow_windows",
         } <= tables
+        assert "_durafn_failed_attempts" not in tables  # version 5 made it, 10 dropped it
         assert "ix_scheduled_functions_due" not in indexes
         assert {"ix_scheduled_functions_claim", "ix_scheduled_functions_key"} <= indexes
         assert {"ix_scheduled_functions_keys", "ix_scheduled_functions_queued_due"} <= indexes
-        assert sorted(versions) == [1, 2, 3, 4, 5, 6, 7, 8, 9]
+        assert sorted(versions) == list(range(1, 11))
         row = await app.get(sid)
         assert row is not None and row.state is durafn.State.PENDING
         async with app.run_executor() as executor:

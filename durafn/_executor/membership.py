@@ -216,12 +216,15 @@ class Membership:
                 # Recorded Failed above; its retry policy may put it back to Pending.
                 decide(rt, now, outcome, row.retry)
                 outcomes.append(outcome)
-            retried = [o for o in outcomes if o.retry_at is not None]
-            if retried:
-                await rt.driver.retry_rows(conn, retried, State.FAILED)
-                await rt.driver.notify(conn, {FunctionKind.ACTION})
+            # Each run into its row's history, on the worker that lost it: with its retry,
+            # or as it stays Failed.
             for row, outcome in zip(lost, outcomes, strict=True):
-                await rt.driver.record_failures(conn, now, [outcome], row.worker_id)
+                if outcome.retry_at is not None:
+                    await rt.driver.retry_rows(conn, now, [outcome], State.FAILED, row.worker_id)
+                else:
+                    await rt.driver.record_failures(conn, now, [outcome], row.worker_id)
+            if any(o.retry_at is not None for o in outcomes):
+                await rt.driver.notify(conn, {FunctionKind.ACTION})
             final = [o for o in outcomes if o.retry_at is None]
             await rt.driver.write_completions(conn, now, final)
             return outcomes

@@ -211,22 +211,24 @@ class Driver(
         expected: State,
         worker_id: str | None,
     ) -> int:
-        written = await self._finish_rows(conn, now, outcomes, expected)
-        # Only the runs whose finish moved their row: one cancelled meanwhile has no
-        # failure to keep (nor one recorded lost, whose rescue kept its own).
-        failed = [
-            o
-            for o in outcomes
-            if not o.unwritten and (o.state is State.FAILED or o.retry_at is not None)
-        ]
+        written = await self._finish_rows(conn, now, outcomes, expected, worker_id)
+        # A retried run went into its row's history with its retry. A final failure goes
+        # now, if its finish moved the row: one cancelled meanwhile has no failure to keep
+        # (nor one recorded lost, whose rescue kept its own).
+        failed = [o for o in outcomes if not o.unwritten and o.state is State.FAILED]
         if failed:
             await self.record_failures(conn, now, failed, worker_id)
-            if any(o.retry_at is not None for o in failed):
-                await self.notify(conn, {KIND_OF[expected]})
+        if any(not o.unwritten and o.retry_at is not None for o in outcomes):
+            await self.notify(conn, {KIND_OF[expected]})
         return written
 
     async def _finish_rows(
-        self, conn: AsyncConnection, now: float, outcomes: Sequence[Outcome], expected: State
+        self,
+        conn: AsyncConnection,
+        now: float,
+        outcomes: Sequence[Outcome],
+        expected: State,
+        worker_id: str | None,
     ) -> int:
         # The common outcome (Success, nothing returned) goes out as one statement for the
         # whole batch; only the others need a row each. On SQLite this took a 64-row
@@ -261,7 +263,9 @@ class Driver(
         if other:
             written += await self._finish_others(conn, other, common)
         if retried:
-            moved = await self.retry_rows(conn, retried, expected, common["counted"], 1)
+            moved = await self.retry_rows(
+                conn, now, retried, expected, worker_id, common["counted"], 1
+            )
             for o in retried:
                 o.unwritten = o.id not in moved
             written += len(moved)
@@ -430,9 +434,7 @@ class Driver(
         result = await conn.execute(
             delete(sf).where(sf.c.id.in_(doomed.scalar_subquery())).returning(sf.c.id)
         )
-        ids = [id for (id,) in result]
-        await self.forget_failures(conn, ids)
-        return len(ids)
+        return len(result.all())  # their histories with them
 
     async def count_finished(
         self, conn: AsyncConnection, cutoff: float, states: Collection[State] = FINISHED_STATES

@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from .._types import ScheduledFunctionId, State
 from ._crons import CronMove
 from ._driver import KIND_OF, Driver, plain_or_retried
+from ._failures import pg_appended
 from ._rows import Outcome
 from ._statements import FinishParams
 
@@ -55,10 +56,22 @@ _FINISH_PLAIN_SQL = text(
     """
 )
 
+# A failed run appended to its row's history (``_failures``): ``attempt`` is SQL, the
+# error and retry time come from the statement's ``v``.
+_APPENDED = pg_appended(
+    "sf.errors",
+    "{attempt}",
+    "CAST(:now AS float8)",
+    "CAST(:worker_id AS text)",
+    "v.error_type",
+    "v.error_message",
+    "v.error_traceback",
+    "v.retry_at",
+)
 # Failed runs their policies retry, one statement for the batch (asyncpg's executemany
 # reports no row count, and costs a round trip per row).
 _RETRY_SQL = text(
-    """
+    f"""
     UPDATE _scheduled_functions AS sf
        SET state = 'Pending',
            available_at = v.retry_at,
@@ -69,7 +82,8 @@ _RETRY_SQL = text(
            error_message = v.error_message,
            error_traceback = v.error_traceback,
            attempts = sf.attempts + :counted,
-           failures = sf.failures + :failed
+           failures = sf.failures + :failed,
+           errors = {_APPENDED.format(attempt="sf.failures + :failed")}
       FROM unnest(CAST(:ids AS uuid[]), CAST(:retry_ats AS float8[]),
                   CAST(:error_types AS text[]), CAST(:error_messages AS text[]),
                   CAST(:error_tracebacks AS text[]))
@@ -81,14 +95,14 @@ _RETRY_SQL = text(
 )
 
 # A batch's finish when its failed runs are all retried (the common failure): the plain
-# successes, the retries, their history and the NOTIFY as one statement. Each finish is
-# guarded by the state it expects; a failure is kept only for a row its retry moved. Run
+# successes, the retries with their history, and the NOTIFY as one statement. Each finish
+# is guarded by the state it expects; a failure is kept only for a row its retry moved. Run
 # again after an unseen commit it writes nothing (the rows are no longer in ``expected``).
 # Measured: with a tenth of the actions failing once, a finish of a batch with failures
 # took 10 ms in six round trips (BEGIN, plain, retry, history, NOTIFY, COMMIT) against
 # 3 ms without; the action finisher was the drain's bottleneck.
 _SETTLE_SQL = text(
-    """
+    f"""
     WITH plain AS (
         UPDATE _scheduled_functions
            SET state = 'Success', completed_time = :now, attempts = attempts + :counted,
@@ -106,17 +120,11 @@ _SETTLE_SQL = text(
            SET state = 'Pending', available_at = v.retry_at, completed_time = NULL,
                started_time = NULL, worker_id = NULL, error_type = v.error_type,
                error_message = v.error_message, error_traceback = v.error_traceback,
-               attempts = sf.attempts + :counted, failures = sf.failures + 1
+               attempts = sf.attempts + :counted, failures = sf.failures + 1,
+               errors = {_APPENDED.format(attempt="sf.failures + 1")}
           FROM v
          WHERE sf.id = v.id AND sf.state = :expected
-        RETURNING sf.id, sf.failures
-    ), kept AS (
-        INSERT INTO _durafn_failed_attempts
-            (function_id, attempt, failed_at, worker_id, error_type, error_message,
-             error_traceback, retry_at)
-        SELECT r.id, r.failures, :now, :worker_id, v.error_type, v.error_message,
-               v.error_traceback, v.retry_at
-          FROM retried AS r JOIN v ON v.id = r.id
+        RETURNING sf.id
     )
     SELECT NULL AS id, (SELECT count(*) FROM plain) AS plain,
            CASE WHEN EXISTS (SELECT 1 FROM retried)
@@ -144,20 +152,17 @@ _ADVANCE_SQL = text(
     """
 )
 
-# RECORD_FAILURE (_statements.py) for many rows as one statement (asyncpg's executemany
+# RECORD_FAILURE (_failures.py) for many rows as one statement (asyncpg's executemany
 # of the portable form cost ~15 us of this process per failed row).
 _RECORD_SQL = text(
-    """
-    INSERT INTO _durafn_failed_attempts
-        (function_id, attempt, failed_at, worker_id, error_type, error_message,
-         error_traceback, retry_at)
-    SELECT sf.id, sf.failures, :now, :worker_id, v.error_type, v.error_message,
-           v.error_traceback, v.retry_at
+    f"""
+    UPDATE _scheduled_functions AS sf
+       SET errors = {_APPENDED.format(attempt="sf.failures")}
       FROM unnest(CAST(:ids AS uuid[]), CAST(:error_types AS text[]),
                   CAST(:error_messages AS text[]), CAST(:error_tracebacks AS text[]),
                   CAST(:retry_ats AS float8[]))
            AS v(id, error_type, error_message, error_traceback, retry_at)
-      JOIN _scheduled_functions AS sf ON sf.id = v.id
+     WHERE sf.id = v.id
     """
 )
 
@@ -253,8 +258,10 @@ class PostgresBatches(Driver):
     async def retry_rows(
         self,
         conn: AsyncConnection,
+        now: float,
         outcomes: Sequence[Outcome],
         expected: State,
+        worker_id: str | None,
         counted: int = 0,
         failed: int = 0,
     ) -> set[str]:
@@ -262,6 +269,8 @@ class PostgresBatches(Driver):
             _RETRY_SQL,
             {
                 **_failures(outcomes),
+                "now": now,
+                "worker_id": worker_id,
                 "expected": expected.value,
                 "counted": counted,
                 "failed": failed,

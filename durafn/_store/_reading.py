@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import builtins
 
-from sqlalchemy import and_, exists, func, or_, select
+from sqlalchemy import and_, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from .._clock import to_datetime
 from .._types import FunctionKind, Page, ScheduledFunction, State, WorkerInfo
 from ._claims import next_due
-from ._failures import failures_of
 from ._filters import RowFilter
 from ._rows import decode_cursor, encode_cursor, is_id, to_model
-from ._tables import failed_attempts, sf, workers
+from ._tables import sf, workers
 
 
 class ReadStatements:
@@ -23,15 +22,8 @@ class ReadStatements:
     async def get(self, conn: AsyncConnection, id: str) -> ScheduledFunction | None:
         if not is_id(id):
             return None
-        # Whether it has a history, in the same read: most rows never failed.
-        failed = exists().where(failed_attempts.c.function_id == sf.c.id).label("failed")
-        row = (await conn.execute(select(sf, failed).where(sf.c.id == id))).first()
-        if row is None:
-            return None
-        model = to_model(row)
-        if not row.failed:
-            return model
-        return model.model_copy(update={"history": await failures_of(conn, id)})
+        row = (await conn.execute(select(sf).where(sf.c.id == id))).first()
+        return None if row is None else to_model(row)
 
     async def list(
         self,

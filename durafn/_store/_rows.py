@@ -22,7 +22,14 @@ from .._clock import to_datetime
 from .._errors import ArgumentError
 from .._flow import Debounce
 from .._options import RowOptions, read_flags
-from .._types import ErrorInfo, FunctionKind, ScheduledFunction, ScheduledFunctionId, State
+from .._types import (
+    ErrorInfo,
+    FailedAttempt,
+    FunctionKind,
+    ScheduledFunction,
+    ScheduledFunctionId,
+    State,
+)
 
 NEW_ROW_COLUMNS = (
     "id",
@@ -193,6 +200,23 @@ def is_id(id: object) -> bool:
     return isinstance(id, str)
 
 
+def history(errors: Any) -> list[FailedAttempt]:
+    """A row's ``errors`` (as stored, or decoded) as its failed runs, oldest first."""
+    if errors is None:
+        return []
+    entries = json.loads(errors) if isinstance(errors, str | bytes) else errors
+    return [
+        FailedAttempt(
+            attempt=e["attempt"],
+            failed_at=to_datetime(e["at"]),
+            worker_id=e["worker"],
+            error=ErrorInfo(type=e["type"], message=e["message"] or "", traceback=e["traceback"]),
+            retry_at=to_datetime(e["retry_at"]) if e["retry_at"] is not None else None,
+        )
+        for e in entries
+    ]
+
+
 def to_model(row: Row[Any]) -> ScheduledFunction:
     m = row._mapping
     error = None
@@ -224,6 +248,7 @@ def to_model(row: Row[Any]) -> ScheduledFunction:
         max_attempts=m["max_attempts"],
         failures=m["failures"],
         on_complete=json.loads(m["on_complete"])["name"] if m["on_complete"] else None,
+        history=history(m["errors"]),
         flow_key=m["flow_key"],
     )
 

@@ -3,7 +3,7 @@
 aiosqlite runs each sqlite3 call on a thread of its own, each call a wake-up of that
 thread and then of the event loop (~0.1 ms apiece on this machine; ``_sqlite_calls``
 makes a statement one call). The finish of a batch whose failed runs are retried (the
-plain successes, the retries, their history: three statements and more) is one function
+plain successes, then an UPDATE per retry, with its history) is one function
 run on that thread, inside the caller's transaction (``BEGIN IMMEDIATE``: the write lock
 is held, so nothing moves the rows between statements). Measured in a drain of 20,000
 no-op mutations with a tenth failing once (some 25 failures a batch), through SQLAlchemy
@@ -25,31 +25,32 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from .._types import ScheduledFunctionId, State
 from ._driver import Driver, plain_or_retried
+from ._failures import sqlite_appended
 from ._rows import Outcome
 from ._sqlite_calls import BEGIN_WRITE, atomically, call
 
 T = TypeVar("T")
 
-# _statements.FINISH_PLAIN, RETRY_ONE and RECORD_FAILURE in sqlite3's form; each finds
-# its rows by primary key and is guarded by the state it expects.
+# _statements.FINISH_PLAIN, _failures.RETRY_ONE and RECORD_FAILURE in sqlite3's form;
+# each finds its rows by primary key and is guarded by the state it expects. A failed run
+# goes into its row's history (``errors``) in the UPDATE that writes it.
 _FINISH_PLAIN_SQL = """
     UPDATE _scheduled_functions
        SET state = 'Success', completed_time = ?, attempts = attempts + ?,
            error_type = NULL, error_message = NULL, error_traceback = NULL
      WHERE state = ? AND id IN ({ids})
 """
-_RETRY_SQL = """
+_RETRY_SQL = f"""
     UPDATE _scheduled_functions
        SET state = 'Pending', available_at = ?, completed_time = NULL, started_time = NULL,
            worker_id = NULL, error_type = ?, error_message = ?, error_traceback = ?,
-           attempts = attempts + ?, failures = failures + ?
+           attempts = attempts + ?, failures = failures + ?,
+           errors = {sqlite_appended("errors", "failures + ?", *"??????")}
      WHERE id = ? AND state = ?
 """
-_RECORD_SQL = """
-    INSERT INTO _durafn_failed_attempts
-        (function_id, attempt, failed_at, worker_id, error_type, error_message,
-         error_traceback, retry_at)
-    SELECT id, failures, ?, ?, ?, ?, ?, ? FROM _scheduled_functions WHERE id = ?
+_RECORD_SQL = f"""
+    UPDATE _scheduled_functions SET errors = {sqlite_appended("errors", "failures", *"??????")}
+     WHERE id = ?
 """
 _BOUND = 500
 """Ids per IN list (SQLite's limit on bound parameters is 32,766 here, 999 in old builds)."""
@@ -92,20 +93,30 @@ def _finish_plain(
 
 
 def _retry(
-    db: sqlite3.Connection, outcomes: Sequence[Outcome], expected: str, counted: int, failed: int
+    db: sqlite3.Connection,
+    outcomes: Sequence[Outcome],
+    now: float,
+    worker_id: str | None,
+    expected: str,
+    counted: int,
+    failed: int,
 ) -> set[str]:
     moved: set[str] = set()
     cursor = db.cursor()
     for o in outcomes:  # one statement a row: its row count says whether it moved
+        error = (o.error_type, o.error_message, o.error_traceback)
         cursor.execute(
             _RETRY_SQL,
             (
                 o.retry_at,
-                o.error_type,
-                o.error_message,
-                o.error_traceback,
+                *error,
                 counted,
                 failed,
+                failed,
+                now,
+                worker_id,
+                *error,
+                o.retry_at,
                 o.id,
                 expected,
             ),
@@ -148,16 +159,17 @@ class SQLiteBatches(Driver):
     async def retry_rows(
         self,
         conn: AsyncConnection,
+        now: float,
         outcomes: Sequence[Outcome],
         expected: State,
+        worker_id: str | None,
         counted: int = 0,
         failed: int = 0,
     ) -> set[str]:
+        retry = functools.partial(_retry, outcomes=outcomes, now=now, worker_id=worker_id)
         return await in_thread(
             conn,
-            functools.partial(
-                _retry, outcomes=outcomes, expected=expected.value, counted=counted, failed=failed
-            ),
+            functools.partial(retry, expected=expected.value, counted=counted, failed=failed),
         )
 
     async def record_failures(
@@ -191,10 +203,7 @@ class SQLiteBatches(Driver):
             written = _finish_plain(db, plain, now, counted, expected.value)
             if not retried:
                 return written, set()
-            moved = _retry(db, retried, expected.value, counted, 1)
-            # Only a run whose retry moved its row has a failure to keep (one cancelled
-            # meanwhile has none).
-            _record(db, [o for o in retried if o.id in moved], now, worker_id)
+            moved = _retry(db, retried, now, worker_id, expected.value, counted, 1)
             return written, moved
 
         written, moved = await in_thread(conn, functools.partial(_atomic, work=work))

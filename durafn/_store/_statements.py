@@ -14,12 +14,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, TypedDict
 
-from sqlalchemy import Double, Row, Text, bindparam, insert, literal_column, select, update
+from sqlalchemy import Double, Row, bindparam, literal_column, update
 from sqlalchemy.sql.elements import ColumnElement
 
 from .._types import State
 from ._rows import Claimed, Outcome
-from ._tables import failed_attempts, sf
+from ._tables import sf
 
 CLAIM_COLUMNS = (
     sf.c.id,
@@ -121,48 +121,3 @@ def finish_params(o: Outcome, common: FinishParams) -> dict[str, Any]:
         "b_failed": int(o.state is State.FAILED),
         **common,
     }
-
-
-# A failed run its retry policy tries again: back to Pending, due at ``b_at``, with this
-# run's error as the row's last (a rescue's flip of a row it recorded Failed: ``expected``
-# Failed, nothing counted twice).
-RETRY_ONE = (
-    update(sf)
-    .where(sf.c.id == bindparam("b_id"), sf.c.state == bindparam("expected"))
-    .values(
-        state=State.PENDING.value,
-        available_at=bindparam("b_at", type_=Double),
-        completed_time=None,
-        started_time=None,
-        worker_id=None,
-        error_type=bindparam("b_error_type"),
-        error_message=bindparam("b_error_message"),
-        error_traceback=bindparam("b_error_traceback"),
-        attempts=sf.c.attempts + bindparam("counted"),
-        failures=sf.c.failures + bindparam("b_failed"),
-    )
-)
-# One row of a failed run's history per failure: which failure of the row's attempts it
-# was, read from the row (this statement follows the finish that counted it).
-RECORD_FAILURE = insert(failed_attempts).from_select(
-    [
-        "function_id",
-        "attempt",
-        "failed_at",
-        "worker_id",
-        "error_type",
-        "error_message",
-        "error_traceback",
-        "retry_at",
-    ],
-    select(
-        sf.c.id,
-        sf.c.failures,
-        bindparam("now", type_=Double),
-        bindparam("worker_id", type_=Text),
-        bindparam("b_error_type", type_=Text),
-        bindparam("b_error_message", type_=Text),
-        bindparam("b_error_traceback", type_=Text),
-        bindparam("b_at", type_=Double),
-    ).where(sf.c.id == bindparam("b_id")),
-)

@@ -6,8 +6,10 @@ Each hot query names the index it relies on; keep the two in step.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from sqlalchemy import (
+    JSON,
     Boolean,
     CheckConstraint,
     Column,
@@ -20,19 +22,28 @@ from sqlalchemy import (
     Text,
     Uuid,
     and_,
+    bindparam,
     false,
     inspect,
+    select,
     text,
+    update,
 )
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Connection
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 """Bump with a new step in ``MIGRATIONS`` whenever the tables change."""
 
 metadata = MetaData()
 
 # Native uuid on PostgreSQL (16 bytes, cheap to compare); readable text on SQLite.
 _ID = Uuid(as_uuid=False).with_variant(String(36), "sqlite")
+
+ERROR_KEYS = ("attempt", "at", "worker", "type", "message", "traceback", "retry_at")
+"""An entry of a row's ``errors``: which failed run of the row it was (1 for the first,
+again after ``app.retry``), when, on which worker, the error, and when it was to be tried
+again (null: not retried)."""
 
 scheduled_functions = Table(
     "_scheduled_functions",
@@ -71,6 +82,9 @@ scheduled_functions = Table(
     # Version 6: the completion callback (``on_complete``) as data, JSON: which mutation
     # to schedule, with which options, when the row finishes for good (_store/_completions).
     Column("on_complete", Text),
+    # Version 10: each failed run, a JSON array of objects with ERROR_KEYS (written in
+    # _store/_failures.py); the error columns above hold the last one.
+    Column("errors", JSON(none_as_null=True).with_variant(JSONB(), "postgresql")),
     # Version 8, flow control (durafn/_flow.py): the row's flow key, the key's knobs as
     # JSON, and a debounced row's latest run time (its first call plus max_wait).
     Column("flow_key", Text),
@@ -310,26 +324,22 @@ leases = Table(
     Column("expires_at", Double, nullable=False),
 )
 
-# Every failed run of a row, kept as long as the row (retention deletes both): the row's
-# own error columns hold only the last one.
+# Versions 5 to 9 kept every failed run of a row in a table of its own; version 10 moves
+# them into the row's ``errors`` and drops it. Not in ``metadata``: only the steps use it.
 failed_attempts = Table(
     "_durafn_failed_attempts",
-    metadata,
+    MetaData(),
     Column("id", Integer, primary_key=True, autoincrement=True),
     Column("function_id", _ID, nullable=False),
-    Column("attempt", Integer, nullable=False),  # 1 for the first failure (of a set)
+    Column("attempt", Integer, nullable=False),
     Column("failed_at", Double, nullable=False),
     Column("worker_id", Text),
     Column("error_type", Text, nullable=False),
     Column("error_message", Text, nullable=False),
     Column("error_traceback", Text),
-    # Retried or not: what a retry decided (its delay), for ``durafn show``.
     Column("retry_at", Double),
 )
-# A row's history (durafn show), and retention's delete of it.
-ix_failed_attempts = Index(
-    "ix_durafn_failed_attempts_function", failed_attempts.c.function_id, failed_attempts.c.id
-)
+Index("ix_durafn_failed_attempts_function", failed_attempts.c.function_id, failed_attempts.c.id)
 
 schema_version = Table(
     "_durafn_schema",
@@ -436,6 +446,44 @@ def _step_9(conn: Connection) -> None:
     flow_windows.create(conn, checkfirst=True)
 
 
+def _step_10(conn: Connection) -> None:
+    """Version 10: the failed runs move into their rows (``errors``, a nullable column: a
+    change of the catalogue only), read out of ``_durafn_failed_attempts`` in order, which
+    is then dropped."""
+    columns = {c["name"] for c in inspect(conn).get_columns(scheduled_functions.name)}
+    if "errors" not in columns:
+        kind = scheduled_functions.c.errors.type.compile(dialect=conn.dialect)
+        conn.execute(text(f"ALTER TABLE _scheduled_functions ADD COLUMN errors {kind}"))
+    if not inspect(conn).has_table(failed_attempts.name):
+        return
+    fa = failed_attempts
+    rows = conn.execute(
+        select(fa.c.function_id, *(fa.c[c] for c in _OLD_ENTRY)).order_by(fa.c.function_id, fa.c.id)
+    )
+    errors: dict[str, list[dict[str, Any]]] = {}
+    for function_id, *values in rows:
+        errors.setdefault(str(function_id), []).append(dict(zip(ERROR_KEYS, values, strict=True)))
+    if errors:
+        sf = scheduled_functions
+        conn.execute(
+            update(sf).where(sf.c.id == bindparam("b_id")).values(errors=bindparam("b_errors")),
+            [{"b_id": id, "b_errors": entries} for id, entries in errors.items()],
+        )
+    fa.drop(conn)  # with its index
+
+
+# The old history's columns, in ERROR_KEYS' order.
+_OLD_ENTRY = (
+    "attempt",
+    "failed_at",
+    "worker_id",
+    "error_type",
+    "error_message",
+    "error_traceback",
+    "retry_at",
+)
+
+
 MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     2: _step_2,
     3: _step_3,
@@ -445,5 +493,6 @@ MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     7: _step_7,
     8: _step_8,
     9: _step_9,
+    10: _step_10,
 }
 """Steps from version N-1 to N. A fresh database gets the latest tables in one go."""
