@@ -54,13 +54,22 @@ async def fresh_url(engine: str, directory: str | Path, name: str) -> str:
 
 
 async def _fresh_postgres() -> str:
+    await pg_admin(f"DROP DATABASE IF EXISTS {PG_DB} WITH (FORCE)", f"CREATE DATABASE {PG_DB}")
+    return pg_url(PG_DB)
+
+
+async def pg_admin(*statements: str) -> None:
+    """Run ``statements`` on the server's admin database (creating, dropping databases)."""
     conn = await asyncpg.connect(PG_ADMIN)
     try:
-        await conn.execute(f"DROP DATABASE IF EXISTS {PG_DB} WITH (FORCE)")
-        await conn.execute(f"CREATE DATABASE {PG_DB}")
+        for statement in statements:
+            await conn.execute(statement)
     finally:
         await conn.close()
-    return f"postgresql+asyncpg://postgres@127.0.0.1:5432/{PG_DB}"
+
+
+def pg_url(database: str) -> str:
+    return f"postgresql+asyncpg://postgres@127.0.0.1:5432/{database}"
 
 
 # The user table of the "each mutation inserts one row" drain.

@@ -9,7 +9,7 @@ from sqlalchemy import delete, insert, inspect, select, text
 import durafn
 from durafn._clock import to_datetime
 from durafn._store import schema_version
-from durafn._store._tables import failed_attempts
+from durafn._store._migrations import failed_attempts
 from durafn.testing import FakeClock
 
 pytestmark = pytest.mark.anyio

@@ -256,15 +256,7 @@ async def test_a_sqlite_statement_is_one_call_on_its_connections_thread(tmp_path
     try:
         async with engine.connect() as conn:
             await conn.exec_driver_sql("CREATE TABLE t (n INTEGER PRIMARY KEY, v TEXT)")
-            connection: Any = (await conn.get_raw_connection()).driver_connection
-            calls: list[object] = []
-            own = connection._execute
-
-            async def counted(fn: Any, *args: Any, **kwargs: Any) -> Any:
-                calls.append(fn)
-                return await own(fn, *args, **kwargs)
-
-            connection._execute = counted
+            calls = await _counted(conn)
             inserted = await conn.exec_driver_sql(
                 "INSERT INTO t (v) VALUES (?)", [("a",), ("b",), ("c",)]
             )

@@ -18,7 +18,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from .._errors import DatabaseError, SchemaError
 from .._types import FunctionKind
-from ._tables import MIGRATIONS, SCHEMA_VERSION, metadata, schema_version, sf
+from ._migrations import MIGRATIONS
+from ._tables import SCHEMA_VERSION, metadata, schema_version, sf
 
 
 class EngineDriver:
