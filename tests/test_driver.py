@@ -16,10 +16,17 @@ from typing import Any, TypeVar
 
 import aiosqlite
 import pytest
-from sqlalchemy import event, select
+from sqlalchemy import event, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from durafn import ArgumentError, FunctionKind, ScheduledFunctionId, SchemaError, State
+from durafn import (
+    ArgumentError,
+    ErrorInfo,
+    FunctionKind,
+    ScheduledFunctionId,
+    SchemaError,
+    State,
+)
 from durafn._clock import to_datetime
 from durafn._store import (
     SCHEMA_VERSION,
@@ -30,7 +37,7 @@ from durafn._store import (
     driver_for_url,
     new_id,
 )
-from durafn._store._failures import failures_of
+from durafn._store._failures import FailureStatements, failures_of
 from durafn._store._tables import sf
 
 pytestmark = pytest.mark.anyio
@@ -328,6 +335,47 @@ async def test_many_plain_successes_finish_in_one_call(store: Store) -> None:
     assert await store.run(lambda conn: driver.finish_pending(conn, T0, outcomes)) == 1200
     counts = await store.run(driver.count_by_state)
     assert counts[State.SUCCESS] == 1200 and counts[State.PENDING] == 0
+
+
+@pytest.mark.parametrize("form", ["driver", "portable"])
+async def test_failures_go_into_their_rows_history_in_order(store: Store, form: str) -> None:
+    """A retried run goes into its row's history with its retry, a final failure by
+    ``record_failures`` after the finish that counted it: which failure it was, when, on
+    which worker, its error and retry time. The same with the portable statements
+    (``FailureStatements``), which each driver overrides with a faster form."""
+    driver = store.driver
+    statements: Any = FailureStatements if form == "portable" else type(driver)
+    id, other = await store.insert(new_row(ACTION), new_row(ACTION))
+    await store.claim_actions("w", T0, 10)
+    first = Outcome(id, State.FAILED, error_type="E", error_message="one", retry_at=T0 + 5)
+    last = Outcome(
+        id, State.FAILED, error_type="E", error_message="two", error_traceback="tb", error=None
+    )
+
+    async def retry(conn: AsyncConnection) -> set[str]:
+        moved = await statements.retry_rows(
+            driver, conn, T0 + 1, [first], State.IN_PROGRESS, "w:1", 0, 1
+        )
+        return set(moved)
+
+    async def fail_for_good(conn: AsyncConnection) -> None:
+        # As the finish of its last run leaves it: Failed, the failure counted.
+        await conn.execute(
+            update(sf).where(sf.c.id == id).values(state="Failed", failures=sf.c.failures + 1)
+        )
+        await statements.record_failures(driver, conn, T0 + 6, [last], "w:2")
+
+    assert await store.run(retry) == {id}
+    assert ((await store.row(id))["state"], (await store.row(id))["failures"]) == ("Pending", 1)
+    await store.run(fail_for_good)
+    found, untouched = [await store.run(functools.partial(driver.get, id=i)) for i in (id, other)]
+    assert found is not None and untouched is not None
+    history = [(h.attempt, h.failed_at, h.worker_id, h.error, h.retry_at) for h in found.history]
+    assert history == [
+        (1, to_datetime(T0 + 1), "w:1", ErrorInfo(type="E", message="one"), to_datetime(T0 + 5)),
+        (2, to_datetime(T0 + 6), "w:2", ErrorInfo(type="E", message="two", traceback="tb"), None),
+    ]
+    assert untouched.history == []
 
 
 async def test_count_retry_counts_a_run_whatever_the_state_now(store: Store) -> None:

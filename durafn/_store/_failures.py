@@ -68,7 +68,7 @@ def _entry(attempt: Any) -> appended:
     return appended(
         attempt,
         bindparam("now", type_=Double),
-        bindparam("worker_id", type_=Text),
+        bindparam("b_worker_id", type_=Text),
         bindparam("b_error_type", type_=Text),
         bindparam("b_error_message", type_=Text),
         bindparam("b_error_traceback", type_=Text),
@@ -156,7 +156,7 @@ class FailureStatements:
                 "counted": counted,
                 "b_failed": failed,
                 "now": now,
-                "worker_id": worker_id,
+                "b_worker_id": worker_id,
             }
             for o in outcomes
             if o.id in moved
@@ -193,7 +193,7 @@ class FailureStatements:
                 {
                     "b_id": o.id,
                     "now": now,
-                    "worker_id": worker_id,
+                    "b_worker_id": worker_id,
                     "b_error_type": o.error_type,
                     "b_error_message": o.error_message,
                     "b_error_traceback": o.error_traceback,
