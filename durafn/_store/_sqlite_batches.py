@@ -28,12 +28,15 @@ from ._driver import Driver, plain_or_retried
 from ._failures import sqlite_appended
 from ._rows import Outcome
 from ._sqlite_calls import BEGIN_WRITE, atomically, call
+from ._tables import ERROR_KEYS
 
 T = TypeVar("T")
 
 # _statements.FINISH_PLAIN, _failures.RETRY_ONE and RECORD_FAILURE in sqlite3's form;
 # each finds its rows by primary key and is guarded by the state it expects. A failed run
-# goes into its row's history (``errors``) in the UPDATE that writes it.
+# goes into its row's history (``errors``) in the UPDATE that writes it: its attempt, then
+# ``_entry``'s values bound in ERROR_KEYS' order.
+_ENTRY = ("?",) * (len(ERROR_KEYS) - 1)
 _FINISH_PLAIN_SQL = """
     UPDATE _scheduled_functions
        SET state = 'Success', completed_time = ?, attempts = attempts + ?,
@@ -45,11 +48,11 @@ _RETRY_SQL = f"""
        SET state = 'Pending', available_at = ?, completed_time = NULL, started_time = NULL,
            worker_id = NULL, error_type = ?, error_message = ?, error_traceback = ?,
            attempts = attempts + ?, failures = failures + ?,
-           errors = {sqlite_appended("errors", "failures + ?", *"??????")}
+           errors = {sqlite_appended("errors", "failures + ?", *_ENTRY)}
      WHERE id = ? AND state = ?
 """
 _RECORD_SQL = f"""
-    UPDATE _scheduled_functions SET errors = {sqlite_appended("errors", "failures", *"??????")}
+    UPDATE _scheduled_functions SET errors = {sqlite_appended("errors", "failures", *_ENTRY)}
      WHERE id = ?
 """
 _BOUND = 500
@@ -105,21 +108,9 @@ def _retry(
     cursor = db.cursor()
     for o in outcomes:  # one statement a row: its row count says whether it moved
         error = (o.error_type, o.error_message, o.error_traceback)
+        entry = _entry(o, now, worker_id)
         cursor.execute(
-            _RETRY_SQL,
-            (
-                o.retry_at,
-                *error,
-                counted,
-                failed,
-                failed,
-                now,
-                worker_id,
-                *error,
-                o.retry_at,
-                o.id,
-                expected,
-            ),
+            _RETRY_SQL, (o.retry_at, *error, counted, failed, failed, *entry, o.id, expected)
         )
         if cursor.rowcount:
             moved.add(o.id)
@@ -129,13 +120,12 @@ def _retry(
 def _record(
     db: sqlite3.Connection, outcomes: Sequence[Outcome], now: float, worker_id: str | None
 ) -> None:
-    db.executemany(
-        _RECORD_SQL,
-        [
-            (now, worker_id, o.error_type, o.error_message, o.error_traceback, o.retry_at, o.id)
-            for o in outcomes
-        ],
-    )
+    db.executemany(_RECORD_SQL, [(*_entry(o, now, worker_id), o.id) for o in outcomes])
+
+
+def _entry(o: Outcome, now: float, worker_id: str | None) -> tuple[Any, ...]:
+    """A failed run's history entry after its attempt, in ERROR_KEYS' order."""
+    return (now, worker_id, o.error_type, o.error_message, o.error_traceback, o.retry_at)
 
 
 def _atomic(db: sqlite3.Connection, work: Callable[[sqlite3.Connection], T]) -> T:
