@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import anyio
 import pytest
-from sqlalchemy import delete, insert, inspect, select, text
+from sqlalchemy import delete, insert, inspect, select, text, update
 
 import durafn
 from durafn._clock import to_datetime
-from durafn._store import schema_version
+from durafn._store import _migrations, schema_version
 from durafn._store._migrations import failed_attempts
+from durafn._store._tables import sf
 from durafn.testing import FakeClock
 
 pytestmark = pytest.mark.anyio
@@ -39,12 +40,16 @@ async def test_migrate_is_idempotent_and_versioned(db_url: str, clock: FakeClock
         await app.aclose()
 
 
+@pytest.mark.parametrize("already", [False, True])
 async def test_version_10_moves_each_rows_failed_attempts_onto_it(
-    db_url: str, clock: FakeClock
+    db_url: str, clock: FakeClock, already: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A version 9 database kept failed runs in ``_durafn_failed_attempts``: version 10
-    moves each row's into its ``errors``, in the order they were written, and drops the
-    table."""
+    moves each row's into its ``errors``, in the order they were written, a chunk of rows
+    at a time, and drops the table. ``already``: a row with entries of its own keeps
+    them, after the older ones (one row a chunk, to cross chunks)."""
+    if already:
+        monkeypatch.setattr(_migrations, "_CHUNK", 1)
     app = durafn.App(db_url, clock=clock)
 
     @app.action
@@ -57,7 +62,14 @@ async def test_version_10_moves_each_rows_failed_attempts_onto_it(
         second = await app.scheduler().run_after(60, act)
         t = 1_700_000_000.0
         async with app.engine.begin() as conn:  # back to what version 9 had
-            await conn.execute(text("ALTER TABLE _scheduled_functions DROP COLUMN errors"))
+            if already:
+                newer = [
+                    {"attempt": 2, "at": t + 9, "worker": None, "type": "E", "message": "three"}
+                    | {"traceback": None, "retry_at": None}
+                ]
+                await conn.execute(update(sf).where(sf.c.id == first).values(errors=newer))
+            else:
+                await conn.execute(text("ALTER TABLE _scheduled_functions DROP COLUMN errors"))
             await conn.run_sync(failed_attempts.create)
             await conn.execute(
                 insert(failed_attempts),
@@ -112,10 +124,10 @@ async def test_version_10_moves_each_rows_failed_attempts_onto_it(
         for i, row in rows.items()
         if row is not None
     }
+    lost = durafn.ErrorInfo(type="durafn.WorkerLostError", message="lost")
+    kept = [(2, t + 9, None, durafn.ErrorInfo(type="E", message="three"), None)]
     assert history == {
-        first: [
-            (1, t + 1, None, durafn.ErrorInfo(type="durafn.WorkerLostError", message="lost"), None)
-        ],
+        first: [(1, t + 1, None, lost, None), *(kept if already else [])],
         second: [
             (1, t, "w:1", durafn.ErrorInfo(type="E", message="one"), to_datetime(t + 5)),
             (2, t + 6, "w:2", durafn.ErrorInfo(type="E", message="two", traceback="tb"), None),

@@ -11,6 +11,7 @@ no BEGIN).
 from __future__ import annotations
 
 import functools
+import os
 import sqlite3
 import threading
 from collections.abc import AsyncIterator
@@ -208,6 +209,22 @@ async def test_one_call_writers_take_the_process_turn(
     finally:
         if turn.locked():
             turn.release()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
+def test_a_forked_child_does_not_inherit_a_held_turn(turn: Any, path: Path) -> None:
+    """A turn held by a thread of the parent as it forks would stay held in the child
+    for good; the child starts with turns of its own."""
+    turn.acquire()
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: exit at once, its verdict as its status
+            fresh = _sqlite_calls.turn_for(str(path.resolve()))
+            os._exit(0 if fresh is not turn and fresh.acquire(timeout=5) else 1)
+        _, status = os.waitpid(pid, 0)
+    finally:
+        turn.release()
+    assert os.waitstatus_to_exitcode(status) == 0
 
 
 async def test_sqlite_errors_in_a_call_on_the_thread_are_classified_as_sqlalchemys(

@@ -155,29 +155,48 @@ def _step_9(conn: Connection) -> None:
 
 def _step_10(conn: Connection) -> None:
     """Version 10: the failed runs move into their rows (``errors``, a nullable column: a
-    change of the catalogue only), read out of ``_durafn_failed_attempts`` in order, which
-    is then dropped."""
+    change of the catalogue only), read out of ``_durafn_failed_attempts`` in order, a
+    thousand rows' at a time, which is then dropped."""
     columns = {c["name"] for c in inspect(conn).get_columns(scheduled_functions.name)}
     if "errors" not in columns:
         kind = scheduled_functions.c.errors.type.compile(dialect=conn.dialect)
         conn.execute(text(f"ALTER TABLE _scheduled_functions ADD COLUMN errors {kind}"))
     if not inspect(conn).has_table(failed_attempts.name):
         return
-    fa = failed_attempts
-    rows = conn.execute(
-        select(fa.c.function_id, *(fa.c[c] for c in _OLD_ENTRY)).order_by(fa.c.function_id, fa.c.id)
-    )
-    errors: dict[str, list[dict[str, Any]]] = {}
-    for function_id, *values in rows:
-        errors.setdefault(str(function_id), []).append(dict(zip(ERROR_KEYS, values, strict=True)))
-    if errors:
-        sf = scheduled_functions
+    fa, sf = failed_attempts, scheduled_functions
+    # A chunk of rows at a time, so that memory does not grow with the old table.
+    after: Any = None
+    while True:
+        chunk = select(fa.c.function_id).distinct().order_by(fa.c.function_id).limit(_CHUNK)
+        if after is not None:
+            chunk = chunk.where(fa.c.function_id > after)
+        ids = list(conn.execute(chunk).scalars())
+        if not ids:
+            break
+        after = ids[-1]
+        entries = conn.execute(
+            select(fa.c.function_id, *(fa.c[c] for c in _OLD_ENTRY))
+            .where(fa.c.function_id.in_(ids))
+            .order_by(fa.c.function_id, fa.c.id)
+        )
+        errors: dict[str, list[Any]] = {}
+        for function_id, *values in entries:
+            errors.setdefault(str(function_id), []).append(
+                dict(zip(ERROR_KEYS, values, strict=True))
+            )
+        # Entries a row has already (none, normally) come after the older ones.
+        for id, newer in conn.execute(select(sf.c.id, sf.c.errors).where(sf.c.id.in_(ids))):
+            if newer and str(id) in errors:
+                errors[str(id)].extend(newer)
         conn.execute(
             update(sf).where(sf.c.id == bindparam("b_id")).values(errors=bindparam("b_errors")),
-            [{"b_id": id, "b_errors": entries} for id, entries in errors.items()],
+            [{"b_id": id, "b_errors": e} for id, e in errors.items()],
         )
     fa.drop(conn)  # with its index
 
+
+_CHUNK = 1000
+"""Rows whose history ``_step_10`` moves at a time."""
 
 # The old history's columns, in ERROR_KEYS' order.
 _OLD_ENTRY = (

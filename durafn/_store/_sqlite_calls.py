@@ -30,6 +30,7 @@ SQLAlchemy's aiosqlite adapter classes, which ``adopt`` subclasses. A server-sid
 from __future__ import annotations
 
 import logging
+import os
 import sqlite3
 import threading
 from collections import deque
@@ -155,6 +156,18 @@ TURN_WAIT = 1.0
 a fork copied held)."""
 _turns: dict[str, threading.Lock] = {}
 _turns_lock = threading.Lock()
+
+
+def _forget_turns() -> None:
+    """In a forked child: a turn another thread of the parent held would stay held (every
+    one-call write would wait out TURN_WAIT, for good). The child's engines start afresh."""
+    global _turns_lock
+    _turns_lock = threading.Lock()
+    _turns.clear()
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork
+    os.register_at_fork(after_in_child=_forget_turns)
 BEGIN_WRITE = "BEGIN IMMEDIATE"
 
 
