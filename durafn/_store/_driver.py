@@ -44,7 +44,7 @@ from ._inline import InlineStatements
 from ._keys import insert_keyed
 from ._queues import QueueStatements
 from ._reading import ReadStatements
-from ._rows import Claimed, Outcome
+from ._rows import Claimed, Outcome, mark_moved
 from ._statements import (
     CANCEL,
     CANCELED_COLUMNS,
@@ -246,11 +246,8 @@ class Driver(
             if o.retry_at is None and (o.state is State.FAILED or o.on_complete is not None)
         ]
         if exact:
-            moved = await self._finish_exactly(conn, exact, common)
-            for o in exact:
-                o.unwritten = o.id not in moved
+            written += mark_moved(exact, await self._finish_exactly(conn, exact, common))
             await self.write_completions(conn, now, [o for o in exact if not o.unwritten])
-            written += len(moved)
         plain = [o.id for o in outcomes if o.state is State.SUCCESS and o.result is None]
         retried = [o for o in outcomes if o.retry_at is not None]
         other = [
@@ -266,9 +263,7 @@ class Driver(
             moved = await self.retry_rows(
                 conn, now, retried, expected, worker_id, common["counted"], 1
             )
-            for o in retried:
-                o.unwritten = o.id not in moved
-            written += len(moved)
+            written += mark_moved(retried, moved)
         return written
 
     async def _finish_plain(

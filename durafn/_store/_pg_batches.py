@@ -17,7 +17,7 @@ from .._types import ScheduledFunctionId, State
 from ._crons import CronMove
 from ._driver import KIND_OF, Driver, plain_or_retried
 from ._failures import pg_appended
-from ._rows import Outcome
+from ._rows import Outcome, mark_moved
 from ._statements import FinishParams
 
 CHANNEL = "durafn_wakeup"
@@ -229,9 +229,7 @@ class PostgresBatches(Driver):
                 plain = count
             else:
                 moved.add(str(id))
-        for o in retried:
-            o.unwritten = o.id not in moved
-        return plain + len(moved)
+        return plain + mark_moved(retried, moved)
 
     async def _finish_others(
         self, conn: AsyncConnection, outcomes: list[Outcome], common: FinishParams

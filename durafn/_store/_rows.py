@@ -13,6 +13,7 @@ import json
 import os
 import random
 import uuid
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -176,6 +177,14 @@ class Outcome:
     """Set by the finish when its guard found the row moved on (cancelled, or recorded
     lost, meanwhile): nothing was written for this run (known for failed runs and rows
     with a callback; a plain success is written in bulk)."""
+
+
+def mark_moved(outcomes: Iterable[Outcome], moved: Collection[str]) -> int:
+    """Set each outcome's ``unwritten`` from the ids its finish ``moved``; returns how
+    many moved."""
+    for o in outcomes:
+        o.unwritten = o.id not in moved
+    return len(moved)
 
 
 class LostAction(NamedTuple):

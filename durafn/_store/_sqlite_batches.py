@@ -26,7 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from .._types import ScheduledFunctionId, State
 from ._driver import Driver, plain_or_retried
 from ._failures import sqlite_appended
-from ._rows import Outcome
+from ._rows import Outcome, mark_moved
 from ._sqlite_calls import BEGIN_WRITE, atomically, call
 from ._tables import ERROR_KEYS
 
@@ -156,10 +156,9 @@ class SQLiteBatches(Driver):
         counted: int = 0,
         failed: int = 0,
     ) -> set[str]:
-        retry = functools.partial(_retry, outcomes=outcomes, now=now, worker_id=worker_id)
         return await in_thread(
             conn,
-            functools.partial(retry, expected=expected.value, counted=counted, failed=failed),
+            lambda db: _retry(db, outcomes, now, worker_id, expected.value, counted, failed),
         )
 
     async def record_failures(
@@ -197,6 +196,4 @@ class SQLiteBatches(Driver):
             return written, moved
 
         written, moved = await in_thread(conn, functools.partial(_atomic, work=work))
-        for o in retried:
-            o.unwritten = o.id not in moved
-        return written + len(moved)
+        return written + mark_moved(retried, moved)
