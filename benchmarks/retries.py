@@ -10,7 +10,7 @@ pair costs two drains, not two schedulings of 20,000 rows as well, so more pairs
 They are needed: on the 2-core benchmark machine one pair's ratio wanders by ±0.1 from
 the next (2026-11-26: 0.66 to 0.98 for the same code within one run), so the ratio is
 reported as the median of the pairs' ratios, with their quartiles (nine pairs gave medians
-from 0.78 to 0.88x for the same code; fifteen, 0.82-0.84x). Rows/s counts the rows
+from 0.78 to 0.88x for the same code; fifteen, 0.80-0.84x). Rows/s counts the rows
 drained; the failing drain runs a tenth more (``runs_per_s`` counts those), and
 ``failure_cost_runs`` is what a failure costs beyond its run, in plain runs.
 """
