@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import anyio
 import anyio.lowlevel
@@ -709,6 +710,82 @@ async def test_idle_lanes_do_not_spin_while_a_long_mutation_runs(app: durafn.App
         release.set()
         await executor.wait_for(sid)
     assert statements <= 4
+
+
+async def test_a_wake_up_sends_one_idle_lane_to_claim_not_every_lane(
+    app: durafn.App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Idle lanes beyond the one that watches park: a row scheduled to an idle executor of
+    eight lanes is claimed by the watcher, and one parked lane claims as it takes over
+    the watch. Every lane used to claim (and read the next due time) on every wake-up."""
+    claims = 0
+    real_claim = app._rt.driver.claim_mutations
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal claims
+        claims += 1
+        return await real_claim(*args, **kwargs)
+
+    monkeypatch.setattr(app._rt.driver, "claim_mutations", counted)
+
+    @app.mutation
+    async def noop(ctx: MutationCtx) -> None:
+        pass
+
+    async with app.run_executor(mutation_lanes=8, poll_interval=3600) as executor:
+        lanes = executor._mutations
+
+        async def settled() -> None:
+            """Every lane idle, one watching and seven parked, for 0.1 s. (Until the LISTEN
+            connection is up, which can take a while on a busy server, its first wake-up
+            sends a lane to claim.)"""
+            with anyio.fail_after(10):
+                while True:
+                    before = claims
+                    await anyio.sleep(0.1)
+                    if claims == before and lanes._watching and len(lanes._parked) == 7:
+                        return
+
+        for _ in range(3):
+            await settled()
+            claims = 0
+            sid = await app.scheduler().run_after(0, noop)
+            await executor.wait_for(sid)
+            await settled()
+            # One wake-up here, two on PostgreSQL: its NOTIFY comes back to this process.
+            assert claims <= (4 if app.engine.dialect.name == "postgresql" else 2), claims
+    assert {r.state for r in await all_rows(app)} == {State.SUCCESS}
+
+
+async def test_a_row_due_while_a_lane_runs_a_long_mutation_finds_another_lane(
+    app: durafn.App, engine_name: str
+) -> None:
+    """The watching lane that goes to claim hands the watch to a parked lane: a row
+    scheduled while the first runs a long mutation is claimed by another lane at once."""
+    if engine_name == "sqlite":
+        pytest.skip("SQLite: a running batch holds the one write lock; nothing else is written")
+    started = anyio.Event()
+    release = anyio.Event()
+
+    @app.mutation(timeout=30)
+    async def slow(ctx: MutationCtx) -> None:
+        started.set()
+        await release.wait()
+
+    @app.mutation
+    async def quick(ctx: MutationCtx) -> None:
+        pass
+
+    async with app.run_executor(mutation_lanes=4, poll_interval=3600) as executor:
+        await anyio.sleep(0.2)  # the lanes go idle: one watches, the others park
+        long = await app.scheduler().run_after(0, slow)
+        with anyio.fail_after(10):
+            await started.wait()
+        sid = await app.scheduler().run_after(0, quick)
+        assert (await executor.wait_for(sid, timeout=10)).state is State.SUCCESS
+        assert (await app.get(long)).state is State.PENDING  # type: ignore[union-attr]
+        release.set()
+        assert (await executor.wait_for(long, timeout=10)).state is State.SUCCESS
 
 
 def test_cancelled_callers_leave_the_event_loop_free_to_exit(db_url: str) -> None:
