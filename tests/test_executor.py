@@ -673,28 +673,44 @@ async def test_cancelling_a_row_of_the_same_batch(
         assert ran == ["earlier", "unrelated"]
 
 
+class _Blocking:
+    """A mutation that runs until released: ``started`` once it runs, ``release`` ends it."""
+
+    def __init__(self, app: durafn.App) -> None:
+        self.started = anyio.Event()
+        self.release = anyio.Event()
+
+        @app.mutation(timeout=30)
+        async def slow(ctx: MutationCtx) -> None:
+            self.started.set()
+            await self.release.wait()
+
+        self.ref = slow
+
+
+async def _lanes_idle(executor: durafn.Executor, lanes: int) -> None:
+    """Until every mutation lane is idle: one watching, the others parked."""
+    mutations = executor._mutations
+    with anyio.fail_after(10):
+        while not (mutations._watching and len(mutations._parked) == lanes - 1):  # noqa: ASYNC110 - no event tells it
+            await anyio.sleep(0.01)
+
+
 async def test_idle_lanes_do_not_spin_while_a_long_mutation_runs(app: durafn.App) -> None:
     """A due row locked by another lane's long mutation is not work for an idle lane:
     the idle lanes sleep instead of re-claiming in a loop."""
     from sqlalchemy import event
 
-    started = anyio.Event()
-    release = anyio.Event()
-
-    @app.mutation(timeout=30)
-    async def slow(ctx: MutationCtx) -> None:
-        started.set()
-        await release.wait()
-
+    blocking = _Blocking(app)
     statements = 0
 
     def _count(*_: object) -> None:
         nonlocal statements
         statements += 1
 
-    sid = await app.scheduler().run_after(0, slow)
+    sid = await app.scheduler().run_after(0, blocking.ref)
     async with app.run_executor(mutation_lanes=4, poll_interval=3600) as executor:
-        await started.wait()
+        await blocking.started.wait()
         event.listen(app.engine.sync_engine, "before_cursor_execute", _count)
         # Settled: a quiet 0.1 s. (Until the LISTEN connection is up, which can take a
         # while on a busy server, its first wake-up sends every loop to claim once.)
@@ -707,7 +723,7 @@ async def test_idle_lanes_do_not_spin_while_a_long_mutation_runs(app: durafn.App
         statements = 0
         await anyio.sleep(0.2)  # a spinning lane would issue hundreds of statements here
         event.remove(app.engine.sync_engine, "before_cursor_execute", _count)
-        release.set()
+        blocking.release.set()
         await executor.wait_for(sid)
     assert statements <= 4
 
@@ -733,17 +749,17 @@ async def test_a_wake_up_sends_one_idle_lane_to_claim_not_every_lane(
         pass
 
     async with app.run_executor(mutation_lanes=8, poll_interval=3600) as executor:
-        lanes = executor._mutations
 
         async def settled() -> None:
-            """Every lane idle, one watching and seven parked, for 0.1 s. (Until the LISTEN
-            connection is up, which can take a while on a busy server, its first wake-up
-            sends a lane to claim.)"""
+            """Every lane idle, and no claim for 0.1 s. (Until the LISTEN connection is up,
+            which can take a while on a busy server, its first wake-up sends a lane to
+            claim.)"""
             with anyio.fail_after(10):
                 while True:
                     before = claims
+                    await _lanes_idle(executor, 8)
                     await anyio.sleep(0.1)
-                    if claims == before and lanes._watching and len(lanes._parked) == 7:
+                    if claims == before:
                         return
 
         for _ in range(3):
@@ -764,27 +780,21 @@ async def test_a_row_due_while_a_lane_runs_a_long_mutation_finds_another_lane(
     scheduled while the first runs a long mutation is claimed by another lane at once."""
     if engine_name == "sqlite":
         pytest.skip("SQLite: a running batch holds the one write lock; nothing else is written")
-    started = anyio.Event()
-    release = anyio.Event()
-
-    @app.mutation(timeout=30)
-    async def slow(ctx: MutationCtx) -> None:
-        started.set()
-        await release.wait()
+    blocking = _Blocking(app)
 
     @app.mutation
     async def quick(ctx: MutationCtx) -> None:
         pass
 
     async with app.run_executor(mutation_lanes=4, poll_interval=3600) as executor:
-        await anyio.sleep(0.2)  # the lanes go idle: one watches, the others park
-        long = await app.scheduler().run_after(0, slow)
+        await _lanes_idle(executor, 4)
+        long = await app.scheduler().run_after(0, blocking.ref)
         with anyio.fail_after(10):
-            await started.wait()
+            await blocking.started.wait()
         sid = await app.scheduler().run_after(0, quick)
         assert (await executor.wait_for(sid, timeout=10)).state is State.SUCCESS
         assert (await app.get(long)).state is State.PENDING  # type: ignore[union-attr]
-        release.set()
+        blocking.release.set()
         assert (await executor.wait_for(long, timeout=10)).state is State.SUCCESS
 
 
