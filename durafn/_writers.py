@@ -13,8 +13,9 @@ rows go through the driver's upsert (``_store/_keys.py``), and executors are not
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Iterator
 from typing import Any
 
 from sqlalchemy import event
@@ -79,9 +80,10 @@ class BufferedWriter:
             # known only once written: write now (after the rows buffered before it, to
             # keep their order).
             await self.flush()
-            kinds, ids = await write(
-                self._rt, self._conn, rows, self._check_parent, self.woken, self._running
-            )
+            with self._own_statements("scheduling a function"):
+                kinds, ids = await write(
+                    self._rt, self._conn, rows, self._check_parent, self.woken, self._running
+                )
             self._written(rows, ids, kinds)
             return ids
         self._rows.extend(rows)
@@ -93,8 +95,22 @@ class BufferedWriter:
         if not self._rows:
             return
         rows, self._rows = self._rows, []
-        kinds, ids = await write(self._rt, self._conn, rows, self._check_parent, self.woken)
+        with self._own_statements("scheduling a function"):
+            kinds, ids = await write(self._rt, self._conn, rows, self._check_parent, self.woken)
         self._written(rows, ids, kinds)
+
+    @contextlib.contextmanager
+    def _own_statements(self, doing: str) -> Iterator[None]:
+        """durafn's statements inside a mutation: a driver error they raise reaches the
+        mutation's code (and its caller) as a ``DatabaseError``, never raw, as on every
+        other route. A transient one stays as it is, so that the transaction around the
+        mutation retries it."""
+        try:
+            yield
+        except sa_exc.SQLAlchemyError as exc:
+            if self._rt.driver.is_transient(exc):
+                raise
+            raise self._rt.driver.wrap(exc, doing) from exc
 
     def _written(
         self, rows: list[dict[str, Any]], ids: list[ScheduledFunctionId], kinds: set[FunctionKind]
@@ -115,7 +131,8 @@ class BufferedWriter:
         await self.flush()
         if self._before_cancel is not None:
             await self._before_cancel()
-        return await self._rt.driver.cancel(self._conn, id, now)
+        with self._own_statements("cancelling a scheduled function"):
+            return await self._rt.driver.cancel(self._conn, id, now)
 
 
 def _in_claim_order(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

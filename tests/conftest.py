@@ -52,6 +52,13 @@ def _check_postgres() -> str | None:
             )
             if not exists:
                 await conn.execute(f"CREATE DATABASE {PG_DATABASE}")
+            # Every statement runs under a generic plan from its first run, as it may from
+            # its sixth on a long-lived connection (PostgreSQL's plan cache): a statement
+            # that works only with its parameters known fails in every test, not only in
+            # an app that has run for a while (tests/test_long_lived.py).
+            await conn.execute(
+                f"ALTER DATABASE {PG_DATABASE} SET plan_cache_mode = force_generic_plan"
+            )
         finally:
             await conn.close()
 

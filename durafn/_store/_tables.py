@@ -20,6 +20,7 @@ from sqlalchemy import (
     Uuid,
     and_,
     false,
+    literal_column,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 
@@ -177,8 +178,12 @@ Index(
     sqlite_where=RUNNING_KEYED,
 )
 # Job keys: one row holds a key until it succeeds (or gives the key up to a new row).
-# Also the upsert's conflict target.
-KEY_HOLDER = and_(sf.c.job_key.is_not(None), sf.c.state != "Success")
+# Also the upserts' conflict target (``ON CONFLICT (job_key) WHERE <this>``), which is why
+# its state is a literal, not a bound parameter: PostgreSQL matches the clause to this
+# partial index when it plans the statement, and under a generic plan (asyncpg prepares
+# every statement; from its sixth run on a connection PostgreSQL may plan it generically)
+# ``state <> $1`` implies nothing, so no index matches and the upsert fails.
+KEY_HOLDER = and_(sf.c.job_key.is_not(None), sf.c.state != literal_column("'Success'"))
 ix_key = Index(
     "ix_scheduled_functions_key",
     sf.c.job_key,
