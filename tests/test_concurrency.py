@@ -8,6 +8,7 @@ import sqlite3
 from collections import Counter as Tally
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import anyio
 import anyio.lowlevel
@@ -22,6 +23,7 @@ from durafn.testing import FakeClock, all_rows
 from .conftest import PG_DSN
 from .helpers import count
 from .models import Effect
+from .test_workers import SLACK
 
 pytestmark = pytest.mark.anyio
 
@@ -263,4 +265,52 @@ async def test_a_cut_short_batch_wakes_other_executors(postgres_url: str) -> Non
         assert set(heard) == {"mutation"}
     finally:
         await listener.close()
+        await app.aclose()
+
+
+@pytest.mark.postgres_only  # SKIP LOCKED: on SQLite a claim waits for the one write lock
+@pytest.mark.parametrize("held", ["queue", "flow key"])
+async def test_a_claim_that_skipped_a_held_queue_or_key_looks_again(
+    postgres_url: str, held: str
+) -> None:
+    """A claim skips a queue (or a flow key) that another transaction holds, as it would
+    another claim's. When that holder ends without taking the row and without a wake-up
+    (a claim that found nothing it could take sends none), the claimer must not sleep
+    until its poll (an hour here): it looks again on its own."""
+    import asyncpg
+
+    app = durafn.App(postgres_url)
+    await app.migrate()
+
+    @app.action(name="held:act")
+    async def act(ctx: ActionCtx) -> None:
+        pass
+
+    options: dict[str, Any] = (
+        {"queue": "q"} if held == "queue" else {"flow": durafn.Flow(key="k", concurrency=1)}
+    )
+    lock = (
+        "SELECT 1 FROM _durafn_queues WHERE name = 'q' FOR UPDATE"
+        if held == "queue"
+        else "SELECT 1 FROM _durafn_flow_keys WHERE key = 'k' FOR UPDATE"
+    )
+    admin = await asyncpg.connect(PG_DSN)
+    try:
+        if held == "flow key":  # the key's row is made by the first claim that meets it
+            await admin.execute("INSERT INTO _durafn_flow_keys (key, tat) VALUES ('k', 0)")
+        sid = await app.scheduler().run_after(0, act.options(**options))
+        holder = admin.transaction()
+        await holder.start()
+        assert await admin.fetchval(lock) == 1
+        async with app.run_executor(poll_interval=3600) as executor:
+            hint = executor._claims.hint
+            # Three idle waits in a row after contended claims (the look-again delay
+            # doubles each time): any wake-up of the start is spent by then.
+            with anyio.fail_after(SLACK):
+                while hint.recheck < 0.2:  # noqa: ASYNC110
+                    await anyio.sleep(0.01)
+            await holder.rollback()  # no NOTIFY: only the claimer's own look again finds it
+            assert (await executor.wait_for(sid, timeout=SLACK)).state is State.SUCCESS
+    finally:
+        await admin.close()
         await app.aclose()

@@ -7,6 +7,8 @@ across processes, pools) are in ``test_queue_workers.py``.
 
 from __future__ import annotations
 
+from typing import Any
+
 import anyio
 import anyio.lowlevel
 import pytest
@@ -289,6 +291,30 @@ async def test_a_worker_skips_rows_with_forbidden_flags(app: durafn.App) -> None
         assert (await row_of(app, id)).state is State.PENDING
     await app.executor().run_until_idle()
     assert sorted(await effects(app)) == ["heavy", "heavy-q", "light"]
+
+
+@pytest.mark.parametrize("rows", ["unqueued", "queued", "keyed"])
+async def test_flags_are_exact_strings(app: durafn.App, rows: str) -> None:
+    """As Graphile's forbiddenFlags: ``bulk`` is not ``Bulk`` (SQLite's LIKE once took
+    them for one), and ``a_b`` is not ``axb`` (nor is ``%`` anything but itself)."""
+
+    @app.mutation
+    async def note(ctx: MutationCtx, tag: str) -> None:
+        ctx.db.add(Effect(key=tag))
+
+    classes: dict[str, dict[str, Any]] = {
+        "unqueued": {},
+        "queued": {"queue": "q"},
+        "keyed": {"flow": durafn.Flow(key="k", concurrency=5)},
+    }
+    where = classes[rows]
+    for flag in ("Bulk", "axb", "a-b"):
+        await app.scheduler().run_after(0, note.options(flags=[flag], **where), flag)
+    assert [r.flags for r in (await app.list(flag="bulk")).items] == []
+    assert [r.flags for r in (await app.list(flag="Bulk")).items] == [["Bulk"]]
+    assert [r.flags for r in (await app.list(flag="a_b")).items] == []
+    await app.executor(forbidden_flags=["bulk", "a_b", "a.b"]).run_until_idle()
+    assert sorted(await effects(app)) == ["Bulk", "a-b", "axb"]
 
 
 async def test_a_worker_with_queues_serves_only_those(app: durafn.App) -> None:

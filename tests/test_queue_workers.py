@@ -17,7 +17,7 @@ import durafn
 from durafn import Flow, State
 
 from .helpers import equals, wait_until
-from .test_workers import SLACK, stop, worker_processes
+from .test_workers import ROOT, SLACK, durafn_command, stop, worker_processes
 from .worker_app import QUEUES, Base, Functions, register
 
 pytestmark = pytest.mark.anyio
@@ -136,3 +136,71 @@ async def test_pools_run_each_queue_in_its_own_processes(
     assert {s.serves for n, s in spans.items() if n >= 100} == {"reports,exports"}
     # No pool serves unqueued rows (none is '*'): they wait.
     assert {(await app.get(i)).state for i in left} == {State.PENDING}  # type: ignore[union-attr]
+
+
+def _poll_only_as_fallback(engine_name: str) -> list[str]:
+    """On PostgreSQL, a fallback poll of an hour: a hand-off that misses its wake-up
+    hangs (and the test's ceiling fails it) instead of costing the 5 s default. SQLite
+    has no cross-process wake-ups: its poll is how other processes learn."""
+    return ["--poll-interval", "3600" if engine_name == "postgres" else "0.05"]
+
+
+def _ran_in_order(trace: Path, count: int) -> None:
+    """The rows ran one at a time, in queue order (the trace's lines are appended as they
+    run: an action's start and end, a mutation's run)."""
+    lines = [line.split()[:2] for line in trace.read_text().splitlines()]
+    expected = [["start", str(n)] if n % 2 else ["run", str(n)] for n in range(count)]
+    assert [line for line in lines if line[0] != "end"] == expected
+    for n in range(1, count, 2):  # an action ends before the next row starts
+        assert lines.index(["end", str(n)]) == lines.index(["start", str(n)]) + 1
+
+
+async def test_a_serial_queue_hands_off_between_kinds_across_processes(
+    qapp: tuple[durafn.App, Functions], db_url: str, engine_name: str, tmp_path: Path
+) -> None:
+    """Mutations and actions take turns in one serial queue, run by two worker
+    processes: each row's end must wake the claimers of the other kind, in the other
+    process too (a claim of one kind that only looked at the queue once held it, and the
+    other kind's claim, finding it held, slept until its poll)."""
+    app, fns = qapp
+    trace = tmp_path / "spans"
+    calls = [
+        fns.note.options(queue="handoff").call(n, str(trace))
+        if n % 2 == 0
+        else fns.span.options(queue="handoff").call(n, str(trace), 0.0)
+        for n in range(24)
+    ]
+    poll = _poll_only_as_fallback(engine_name)
+    async with worker_processes(db_url, 2, tmp_path, *poll) as procs:
+        await wait_until(lambda: equals(_count_workers(app), 2), "2 workers", SLACK + 10)
+        ids = await app.scheduler().run_many(calls)
+        await _wait_done(app, ids)
+        assert await stop(procs) == [0, 0]
+    _ran_in_order(trace, len(ids))
+
+
+async def test_resuming_a_queue_from_the_command_line_wakes_the_workers(
+    qapp: tuple[durafn.App, Functions], db_url: str, engine_name: str, tmp_path: Path
+) -> None:
+    app, fns = qapp
+    trace = tmp_path / "spans"
+    await app.pause_queue("paused")
+    calls = [
+        fns.note.options(queue="paused").call(n, str(trace))
+        if n % 2 == 0
+        else fns.span.options(queue="paused").call(n, str(trace), 0.0)
+        for n in range(6)
+    ]
+    poll = _poll_only_as_fallback(engine_name)
+    async with worker_processes(db_url, 2, tmp_path, *poll) as procs:
+        await wait_until(lambda: equals(_count_workers(app), 2), "2 workers", SLACK + 10)
+        ids = await app.scheduler().run_many(calls)
+        # Both workers were woken by the rows, and found the queue paused.
+        assert {(await app.get(i)).state for i in ids} == {State.PENDING}  # type: ignore[union-attr]
+        resume = await anyio.run_process(
+            durafn_command("queue", "resume", "paused", "--url", db_url), cwd=ROOT, check=False
+        )
+        assert resume.returncode == 0, resume.stderr
+        await _wait_done(app, ids)
+        assert await stop(procs) == [0, 0]
+    _ran_in_order(trace, len(ids))

@@ -44,6 +44,7 @@ class Functions(NamedTuple):
     completed: durafn.MutationRef[[durafn.Completion], None]
     until_cancelled: durafn.ActionRef[[int, str], None]
     interruptible: durafn.ActionRef[[int, str], None]
+    note: durafn.MutationRef[[int, str], None]
 
 
 async def _trace(path: str, n: int) -> None:
@@ -120,8 +121,24 @@ def register(app: durafn.App) -> Functions:
             with anyio.CancelScope(shield=True):  # its scope is cancelled: shield the trace
                 await _trace(path, n + 1000)
 
+    @app.mutation(name="w:note")
+    async def note(ctx: MutationCtx, n: int, path: str) -> None:
+        """Records that it ran, as ``w:span`` does (its line is written before its
+        transaction commits: a run rolled back would leave a line too)."""
+        async with await anyio.open_file(path, "a") as f:
+            await f.write(f"run {n} {time.monotonic()} {os.getpid()} *\n")
+
     return Functions(
-        apply, fan_out, touch, hang, span, hang_once, completed, until_cancelled, interruptible
+        apply,
+        fan_out,
+        touch,
+        hang,
+        span,
+        hang_once,
+        completed,
+        until_cancelled,
+        interruptible,
+        note,
     )
 
 

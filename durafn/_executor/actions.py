@@ -131,8 +131,8 @@ class ActionPool:
                 self._ready.extend(rows)
                 self._wake_a_worker()
                 if len(rows) < want:  # all that was due at ``now``: as for mutations
-                    flow = self._claims.hint.flow
-                    await self._wakeups.idle_wait(FunctionKind.ACTION, signal, now, flow)
+                    hint = self._claims.hint
+                    await self._wakeups.idle_wait(FunctionKind.ACTION, signal, now, hint)
         finally:
             self._dispatcher_done.set()
             self._wake_all_workers()  # no more rows are coming: idle workers exit

@@ -95,7 +95,7 @@ class MutationLanes:
             # wake-up), so a second claim that would find nothing is not needed.
             self._watching = True
             try:
-                await self._wakeups.idle_wait(FunctionKind.MUTATION, signal, now, self.hint.flow)
+                await self._wakeups.idle_wait(FunctionKind.MUTATION, signal, now, self.hint)
             finally:
                 self._watching = False
             self._unpark_one()

@@ -16,13 +16,16 @@ import anyio
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from .._runtime import Runtime
-from .._store import FlowCursor
+from .._store import FastPathHint
 from .._types import FunctionKind
 from .tasks import Signal, first_of, shielded
 
 T = TypeVar("T")
 
 KINDS = (FunctionKind.MUTATION, FunctionKind.ACTION)
+RECHECK = 0.05
+"""The first look-again delay after a claim skipped a queue or key another claim held:
+about one mutation batch (``batch_time``), the longest a claim holds its locks."""
 
 
 class Wakeups:
@@ -57,17 +60,25 @@ class Wakeups:
         return self._work[kind].current()
 
     async def idle_wait(
-        self, kind: FunctionKind, signal: anyio.Event, claimed_at: float, flow: FlowCursor
+        self, kind: FunctionKind, signal: anyio.Event, claimed_at: float, hint: FastPathHint
     ) -> None:
         """Sleep until the next row of ``kind`` is due, new work is signalled, or the poll.
 
         ``claimed_at`` is when the claim that found nothing ran: rows due by then are all
         taken (locked by another lane or executor), so only later ones are waited for.
-        ``flow``: the claim's visit of the flow keys; it wakes when a spent rate budget
-        allows a start again, and does not sleep while keys are left to visit.
+        ``hint``: what the claim saw. Its visit of the flow keys wakes the wait when a
+        spent rate budget allows a start again, and keeps it from sleeping while keys are
+        left to visit; a queue or key it skipped because another claim held it makes it
+        look again after ``RECHECK`` real seconds, doubling while that goes on (a claim
+        that holds a lock and takes nothing sends no wake-up).
         """
+        flow = hint.flow
         if self.stopping.is_set() or flow.after:
             return
+        if hint.contended:
+            hint.recheck = min(self.poll_interval, 2 * hint.recheck or RECHECK)
+        else:
+            hint.recheck = 0.0
         rt = self._rt
         try:
             next_due = await shielded(
@@ -87,7 +98,11 @@ class Wakeups:
         for at in (next_due, flow.wake_at):
             if at is not None:
                 deadline = min(deadline, at)
-        await first_of(signal.wait, functools.partial(rt.clock.sleep_until, deadline))
+        until = functools.partial(rt.clock.sleep_until, deadline)
+        if hint.recheck:  # real time: how long another claim holds a lock
+            await first_of(signal.wait, until, functools.partial(anyio.sleep, hint.recheck))
+        else:
+            await first_of(signal.wait, until)
 
     async def _read(self, body: Callable[[AsyncConnection], Awaitable[T]]) -> T:
         # A lane goes through this read after every batch that leaves it idle, and work

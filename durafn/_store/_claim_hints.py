@@ -21,6 +21,14 @@ class FastPathHint:
         self.flow = FlowCursor()
         """Where the next claim's visit of the flow keys starts, and when a spent rate
         budget allows a start again (``_flow_claims``)."""
+        self.contended = False
+        """The last full claim skipped a named queue or a flow key that another claim held
+        (``SKIP LOCKED``). That claim usually takes the queue's head or the key's rows and
+        its end wakes the others; when it takes nothing (a rate budget it alone knows is
+        spent, a head that changed under it), nothing would wake this claimer before its
+        poll, so its idle wait looks again soon (``Wakeups.idle_wait``)."""
+        self.recheck = 0.0
+        """The idle wait's last look-again delay while contended (it doubles)."""
 
 
 class LevelFloor:

@@ -12,8 +12,10 @@ serve (a worker's queues, its forbidden flags). Four reads make it, each an inde
 2. **Unqueued rows**, level by level from ``ix_scheduled_functions_claim``, locked
    (``FOR UPDATE SKIP LOCKED`` on PostgreSQL; SQLite's write lock holds the whole claim).
 3. **Queued rows**: which queues have due rows, level by level from
-   ``ix_scheduled_functions_claim_queued`` (index only, no lock), skipping paused queues
-   and queues at their concurrency. For each such queue, in order: lock its
+   ``ix_scheduled_functions_claim_queued`` (index only, no lock), skipping paused queues,
+   queues at their concurrency and queues whose head (their first due row, whatever its
+   kind: one probe of ``ix_scheduled_functions_queue``) is not of the claim's kind or
+   carries a flag it refuses. For each such queue, in order: lock its
    ``_durafn_queues`` row (``SKIP LOCKED``: a queue another claim is choosing from, or a
    mutation batch is running, is skipped, never waited for), count its running rows, and
    read its **head** (its first due rows, whatever their kind, from
@@ -68,7 +70,7 @@ from ._claim_hints import FastPathHint
 from ._flow_claims import FlowCursor, FlowStatements, fair_order, flow_heads, flow_statements, keyed
 from ._queue_claims import queue_heads
 from ._rows import Claimed
-from ._statements import CLAIM_COLUMNS, PENDING, RUNNING, STARTED, claimed
+from ._statements import CLAIM_COLUMNS, PENDING, RUNNING, STARTED, carries, claimed
 from ._tables import queues, sf
 
 
@@ -199,7 +201,7 @@ def _flags_allowed(forbidden: frozenset[str]) -> ColumnElement[bool]:
         return true()
     return or_(
         sf.c.flags.is_(None),
-        and_(*(~sf.c.flags.contains(f",{f},", autoescape=True) for f in sorted(forbidden))),
+        and_(*(~carries(f) for f in sorted(forbidden))),
     )
 
 
@@ -231,6 +233,28 @@ def _blocked_queues() -> ColumnElement[bool]:
     )
     paused = select(queues.c.name).where(queues.c.paused)  # ix_durafn_queues_paused
     return and_(~sf.c.queue_name.in_(paused), ~sf.c.queue_name.in_(full))
+
+
+def _heads_its_queue() -> ColumnElement[bool]:
+    """The row is its queue's head: the first of its due rows, whatever their kind
+    (``ix_scheduled_functions_queue``, one probe). A claim locks only queues whose head
+    it may run: a lock held by a claim that then takes nothing (a mutation claim reading a
+    queue whose head is an action) made the other kind's claims skip the queue (SKIP
+    LOCKED) and sleep until their poll, 5 s on PostgreSQL, with nothing to wake them."""
+    head = sf.alias("head")
+    first = (
+        select(head.c.id)
+        .where(
+            head.c.state == PENDING,
+            head.c.flow_key.is_(None),
+            head.c.queue_name == sf.c.queue_name,
+            head.c.available_at <= bindparam("now", type_=Double),
+        )
+        .order_by(head.c.priority, head.c.available_at, head.c.id)
+        .limit(1)
+        .scalar_subquery()
+    )
+    return sf.c.id == first
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,10 +297,11 @@ def statements(serve: ClaimFilter, lateral: bool = False) -> ClaimStatements:
             .with_for_update(skip_locked=True)
         )
     served = true() if serve.queues is None else sf.c.queue_name.in_(sorted(serve.queues))
-    # ix_scheduled_functions_claim_queued, read alone (queue_name is its last column).
+    # ix_scheduled_functions_claim_queued, read alone (queue_name is its last column),
+    # then each row's queue head (ix_scheduled_functions_queue): only heads we may run.
     queued = (
         select(sf.c.queue_name, sf.c.priority, sf.c.available_at, sf.c.id)
-        .where(*_due_at_level(True), served, _blocked_queues(), flags_ok)
+        .where(*_due_at_level(True), served, _blocked_queues(), flags_ok, _heads_its_queue())
         .order_by(sf.c.available_at, sf.c.id)
         .limit(bindparam("limit", type_=Integer))
     )
@@ -404,10 +429,14 @@ async def take(
     st = statements(serve, lateral)
     present, keyed_due = await levels(conn, kind, now)
     cursor = hint.flow if hint is not None else FlowCursor()
+    if hint is not None:
+        hint.contended = False  # until a queue or key another claim holds is skipped
     if not keyed_due:
         cursor.after, cursor.wake_at, cursor.visited = "", None, []
         return await _take_unkeyed(conn, st, kind, now, limit, serve, hint, present)
     keyed_rows = await flow_heads(conn, st.flow, kind, now, limit, cursor, insert)
+    if hint is not None:
+        hint.contended = keyed_rows.skipped
     rows = await _take_unkeyed(conn, st, kind, now, limit, serve, hint, present)
     if not cursor.visited:
         return rows
@@ -451,9 +480,10 @@ async def _take_unkeyed(
         + [(p, at, id, q) for q, p, at, id in waiting]
     )[:limit]
     names = list(dict.fromkeys(q for *_, q in order if q is not None))
-    heads = await queue_heads(conn, kind, now, names, limit, serve.forbidden_flags)
-    chosen = sorted(free + heads, key=Claimed.order)[:limit]
-    return chosen
+    heads, skipped = await queue_heads(conn, kind, now, names, limit, serve.forbidden_flags)
+    if hint is not None and skipped:
+        hint.contended = True
+    return sorted(free + heads, key=Claimed.order)[:limit]
 
 
 async def start_actions(

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from sqlalchemy.sql.elements import ColumnElement
 
 from .._types import State
+from ._statements import carries
 from ._tables import sf
 
 
@@ -42,7 +43,7 @@ class RowFilter:
         if self.key is not None:
             terms.append(sf.c.job_key == self.key)
         if self.flag is not None:
-            terms.append(sf.c.flags.contains(f",{self.flag},", autoescape=True))
+            terms.append(carries(self.flag))
         if self.after is not None:
             terms.append(sf.c.scheduled_time >= self.after)
         if self.before is not None:

@@ -247,7 +247,7 @@ async def flow_heads(
     cursor.wake_at, cursor.visited = None, keys
     if not keys:
         cursor.after = ""
-        return Keyed([], {})
+        return Keyed([], {}, False)
     cursor.after = keys[-1] if len(keys) >= wanted else ""
     share = max(1, -(-room // len(keys)))
     heads = await _first_heads(conn, st, params, keys, min(room, share))
@@ -261,9 +261,13 @@ async def flow_heads(
         dict((await conn.execute(RUNNING_OF, {"keys": counted})).tuples().all()) if counted else {}
     )
     chosen: list[_Key] = []
+    skipped = False
     for key in keys:  # in cursor order
-        if key not in limits_of or (key in limited and key not in tats):
-            continue  # nothing due, or a key another claim is choosing from
+        if key in limited and key not in tats:
+            skipped = True  # a key another claim is choosing from
+            continue
+        if key not in limits_of:
+            continue  # nothing due (of this kind)
         rows, limits = heads[key], limits_of[key]
         free = room
         if limits.concurrency is not None:
@@ -285,7 +289,7 @@ async def flow_heads(
     for k in chosen:
         if total < room:
             total += await _more(conn, st, params, k, len(k.rows) + room - total, share)
-    return Keyed(chosen, tats)
+    return Keyed(chosen, tats, skipped)
 
 
 async def _lock_keys(
@@ -330,6 +334,8 @@ class Keyed:
 
     keys: list[_Key]
     tats: dict[str, float]
+    skipped: bool
+    """A key was skipped because another claim held its lock."""
 
     def ranked(self, now: float) -> list[tuple[Claimed, int, int]]:
         """Each row with its round and the priority it competes with (``fair_order``)."""

@@ -52,11 +52,13 @@ async def queue_heads(
     names: list[str],
     room: int,
     forbidden: frozenset[str],
-) -> list[Claimed]:
-    """The rows of ``names`` this claim may run: each queue's lock taken, then its head."""
+) -> tuple[list[Claimed], bool]:
+    """The rows of ``names`` this claim may run: each queue's lock taken, then its head;
+    and whether a queue was skipped because another claim held it."""
     held = {r.name: r.concurrency for r in await conn.execute(LOCK_QUEUES, {"names": names})}
+    skipped = len(held) < len(names)
     if not held:
-        return []
+        return [], skipped
     running = dict((await conn.execute(RUNNING_IN, {"names": list(held)})).tuples().all())
     taken: list[Claimed] = []
     for name in names:  # in claim order
@@ -73,7 +75,7 @@ async def queue_heads(
             if row.kind != kind.value or _forbidden(row.flags, forbidden):
                 break  # the queue's next row is not ours to run: nothing after it either
             taken.append(Claimed(*row[: len(CLAIM_COLUMNS)]))
-    return taken
+    return taken, skipped
 
 
 def _forbidden(stored: str | None, forbidden: frozenset[str]) -> bool:

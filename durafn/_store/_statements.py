@@ -14,8 +14,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, TypedDict
 
-from sqlalchemy import Double, Row, bindparam, literal_column, update
+from sqlalchemy import Boolean, Double, Row, Text, bindparam, literal, literal_column, update
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.sql.functions import FunctionElement
 
 from .._types import State
 from ._rows import Claimed, Outcome
@@ -43,6 +46,34 @@ CLAIM_COLUMNS = (
 # visibly implies the index's (SQLite does not look into parameters).
 PENDING: ColumnElement[str] = literal_column(f"'{State.PENDING.value}'")
 RUNNING: ColumnElement[str] = literal_column(f"'{State.IN_PROGRESS.value}'")
+
+
+class _Within(FunctionElement[bool]):
+    """``needle`` occurs in ``haystack``, case-sensitively on both engines: SQLite's LIKE
+    ignores ASCII case (a worker forbidding ``bulk`` skipped rows flagged ``Bulk``), and
+    its case_sensitive_like pragma would change the users' own queries on the connection.
+    """
+
+    type = Boolean()
+    name = "within"
+    inherit_cache = True
+
+
+@compiles(_Within)
+def _strpos(element: _Within, compiler: SQLCompiler, **kw: Any) -> str:
+    needle, haystack = (compiler.process(c, **kw) for c in element.clauses)
+    return f"(strpos({haystack}, {needle}) > 0)"
+
+
+@compiles(_Within, "sqlite")
+def _instr(element: _Within, compiler: SQLCompiler, **kw: Any) -> str:
+    needle, haystack = (compiler.process(c, **kw) for c in element.clauses)
+    return f"(instr({haystack}, {needle}) > 0)"
+
+
+def carries(flag: str) -> ColumnElement[bool]:
+    """The row carries ``flag`` (``flags`` is stored ``,a,b,``: one substring test)."""
+    return _Within(literal(f",{flag},", Text), sf.c.flags)
 
 
 def claimed(rows: Sequence[Row[Any]]) -> list[Claimed]:
