@@ -18,6 +18,7 @@ from ._clock import to_datetime
 from ._flow import Limits, allowance, next_slot
 from ._options import read_flags
 from ._store._explain import Facts, KeyCounts
+from ._store._rows import DEBOUNCE_KEY
 from ._types import ScheduledFunctionId, State
 
 Reason = Literal[
@@ -107,11 +108,10 @@ def _holding(facts: Facts, now: float) -> list[_Held]:
                 "and the calls until then join it"
             )
             found.append(_Held("throttled", message, at))
-        elif row.flow_until is not None:
-            message = (
-                f"debounced: it runs at {at.isoformat()} unless another call comes first "
-                f"(and by {to_datetime(row.flow_until).isoformat()} at the latest)"
-            )
+        elif row.flow_until is not None or (row.job_key or "").startswith(DEBOUNCE_KEY):
+            message = f"debounced: it runs at {at.isoformat()} unless another call comes first"
+            if row.flow_until is not None:  # Debounce(max_wait=...)
+                message += f" (and by {to_datetime(row.flow_until).isoformat()} at the latest)"
             found.append(_Held("debounced", message, at))
         else:
             found.append(_Held("not_due", f"not due until {at.isoformat()}", at))

@@ -237,10 +237,11 @@ async def test_aging_lifts_a_low_priority_row_past_a_stream_of_urgent_ones(
 # -- debounce ----------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("max_wait", [30, None])
 async def test_debounce_runs_once_after_the_quiet_period_with_the_last_arguments(
-    app: durafn.App, clock: FakeClock
+    app: durafn.App, clock: FakeClock, max_wait: float | None
 ) -> None:
-    @app.mutation(flow=Flow(key=by_user, debounce=Debounce(quiet=10, max_wait=30)))
+    @app.mutation(flow=Flow(key=by_user, debounce=Debounce(quiet=10, max_wait=max_wait)))
     async def reindex(ctx: MutationCtx, user: int, note: str) -> None:
         ctx.db.add(Effect(key=note))
 
@@ -255,6 +256,7 @@ async def test_debounce_runs_once_after_the_quiet_period_with_the_last_arguments
     explained = await app.explain(first)
     assert explained.reason == "debounced"
     assert explained.until is not None and explained.until.timestamp() == clock.now() + 10
+    assert ("at the latest" in explained.message) == (max_wait is not None)
     clock.advance(10)
     assert await executor.run_until_idle() == 1
     assert await effects(app) == ["c"]

@@ -262,6 +262,10 @@ def to_model(row: Row[Any]) -> ScheduledFunction:
     )
 
 
+DEBOUNCE_KEY = "debounce:"
+"""How the job key of a row debounced on the trailing edge begins (``new_row``)."""
+
+
 def new_row(
     id: ScheduledFunctionId,
     name: str,
@@ -279,7 +283,7 @@ def new_row(
     debounce = options.flow.coalesce if options.flow is not None and flow_key else None
     job_key = options.key
     if isinstance(debounce, Debounce) and debounce.edge == "trailing":
-        job_key = "debounce:" + json.dumps([name, flow_key], separators=(",", ":"))
+        job_key = DEBOUNCE_KEY + json.dumps([name, flow_key], separators=(",", ":"))
     return {
         "id": id,
         "name": name,
