@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import json
 import re
 import typing
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal, TypedDict, get_args
 
@@ -290,6 +291,29 @@ def schedule_of(expression: str, timezone: str, source: str) -> Schedule:
 
 
 MAX_BACKFILL = 366 * 86400
+MAX_FILL = 100_000
+"""The most ticks a backfill writes at once (one transaction): a backfill window may span
+at most this many of its schedule's ticks (a second-by-second cron, 27 hours)."""
+_SAMPLE = 500
+_SAMPLE_FROM = datetime(2001, 1, 1, tzinfo=UTC)
+
+
+def _check_fill(name: str, schedule: Schedule, seconds: float) -> None:
+    """Refuse a backfill window that could hold more than ``MAX_FILL`` ticks, judged by
+    the closest two of the schedule's first ``_SAMPLE`` ticks (from a fixed day, so that
+    a declaration is accepted or refused the same way every time)."""
+    ticks = list(itertools.islice(schedule.iter_after(_SAMPLE_FROM), _SAMPLE))
+    gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(ticks)]
+    shortest = min(gaps, default=seconds)
+    if seconds / shortest > MAX_FILL:
+        raise RegistrationError(
+            f"cron {name!r}: a backfill of {timedelta(seconds=seconds)} may hold "
+            f"{seconds / shortest:,.0f} ticks (one every {shortest:g} s), more than the "
+            f"{MAX_FILL:,} one catch-up writes; make it at most "
+            f"{timedelta(seconds=MAX_FILL * shortest)}"
+        )
+
+
 _TICK_TYPES = (CronTick, CronTick | None)
 
 
@@ -330,7 +354,7 @@ def declare(
     if source != "api" and name in rt.crons:
         raise RegistrationError(f"a cron named {name!r} is already declared")
     try:
-        schedule_of(schedule, timezone, source)
+        parsed = schedule_of(schedule, timezone, source)
     except CronSyntaxError as exc:
         raise RegistrationError(f"cron {name!r}: {exc}") from None
     if overlap not in OVERLAPS:
@@ -344,6 +368,7 @@ def declare(
             raise RegistrationError(
                 f"backfill must be a timedelta of 1 s to 366 days, not {backfill!r}"
             )
+        _check_fill(name, parsed, seconds)
     stored_catch_up = catch_up if backfill is None else f"fill:{int(seconds)}"
     if not isinstance(enabled, bool):
         raise RegistrationError(f"enabled must be True or False, not {enabled!r}")

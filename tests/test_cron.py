@@ -928,3 +928,40 @@ def test_cron_check_command() -> None:
     bad = runner.invoke(durafn.cli.main, ["cron", "check", "0 0 32 * *"])
     assert bad.exit_code == 1
     assert bad.stderr.strip() == "error: day-of-month: 32 is out of range 1-31"
+
+
+@pytest.mark.parametrize(
+    ("expression", "zone"),
+    [
+        ("*/7 * * * * *", "UTC"),
+        ("0 * * * *", "America/New_York"),  # both passes of the repeated hour
+        ("30 1 * * *", "America/New_York"),  # the fold's first pass only
+        ("30 2 * * *", "America/New_York"),  # skipped in the spring-forward gap
+        ("0 0 L * *", "Europe/Riga"),
+        ("15 9 * * 5#3", "Australia/Lord_Howe"),
+        ("@every 1h30m", "America/New_York"),
+    ],
+)
+def test_the_latest_tick_and_the_ticks_from_a_time_match_stepping_through_them(
+    expression: str, zone: str
+) -> None:
+    """``last_until`` (bisection) and ``iter_from`` agree with stepping through every
+    fire time, across daylight-saving days, from many starts and ends."""
+    schedule = cron.parse(expression, zone)
+    first = schedule.next_after(datetime(2026, 2, 20, tzinfo=UTC))
+    assert first is not None
+    ticks = [first, *itertools.islice(schedule.iter_after(first), 300)]
+    if expression.startswith("@every"):  # real time: 90 minutes apart across the change too
+        gaps = {b.astimezone(UTC) - a.astimezone(UTC) for a, b in itertools.pairwise(ticks)}
+        assert gaps == {timedelta(minutes=90)}
+    for n, until in enumerate(ticks[1:], start=1):
+        if n % 7:
+            continue
+        for offset in (timedelta(0), timedelta(milliseconds=1), -timedelta(milliseconds=1)):
+            end = until + offset
+            assert schedule.last_until(first, end) == max(t for t in ticks if t <= end)
+    for start in ticks[:-10:11]:
+        for offset in (timedelta(0), timedelta(milliseconds=1), -timedelta(milliseconds=1)):
+            begin = start + offset
+            found = list(itertools.islice(schedule.iter_from(first, begin), 5))
+            assert found == [t for t in ticks if t >= begin][:5]

@@ -100,6 +100,65 @@ async def test_after_downtime_the_latest_missed_tick_runs_once(
     ]
 
 
+@pytest.mark.parametrize(
+    ("schedule", "step", "down", "fill"),
+    [
+        ("* * * * * *", 1.0, timedelta(hours=28), timedelta(minutes=2)),  # 100,800 missed
+        ("* * * * *", 60.0, timedelta(days=70), timedelta(hours=3)),  # 100,800 missed
+        ("@every 1s", 1.0, timedelta(days=400), timedelta(minutes=5)),
+    ],
+    ids=["per-second-28h", "per-minute-70d", "every-second-400d"],
+)
+async def test_after_a_long_downtime_catch_up_counts_from_now(
+    app: durafn.App,
+    clock: FakeClock,
+    schedule: str,
+    step: float,
+    down: timedelta,
+    fill: timedelta,
+) -> None:
+    """More than 100,000 ticks missed: the latest is the one just before now (not one
+    hours stale), a backfill writes its window's ticks (not nothing, recorded missed),
+    and each goes on from now."""
+    report = _report(app)
+    app.cron("latest", schedule, report.call("latest"))
+    app.cron("fill", schedule, report.call("fill"), backfill=fill)
+    executor = app.executor()
+    await executor.run_until_idle()
+    back_at = clock.now() + down.total_seconds() + step / 2  # between two ticks
+    clock.set(back_at)
+    await executor.run_until_idle()
+    latest = back_at - step / 2
+    written = (await app.list(name="report", limit=10_000)).items
+    rows = {
+        name: [r.scheduled_time.timestamp() for r in written if r.args["what"] == name]
+        for name in ("latest", "fill")
+    }
+    assert rows["latest"] == [latest]
+    window = fill.total_seconds()
+    expected_fill = [latest - n * step for n in range(int(window // step), -1, -1)]
+    assert rows["fill"] == [t for t in expected_fill if t >= back_at - window]
+    found = await registry(app)
+    for name in ("latest", "fill"):
+        assert found[name]["next_run_at"] == latest + step
+        assert found[name]["last_run_at"] == latest
+        assert found[name]["last_skip_reason"] is None
+
+
+async def test_a_backfill_longer_than_its_schedule_allows_is_refused(app: durafn.App) -> None:
+    report = _report(app)
+    with pytest.raises(
+        durafn.RegistrationError,
+        match=r"1 day, 4:00:00 may hold 100,800 ticks .* at most 1 day, 3:46:40",
+    ):
+        app.cron("dense", "* * * * * *", report.call("x"), backfill=timedelta(hours=28))
+    app.cron("dense", "* * * * * *", report.call("x"), backfill=timedelta(hours=27))
+    with pytest.raises(durafn.RegistrationError, match="at most 69 days, 10:40:00"):
+        app.cron("minutes", "* * * * *", report.call("x"), backfill=timedelta(days=366))
+    app.cron("minutes", "* * * * *", report.call("x"), backfill=timedelta(days=69))
+    app.cron("daily", daily(hour=3), report.call("x"), backfill=timedelta(days=366))
+
+
 async def test_a_tick_is_skipped_while_the_previous_run_waits(
     app: durafn.App, clock: FakeClock
 ) -> None:

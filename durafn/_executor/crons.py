@@ -32,7 +32,7 @@ import anyio
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from .._clock import to_datetime
-from .._crons import first_run, schedule_of, tick_parameter
+from .._crons import MAX_FILL, first_run, schedule_of, tick_parameter
 from .._errors import DatabaseError
 from .._hooks import HookEvent, HookName
 from .._options import RowOptions
@@ -52,9 +52,6 @@ LATE = 60.0
 """A tick older than this when the loop reaches it was missed (downtime)."""
 DUE_BATCH = 1000
 """Due crons handled per tick."""
-MAX_TICKS = 100_000
-"""Ticks stepped through to find the latest missed one (a second-by-second cron down for
-more than a day catches up on the latest it finds)."""
 
 
 @dataclass(slots=True)
@@ -255,22 +252,32 @@ class CronLoop:
         unless its overlap says otherwise. No I/O: a cron that cannot be read raises."""
         schedule = schedule_of(cron["schedule"], cron["timezone"], cron["source"])
         expected = float(cron["next_run_at"])
-        missed, following = [expected], None
-        for n, t in enumerate(schedule.iter_after(to_datetime(expected))):
-            if t.timestamp() > now or n >= MAX_TICKS:
-                following = t
-                break
-            missed.append(t.timestamp())
-        if following is not None and following.timestamp() <= now:
-            following = schedule.next_after(to_datetime(now))
-        latest = missed[-1]
+        # The latest tick due by now and the one after it, however long the downtime
+        # (found by bisection, not by stepping through every missed tick).
+        last = schedule.last_until(to_datetime(expected), to_datetime(now))
+        latest, following = last.timestamp(), schedule.next_after(last)
         catch_up: str = cron["catch_up"]
         if catch_up == "latest":
             ticks = [latest]
         elif catch_up == "none":
             ticks = [latest] if now - latest <= LATE else []
         else:  # "fill:<seconds>": every missed tick of the window, oldest first
-            ticks = [t for t in missed if t >= now - int(catch_up.removeprefix("fill:"))]
+            start = max(expected, now - int(catch_up.removeprefix("fill:")))
+            ticks = []
+            for t in schedule.iter_from(to_datetime(expected), to_datetime(start)):
+                if t.timestamp() > now:
+                    break
+                if len(ticks) == MAX_FILL:  # a window declared before the bound (below)
+                    logger.warning(
+                        "cron %s: its backfill window holds more than %d ticks; the rest "
+                        "up to %s are skipped",
+                        cron["name"],
+                        MAX_FILL,
+                        last.isoformat(),
+                    )
+                    ticks[-1] = latest
+                    break
+                ticks.append(t.timestamp())
         options = RowOptions(**json.loads(cron["options"]))
         ref = self._rt.registry.find(cron["function"])
         param = tick_parameter(ref) if isinstance(ref, SchedulableRef) else None

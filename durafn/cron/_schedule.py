@@ -264,6 +264,39 @@ class Schedule:
         _check_aware(t)
         return self._clock.after(t)
 
+    def last_until(self, first: datetime, until: datetime) -> datetime:
+        """The last fire time from ``first`` (a fire time) to ``until``, both included:
+        the latest tick a cron missed, however long it was down. Found by bisection on
+        ``next_after``, about 45 calls whatever the span: stepping through every tick
+        took 100,000 steps for a second-by-second cron down for 28 hours."""
+        _check_aware(first)
+        _check_aware(until)
+        # In UTC: arithmetic on datetimes of one zone is wall-clock arithmetic.
+        low, high = first.astimezone(UTC), until.astimezone(UTC)
+        # next_after(low) <= until < next_after(high) (or None) all along.
+        found = self.next_after(low)
+        if found is None or found > until:
+            return first
+        while high - low > _RESOLUTION:  # fire times are whole seconds apart at least
+            middle = low + (high - low) / 2
+            following = self.next_after(middle)
+            if following is not None and following <= until:
+                low, found = middle, following
+            else:
+                high = middle
+        return found
+
+    def iter_from(self, first: datetime, start: datetime) -> Iterator[datetime]:
+        """The fire times from ``start`` on (included, if it is one), ``first`` being a fire
+        time (``Every`` counts from it)."""
+        _check_aware(first)
+        _check_aware(start)
+        if start <= first:
+            yield first.astimezone(self.zone)
+            yield from self.iter_after(first)
+        else:
+            yield from self.iter_after(start - _RESOLUTION)
+
     def skipped(self, after: datetime, until: datetime) -> list[datetime]:
         """Wall times (naive, in the zone) this schedule would have fired at between the
         aware ``after`` and ``until`` but did not, because daylight saving skipped them
@@ -297,14 +330,33 @@ class Every(Schedule):
 
     def next_after(self, t: datetime) -> datetime | None:
         _check_aware(t)
-        return (t + self.interval).astimezone(self._tz)
+        # In UTC: adding to a datetime of a zone with daylight saving adds wall-clock time
+        # (an hour less or more across a change), and this is an interval of real time.
+        return (t.astimezone(UTC) + self.interval).astimezone(self._tz)
 
     def iter_after(self, t: datetime) -> Iterator[datetime]:
         _check_aware(t)
-        at = t
+        at = t.astimezone(UTC)
         while True:
             at = at + self.interval
             yield at.astimezone(self._tz)
+
+    def last_until(self, first: datetime, until: datetime) -> datetime:
+        _check_aware(first)
+        _check_aware(until)
+        first, until = first.astimezone(UTC), until.astimezone(UTC)  # absolute arithmetic
+        steps = max(0, (until - first) // self.interval)
+        return (first + steps * self.interval).astimezone(self._tz)
+
+    def iter_from(self, first: datetime, start: datetime) -> Iterator[datetime]:
+        _check_aware(first)
+        _check_aware(start)
+        first, start = first.astimezone(UTC), start.astimezone(UTC)  # absolute arithmetic
+        steps = max(0, -((first - start) // self.interval))  # the first at or after start
+        at = first + steps * self.interval
+        while True:
+            yield at.astimezone(self._tz)
+            at = at + self.interval
 
     def matches(self, t: datetime) -> bool:
         return False  # it has no fixed times: only times counted from an anchor
@@ -314,6 +366,11 @@ class Every(Schedule):
 
     def describe(self) -> str:
         return f"every {self.expression.split(None, 1)[1]}, {self.timezone}"
+
+
+_RESOLUTION = timedelta(milliseconds=1)
+"""Finer than the closest two fire times of any expression (a second, at the seconds
+field): what ``last_until`` bisects down to."""
 
 
 def _check_aware(t: datetime) -> None:
