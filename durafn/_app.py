@@ -16,6 +16,7 @@ from ._cancels import CANCEL_MODES, CancelMode
 from ._checks import aware_time, flag, integer, optional, positive_seconds, state_list, text
 from ._clock import Clock, SystemClock, to_datetime
 from ._context import ActionCtx, MutationCtx, QueryCtx, SystemTable
+from ._cron_registry import CronRegistry
 from ._crons import CronDeclarations
 from ._errors import ArgumentError, RegistrationError
 from ._executor import Executor, ExecutorOptions, make_config
@@ -50,7 +51,7 @@ DEFAULT_URL = "sqlite+aiosqlite:///durafn.sqlite3"
 """Used when no URL is given and ``DURAFN_DATABASE_URL`` is unset: a file in the cwd."""
 
 
-class App(Operations, CronDeclarations):
+class App(Operations, CronDeclarations, CronRegistry):
     """A durafn application: register functions on it, run them, schedule them.
 
     ``App()`` uses a SQLite file (``DURAFN_DATABASE_URL`` or ``./durafn.sqlite3``);

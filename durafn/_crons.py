@@ -18,22 +18,21 @@ import itertools
 import json
 import re
 import typing
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal, TypedDict, get_args
 
-from sqlalchemy.ext.asyncio import AsyncConnection
 from typing_extensions import Unpack
 
 from ._clock import to_datetime
-from ._errors import ArgumentError, CronSyntaxError, RegistrationError
+from ._errors import CronSyntaxError, DurafnError, RegistrationError
+from ._options import RowOptions
 from ._registry import Call, SchedulableRef
 from ._retries import GRAPHILE, Retry
 from ._runtime import Runtime
-from ._scheduler import Scheduler
-from ._store import CronRow
-from ._types import CronInfo, CronTick, ScheduledFunctionId
-from ._writers import DirectWriter
+from ._store import CronRow, new_id, new_row, tick_id
+from ._types import CronTick
 from .cron import Schedule, parse, parse_cron_item, parse_crontab
 
 Overlap = Literal["skip", "allow", "cancel_previous", "enqueue"]
@@ -105,7 +104,7 @@ class CronDeclarations:
             items = parse_crontab(text)
         except CronSyntaxError as exc:
             raise RegistrationError(str(exc)) from None
-        names = []
+        rows: list[CronRow] = []  # declared together or not at all, as Graphile parses
         for item in items:
             ref = self._rt.registry.find(item.task)
             if not isinstance(ref, SchedulableRef):
@@ -120,158 +119,70 @@ class CronDeclarations:
             if opts.max_attempts is not None:
                 options["retry"] = Retry(opts.max_attempts, backoff=GRAPHILE)
             fill = opts.backfill_period
-            declare(
-                self._rt,
-                item.identifier,
-                item.schedule.expression,
-                ref.options(**options).call(**(item.payload or {})),
-                source="crontab",
-                overlap="allow",
-                catch_up="none",
-                backfill=fill if fill > timedelta(0) else None,
-            )
-            names.append(item.identifier)
-        return names
-
-    async def register_cron(
-        self,
-        name: str,
-        schedule: str,
-        call: Call | SchedulableRef[[], Any],
-        **settings: Unpack[CronSettings],
-    ) -> CronInfo:
-        """Register a cron at run time (OJS's register: an upsert by name), with the
-        parameters of ``cron``. It is kept when executors reconcile their declarations
-        (``source`` ``api``); a name declared in code is refused. The cron leader, any
-        executor, writes its ticks (one of an app without crons of its own looks for
-        registered ones every third of its lease)."""
-        rt = self._rt
-        if name in rt.crons:
-            raise RegistrationError(f"cron {name!r} is declared in code; give another name")
-        row = declare(rt, name, schedule, call, source="api", **settings)
-
-        async def _write(conn: AsyncConnection) -> None:
-            now = rt.clock.now()
-            stored = {r["name"]: r for r in await rt.driver.stored_crons(conn)}
-            found = stored.get(name)
-            following = first_run(row, now)
-            if found is None:
-                await rt.driver.add_cron(conn, row, now, following)
-            elif found["source"] != "api":
-                raise RegistrationError(f"cron {name!r} is declared in code; give another name")
-            else:
-                await rt.driver.change_cron(conn, row, now, following, row.timing_differs(found))
-
-        await rt.transaction(_write, doing="registering a cron")
-        info = await self.get_cron(name)
-        assert info is not None
-        return info
-
-    async def crons(self, *, enabled: bool | None = None) -> list[CronInfo]:
-        """The registry's crons, by name (``enabled``: only those, or only the others)."""
-        rt = self._rt
-
-        async def _read(conn: AsyncConnection) -> list[dict[str, Any]]:
-            return await rt.driver.stored_crons(conn)
-
-        rows = await rt.transaction(_read, read_only=True, doing="listing crons")
-        found = [_info(row) for row in rows]
-        return [c for c in found if enabled is None or c.enabled is enabled]
-
-    async def get_cron(self, name: str) -> CronInfo | None:
-        """One cron of the registry, or None."""
-        return next((c for c in await self.crons() if c.name == name), None)
-
-    async def enable_cron(self, name: str) -> None:
-        """Let the cron run again, from its next tick after now."""
-        await self._set_enabled(name, True)
-
-    async def disable_cron(self, name: str) -> None:
-        """Stop the cron (its ``next_run_at`` becomes None) without removing it. A cron
-        declared in code is enabled again by the next deploy only if its declaration
-        changes."""
-        await self._set_enabled(name, False)
-
-    async def _set_enabled(self, name: str, enabled: bool) -> None:
-        rt = self._rt
-
-        async def _write(conn: AsyncConnection) -> bool:
-            row = next((r for r in await rt.driver.stored_crons(conn) if r["name"] == name), None)
-            if row is None:
-                return False
-            now = rt.clock.now()
-            schedule = schedule_of(row["schedule"], row["timezone"], row["source"])
-            following = schedule.next_after(to_datetime(now)) if enabled else None
-            await rt.driver.set_cron(
-                conn,
-                name,
-                {
-                    "enabled": enabled,
-                    "next_run_at": following.timestamp() if following is not None else None,
-                    "updated_at": now,
-                },
-            )
-            return True
-
-        # The leader sees it at its next look (every third of its lease at most).
-        if not await rt.transaction(_write, doing="enabling or disabling a cron"):
-            raise ArgumentError(f"no cron named {name!r} (app.crons() and durafn crons list them)")
-
-    async def remove_cron(self, name: str) -> bool:
-        """Remove a cron from the registry (rows it wrote stay); False if there was none.
-        A cron declared in code comes back when an executor of that code starts."""
-        rt = self._rt
-
-        async def _write(conn: AsyncConnection) -> int:
-            return await rt.driver.remove_crons(conn, [name])
-
-        return bool(await rt.transaction(_write, doing="removing a cron"))
-
-    async def trigger_cron(self, name: str) -> ScheduledFunctionId:
-        """Run the cron's function now, once, outside its schedule (its ticks go on)."""
-        rt = self._rt
-        cron = await self.get_cron(name)
-        if cron is None:
-            raise ArgumentError(f"no cron named {name!r} (app.crons() and durafn crons list them)")
-        ref = rt.registry.resolve(cron.function)
-        if not isinstance(ref, SchedulableRef):
-            raise ArgumentError(f"cron {name!r} runs {cron.function!r}, not a function of this app")
-        scheduler = Scheduler(rt, DirectWriter(rt, check_parent=None))
-        return await scheduler.run_after(0, ref, **cron.args)
+            try:
+                call = ref.options(**options).call(**(item.payload or {}))
+                row = declare(
+                    self._rt,
+                    item.identifier,
+                    item.schedule.expression,
+                    call,
+                    source="crontab",
+                    overlap="allow",
+                    catch_up="none",
+                    backfill=fill if fill > timedelta(0) else None,
+                    keep=False,
+                )
+            except DurafnError as exc:  # its line named, nothing declared
+                exc.args = (f"crontab, cron {item.identifier!r}: {exc}",)
+                raise
+            rows.append(row)
+        for row in rows:
+            self._rt.crons[row.name] = row
+        return [row.name for row in rows]
 
 
-def _describe(row: dict[str, Any]) -> str:
-    try:
-        return schedule_of(row["schedule"], row["timezone"], row["source"]).describe()
-    except CronSyntaxError as exc:  # stored by another version: listed all the same
-        return f"cannot be read: {exc}"
+def changes(row: CronRow, stored: dict[str, Any], now: float) -> dict[str, Any] | None:
+    """What a declaration (or a registration) changes in its stored cron, or None. An
+    ``enabled`` that changed is a new decision, and clears the operator's switch
+    (``_cron_registry``); the next run is recomputed when the schedule, the zone or the
+    cron's being enabled changed."""
+    if not row.differs(stored):
+        return None
+    switched = None if row.enabled != stored["enabled"] else stored["operator_enabled"]
+    values = dataclasses.asdict(row) | {"operator_enabled": switched, "updated_at": now}
+    enabled = row.enabled if switched is None else switched
+    was_enabled = stored["next_run_at"] is not None
+    if row.timing_differs(stored) or enabled != was_enabled:
+        values["next_run_at"] = first_run(dataclasses.replace(row, enabled=enabled), now)
+    return values
 
 
-def _info(row: dict[str, Any]) -> CronInfo:
-    def at(value: float | None) -> datetime | None:
-        return to_datetime(value) if value is not None else None
-
-    return CronInfo(
-        name=row["name"],
-        schedule=row["schedule"],
-        timezone=row["timezone"],
-        describe=_describe(row),
-        function=row["function"],
-        args=json.loads(row["args"]),
-        overlap=row["overlap"],
-        catch_up=row["catch_up"],
-        enabled=row["enabled"],
-        description=row["description"],
-        source=row["source"],
-        created_at=to_datetime(row["created_at"]),
-        updated_at=to_datetime(row["updated_at"]),
-        last_run_at=at(row["last_run_at"]),
-        next_run_at=at(row["next_run_at"]),
-        run_count=row["run_count"],
-        last_row_id=row["last_row_id"],
-        last_skip_at=at(row["last_skip_at"]),
-        last_skip_reason=row["last_skip_reason"],
-    )
+def tick_rows(
+    rt: Runtime,
+    cron: dict[str, Any],
+    ticks: Sequence[float],
+    latest: float,
+    *,
+    triggered: bool = False,
+) -> list[dict[str, Any]]:
+    """The rows of a stored cron's ``ticks`` (``latest``: the one not backfilled), as the
+    cron loop writes them and ``trigger_cron`` too: the cron's arguments, a ``CronTick``
+    for a function that takes one, and its options. A tick's id is made from the cron and
+    the tick (``tick_id``: a second writer of it writes nothing); a triggered run's is new.
+    """
+    options = RowOptions(**json.loads(cron["options"]))
+    ref = rt.registry.find(cron["function"])
+    param = tick_parameter(ref) if isinstance(ref, SchedulableRef) else None
+    rows = []
+    for tick in ticks:
+        args = cron["args"]
+        if param is not None:  # a function that takes a CronTick is given one
+            given = CronTick(ts=to_datetime(tick), backfilled=tick != latest, triggered=triggered)
+            args = json.dumps(json.loads(args) | {param: given.model_dump(mode="json")})
+        id = new_id(tick) if triggered else tick_id(cron["name"], tick)
+        function, kind = cron["function"], cron["kind"]
+        rows.append(new_row(id, function, kind, args, tick, None, options, options.flow_key))
+    return rows
 
 
 def first_run(row: CronRow, now: float) -> float | None:
@@ -341,8 +252,11 @@ def declare(
     enabled: bool = True,
     description: str | None = None,
     backfill: timedelta | None = None,
+    keep: bool = True,
 ) -> CronRow:
-    """A cron as data, every part checked (``RegistrationError`` names the bad one)."""
+    """A cron as data, every part checked (``RegistrationError`` names the bad one);
+    ``keep``: one declared in code is kept among the app's (``app.crontab`` keeps its
+    rows itself, once every line is checked)."""
     # A crontab line's identifier follows Graphile's grammar, checked by its parser.
     if source != "crontab" and (
         not isinstance(name, str) or len(name) > 255 or not _NAME.fullmatch(name)
@@ -423,6 +337,6 @@ def declare(
         description=description,
         source=source,
     )
-    if source != "api":
+    if source != "api" and keep:
         rt.crons[name] = row
     return row

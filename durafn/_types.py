@@ -210,12 +210,18 @@ class CronInfo(BaseModel):
     """The schedule in a line of English."""
     function: str
     args: dict[str, Any]
+    kind: FunctionKind
     overlap: str
     catch_up: str
     enabled: bool
+    """Whether it runs: as declared, unless switched by hand."""
+    switched_by_hand: bool
+    """``enable_cron``/``disable_cron`` set ``enabled`` against the declaration: it stays so
+    across restarts until someone switches it again or the declaration's ``enabled``
+    changes."""
     description: str | None
     source: str
-    """``code`` (declared with ``app.cron``, reconciled) or ``api`` (kept)."""
+    """``code`` (declared with ``app.cron``, reconciled), ``crontab`` or ``api`` (kept)."""
     created_at: datetime
     updated_at: datetime
     last_run_at: datetime | None
@@ -241,3 +247,6 @@ class CronTick(BaseModel):
     """The tick's time."""
     backfilled: bool = False
     """A missed tick written later by ``backfill`` (not the latest one)."""
+    triggered: bool = False
+    """A run started by hand (``trigger_cron``, ``durafn cron trigger``) at ``ts``, not by
+    the schedule."""

@@ -805,9 +805,14 @@ def test_graphile_crontab_file() -> None:
     [
         (
             "* * * * too_few_parameters",
-            "Could not process line '1' of crontab: '* * * * too_few_parameters'",
+            "Could not process line '1' of crontab: '* * * * too_few_parameters': expected "
+            "five time fields (minute hour day month weekday) and a task, found 5 fields",
         ),
-        ("* * * * * two tasks", "Invalid command specification in line 1 of crontab."),
+        (
+            "* * * * * two tasks",
+            "Invalid command specification in line 1 of crontab: after the task (and "
+            "?options), only a {JSON5 payload} may follow, not 'tasks'",
+        ),
         (
             "1,60 * * * * out_of_range",
             "Too large value '60' in minutes range in line 1 of crontab: expected values in the range 0-59.",
@@ -830,19 +835,42 @@ def test_graphile_crontab_file() -> None:
         ),
         ("* * 0 * * too_small", "Too small value '0' in dates range in line 1 of crontab"),
         ("* * * * 8 big_dow", "Too large value '8' in days of week range in line 1 of crontab"),
-        ("* * * JAN * named", "Could not process line '1' of crontab"),
-        ("* * L * * last", "Could not process line '1' of crontab"),
+        (
+            "* * * JAN * named",
+            "Could not process line '1' of crontab: '* * * JAN * named': names are not "
+            "allowed in a Graphile line: JAN (the months field)",
+        ),
+        (
+            "* * L * * last",
+            "Could not process line '1' of crontab: '* * L * * last': the dates field 'L' "
+            "is not numbers, *, */n, ranges or lists of them (no L, W, # or ?)",
+        ),
+        (
+            "\t0 4 * * MON-FRI named_range ",
+            "names are not allowed in a Graphile line: MON-FRI (the days of week field)",
+        ),
         ("* * * * * t ?max=x", "contains invalid value for 'max', value 'x' is not compatible"),
         ("* * * * * t ?fill=3y", "contains invalid value for 'fill', value '3y' is not compatible"),
         ("* * * * * t ?jobKeyMode=keep", "contains invalid value for 'jobKeyMode'"),
         ("* * * * * t ?max=1&max=2", "invalid value for 'max', did you specify it more than once?"),
-        ("* * * * * 9task", "Invalid command specification in line 1 of crontab."),
+        (
+            "* * * * * 9task",
+            "Invalid command specification in line 1 of crontab: the task identifier "
+            "'9task' must start with a letter or _ and hold only letters, digits and _ : - /",
+        ),
     ],
 )
 def test_graphile_crontab_errors(line: str, message: str) -> None:
     with pytest.raises(durafn.CronSyntaxError) as caught:
         cron.parse_crontab(line)
     assert message in str(caught.value)
+
+
+def test_a_graphile_line_may_have_whitespace_around_it() -> None:
+    """As the lines of Graphile's own test crontab do."""
+    for line in ("    *     *      *       *       *      lots_of_spaces     ", "\t0 4 * * 1\tt\t"):
+        item = cron.parse_cron_item(line)
+        assert item.task in ("lots_of_spaces", "t")
 
 
 def test_graphile_duplicate_identifiers() -> None:

@@ -306,6 +306,102 @@ def test_the_registry_from_the_api_and_the_command_line(db_url: str, clock: Fake
         on_app(lambda app: app.disable_cron("nope"))
 
 
+async def test_a_triggered_run_carries_everything_a_tick_carries(
+    app: durafn.App, clock: FakeClock
+) -> None:
+    """The cron's options (queue, priority, retry, key, flags), its overlap policy, and a
+    CronTick marked as triggered; it counts as a run, and the schedule goes on."""
+    seen: list[durafn.CronTick] = []
+    fired: list[tuple[str | None, int | None]] = []
+
+    @app.mutation(name="digest", queue="digests", retry=durafn.Retry(3), flags=["report"])
+    async def digest(ctx: MutationCtx, to: str, tick: durafn.CronTick | None = None) -> None:
+        assert tick is not None
+        seen.append(tick)
+
+    app.on("cron.triggered")(lambda e: fired.append((e.reason, e.run_count)))
+    keyed = digest.options(priority=-7, key="digest", key_mode="preserve_run_at")
+    app.cron("digest", daily(hour=2), keyed.call("ops"), overlap="allow")
+    app.cron("skipping", daily(hour=3), digest.call("skip"), overlap="skip")
+    executor = app.executor()
+    await executor.run_until_idle()  # registers them
+    id = await app.trigger_cron("digest")
+    row = await app.get(id)
+    assert row is not None
+    assert (row.queue, row.priority, row.key, row.flags, row.max_attempts) == (
+        "digests",
+        -7,
+        "digest",
+        ["report"],
+        3,
+    )
+    assert row.scheduled_time.timestamp() == clock.now()
+    # A second trigger before it ran replaces it, as a tick with that key would.
+    assert await app.trigger_cron("digest") == id
+    await executor.run_until_idle()
+    assert [(t.ts.timestamp(), t.triggered, t.backfilled) for t in seen] == [
+        (clock.now(), True, False)
+    ]
+    info = await app.get_cron("digest")
+    assert info is not None and (info.run_count, info.last_row_id) == (2, id)
+    assert info.next_run_at == to_dt(_at(2))  # the schedule goes on as it was
+    assert fired == [("triggered", 1), ("triggered", 2)]
+    # overlap="skip": refused while the previous run waits (its queue is paused).
+    await app.pause_queue("digests")
+    first = await app.trigger_cron("skipping")
+    with pytest.raises(durafn.SchedulingError, match=f"previous run {first} is still Pending"):
+        await app.trigger_cron("skipping")
+    clock.set(_at(3))  # the tick itself is skipped for the same reason
+    await executor.run_until_idle()
+    skipped = await app.get_cron("skipping")
+    assert skipped is not None and skipped.last_skip_reason == "overlap_skip"
+    with pytest.raises(durafn.ArgumentError, match="no cron named 'nope'"):
+        await app.trigger_cron("nope")
+
+
+async def test_a_cron_disabled_by_hand_stays_disabled_until_enabled(
+    app: durafn.App, db_url: str, clock: FakeClock
+) -> None:
+    """Across restarts with the same declaration, and changes of its other fields; a
+    declaration whose ``enabled`` changes is a new decision, and clears the switch."""
+    report = _report(app)
+    app.cron("nightly", daily(hour=2), report.call("a"))
+    await app.executor().run_until_idle()
+    await app.disable_cron("nightly")
+
+    async def deploy(schedule: str = daily(hour=2), enabled: bool = True) -> durafn.CronInfo:
+        async with durafn.App(db_url, clock=clock) as again:
+            again.cron("nightly", schedule, _report(again).call("a"), enabled=enabled)
+            await again.executor().run_until_idle()
+            info = await again.get_cron("nightly")
+        assert info is not None
+        return info
+
+    for schedule in (daily(hour=2), daily(hour=4)):  # the same, then another schedule
+        info = await deploy(schedule)
+        assert (info.enabled, info.switched_by_hand, info.next_run_at) == (False, True, None)
+        assert info.schedule == schedule
+    clock.set(_at(5))
+    await app.executor().run_until_idle()
+    assert await effects(app) == []  # its 04:00 did not run
+    await app.enable_cron("nightly")
+    info = await deploy(daily(hour=4))
+    assert (info.enabled, info.switched_by_hand) == (True, False)
+    assert info.next_run_at == to_dt(_at(4) + 86400)
+    # Enabled by hand against a declaration that says disabled: that holds too...
+    info = await deploy(daily(hour=4), enabled=False)
+    assert (info.enabled, info.next_run_at) == (False, None)
+    await app.enable_cron("nightly")
+    info = await deploy(daily(hour=4), enabled=False)
+    assert (info.enabled, info.switched_by_hand) == (True, True)
+    # ... until the declaration's enabled changes: the code decides again.
+    info = await deploy(daily(hour=4), enabled=True)
+    assert (info.enabled, info.switched_by_hand) == (True, False)
+    await app.disable_cron("nightly")
+    info = await deploy(daily(hour=4), enabled=False)
+    assert (info.enabled, info.switched_by_hand) == (False, False)
+
+
 def to_dt(t: float) -> datetime:
     return datetime.fromtimestamp(t, UTC)
 
@@ -429,6 +525,38 @@ async def test_a_graphile_crontab(app: durafn.App, clock: FakeClock) -> None:
         app.crontab("0 * * * * nobody_here")
     with pytest.raises(durafn.RegistrationError, match="Could not process line '1'"):
         app.crontab("every hour send_digest")
+
+
+@pytest.mark.parametrize(
+    ("bad", "error"),
+    [
+        ("0 * * * * nobody_here", "no mutation or action of this app is named 'nobody_here'"),
+        ("0 * * * * send ?priority=99999999999", "crontab, cron 'send': priority"),
+        ("0 * * * * send {to: 5}", "crontab, cron 'send': invalid arguments"),
+        ("0 * * * * send ?id=taken", "cron 'taken': a cron named 'taken' is already declared"),
+    ],
+)
+async def test_a_crontab_is_declared_whole_or_not_at_all(
+    app: durafn.App, bad: str, error: str
+) -> None:
+    """As Graphile's parser takes the whole text or rejects it: a bad line anywhere (a
+    task the app lacks, an option or a payload durafn refuses) declares none of them."""
+
+    @app.mutation(name="send")
+    async def send(ctx: MutationCtx, to: str = "ops") -> None:
+        pass
+
+    app.cron("taken", daily(hour=1), send)
+    text = f"""
+        0 4 * * * send ?id=first {{to: 'a'}}
+        {bad}
+        0 5 * * * send ?id=third
+    """
+    with pytest.raises(durafn.DurafnError, match=error):
+        app.crontab(text)
+    assert app.crontab("0 4 * * * send ?id=first") == ["first"]  # nothing else was kept
+    await app.executor().run_until_idle()
+    assert set(await registry(app)) == {"taken", "first"}
 
 
 async def test_a_cron_registered_at_run_time_is_kept_by_reconciliation(

@@ -21,7 +21,6 @@ new run wait in the cron's serial queue (a warning once more than two wait).
 from __future__ import annotations
 
 import functools
-import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,14 +31,12 @@ import anyio
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from .._clock import to_datetime
-from .._crons import MAX_FILL, first_run, schedule_of, tick_parameter
+from .._crons import MAX_FILL, changes, first_run, schedule_of, tick_rows
 from .._errors import DatabaseError
 from .._hooks import HookEvent, HookName
-from .._options import RowOptions
-from .._registry import SchedulableRef
 from .._runtime import Runtime
-from .._store import CRON_LEASE, DECLARED, CronMove, new_row, tick_id
-from .._types import CronTick, FunctionKind, ScheduledFunctionId, State
+from .._store import CRON_LEASE, DECLARED, CronMove
+from .._types import FunctionKind, ScheduledFunctionId, State
 from .._writers import write
 from .tasks import first_of
 
@@ -133,22 +130,21 @@ class CronLoop:
         async def _reconcile(conn: AsyncConnection) -> list[str]:
             now = rt.clock.now()
             stored = {row["name"]: row for row in await rt.driver.stored_crons(conn)}
-            changes, added = [], []
+            changed, added = [], []
             for name, row in declared.items():
                 found = stored.get(name)
                 if found is None:
                     added.append((row, first_run(row, now)))
-                    changes.append(f"added {name}")
-                elif found["source"] in DECLARED and row.differs(found):
-                    timing = row.timing_differs(found)
-                    await rt.driver.change_cron(conn, row, now, first_run(row, now), timing)
-                    changes.append(f"changed {name}")
+                    changed.append(f"added {name}")
+                elif found["source"] in DECLARED and (values := changes(row, found, now)):
+                    await rt.driver.set_cron(conn, name, values)
+                    changed.append(f"changed {name}")
             await rt.driver.add_crons(conn, added, now)
             gone = [n for n, r in stored.items() if r["source"] in DECLARED and n not in declared]
             if gone:
                 await rt.driver.remove_crons(conn, gone)
-                changes += [f"removed {name}" for name in gone]
-            return changes
+                changed += [f"removed {name}" for name in gone]
+            return changed
 
         for change in await rt.transaction(_reconcile, doing="reconciling the crons"):
             logger.info("cron %s", change)
@@ -278,20 +274,7 @@ class CronLoop:
                     ticks[-1] = latest
                     break
                 ticks.append(t.timestamp())
-        options = RowOptions(**json.loads(cron["options"]))
-        ref = self._rt.registry.find(cron["function"])
-        param = tick_parameter(ref) if isinstance(ref, SchedulableRef) else None
-        rows = []
-        for tick in ticks:
-            args = cron["args"]
-            if param is not None:  # a function that takes a CronTick is given one
-                given = CronTick(ts=to_datetime(tick), backfilled=tick != latest)
-                args = json.dumps(json.loads(args) | {param: given.model_dump(mode="json")})
-            id = tick_id(cron["name"], tick)
-            row = new_row(
-                id, cron["function"], cron["kind"], args, tick, None, options, options.flow_key
-            )
-            rows.append(row)
+        rows = tick_rows(self._rt, cron, ticks, latest)
         # Fixed wall times daylight saving skipped since the last tick (or registration),
         # reported rather than silent (OJS's dst_skip).
         since = cron["last_run_at"] if cron["last_run_at"] is not None else cron["updated_at"]

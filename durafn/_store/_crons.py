@@ -125,17 +125,27 @@ class CronStatements:
         stmt = self.dialect_insert(crons).on_conflict_do_nothing(index_elements=[crons.c.name])
         await conn.execute(stmt, values)
 
-    async def change_cron(
-        self, conn: AsyncConnection, row: CronRow, now: float, next_run: float | None, timing: bool
-    ) -> None:
-        """A declaration's new values; ``timing``: its next run is recomputed too."""
-        values = asdict(row) | {"updated_at": now}
-        if timing:
-            values["next_run_at"] = next_run
-        await conn.execute(update(crons).where(crons.c.name == row.name).values(**values))
+    async def stored_cron(
+        self, conn: AsyncConnection, name: str, *, lock: bool = False
+    ) -> dict[str, Any] | None:
+        """One registered cron (by primary key); ``lock``: until the transaction ends."""
+        stmt = select(crons).where(crons.c.name == name)
+        row = (await conn.execute(stmt.with_for_update() if lock else stmt)).first()
+        return None if row is None else dict(row._mapping)
 
     async def set_cron(self, conn: AsyncConnection, name: str, values: dict[str, Any]) -> None:
         await conn.execute(update(crons).where(crons.c.name == name).values(**values))
+
+    async def count_cron_run(self, conn: AsyncConnection, name: str, row_id: str) -> int:
+        """A run of the cron outside its schedule (``trigger_cron``): its last row, one run
+        more; returns its run count."""
+        stmt = (
+            update(crons)
+            .where(crons.c.name == name)
+            .values(last_row_id=row_id, run_count=crons.c.run_count + 1)
+            .returning(crons.c.run_count)
+        )
+        return int((await conn.execute(stmt)).scalar_one())
 
     async def remove_crons(self, conn: AsyncConnection, names: Sequence[str]) -> int:
         result = await conn.execute(delete(crons).where(crons.c.name.in_(names)))

@@ -210,6 +210,14 @@ _OLD_ENTRY = (
 )
 
 
+def _step_11(conn: Connection) -> None:
+    """Version 11: an operator's switch of a cron, ``operator_enabled`` (a nullable column:
+    a change of the catalogue only)."""
+    columns = {c["name"] for c in inspect(conn).get_columns(crons.name)}
+    if "operator_enabled" not in columns:
+        conn.execute(text("ALTER TABLE _durafn_crons ADD COLUMN operator_enabled BOOLEAN"))
+
+
 MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     2: _step_2,
     3: _step_3,
@@ -220,5 +228,6 @@ MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     8: _step_8,
     9: _step_9,
     10: _step_10,
+    11: _step_11,
 }
 """Steps from version N-1 to N. A fresh database gets the latest tables in one go."""

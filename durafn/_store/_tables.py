@@ -24,7 +24,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import JSONB
 
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 """Bump with a new step in ``_migrations.MIGRATIONS`` whenever the tables change."""
 
 metadata = MetaData()
@@ -280,6 +280,10 @@ crons = Table(
     Column("last_row_id", Text),
     Column("last_skip_at", Double),
     Column("last_skip_reason", Text),
+    # Version 11: an operator's enable_cron/disable_cron where it differs from ``enabled``
+    # (the declaration's); it wins until the declaration's ``enabled`` changes. None: as
+    # declared.
+    Column("operator_enabled", Boolean),
 )
 # The cron loop's one query: the enabled crons due by now, and the earliest next one.
 Index(

@@ -33,7 +33,10 @@ def list_crons(app_ref: str | None, url: str | None, as_json: bool, verbose: boo
         out.json([c.model_dump(mode="json") for c in found])
         return
     if not found:
-        out.line("no crons")
+        out.line(
+            "no crons registered: an app's crons are registered when a worker of it starts "
+            "(durafn worker --app MODULE:APP), or by app.register_cron"
+        )
         return
     out.table(
         [
@@ -45,7 +48,7 @@ def list_crons(app_ref: str | None, url: str | None, as_json: bool, verbose: boo
         ],
         [
             (
-                c.name + ("" if c.enabled else " (disabled)"),
+                c.name + _switch(c.enabled, c.switched_by_hand),
                 f"{c.schedule} ({c.timezone})\n{c.describe}",
                 _next_run(c.next_run_at, c.timezone),
                 c.run_count,
@@ -54,6 +57,12 @@ def list_crons(app_ref: str | None, url: str | None, as_json: bool, verbose: boo
             for c in found
         ],
     )
+
+
+def _switch(enabled: bool, by_hand: bool) -> str:
+    if by_hand:
+        return " (enabled by hand)" if enabled else " (disabled by hand)"
+    return "" if enabled else " (disabled)"
 
 
 def _next_run(at: datetime | None, timezone: str) -> str:
@@ -97,7 +106,8 @@ def enable(name: str, app_ref: str | None, url: str | None, as_json: bool, verbo
 @app_options
 @output_options
 def disable(name: str, app_ref: str | None, url: str | None, as_json: bool, verbose: bool) -> None:
-    """Stop cron NAME without removing it."""
+    """Stop cron NAME without removing it; it stays stopped across restarts and deploys
+    until it is enabled again."""
     _change(name, app_ref, url, as_json, verbose, "disabled")
 
 
@@ -115,7 +125,8 @@ def remove(name: str, app_ref: str | None, url: str | None, as_json: bool, verbo
 @app_options
 @output_options
 def trigger(name: str, app_ref: str | None, url: str | None, as_json: bool, verbose: bool) -> None:
-    """Run cron NAME's function now, once, outside its schedule."""
+    """Run cron NAME's function now, once, outside its schedule, as a tick would run (its
+    options, queue and overlap policy); needs --app."""
     _change(name, app_ref, url, as_json, verbose, "triggered")
 
 

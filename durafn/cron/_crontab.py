@@ -85,7 +85,7 @@ def parse_crontab(text: str) -> list[CronItem]:
     """Every item of a crontab file (comment lines start with ``#``); identifiers must
     be unique."""
     items = [
-        parse_cron_item(line.strip(), number)
+        parse_cron_item(line, number)
         for number, line in enumerate(text.splitlines(), 1)
         if line.strip() and not line.strip().startswith("#")
     ]
@@ -101,10 +101,14 @@ def parse_crontab(text: str) -> list[CronItem]:
 
 
 def parse_cron_item(line: str, line_number: int = 1) -> CronItem:
-    """One crontab line, such as ``30 4 * * 1 send_weekly_email ?fill=2d {a: 1}``."""
+    """One crontab line, such as ``30 4 * * 1 send_weekly_email ?fill=2d {a: 1}``
+    (whitespace around it, as in Graphile's own test file, is no part of it)."""
+    line = line.strip()
     matches = _LINE.match(line)
     if matches is None:
-        raise CronSyntaxError(f"Could not process line '{line_number}' of crontab: '{line}'")
+        raise CronSyntaxError(
+            f"Could not process line '{line_number}' of crontab: '{line}': {_why(line)}"
+        )
     where = f"line {line_number} of crontab"
     sets = [
         _range(f"{name} range in {where}", matches[i], low, high, wrap=name == "days of week")
@@ -112,7 +116,10 @@ def parse_cron_item(line: str, line_number: int = 1) -> CronItem:
     ]
     command = _COMMAND.match(matches[6].strip())
     if command is None:
-        raise CronSyntaxError(f"Invalid command specification in line {line_number} of crontab.")
+        raise CronSyntaxError(
+            f"Invalid command specification in line {line_number} of crontab: "
+            f"{_why_command(matches[6].strip())}"
+        )
     task, options_text, payload_text = command.groups()
     options, identifier = _options(line_number, options_text)
     payload = _payload(line_number, payload_text)
@@ -134,6 +141,46 @@ def parse_cron_item(line: str, line_number: int = 1) -> CronItem:
         payload=payload,
         schedule=Schedule(" ".join(line.split()[:5]), "UTC", clock),
     )
+
+
+_TIME_FIELD = re.compile(r"^[0-9*/,-]+$")
+_NAMES = re.compile(r"[a-zA-Z]{3}")
+_TASK = re.compile(r"^[_a-zA-Z][_a-zA-Z0-9:/_-]*$")
+
+
+def _why(line: str) -> str:
+    """What keeps a line from being ``_LINE``: Graphile says only that it could not."""
+    words = line.split()
+    if len(words) < 6:
+        return (
+            f"expected five time fields (minute hour day month weekday) and a task, found "
+            f"{len(words)} field{'s' if len(words) != 1 else ''}"
+        )
+    for name, word in zip((r[0] for r in _RANGES), words[:5], strict=True):
+        if not _TIME_FIELD.match(word):
+            if _NAMES.search(word):
+                return f"names are not allowed in a Graphile line: {word} (the {name} field)"
+            return (
+                f"the {name} field {word!r} is not numbers, *, */n, ranges or lists of "
+                "them (no L, W, # or ?)"
+            )
+    return "it is not five time fields followed by a task"  # pragma: no cover
+
+
+def _why_command(text: str) -> str:
+    task, _, rest = text.partition(" ")
+    if not _TASK.match(task):
+        return (
+            f"the task identifier {task!r} must start with a letter or _ and hold only "
+            "letters, digits and _ : - /"
+        )
+    rest = rest.strip()
+    if rest.startswith("?"):
+        _, _, rest = rest.partition(" ")
+        rest = rest.strip()
+    if rest and not (rest.startswith("{") and rest.endswith("}")):
+        return f"after the task (and ?options), only a {{JSON5 payload}} may follow, not {rest!r}"
+    return f"{text!r} is not: task ?options {{payload}}"  # pragma: no cover
 
 
 def _field(values: list[int], low: int, high: int) -> Field:
