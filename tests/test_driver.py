@@ -136,6 +136,35 @@ async def test_migrate_creates_the_schema_once_and_check_schema_accepts_it(bare:
     await bare.run(driver.check_schema)
 
 
+# -- the order rows were written in ------------------------------------------------------
+
+
+async def test_seq_numbers_rows_in_the_order_they_were_written_by_every_insert(
+    store: Store,
+) -> None:
+    """Plain rows, keyed rows (several in one statement) and a debounced call: each new
+    row's ``seq`` is above every earlier row's, in the order the statement lists them,
+    whatever their ids (made elsewhere, they may sort any way). SQLite computes a row's
+    from the table's largest rowid: this checks that it reads them all before it writes."""
+    driver = store.driver
+
+    def keyed(key: str, id: str) -> dict[str, Any]:
+        return new_row() | {"id": id, "job_key": key, "key_mode": "replace", "debounce": None}
+
+    first = await store.insert(new_row(), new_row())
+    # Ids that sort backwards: as another process's may.
+    backwards = ["ffffffff-0000-7000-8000-00000000000" + str(n) for n in (3, 2, 1)]
+    keyed_ids = await store.run(
+        lambda conn: driver.insert_keyed(
+            conn, [keyed(f"k{n}", id) for n, id in enumerate(backwards)]
+        )
+    )
+    last = await store.insert(new_row())
+    order = [*first, *keyed_ids, *last]
+    seqs = [(await store.row(id))["seq"] for id in order]
+    assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+
+
 # -- claims ------------------------------------------------------------------------------
 
 

@@ -7,8 +7,11 @@ monotonic clock) and which queues its worker serves; overlaps are read off those
 
 from __future__ import annotations
 
+import json
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -204,3 +207,61 @@ async def test_resuming_a_queue_from_the_command_line_wakes_the_workers(
         await _wait_done(app, ids)
         assert await stop(procs) == [0, 0]
     _ran_in_order(trace, len(ids))
+
+
+_SCHEDULE_ELSEWHERE = """
+import asyncio, json, sys
+import durafn
+from durafn import MutationCtx
+from durafn.testing import FakeClock
+
+url, at, tag, options = sys.argv[1], float(sys.argv[2]), sys.argv[3], json.loads(sys.argv[4])
+if "flow" in options:
+    options["flow"] = durafn.Flow(key=options["flow"], concurrency=1)
+app = durafn.App(url, clock=FakeClock(at))
+
+@app.mutation(name="order:note")
+async def note(ctx: MutationCtx, tag: str) -> None: ...
+
+async def main() -> None:
+    await app.scheduler().run_after(0, note.options(**options), tag)
+    await app.aclose()
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize(
+    "where", [{}, {"queue": "q"}, {"flow": "k"}], ids=["unqueued", "queue", "flow key"]
+)
+async def test_rows_due_at_one_instant_start_in_the_order_they_were_scheduled(
+    app: durafn.App, clock: durafn.testing.FakeClock, where: dict[str, str]
+) -> None:
+    """Another process schedules a row between two of ours, at the same instant (its
+    clock and ours stand at the same time): the three start in the order they were
+    written, whatever the ids each process made (an id's counter is per process)."""
+    from .helpers import effects
+    from .models import Effect
+
+    @app.mutation(name="order:note")
+    async def note(ctx: durafn.MutationCtx, tag: str) -> None:
+        ctx.db.add(Effect(key=tag))
+
+    options: dict[str, Any] = dict(where)
+    if "flow" in options:
+        options["flow"] = Flow(key=where["flow"], concurrency=1)
+    ref = note.options(**options)
+    for _ in range(3):  # our counter is well past the other process's first id
+        await app.scheduler().run_after(0, ref, "warm-up")
+    await app.executor().run_until_idle()
+    await app.scheduler().run_after(0, ref, "A")
+    url = str(app.engine.url.render_as_string(hide_password=False))
+    done = await anyio.run_process(
+        [sys.executable, "-c", _SCHEDULE_ELSEWHERE, url, repr(clock.now()), "B", json.dumps(where)],
+        cwd=ROOT,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    await app.scheduler().run_after(0, ref, "C")
+    await app.executor(batch_size=1, concurrency=1).run_until_idle()
+    assert [e for e in await effects(app) if e != "warm-up"] == ["A", "B", "C"]

@@ -109,7 +109,7 @@ async def test_version_10_moves_each_rows_failed_attempts_onto_it(
             await conn.execute(delete(schema_version))
             await conn.execute(insert(schema_version).values(version=9, applied_at=0))
         await app.aclose()
-        assert await app.migrate() == 10
+        assert await app.migrate() == durafn.SCHEMA_VERSION
         rows = {i: await app.get(i) for i in (first, second)}
         async with app.engine.connect() as conn:
             tables = await conn.run_sync(lambda c: set(inspect(c).get_table_names()))
@@ -135,6 +135,70 @@ async def test_version_10_moves_each_rows_failed_attempts_onto_it(
     }
 
 
+async def test_version_11_numbers_the_rows_in_the_order_they_were_written(
+    db_url: str, clock: FakeClock
+) -> None:
+    """A version 10 database: its rows get ``seq`` in the order they lie in the table
+    (as written), the claim indexes end with it instead of the id, the crons gain the
+    operator's switch, and the rows run in the order they were written."""
+    app = durafn.App(db_url, clock=clock)
+    ran: list[int] = []
+
+    @app.action(name="v11:act")
+    async def act(ctx: durafn.ActionCtx, n: int) -> None:
+        ran.append(n)
+
+    ended_with_id = {
+        "claim": ("kind, priority, available_at, id", "flow_key IS NULL AND queue_name IS NULL"),
+        "claim_queued": (
+            "kind, priority, available_at, id, queue_name",
+            "flow_key IS NULL AND queue_name IS NOT NULL",
+        ),
+        "queue": (
+            "queue_name, priority, available_at, id",
+            "flow_key IS NULL AND queue_name IS NOT NULL",
+        ),
+        "key_head": ("flow_key, priority, available_at, id", "flow_key IS NOT NULL"),
+    }
+    try:
+        await app.migrate()
+        ids = [await app.scheduler().run_after(0, act, n) for n in range(3)]
+        async with app.engine.begin() as conn:  # back to what version 10 had
+            for name in ended_with_id:
+                await conn.execute(text(f"DROP INDEX ix_scheduled_functions_{name}"))
+            await conn.execute(text("ALTER TABLE _scheduled_functions DROP COLUMN seq"))
+            await conn.execute(text("ALTER TABLE _durafn_crons DROP COLUMN operator_enabled"))
+            for name, (columns, where) in ended_with_id.items():
+                await conn.execute(
+                    text(
+                        f"CREATE INDEX ix_scheduled_functions_{name} ON _scheduled_functions "
+                        f"({columns}) WHERE state = 'Pending' AND {where}"
+                    )
+                )
+            await conn.execute(delete(schema_version))
+            await conn.execute(insert(schema_version).values(version=10, applied_at=0))
+        await app.aclose()
+        assert await app.migrate() == durafn.SCHEMA_VERSION
+        async with app.engine.connect() as conn:
+            numbered = await conn.execute(select(sf.c.id, sf.c.seq).order_by(sf.c.seq))
+            order = [str(id) for id, _ in numbered]
+            indexes = await conn.run_sync(
+                lambda c: {i["name"]: i["column_names"] for i in inspect(c).get_indexes(sf.name)}
+            )
+            cron_columns = await conn.run_sync(
+                lambda c: {col["name"] for col in inspect(c).get_columns("_durafn_crons")}
+            )
+        assert order == ids
+        for name in ended_with_id:
+            assert indexes[f"ix_scheduled_functions_{name}"][3] == "seq"
+        assert "operator_enabled" in cron_columns
+        ids.append(await app.scheduler().run_after(0, act, 3))  # after the numbered ones
+        await app.executor(concurrency=1).run_until_idle()
+        assert ran == [0, 1, 2, 3]
+    finally:
+        await app.aclose()
+
+
 async def test_a_version_1_database_is_upgraded_in_place(
     db_url: str, engine_name: str, clock: FakeClock
 ) -> None:
@@ -142,9 +206,10 @@ async def test_a_version_1_database_is_upgraded_in_place(
     options (flags, queues, the priority-first claim indexes), version 5 retry policies
     (retry, failures, the failed attempts' table), version 6 completion callbacks, 7 the
     cron registry, 8 flow control (the claim indexes redefined without keyed rows), 9
-    debounce windows, 10 the failed attempts moved onto their rows (``errors``): an
-    existing version 1 database keeps its rows, refuses to run until migrated
-    (PostgreSQL), and gains the new tables, indexes and columns, one recorded step each."""
+    debounce windows, 10 the failed attempts moved onto their rows (``errors``), 11 the
+    order rows were written in (``seq``, which ends the claim indexes): an existing
+    version 1 database keeps its rows, refuses to run until migrated (PostgreSQL), and
+    gains the new tables, indexes and columns, one recorded step each."""
     app = durafn.App(db_url, clock=clock)
 
     @app.mutation
@@ -169,8 +234,9 @@ async def test_a_version_1_database_is_upgraded_in_place(
             await conn.execute(text("DROP TABLE _durafn_flow_windows"))
             await conn.execute(text("DROP TABLE _durafn_queues"))
             await conn.execute(text("ALTER TABLE _scheduled_functions DROP COLUMN flags"))
-            for column in ("retry", "failures", "errors"):
+            for column in ("retry", "failures", "errors", "seq"):
                 await conn.execute(text(f"ALTER TABLE _scheduled_functions DROP COLUMN {column}"))
+            await conn.execute(text("ALTER TABLE _durafn_crons DROP COLUMN operator_enabled"))
             await conn.execute(
                 text(
                     "CREATE INDEX ix_scheduled_functions_due ON _scheduled_functions "
@@ -182,10 +248,11 @@ async def test_a_version_1_database_is_upgraded_in_place(
         await app.aclose()
         if engine_name == "postgres":
             stale = durafn.App(db_url, clock=clock)
-            with pytest.raises(durafn.SchemaError, match="at version 1, this durafn needs 10"):
+            needs = f"at version 1, this durafn needs {durafn.SCHEMA_VERSION}"
+            with pytest.raises(durafn.SchemaError, match=needs):
                 await stale.executor().run_until_idle()
             await stale.aclose()
-        assert await app.migrate() == 10
+        assert await app.migrate() == durafn.SCHEMA_VERSION
         async with app.engine.connect() as conn:
             tables = await conn.run_sync(lambda c: set(inspect(c).get_table_names()))
             indexes = await conn.run_sync(
@@ -197,7 +264,7 @@ async def test_a_version_1_database_is_upgraded_in_place(
             )
         assert "_durafn_workers" in tables and "ix_scheduled_functions_running" in indexes
         assert {"error_traceback", "flags", "retry", "failures", "on_complete", "errors"} <= columns
-        assert {"flow_key", "flow", "flow_until"} <= columns
+        assert {"flow_key", "flow", "flow_until", "seq"} <= columns
         assert {
             "_durafn_queues",
             "_durafn_crons",
@@ -209,7 +276,7 @@ async def test_a_version_1_database_is_upgraded_in_place(
         assert "ix_scheduled_functions_due" not in indexes
         assert {"ix_scheduled_functions_claim", "ix_scheduled_functions_key"} <= indexes
         assert {"ix_scheduled_functions_keys", "ix_scheduled_functions_queued_due"} <= indexes
-        assert sorted(versions) == list(range(1, 11))
+        assert sorted(versions) == list(range(1, durafn.SCHEMA_VERSION + 1))
         row = await app.get(sid)
         assert row is not None and row.state is durafn.State.PENDING
         async with app.run_executor() as executor:

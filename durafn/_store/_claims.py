@@ -250,7 +250,7 @@ def _heads_its_queue() -> ColumnElement[bool]:
             head.c.queue_name == sf.c.queue_name,
             head.c.available_at <= bindparam("now", type_=Double),
         )
-        .order_by(head.c.priority, head.c.available_at, head.c.id)
+        .order_by(head.c.priority, head.c.available_at, head.c.seq)
         .limit(1)
         .scalar_subquery()
     )
@@ -292,7 +292,7 @@ def statements(serve: ClaimFilter, lateral: bool = False) -> ClaimStatements:
         unqueued = (
             select(*CLAIM_COLUMNS)
             .where(*_due_at_level(False), flags_ok)
-            .order_by(sf.c.available_at, sf.c.id)
+            .order_by(sf.c.available_at, sf.c.seq)
             .limit(bindparam("limit", type_=Integer))
             .with_for_update(skip_locked=True)
         )
@@ -300,9 +300,9 @@ def statements(serve: ClaimFilter, lateral: bool = False) -> ClaimStatements:
     # ix_scheduled_functions_claim_queued, read alone (queue_name is its last column),
     # then each row's queue head (ix_scheduled_functions_queue): only heads we may run.
     queued = (
-        select(sf.c.queue_name, sf.c.priority, sf.c.available_at, sf.c.id)
+        select(sf.c.queue_name, sf.c.priority, sf.c.available_at, sf.c.seq)
         .where(*_due_at_level(True), served, _blocked_queues(), flags_ok, _heads_its_queue())
-        .order_by(sf.c.available_at, sf.c.id)
+        .order_by(sf.c.available_at, sf.c.seq)
         .limit(bindparam("limit", type_=Integer))
     )
     first = first_actions = fast = fast_actions = None
@@ -323,7 +323,7 @@ def statements(serve: ClaimFilter, lateral: bool = False) -> ClaimStatements:
                 NO_QUEUED,
                 flags_ok,
             )
-            .order_by(sf.c.available_at, sf.c.id)
+            .order_by(sf.c.available_at, sf.c.seq)
             .limit(bindparam("limit", type_=Integer))
             .with_for_update(skip_locked=True)
         )
@@ -341,7 +341,7 @@ def statements(serve: ClaimFilter, lateral: bool = False) -> ClaimStatements:
                 sf.c.available_at <= bindparam("now", type_=Double),
                 flags_ok,
             )
-            .order_by(sf.c.available_at, sf.c.id)
+            .order_by(sf.c.available_at, sf.c.seq)
             .limit(bindparam("limit", type_=Integer))
             .with_for_update(skip_locked=True)
             .lateral("at_level")
@@ -367,7 +367,7 @@ def statements(serve: ClaimFilter, lateral: bool = False) -> ClaimStatements:
                 NO_QUEUED,
                 flags_ok,
             )
-            .order_by(sf.c.priority, sf.c.available_at, sf.c.id)
+            .order_by(sf.c.priority, sf.c.available_at, sf.c.seq)
             .limit(bindparam("limit", type_=Integer))
         )
     if fast is not None:
@@ -476,8 +476,8 @@ async def _take_unkeyed(
         return free
     # The first ``limit`` rows in claim order decide how much room the queues get.
     order = sorted(
-        [(c.priority, c.available_at, c.id, None) for c in free]
-        + [(p, at, id, q) for q, p, at, id in waiting]
+        [(c.priority, c.available_at, c.seq, None) for c in free]
+        + [(p, at, seq, q) for q, p, at, seq in waiting]
     )[:limit]
     names = list(dict.fromkeys(q for *_, q in order if q is not None))
     heads, skipped = await queue_heads(conn, kind, now, names, limit, serve.forbidden_flags)

@@ -48,7 +48,7 @@ from .._errors import DatabaseError
 from .._flow import Debounce, FlowError, Throttle
 from .._types import ScheduledFunctionId, State
 from ._rows import NEW_ROW_COLUMNS
-from ._statements import PENDING
+from ._statements import PENDING, next_seq
 from ._tables import KEY_HOLDER, flow_windows, sf
 
 # ix_scheduled_functions_key: the key's one waiting row, locked.
@@ -135,7 +135,7 @@ async def _write_trailing(
         )
         await conn.execute(given_up.values(job_key=None))
         _merged(row["name"], debounce.accumulate, "{}", row["args"], first=True)
-        values = {c: row[c] for c in NEW_ROW_COLUMNS}
+        values = {c: row[c] for c in NEW_ROW_COLUMNS} | {"seq": next_seq()}
         values.update(available_at=due, scheduled_time=due)
         if debounce.max_wait is not None:
             values["flow_until"] = row["available_at"] + debounce.max_wait
@@ -193,7 +193,7 @@ async def _write_windowed(
         _merged(name, rule.accumulate, "{}", row["args"], first=True, rule=rule)
         due = now if last is None else max(now, window.last_run + rule.per)
         quiet_until = None
-    values = {c: row[c] for c in NEW_ROW_COLUMNS}
+    values = {c: row[c] for c in NEW_ROW_COLUMNS} | {"seq": next_seq()}
     # A throttled row due later says so (``flow_until``: explain's "throttled").
     values.update(available_at=due, scheduled_time=due, flow_until=due if due > now else None)
     await conn.execute(insert(sf).values(values))

@@ -61,6 +61,7 @@ _ROW = select(
     sf.c.job_key,
     sf.c.worker_id,
     sf.c.started_time,
+    sf.c.seq,
 )
 
 
@@ -94,8 +95,8 @@ class ExplainStatements:
             if found is not None:
                 concurrency, paused = found.concurrency, bool(found.paused)
             q_running, q_count = await _running(conn, sf.c.queue_name == row.queue_name)
-            before = tuple_(sf.c.priority, sf.c.available_at, sf.c.id) < tuple_(
-                literal(row.priority), literal(row.available_at), literal(row.id, sf.c.id.type)
+            before = tuple_(sf.c.priority, sf.c.available_at, sf.c.seq) < tuple_(
+                literal(row.priority), literal(row.available_at), literal(row.seq)
             )
             ahead_of = select(func.count()).where(
                 sf.c.state == PENDING,

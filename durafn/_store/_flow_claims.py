@@ -32,6 +32,7 @@ from typing import Any
 
 from sqlalchemy import (
     ARRAY,
+    BigInteger,
     Double,
     Integer,
     Text,
@@ -125,7 +126,7 @@ def _rows_of(
     in claim order, locked; ``after``: only those after ``:after_*`` (a keyset, not an
     OFFSET: rows another claim held and released meanwhile would shift an offset onto
     rows already taken). ``lateral``: PostgreSQL's form; else SQLite's (below)."""
-    # ix_scheduled_functions_key_head: (flow_key, priority, available_at, id). SKIP LOCKED:
+    # ix_scheduled_functions_key_head: (flow_key, priority, available_at, seq). SKIP LOCKED:
     # rows another claim holds are its own (a limited key's rows read here are dropped
     # if its lock, taken after, is another claim's). SQLite, without statistics, would
     # rather range over ix_scheduled_functions_keys (kind, flow_key, available_at) and
@@ -135,15 +136,15 @@ def _rows_of(
     rows = select(*CLAIM_COLUMNS).where(*keyed(), *extra, sf.c.flow_key == key, due <= _NOW)
     if after:
         rows = rows.where(
-            tuple_(sf.c.priority, sf.c.available_at, sf.c.id)
+            tuple_(sf.c.priority, sf.c.available_at, sf.c.seq)
             > tuple_(
                 bindparam("after_p", type_=Integer),
                 bindparam("after_at", type_=Double),
-                bindparam("after_id", type_=sf.c.id.type),
+                bindparam("after_seq", type_=BigInteger),
             )
         )
     return (
-        rows.order_by(sf.c.priority, sf.c.available_at, sf.c.id)
+        rows.order_by(sf.c.priority, sf.c.available_at, sf.c.seq)
         .limit(bindparam("limit", type_=Integer))
         .with_for_update(skip_locked=True)
     )
@@ -322,7 +323,7 @@ async def _more(
         return 0
     last = k.rows[-1]
     head = {**params, "b_key": k.key, "limit": wanted}
-    head |= {"after_p": last.priority, "after_at": last.available_at, "after_id": last.id}
+    head |= {"after_p": last.priority, "after_at": last.available_at, "after_seq": last.seq}
     extra = claimed(list(await conn.execute(st.head_after, head)))
     k.rows += extra
     return len(extra)
@@ -371,8 +372,8 @@ def fair_order(
 ) -> list[Claimed]:
     """Unkeyed and keyed rows in one order: priority (a keyed row's aged, ``Flow.aging``),
     then round (an unkeyed row is in the first round, a key of its own), then due time and
-    id; the first ``limit``."""
-    ranked = [(r.priority, 0, r.available_at, r.id, r) for r in plain]
-    ranked += [(p, n, r.available_at, r.id, r) for r, n, p in keyed_rows]
+    the order written; the first ``limit``."""
+    ranked = [(r.priority, 0, r.available_at, r.seq, r) for r in plain]
+    ranked += [(p, n, r.available_at, r.seq, r) for r, n, p in keyed_rows]
     ranked.sort(key=lambda item: item[:4])
     return [item[4] for item in ranked[:limit]]

@@ -26,6 +26,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from .._errors import DatabaseError
 from .._types import ScheduledFunctionId
 from ._rows import NEW_ROW_COLUMNS
+from ._statements import next_seq
 from ._tables import KEY_HOLDER, sf
 
 _PENDING: ColumnElement[str] = literal_column("'Pending'")
@@ -46,7 +47,12 @@ _REPLACED = (
 
 
 def _upsert(insert: Callable[..., Any], rows: Sequence[dict[str, Any]], mode: str) -> Any:
-    stmt = insert(sf).values([{c: row[c] for c in NEW_ROW_COLUMNS} for row in rows])
+    stmt = insert(sf).values(
+        [
+            {c: row[c] for c in NEW_ROW_COLUMNS} | {"seq": next_seq(n)}
+            for n, row in enumerate(rows, 1)
+        ]
+    )
     new = stmt.excluded
     if mode == "unsafe_dedupe":
         changes: dict[str, Any] = {"job_key": sf.c.job_key}

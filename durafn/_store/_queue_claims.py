@@ -25,7 +25,7 @@ RUNNING_IN = (
     .where(sf.c.state == RUNNING, sf.c.queue_name.in_(bindparam("names", expanding=True)))
     .group_by(sf.c.queue_name)
 )
-# ix_scheduled_functions_queue: (queue_name, priority, available_at, id). Every kind:
+# ix_scheduled_functions_queue: (queue_name, priority, available_at, seq). Every kind:
 # a queue's order is across its mutations and actions. No SKIP LOCKED: holding the
 # queue's lock, only a momentary writer (a cancel, a key's replace) can hold its rows.
 # ``flow_key IS NULL``, as in the index's predicate: without it PostgreSQL could not use
@@ -39,7 +39,7 @@ QUEUE_HEAD = (
         sf.c.queue_name == bindparam("queue", type_=Text),
         sf.c.available_at <= bindparam("now", type_=Double),
     )
-    .order_by(sf.c.priority, sf.c.available_at, sf.c.id)
+    .order_by(sf.c.priority, sf.c.available_at, sf.c.seq)
     .limit(bindparam("limit", type_=Integer))
     .with_for_update()
 )

@@ -128,6 +128,8 @@ class Claimed:
     flow_key: str | None = None
     flow: str | None = None
     """Its flow key's knobs, as stored (``durafn._flow.Flow.spec``)."""
+    seq: int = 0
+    """Where it was written among the rows (``_tables``' ``seq``)."""
 
     @property
     def slot(self) -> str | None:
@@ -138,9 +140,9 @@ class Claimed:
             return self.queue_name
         return self.flow_key if self.flow is not None and '"c":' in self.flow else None
 
-    def order(self) -> tuple[int, float, str]:
-        """Claim order: priority (lower first), then due time, then id."""
-        return (self.priority, self.available_at, self.id)
+    def order(self) -> tuple[int, float, int]:
+        """Claim order: priority (lower first), then due time, then the order written."""
+        return (self.priority, self.available_at, self.seq)
 
     def retry_state(self) -> RetryState:
         """What a failure of this run is retried by."""

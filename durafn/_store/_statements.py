@@ -14,7 +14,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, TypedDict
 
-from sqlalchemy import Boolean, Double, Row, Text, bindparam, literal, literal_column, update
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Double,
+    Row,
+    Text,
+    bindparam,
+    literal,
+    literal_column,
+    update,
+)
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.elements import ColumnElement
@@ -41,6 +51,7 @@ CLAIM_COLUMNS = (
     sf.c.failures,
     sf.c.flow_key,
     sf.c.flow,
+    sf.c.seq,
 )
 # Literals, not bind parameters: a partial index is used only when the query's WHERE
 # visibly implies the index's (SQLite does not look into parameters).
@@ -69,6 +80,37 @@ def _strpos(element: _Within, compiler: SQLCompiler, **kw: Any) -> str:
 def _instr(element: _Within, compiler: SQLCompiler, **kw: Any) -> str:
     needle, haystack = (compiler.process(c, **kw) for c in element.clauses)
     return f"(instr({haystack}, {needle}) > 0)"
+
+
+class _NextSeq(FunctionElement[int]):
+    """A new row's ``seq`` (``_tables``), the ``offset``-th of the rows one statement
+    writes: PostgreSQL's identity gives it (``DEFAULT``); on SQLite it is the rowid the row
+    gets, one more than the largest (a write holds the database's one write lock). SQLite
+    reads the subquery of every row of a multi-row VALUES before it writes the first
+    (tests/test_driver.py checks that it stays so), hence the offset."""
+
+    type = BigInteger()
+    name = "next_seq"
+    inherit_cache = True
+
+    def __init__(self, offset: int) -> None:
+        super().__init__()
+        self.offset = offset
+
+
+@compiles(_NextSeq)
+def _identity(element: _NextSeq, compiler: SQLCompiler, **kw: Any) -> str:
+    return "DEFAULT"
+
+
+@compiles(_NextSeq, "sqlite")
+def _rowid(element: _NextSeq, compiler: SQLCompiler, **kw: Any) -> str:
+    return f"((SELECT coalesce(max(rowid), 0) FROM _scheduled_functions) + {element.offset:d})"
+
+
+def next_seq(offset: int = 1) -> ColumnElement[int]:
+    """The ``seq`` of the ``offset``-th new row of a statement (``_NextSeq``)."""
+    return _NextSeq(offset)
 
 
 def carries(flag: str) -> ColumnElement[bool]:

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
     CheckConstraint,
     Column,
     Double,
+    Identity,
     Index,
     Integer,
     MetaData,
@@ -82,6 +84,11 @@ scheduled_functions = Table(
     Column("flow_key", Text),
     Column("flow", Text),
     Column("flow_until", Double),
+    # Version 11: the order rows were written in, which claims take rows due at the same
+    # instant in (a queue's or a key's included): ids are made by each scheduling process,
+    # so two processes' ids within one millisecond sort in no such order. PostgreSQL's
+    # identity; on SQLite the row's rowid, written with it (``NEXT_SEQ``).
+    Column("seq", BigInteger, Identity(), nullable=False),
     CheckConstraint(
         "state IN ('Pending', 'InProgress', 'Success', 'Failed', 'Canceled')",
         name="ck_scheduled_functions_state",
@@ -97,7 +104,8 @@ sf = scheduled_functions
 UNQUEUED = and_(sf.c.state == "Pending", sf.c.queue_name.is_(None), sf.c.flow_key.is_(None))
 QUEUED = and_(sf.c.state == "Pending", sf.c.queue_name.is_not(None), sf.c.flow_key.is_(None))
 KEYED = and_(sf.c.state == "Pending", sf.c.flow_key.is_not(None))
-# Priority comes before time: a claim reads each priority level present as one range
+# Priority comes before time (and the order written, ``seq``, after it): a claim reads each
+# priority level present as one range
 # (``priority = p AND available_at <= now``, in order), so neither a future row nor a row
 # of a later level is read to find a due one (_claims.py). Unqueued and queued rows have
 # an index each, so that finding the few due rows of named queues never reads through a
@@ -107,7 +115,7 @@ Index(
     sf.c.kind,
     sf.c.priority,
     sf.c.available_at,
-    sf.c.id,
+    sf.c.seq,
     postgresql_where=UNQUEUED,
     sqlite_where=UNQUEUED,
 )
@@ -117,7 +125,7 @@ Index(
     sf.c.kind,
     sf.c.priority,
     sf.c.available_at,
-    sf.c.id,
+    sf.c.seq,
     sf.c.queue_name,
     postgresql_where=QUEUED,
     sqlite_where=QUEUED,
@@ -138,7 +146,7 @@ ix_queue = Index(
     sf.c.queue_name,
     sf.c.priority,
     sf.c.available_at,
-    sf.c.id,
+    sf.c.seq,
     postgresql_where=QUEUED,
     sqlite_where=QUEUED,
 )
@@ -165,7 +173,7 @@ Index(
     sf.c.flow_key,
     sf.c.priority,
     sf.c.available_at,
-    sf.c.id,
+    sf.c.seq,
     postgresql_where=KEYED,
     sqlite_where=KEYED,
 )

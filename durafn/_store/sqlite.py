@@ -41,9 +41,11 @@ ONE_CALL_OPTION = "durafn_one_call"
 """Execution option: the transaction is one call on aiosqlite's thread, BEGIN to COMMIT
 (``_sqlite_calls``): durafn's one-statement transactions."""
 
+# ``seq``: the rowid the row gets (``_statements.next_seq``), each row a statement.
 _INSERT_SQL = (
-    f"INSERT INTO _scheduled_functions ({', '.join(NEW_ROW_COLUMNS)}) "
-    f"VALUES ({', '.join('?' * len(NEW_ROW_COLUMNS))})"
+    f"INSERT INTO _scheduled_functions ({', '.join(NEW_ROW_COLUMNS)}, seq) "
+    f"VALUES ({', '.join('?' * len(NEW_ROW_COLUMNS))}, "
+    "(SELECT coalesce(max(rowid), 0) + 1 FROM _scheduled_functions))"
 )
 # A new row's values in _INSERT_SQL's order, in C (a generator per row cost ~2 us).
 _new_row_values = operator.itemgetter(*NEW_ROW_COLUMNS)
