@@ -9,6 +9,8 @@ from typing import Any
 
 import anyio
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from sqlalchemy import text
 
 import durafn
@@ -726,3 +728,96 @@ async def test_a_cancelled_leading_run_absorbs_no_call(app: durafn.App, clock: F
     assert second != first
     await app.executor().run_until_idle()
     assert await effects(app) == ["b"]
+
+
+# -- the fake clock's helpers and held rows --------------------------------------------
+
+_HELD = {
+    # What holds the rows, and the times (from the start) each of four rows runs at.
+    "rate 5/s burst 2": (Flow(key="k", rate=Rate(5, per=1, burst=2)), [0, 0, 0.2, 0.4]),
+    "rate 1/s": (Flow(key="k", rate=Rate(1)), [0, 1, 2, 3]),
+    "rate 3/s": (Flow(key="k", rate=Rate(3)), [0, 1 / 3, 2 / 3, 1]),
+    "rate 7 per 3s burst 3": (Flow(key="k", rate=Rate(7, per=3, burst=3)), [0, 0, 0, 3 / 7]),
+    "rate 10/ms": (Flow(key="k", rate=Rate(10, per=0.001)), [0, 0.0001, 0.0002, 0.0003]),
+    "key of 1 (actions)": (Flow(key="k", concurrency=1), [0, 0, 0, 0]),
+    "serial queue": ("serial", [0, 0, 0, 0]),
+}
+
+
+@pytest.mark.parametrize("helper", ["finish_all", "advance"])
+@pytest.mark.parametrize("held", list(_HELD))
+async def test_the_fake_clock_helpers_stop_whenever_a_held_row_may_start(
+    app: durafn.App, clock: FakeClock, held: str, helper: str
+) -> None:
+    """``finish_all`` and ``advance`` step the clock to every moment a held row becomes
+    claimable (a rate's slots, a key or a queue freed), run it there, and end."""
+    ran: list[float] = []
+
+    @app.action(name="held:act")
+    async def act(ctx: ActionCtx, n: int) -> None:
+        ran.append(clock.now())
+
+    hold, expected = _HELD[held]
+    ref = act.options(queue=hold) if isinstance(hold, str) else act.options(flow=hold)
+    start = clock.now()
+    await app.scheduler().run_many([ref.call(n) for n in range(4)])
+    executor = app.executor()
+    if helper == "finish_all":
+        assert await durafn.testing.finish_all(executor, clock) == 4
+    else:
+        assert await durafn.testing.advance(executor, clock, 60) == 4
+        assert clock.now() == start + 60
+    # An epoch time of 2030 is exact to 0.24 us: to the microsecond, then.
+    assert [t - start for t in ran] == pytest.approx(expected, abs=1e-6)
+
+
+@pytest.mark.parametrize("helper", ["finish_all", "advance"])
+async def test_the_fake_clock_helpers_stop_at_debounced_and_throttled_runs(
+    app: durafn.App, clock: FakeClock, helper: str
+) -> None:
+    ran: list[tuple[str, float]] = []
+
+    @app.mutation(name="held:debounced", flow=Flow(key="d", debounce=Debounce(quiet=10)))
+    async def debounced(ctx: MutationCtx, n: int) -> None:
+        ran.append(("debounced", clock.now()))
+
+    @app.mutation(name="held:throttled", flow=Flow(key="t", throttle=Throttle(per=30)))
+    async def throttled(ctx: MutationCtx, n: int) -> None:
+        ran.append(("throttled", clock.now()))
+
+    start = clock.now()
+    executor = app.executor()
+    for n in range(3):
+        await app.scheduler().run_after(0, debounced, n)
+        await app.scheduler().run_after(0, throttled, n)
+        await executor.run_until_idle()  # the first throttled call runs at once
+    if helper == "finish_all":
+        await durafn.testing.finish_all(executor, clock)
+    else:
+        await durafn.testing.advance(executor, clock, 60)
+    assert sorted((what, t - start) for what, t in ran) == [
+        ("debounced", 10.0),
+        ("throttled", 0.0),
+        ("throttled", 30.0),
+    ]
+
+
+@given(
+    limit=st.integers(1, 10**6),
+    per=st.floats(0.001, 86400),
+    burst=st.integers(1, 100),
+    tat=st.floats(1.7e9, 4.1e9),
+)
+def test_a_spent_budget_allows_a_start_at_its_next_slot_and_not_before(
+    limit: int, per: float, burst: int, tat: float
+) -> None:
+    """The GCRA at epoch times (exact to a fraction of a microsecond only): the slot the
+    idle wait and the fake clock's helpers step to allows a start there, and none
+    perceptibly before it."""
+    from durafn._flow import allowance, next_slot
+
+    rate = Rate(limit, per=per, burst=burst)
+    slot = next_slot(rate, tat)
+    assert allowance(rate, tat, slot) >= 1
+    if rate.interval > 1e-5:
+        assert allowance(rate, tat, slot - 1e-5) == 0
