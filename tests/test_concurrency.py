@@ -3,6 +3,8 @@ would have), direct calls through faults, and the LISTEN connection recovering."
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import sqlite3
 from collections import Counter as Tally
@@ -313,4 +315,85 @@ async def test_a_claim_that_skipped_a_held_queue_or_key_looks_again(
             assert (await executor.wait_for(sid, timeout=SLACK)).state is State.SUCCESS
     finally:
         await admin.close()
+        await app.aclose()
+
+
+@pytest.mark.postgres_only  # a server that ends connections: SQLite has none
+@pytest.mark.parametrize("when", ["idle in the pool", "during a statement"])
+async def test_a_connection_the_server_ended_is_never_handed_out_again(
+    postgres_url: str, when: str
+) -> None:
+    """A backend terminated while its connection sits in the pool, or while a statement
+    runs on it: the transaction that meets it is retried on another connection, and the
+    dead one is dropped, never checked out again (asyncpg's "another operation is in
+    progress", from a connection still consuming the server's last error, killed a
+    worker under repeated terminations)."""
+    import asyncpg
+
+    app = durafn.App(postgres_url)
+    await app.migrate()
+    admin = await asyncpg.connect(PG_DSN)
+
+    async def driver_connection() -> Any:
+        async with app.engine.connect() as conn:
+            return (await conn.get_raw_connection()).driver_connection
+
+    try:
+        dead = await driver_connection()
+        pid = dead.get_server_pid()
+        tries: list[int] = []
+
+        async def body(conn: AsyncConnection) -> int:
+            tries.append(1)
+            if when == "during a statement" and len(tries) == 1:
+                await conn.execute(text("SELECT pg_sleep(5)"))  # ended from outside
+            return int((await conn.execute(text("SELECT pg_backend_pid()"))).scalar_one())
+
+        async with anyio.create_task_group() as tg:
+            if when == "idle in the pool":
+                assert await admin.fetchval("SELECT pg_terminate_backend($1, 5000)", pid)
+            else:
+                terminate = f"SELECT pg_sleep(0.2), pg_terminate_backend({pid})"
+                tg.start_soon(admin.execute, terminate)
+            served_by = await app._rt.transaction(body, doing="a test")
+        assert served_by != pid
+        for _ in range(3):  # the pool has one live connection now, never the dead one
+            assert await driver_connection() is not dead
+    finally:
+        await admin.close()
+        await app.aclose()
+
+
+@pytest.mark.postgres_only  # asyncpg's protocol states: SQLite has none
+async def test_a_connection_left_busy_is_dropped_and_the_transaction_retried(
+    postgres_url: str,
+) -> None:
+    """A pooled connection that an interrupted operation left busy (here: an operation
+    still running on it) fails its next statement with asyncpg's "another operation is in
+    progress": durafn takes that for a lost connection (retried elsewhere, transient),
+    and the pool never hands the connection out again."""
+    import asyncpg
+
+    app = durafn.App(postgres_url)
+    await app.migrate()
+    try:
+        async with app.engine.connect() as conn:
+            busy = (await conn.get_raw_connection()).driver_connection
+        sleeping = asyncio.ensure_future(busy.execute("SELECT pg_sleep(0.5)"))
+        await anyio.sleep(0.05)  # on the wire: the connection is busy, and back in the pool
+        tries: list[int] = []
+
+        async def body(conn: AsyncConnection) -> Any:
+            tries.append(1)
+            return (await conn.get_raw_connection()).driver_connection, (
+                await conn.execute(text("SELECT 1"))
+            ).scalar_one()
+
+        served_by, one = await app._rt.transaction(body, doing="a test")
+        assert (served_by is not busy, one, len(tries)) == (True, 1, 2)
+        async with app.engine.connect() as conn:
+            assert (await conn.get_raw_connection()).driver_connection is not busy
+        with contextlib.suppress(asyncpg.PostgresError, asyncpg.InterfaceError, OSError):
+            await sleeping
+    finally:
         await app.aclose()

@@ -14,9 +14,10 @@ from typing import Any, ClassVar
 
 import anyio
 import asyncpg
+from sqlalchemy import event, text
 from sqlalchemy import exc as sa_exc
-from sqlalchemy import text
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.engine import ExceptionContext
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from .._errors import ReadOnlyError
@@ -61,6 +62,52 @@ _INSERT_SQL = text(
 )
 
 
+def _discard_broken_connections(context: ExceptionContext) -> None:
+    """Never hand out again a connection whose operation a lost server interrupted.
+
+    SQLAlchemy's asyncpg dialect takes an error for a disconnect only once asyncpg has
+    seen its socket close. A terminated backend sends its error first: the connection
+    went back to the pool still consuming that reply, and the next transaction on it
+    failed with ``cannot switch to state 11; another operation (2) is in progress``
+    (every backend terminated every 0.3 s for 30 s: a dozen times, and once a worker
+    died of it). A connection-class error marks the connection (and the pool, whose
+    other connections are as likely gone) invalid: it is closed, not reused."""
+    if context.is_disconnect:
+        return
+    error = context.original_exception
+    state = _sqlstate(error)
+    cause = getattr(error, "__cause__", None)
+    if (state is not None and (state.startswith("08") or state.startswith("57P"))) or (
+        _broken(cause) or _broken(error)
+    ):
+        context.is_disconnect = True
+
+
+def _refuse_closed_connections(dbapi_connection: Any, record: Any, proxy: Any) -> None:
+    """A pooled connection whose server closed it while it sat in the pool (asyncpg has
+    seen the end of its socket) is replaced at checkout, not handed to a transaction to
+    fail in. No round trip: a connection the server dropped unseen still fails its first
+    statement, and is then discarded (``_discard_broken_connections``)."""
+    if dbapi_connection.driver_connection.is_closed():
+        raise sa_exc.DisconnectionError("the server closed this pooled connection")
+
+
+def _broken(exc: BaseException | None) -> bool:
+    """An asyncpg error that says the connection cannot be used again (not one about a
+    statement's input, such as a value out of range: an InterfaceError and a ValueError).
+    """
+    if isinstance(
+        exc, asyncpg.exceptions.ConnectionDoesNotExistError | asyncpg.exceptions.InternalClientError
+    ):
+        return True
+    if isinstance(exc, asyncpg.InterfaceError) and not isinstance(exc, ValueError):
+        return any(sign in str(exc) for sign in _BROKEN_SIGNS)
+    return False
+
+
+_BROKEN_SIGNS = ("connection is closed", "connection was closed", "another operation")
+
+
 def _sqlstate(exc: BaseException) -> str | None:
     for candidate in (
         exc,
@@ -87,20 +134,19 @@ class PostgresDriver(PostgresBatches, Driver):
     def create_engine(self) -> AsyncEngine:
         # asyncpg waits 60 s for a connection by default: too long for a worker that
         # should notice an unreachable server, log it and back off.
-        return create_async_engine(
+        engine = create_async_engine(
             self.url, pool_size=10, max_overflow=10, connect_args={"timeout": CONNECT_TIMEOUT}
         )
+        event.listen(engine.sync_engine, "handle_error", _discard_broken_connections)
+        event.listen(engine.sync_engine, "checkout", _refuse_closed_connections)
+        return engine
 
     def _transient_dbapi(self, exc: sa_exc.DBAPIError) -> bool:
         state = _sqlstate(exc)
         if state is not None and (state.startswith("08") or state in _TRANSIENT_SQLSTATES):
             return True
         orig = getattr(exc, "orig", None)
-        cause = getattr(orig, "__cause__", None)
-        return isinstance(
-            cause,
-            asyncpg.exceptions.ConnectionDoesNotExistError | asyncpg.exceptions.InterfaceError,
-        )
+        return _broken(getattr(orig, "__cause__", None))
 
     def is_driver_error(self, exc: BaseException) -> bool:
         # asyncpg raises some connect-time errors (an unknown database, a bad password)
@@ -239,7 +285,12 @@ class PostgresDriver(PostgresBatches, Driver):
                     conn.add_termination_listener(lambda _c, lost=lost: lost.set())
                     try:
                         await conn.add_listener(CHANNEL, _callback)
-                    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                    except (
+                        OSError,
+                        asyncpg.PostgresError,
+                        asyncpg.InterfaceError,
+                        asyncpg.exceptions.InternalClientError,
+                    ) as exc:
                         # The connection can drop during the LISTEN itself (seen when a
                         # server terminated it just then): retry as for a failed connect,
                         # rather than let the error end the executor.
