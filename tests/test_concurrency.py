@@ -378,7 +378,7 @@ async def test_a_connection_left_busy_is_dropped_and_the_transaction_retried(
     await app.migrate()
     try:
         async with app.engine.connect() as conn:
-            busy = (await conn.get_raw_connection()).driver_connection
+            busy: Any = (await conn.get_raw_connection()).driver_connection
         sleeping = asyncio.ensure_future(busy.execute("SELECT pg_sleep(0.5)"))
         await anyio.sleep(0.05)  # on the wire: the connection is busy, and back in the pool
         tries: list[int] = []

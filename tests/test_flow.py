@@ -732,7 +732,7 @@ async def test_a_cancelled_leading_run_absorbs_no_call(app: durafn.App, clock: F
 
 # -- the fake clock's helpers and held rows --------------------------------------------
 
-_HELD = {
+_HELD: dict[str, tuple[Flow | str, list[float]]] = {
     # What holds the rows, and the times (from the start) each of four rows runs at.
     "rate 5/s burst 2": (Flow(key="k", rate=Rate(5, per=1, burst=2)), [0, 0, 0.2, 0.4]),
     "rate 1/s": (Flow(key="k", rate=Rate(1)), [0, 1, 2, 3]),
