@@ -12,6 +12,7 @@ from ._clock import Clock, SystemClock
 from ._context import ActionCtx, MutationCtx, QueryCtx, SystemTable
 from ._errors import (
     ArgumentError,
+    CallError,
     CancelOwnRunError,
     CronSyntaxError,
     DatabaseError,
@@ -67,6 +68,7 @@ __all__ = [
     "App",
     "ArgumentError",
     "Call",
+    "CallError",
     "CancelOwnRunError",
     "CancelResult",
     "Clock",

@@ -191,6 +191,34 @@ class Operations:
             )
         return await self._in_batches(where, batch_size, None, "cancelling rows")
 
+    async def count(
+        self,
+        *,
+        state: State | Sequence[State] | None = None,
+        name: str | None = None,
+        queue: str | None = None,
+        key: str | None = None,
+        flag: str | None = None,
+        scheduled_after: datetime | None = None,
+        scheduled_before: datetime | None = None,
+    ) -> int:
+        """How many rows match the filters (those of ``list``): what ``cancel_where`` or
+        ``reschedule`` would change, with ``state=Pending``, before it changes them."""
+        where = row_filter(
+            state=state,
+            name=name,
+            queue=queue,
+            key=key,
+            flag=flag,
+            scheduled_after=scheduled_after,
+            scheduled_before=scheduled_before,
+        )
+
+        async def _read(conn: AsyncConnection) -> int:
+            return await self._rt.driver.count_rows(conn, where)
+
+        return await self._rt.transaction(_read, read_only=True, doing="counting rows")
+
     def _selection(
         self,
         ids: Sequence[ScheduledFunctionId | str] | None,

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import os
+import sys
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Concatenate, ParamSpec, TypeVar, overload
@@ -47,7 +49,8 @@ R = TypeVar("R")
 
 KINDS = (FunctionKind.MUTATION, FunctionKind.ACTION)
 
-DEFAULT_URL = "sqlite+aiosqlite:///durafn.sqlite3"
+DEFAULT_FILE = "durafn.sqlite3"
+DEFAULT_URL = f"sqlite+aiosqlite:///{DEFAULT_FILE}"
 """Used when no URL is given and ``DURAFN_DATABASE_URL`` is unset: a file in the cwd."""
 
 
@@ -102,7 +105,7 @@ class App(Operations, CronDeclarations, CronRegistry):
             )
         driver = driver_for_url(url or os.environ.get("DURAFN_DATABASE_URL") or DEFAULT_URL)
         self._rt = Runtime(
-            registry=Registry(),
+            registry=Registry(origin=_caller()),
             driver=driver,
             clock=clock or SystemClock(),
             limits=Limits(max_scheduled_per_run, max_scheduled_args_bytes),
@@ -136,6 +139,42 @@ class App(Operations, CronDeclarations, CronRegistry):
             self._rt.auto_migrate = driver.auto_migrate
         self._rt.driver = driver
         self._rt.health = Health(driver)
+
+    def using(self, url: str | None = None, *, clock: Clock | None = None) -> App:
+        """This app on another database, or with another clock: the same functions,
+        crons, hooks, queues and settings (shared: what is registered on one is on both),
+        with a connection pool, and a clock, of its own. For tests of an app defined at
+        module level::
+
+            from myapp.tasks import app, send_email
+
+            test_app = app.using("sqlite+aiosqlite:///test.db", clock=FakeClock())
+            await test_app.run_mutation(send_email, "a@example.com")
+        """
+        if url is not None:
+            text("url", url)
+        if clock is not None and not isinstance(clock, Clock):
+            raise ArgumentError(f"clock must have now() and sleep_until(), not {clock!r}")
+        rt = self._rt
+        driver = driver_for_url(url or rt.driver.url.render_as_string(hide_password=False))
+        other = App.__new__(App)
+        other._rt = dataclasses.replace(
+            rt,
+            driver=driver,
+            clock=clock or rt.clock,
+            _engine=None,
+            _ready=False,
+            _ready_lock=None,
+            auto_migrate=rt.auto_migrate if url is None else driver.auto_migrate,
+            inline_runner=None,
+            _resolved={},
+            _wake_listeners=set(),
+        )
+        other._rt.hooks = rt.hooks  # the app's hooks (a new runtime made new ones)
+        other._invoker = Invoker(other._rt, self._invoker.timeouts)
+        if rt.inline_runner is not None:
+            other._rt.inline_runner = lambda calls: other.executor().run_inline(calls)
+        return other
 
     def __repr__(self) -> str:
         return f"<durafn.App {self._rt.driver.url.render_as_string()!r}>"
@@ -486,3 +525,11 @@ def _finished_states(value: object) -> list[State]:
 
 def _every_row(row: ScheduledFunction) -> bool:
     return True
+
+
+def _caller() -> str:
+    """``file:line`` of the code that made the app (outside durafn)."""
+    frame = sys._getframe(2)
+    while frame.f_back is not None and frame.f_globals.get("__name__", "").startswith("durafn"):
+        frame = frame.f_back
+    return f"{frame.f_code.co_filename}:{frame.f_lineno}"

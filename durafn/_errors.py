@@ -5,6 +5,7 @@ builtin a caller would naturally catch, so ``except LookupError`` finds an unkno
 
     DurafnError
     ├── RegistrationError (TypeError)      a function cannot be registered as written
+    ├── CallError (TypeError)              a function reference was called like a function
     ├── UnknownFunctionError (LookupError) no function has that durable name
     ├── ArgumentError (ValueError)         arguments fail validation or cannot be stored
     ├── CronSyntaxError (ValueError)       a cron expression or time zone cannot be used
@@ -38,14 +39,27 @@ class RegistrationError(DurafnError, TypeError):
     """A function cannot be registered: it is not async, lacks ``ctx``, or its name is taken."""
 
 
-class UnknownFunctionError(DurafnError, LookupError):
-    """No function is registered under the durable name."""
+class CallError(DurafnError, TypeError):
+    """A function reference was called like a plain function (``await send_email(...)``):
+    run it through the app (``app.run_mutation``) or schedule it (``ctx.scheduler``)."""
 
-    def __init__(self, name: str) -> None:
-        super().__init__(
-            f"no function is registered as {name!r}; register it with @app.mutation or "
-            "@app.action (check the module is imported and the name is spelled as stored)"
-        )
+
+class UnknownFunctionError(DurafnError, LookupError):
+    """No function is registered under the durable name (on this app)."""
+
+    def __init__(self, name: str, *, elsewhere: str | None = None) -> None:
+        if elsewhere is not None:
+            message = (
+                f"{name!r} is registered on another durafn.App (the one made at "
+                f"{elsewhere}), not on this one: use that app, or app.using(url, "
+                "clock=...) for that app on another database or with another clock (tests)"
+            )
+        else:
+            message = (
+                f"no function is registered as {name!r}; register it with @app.mutation or "
+                "@app.action (check the module is imported and the name is spelled as stored)"
+            )
+        super().__init__(message)
         self.name = name
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -72,7 +72,7 @@ def explain(facts: Facts, now: float) -> Explanation:
     base = {"id": ScheduledFunctionId(str(row.id)), "state": state}
     base |= {"queue": row.queue_name, "flow_key": row.flow_key}
     if state.finished:
-        return Explanation(**base, reason="finished", message=f"it is {state.value}")
+        return Explanation(**base, reason="finished", message=_ended(row))
     if state is State.IN_PROGRESS:
         since = to_datetime(row.started_time).isoformat() if row.started_time else "?"
         return Explanation(
@@ -95,6 +95,17 @@ def explain(facts: Facts, now: float) -> Explanation:
         held_by=first.held_by,
         also=[h.message for h in found[1:]],
     )
+
+
+def _ended(row: Any) -> str:
+    """How a finished row ended, when, and after how many runs."""
+    at = to_datetime(row.completed_time).isoformat() if row.completed_time else "?"
+    runs = f"{row.attempts} run{'s' if row.attempts != 1 else ''}"
+    if row.state == State.CANCELED.value:
+        return f"it was cancelled at {at}, after {runs}"
+    if row.state == State.FAILED.value:
+        return f"it failed at {at}, after {runs}: {row.error_type}: {row.error_message}"
+    return f"it succeeded at {at}, after {runs}"
 
 
 def _holding(facts: Facts, now: float) -> list[_Held]:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
+import os
+import sys
 import typing
 import warnings
 from collections.abc import Awaitable, Callable, Iterable
@@ -24,7 +26,13 @@ from pydantic import ConfigDict, TypeAdapter
 
 from ._cancels import CancelMode
 from ._checks import optional, positive_seconds, text
-from ._errors import ArgumentError, DurableNameWarning, RegistrationError, UnknownFunctionError
+from ._errors import (
+    ArgumentError,
+    CallError,
+    DurableNameWarning,
+    RegistrationError,
+    UnknownFunctionError,
+)
 from ._flow import Flow
 from ._hooks import FUNCTION_HOOKS, Hook, HookName, HookT, check_hook
 from ._options import JobOptions, KeyMode, OptionError
@@ -82,7 +90,7 @@ class FunctionRef(Generic[P, R]):
                 "name (@app.mutation(name='messages:send')), or run your program as a "
                 "module (python -m ...)",
                 DurableNameWarning,
-                stacklevel=4,
+                stacklevel=_outside_durafn(),
             )
         self.timeout = optional(
             positive_seconds, f"the timeout of {_describe(fn)}", timeout, error=RegistrationError
@@ -97,6 +105,8 @@ class FunctionRef(Generic[P, R]):
         """How long its finished rows are kept, per state (its decorator's)."""
         self.hooks: dict[str, list[Hook]] = {}
         """This function's lifecycle hooks (``on``), by hook name."""
+        self.origin: str | None = None
+        """Where the app it is registered on was made (``Registry.add``)."""
         self._signature, self._params = _parse_signature(fn, self.kind, ctx_types)
         # For the fast path of validate_call (see there).
         self._by_position = [p.name for p in self._params if p.kind is p.POSITIONAL_OR_KEYWORD]
@@ -122,6 +132,20 @@ class FunctionRef(Generic[P, R]):
             raise RegistrationError(
                 f"{_describe(fn)} takes or returns a type that cannot be stored as JSON: {exc}"
             ) from exc
+
+    if not typing.TYPE_CHECKING:  # for mypy it stays no callable: a call is a type error
+
+        def __call__(self, *args: Any, **kwargs: Any) -> Any:
+            run = {"query": "run_query", "mutation": "run_mutation", "action": "run_action"}
+            how = f"await app.{run[self.kind]}({self.__wrapped__.__name__}, ...)"
+            if self.kind != "query":
+                how += (
+                    f", or schedule it: await ctx.scheduler.run_after(0, "
+                    f"{self.__wrapped__.__name__}, ...)"
+                )
+            raise CallError(
+                f"{self.name!r} is a durafn {self.kind}, not a plain function: run it with {how}"
+            )
 
     def __repr__(self) -> str:
         options = self.job_options
@@ -325,10 +349,12 @@ RefT = TypeVar("RefT", bound="FunctionRef[Any, Any]")
 
 
 class Registry:
-    """Durable name -> function. One per app."""
+    """Durable name -> function. One per app (shared by its ``app.using`` copies)."""
 
-    def __init__(self) -> None:
+    def __init__(self, origin: str = "?") -> None:
         self._by_name: dict[str, FunctionRef[Any, Any]] = {}
+        self.origin = origin
+        """Where its app was made (``file:line``): errors name the app a function is on."""
 
     def add(self, ref: FunctionRef[Any, Any]) -> None:
         existing = self._by_name.get(ref.name)
@@ -338,6 +364,7 @@ class Registry:
                 f"{_describe(existing.fn)}); pass name=... to give one of them another name"
             )
         self._by_name[ref.name] = ref
+        ref.origin = self.origin
 
     def get(self, name: str) -> FunctionRef[Any, Any]:
         try:
@@ -362,7 +389,7 @@ class Registry:
         if not isinstance(fn, FunctionRef):
             raise UnknownFunctionError(repr(fn))
         if self._by_name.get(fn.name) is not fn.registered:
-            raise UnknownFunctionError(fn.name)
+            raise UnknownFunctionError(fn.name, elsewhere=fn.registered.origin)
         return fn
 
     def retentions(self) -> dict[str, Retention]:
@@ -451,8 +478,8 @@ def _parse_signature(
         )
     if wrong_ctx:
         raise RegistrationError(
-            f"{_describe(fn)} is registered as a {kind} but its context is annotated "
-            f"{first.annotation!r}; a {kind} receives a {ctx_name}"
+            f"{_describe(fn)} is registered as {_a(kind)} but its context is annotated "
+            f"{first.annotation!r}; {_a(kind)} receives {_a(ctx_name)}"
         )
     if not names_ctx:
         raise RegistrationError(
@@ -472,3 +499,20 @@ def _parse_signature(
                 "stored by name, so make it a normal parameter"
             )
     return signature.replace(parameters=rest), rest
+
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _outside_durafn() -> int:
+    """The ``stacklevel`` of the first frame outside durafn: a warning then names the
+    user's line (the decorator's), whichever way the function was registered."""
+    level, frame = 1, sys._getframe(1)
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE):
+        level, frame = level + 1, frame.f_back  # type: ignore[assignment]
+    return level
+
+
+def _a(word: str) -> str:
+    """``a mutation``, ``an action``."""
+    return f"an {word}" if word[:1].lower() in "aeiou" else f"a {word}"

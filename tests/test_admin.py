@@ -159,7 +159,9 @@ def test_the_cli_lists_pauses_resumes_and_filters_queues(db_url: str) -> None:
     assert invoke_json("reschedule", "--queue", "mail", "--priority", "5", "--url", db_url) == {
         "rescheduled": 2
     }
-    assert invoke_json("cancel", "--queue", "mail", "--url", db_url) == {"canceled": 2}
+    refused = invoke("cancel", "--queue", "mail", "--url", db_url)  # no terminal to ask on
+    assert refused.exit_code == 1 and "pass --yes" in refused.stderr
+    assert invoke_json("cancel", "--queue", "mail", "--yes", "--url", db_url) == {"canceled": 2}
     assert invoke("cancel", "--url", db_url).exit_code == 2  # neither ids nor filters
     assert invoke("cancel", ids[2], "--queue", "x", "--url", db_url).exit_code == 2
 

@@ -374,8 +374,15 @@ def test_a_function_registered_from_main_warns() -> None:
     app = durafn.App("sqlite+aiosqlite:///unused.db")
     namespace: dict[str, Any] = {"__name__": "__main__", "MutationCtx": MutationCtx}
     exec("async def send(ctx: MutationCtx) -> None:\n    pass\n", namespace)
-    with pytest.warns(durafn.DurableNameWarning, match=r"'__main__:send'.*name="):
+    with pytest.warns(durafn.DurableNameWarning, match=r"'__main__:send'.*name=") as caught:
         app.mutation(namespace["send"])
+    # It points at the user's line, the registration, whichever form it took.
+    assert [w.filename for w in caught] == [__file__]
+    namespace["ActionCtx"] = durafn.ActionCtx
+    exec("async def notify(ctx: ActionCtx) -> None:\n    pass\n", namespace)
+    with pytest.warns(durafn.DurableNameWarning) as caught:
+        app.action(queue="q")(namespace["notify"])
+    assert [w.filename for w in caught] == [__file__]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         namespace["send"].__module__ = "__main__"

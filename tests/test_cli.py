@@ -493,6 +493,23 @@ def test_ctrl_c_at_the_clear_prompt_stops_it_at_once(rows: Rows) -> None:
     assert rows.finished <= set(states_by_id(rows.url))
 
 
+def test_cancelling_by_filter_says_how_many_and_asks_first(
+    rows: Rows, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As clear does: ``durafn cancel --name X`` cancels every Pending row of X, so it
+    says how many and asks (``--yes`` skips the question; with no terminal it is needed)."""
+    monkeypatch.setattr(options, "stdin_is_terminal", lambda: True)
+    declined = invoke("cancel", "--name", "cli:add", "--url", rows.url, input="n\n")
+    assert declined.exit_code == 1
+    assert "Cancel 2 Pending rows? [y/N]" in declined.stderr and "Aborted" in declined.stderr
+    assert states_by_id(rows.url)[rows.due] == "Pending"
+    accepted = invoke("cancel", "--name", "cli:add", "--url", rows.url, input="y\n")
+    assert accepted.exit_code == 0 and accepted.stdout == "2 Pending rows canceled\n"
+    assert states_by_id(rows.url)[rows.due] == "Canceled"
+    none_left = invoke("cancel", "--name", "cli:add", "--url", rows.url)
+    assert none_left.stdout == "no Pending row matches; nothing to cancel\n"
+
+
 def test_clear_without_a_terminal_needs_yes(rows: Rows) -> None:
     result = invoke("clear", "--url", rows.url)
     assert_one_line_error(result.exit_code, result.stderr, "stdin is not a terminal; pass --yes")

@@ -667,7 +667,9 @@ def test_rejected_expressions(source: str, expression: str, message: str) -> Non
         ("EST5EDT", "abbreviation or a legacy name"),
         ("CST6CDT", "abbreviation or a legacy name"),
         ("america/new_york", "wrong case"),
-        ("Mars/Olympus_Mons", "not an IANA time zone"),
+        ("Mars/Olympus_Mons", "not an IANA time zone$"),
+        ("America/NewYork", "not an IANA time zone; did you mean 'America/New_York'\\?"),
+        ("America/Sao Paulo", "did you mean 'America/Sao_Paulo'\\?"),
         ("", "not a zone name"),
     ],
 )

@@ -4,6 +4,7 @@ reason, and bad flow options. Across 4 racing worker processes: test_queue_worke
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from typing import Any
 
@@ -552,6 +553,9 @@ def test_the_cli_explains_a_row_and_lists_the_flow_keys(db_url: str) -> None:
     assert lines[2].startswith("then: its flow key 'api' has spent its rate budget (1 per 3600s)")
     explained = invoke_json("explain", ids[1], "--url", db_url)
     assert explained["reason"] == "no_worker" and explained["flow_key"] == "api"
+    # A finished row in one line: how it ended, when, after how many runs.
+    [done] = invoke("explain", ids[0], "--url", db_url).stdout.splitlines()
+    assert re.fullmatch(rf"{ids[0]} is Success: it succeeded at \S+, after 1 run", done)
     [key] = invoke_json("stats", "--url", db_url)["flow_keys"]
     assert {k: key[k] for k in ("key", "due", "pending", "running", "held", "rate")} == {
         "key": "api",

@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 
 import durafn
-from durafn import MutationCtx, State
+from durafn import ActionCtx, MutationCtx, State
 from durafn.testing import FakeClock, all_rows
 
 pytestmark = pytest.mark.anyio
@@ -88,3 +88,40 @@ async def test_database_failures_are_typed(engine_name: str, tmp_path: object) -
         assert info.value.transient is (engine_name == "postgres")
     finally:
         await app.aclose()
+
+
+async def test_a_mutation_row_says_when_it_started(app: durafn.App, clock: FakeClock) -> None:
+    """A mutation's start is never committed on its own (it runs inside its finish's
+    transaction): its finish writes it, whichever statement finishes it (a plain
+    success, one with a result, a failure, one with a completion callback)."""
+
+    @app.mutation(name="started:plain")
+    async def plain(ctx: MutationCtx) -> None:
+        pass
+
+    @app.mutation(name="started:result")
+    async def result(ctx: MutationCtx) -> int:
+        return 1
+
+    @app.mutation(name="started:fails")
+    async def fails(ctx: MutationCtx) -> None:
+        raise ValueError("no")
+
+    @app.mutation(name="started:done")
+    async def done(ctx: MutationCtx, c: durafn.Completion) -> None:
+        pass
+
+    @app.action(name="started:act")
+    async def act(ctx: ActionCtx) -> None:
+        pass
+
+    refs = [plain, result, fails, plain.options(on_complete=done), act]
+    ids = [await app.scheduler().run_after(10, ref) for ref in refs]
+    clock.advance(15)
+    await app.executor().run_until_idle()
+    for id in ids:
+        row = await app.get(id)
+        assert row is not None and row.state.finished
+        assert row.started_time is not None and row.completed_time is not None
+        assert row.started_time.timestamp() == clock.now()  # the fake clock stood still
+        assert row.scheduled_time <= row.started_time <= row.completed_time

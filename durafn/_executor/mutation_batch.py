@@ -137,6 +137,8 @@ class MutationBatch:
         self._timeout = 0.0
         self._writes = 0
         """Statements other than reads run on the batch's connection (optimistic mode)."""
+        self._began: float | None = None
+        """When its rows began to run (the injected clock)."""
 
     async def run(self, now: float | None, size: int, batch_time: float) -> None:
         """Claim up to ``size`` rows due at ``now`` (default: the clock's now), run them for
@@ -157,6 +159,7 @@ class MutationBatch:
                 await conn.rollback()
                 return
             handle = await driver.statement_handle(conn)
+            self._began = rt.clock.now()  # the rows' start (written with their finish)
             self.claimed.extend(rows)
             self._running = frozenset(r.id for r in self.claimed)
             # Optimistic: one session for the batch. With savepoints each mutation gets its
@@ -326,7 +329,7 @@ class MutationBatch:
         """
         pending = self.outcomes[self._written :]
         now = self._rt.clock.now()
-        written = await settle(self._rt, conn, now, pending, MUTATION, self._worker_id)
+        written = await settle(self._rt, conn, now, pending, MUTATION, self._worker_id, self._began)
         if retried(pending):
             self.woken.add(MUTATION)
         if written != len(pending):  # pragma: no cover - the rows are locked by this batch

@@ -90,11 +90,12 @@ async def settle(
     outcomes: Sequence[Outcome],
     kind: FunctionKind,
     worker_id: str | None,
+    started: float | None = None,
 ) -> int:
-    """Write ``outcomes`` of rows of ``kind`` (mutations run in this transaction, Pending;
-    actions, InProgress), failed ones as their policies say, and notify other processes
-    of rows retried (the caller wakes its own executor once this commits: ``retried``);
-    returns how many rows were written."""
+    """Write ``outcomes`` of rows of ``kind`` (mutations run in this transaction, Pending,
+    which began at ``started``; actions, InProgress), failed ones as their policies say,
+    and notify other processes of rows retried (the caller wakes its own executor once
+    this commits: ``retried``); returns how many rows were written."""
     failed = [o for o in outcomes if o.state is State.FAILED or o.retry_at is not None]
     for outcome in failed:  # decided in a transaction that was rolled back: decide again
         outcome.state, outcome.retry_at, outcome.unwritten = State.FAILED, None, False
@@ -110,7 +111,7 @@ async def settle(
     # The finish also writes each failed run into its row's history and notifies other
     # processes of the rows retried.
     if kind is FunctionKind.MUTATION:
-        return await rt.driver.finish_pending(conn, now, outcomes, worker_id)
+        return await rt.driver.finish_pending(conn, now, outcomes, worker_id, started or now)
     return await rt.driver.finish_in_progress(conn, now, outcomes, worker_id)
 
 

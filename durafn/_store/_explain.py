@@ -62,6 +62,10 @@ _ROW = select(
     sf.c.worker_id,
     sf.c.started_time,
     sf.c.seq,
+    sf.c.completed_time,
+    sf.c.attempts,
+    sf.c.error_type,
+    sf.c.error_message,
 )
 
 

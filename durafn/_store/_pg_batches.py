@@ -27,6 +27,7 @@ _FINISH_SQL = text(
     """
     UPDATE _scheduled_functions AS sf
        SET state = v.state,
+           started_time = coalesce(CAST(:started AS float8), sf.started_time),
            completed_time = :now,
            result = v.result,
            error_type = v.error_type,
@@ -50,6 +51,7 @@ _FINISH_PLAIN_SQL = text(
     """
     UPDATE _scheduled_functions
        SET state = 'Success', completed_time = :now, attempts = attempts + :counted,
+           started_time = coalesce(CAST(:started AS float8), started_time),
            error_type = NULL, error_message = NULL, error_traceback = NULL
      WHERE id = ANY(CAST(string_to_array(:ids, ',') AS uuid[]))
        AND state = :expected
@@ -106,6 +108,7 @@ _SETTLE_SQL = text(
     WITH plain AS (
         UPDATE _scheduled_functions
            SET state = 'Success', completed_time = :now, attempts = attempts + :counted,
+               started_time = coalesce(CAST(:started AS float8), started_time),
                error_type = NULL, error_message = NULL, error_traceback = NULL
          WHERE id = ANY(CAST(string_to_array(:plain_ids, ',') AS uuid[]))
            AND state = :expected
@@ -203,12 +206,13 @@ class PostgresBatches(Driver):
         outcomes: Sequence[Outcome],
         expected: State,
         worker_id: str | None,
+        started: float | None = None,
     ) -> int:
         if not plain_or_retried(outcomes):
-            return await super()._finish(conn, now, outcomes, expected, worker_id)
+            return await super()._finish(conn, now, outcomes, expected, worker_id, started)
         retried = [o for o in outcomes if o.retry_at is not None]
         if not retried:
-            return await super()._finish(conn, now, outcomes, expected, worker_id)
+            return await super()._finish(conn, now, outcomes, expected, worker_id, started)
         kind = KIND_OF[expected]
         rows = await conn.execute(
             _SETTLE_SQL,
@@ -216,6 +220,7 @@ class PostgresBatches(Driver):
                 "now": now,
                 "expected": expected.value,
                 "counted": 1 if expected is State.PENDING else 0,
+                "started": started,
                 "worker_id": worker_id,
                 "plain_ids": ",".join(o.id for o in outcomes if o.retry_at is None),
                 **_failures(retried),

@@ -40,6 +40,7 @@ _ENTRY = ("?",) * (len(ERROR_KEYS) - 1)
 _FINISH_PLAIN_SQL = """
     UPDATE _scheduled_functions
        SET state = 'Success', completed_time = ?, attempts = attempts + ?,
+           started_time = coalesce(?, started_time),
            error_type = NULL, error_message = NULL, error_traceback = NULL
      WHERE state = ? AND id IN ({ids})
 """
@@ -85,13 +86,18 @@ async def in_thread(conn: AsyncConnection, work: Callable[[sqlite3.Connection], 
 
 
 def _finish_plain(
-    db: sqlite3.Connection, ids: Sequence[str], now: float, counted: int, expected: str
+    db: sqlite3.Connection,
+    ids: Sequence[str],
+    now: float,
+    counted: int,
+    expected: str,
+    started: float | None,
 ) -> int:
     written = 0
     for start in range(0, len(ids), _BOUND):
         chunk = ids[start : start + _BOUND]
         sql = _FINISH_PLAIN_SQL.format(ids=", ".join("?" * len(chunk)))
-        written += db.execute(sql, (now, counted, expected, *chunk)).rowcount
+        written += db.execute(sql, (now, counted, started, expected, *chunk)).rowcount
     return written
 
 
@@ -179,17 +185,18 @@ class SQLiteBatches(Driver):
         outcomes: Sequence[Outcome],
         expected: State,
         worker_id: str | None,
+        started: float | None = None,
     ) -> int:
         if not plain_or_retried(outcomes):
             # Rows that need more than these statements (final failures, results,
             # completion callbacks): rare, through SQLAlchemy.
-            return await super()._finish(conn, now, outcomes, expected, worker_id)
+            return await super()._finish(conn, now, outcomes, expected, worker_id, started)
         retried = [o for o in outcomes if o.retry_at is not None]
         plain = [o.id for o in outcomes if o.retry_at is None]
         counted = 1 if expected is State.PENDING else 0
 
         def work(db: sqlite3.Connection) -> tuple[int, set[str]]:
-            written = _finish_plain(db, plain, now, counted, expected.value)
+            written = _finish_plain(db, plain, now, counted, expected.value, started)
             if not retried:
                 return written, set()
             moved = _retry(db, retried, now, worker_id, expected.value, counted, 1)

@@ -21,6 +21,7 @@ from sqlalchemy import (
     Row,
     Text,
     bindparam,
+    func,
     literal,
     literal_column,
     update,
@@ -150,14 +151,20 @@ class FinishParams(TypedDict):
     counted: int
     """1 for a mutation, whose run is counted as it finishes (its start was never
     committed); 0 for an action, counted when it was claimed."""
+    started: float | None
+    """When a mutation's batch began (its start was never committed either: written with
+    its finish); None for an action, whose claim wrote it."""
 
 
+# A mutation's start, written with its finish; an action's stays as its claim wrote it.
+_STARTED = func.coalesce(bindparam("started", type_=Double), sf.c.started_time)
 # Both finishes find their rows by primary key; ``expected`` is the state guard.
 FINISH_PLAIN = (
     update(sf)
     .where(sf.c.id.in_(bindparam("ids", expanding=True)), sf.c.state == bindparam("expected"))
     .values(
         state=State.SUCCESS.value,
+        started_time=_STARTED,
         completed_time=bindparam("now"),
         attempts=sf.c.attempts + bindparam("counted"),
         # A run that succeeded after failed ones: its error is history now.
@@ -171,6 +178,7 @@ FINISH_ONE = (
     .where(sf.c.id == bindparam("b_id"), sf.c.state == bindparam("expected"))
     .values(
         state=bindparam("b_state"),
+        started_time=_STARTED,
         completed_time=bindparam("now"),
         result=bindparam("b_result"),
         error_type=bindparam("b_error_type"),

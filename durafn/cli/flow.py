@@ -30,6 +30,9 @@ def explain(
     if as_json:
         out.json(found.model_dump(mode="json"))
         return
+    if found.reason in ("finished", "running"):  # the message says it all
+        out.line(f"{found.id} is {found.state.value}: {found.message}")
+        return
     out.line(f"{found.id} is {found.state.value}: {found.reason}")
     out.line(found.message)
     if found.held_by:

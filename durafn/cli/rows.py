@@ -232,6 +232,7 @@ def filter_options(fn: Any) -> Any:
 @click.command()
 @click.argument("function_ids", metavar="[ID...]", nargs=-1)
 @filter_options
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation (filters).")
 @app_options
 @output_options
 def cancel(
@@ -242,6 +243,7 @@ def cancel(
     flag: str | None,
     after: datetime | None,
     before: datetime | None,
+    yes: bool,
     app_ref: str | None,
     url: str | None,
     as_json: bool,
@@ -249,24 +251,37 @@ def cancel(
 ) -> None:
     """Cancel scheduled functions by id: a Pending one never runs, a running action's
     result is discarded, a finished one is left as it is; exits 1 if an id was not found.
-    Or, with filters instead of ids, every Pending row they match, in batches."""
+    Or, with filters instead of ids, every Pending row they match, in batches, after
+    saying how many and asking (--yes: without asking)."""
     filtered = any(v is not None for v in (name, queue, key, flag, after, before))
     if not function_ids:
         if not filtered:
             raise click.UsageError("name the rows to cancel: ids, or filters (--queue, ...)")
-        count = run_with_app(
-            app_ref,
-            url,
-            lambda app: app.cancel_where(
-                name=name,
-                queue=queue,
-                key=key,
-                flag=flag,
-                scheduled_after=after,
-                scheduled_before=before,
-            ),
-            verbose=verbose,
-        )
+        if not yes and not options.stdin_is_terminal():
+            fail("cancel asks before cancelling, but stdin is not a terminal; pass --yes")
+        filters: dict[str, Any] = {
+            "name": name,
+            "queue": queue,
+            "key": key,
+            "flag": flag,
+            "scheduled_after": after,
+            "scheduled_before": before,
+        }
+        if not yes:  # asked between two runs of the event loop, as clear asks
+            pending = run_with_app(
+                app_ref,
+                url,
+                lambda app: app.count(state=State.PENDING, **filters),
+                verbose=verbose,
+            )
+            if not pending:
+                if as_json:
+                    Output(True).json({"canceled": 0})
+                else:
+                    click.echo("no Pending row matches; nothing to cancel")
+                return
+            confirm(f"Cancel {plural(pending, 'Pending row')}?")
+        count = run_with_app(app_ref, url, lambda app: app.cancel_where(**filters), verbose=verbose)
         if as_json:
             Output(True).json({"canceled": count})
         else:

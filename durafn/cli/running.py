@@ -14,7 +14,7 @@ from typing import NoReturn, TypeVar
 import anyio
 import click
 
-from .._app import App
+from .._app import DEFAULT_FILE, App
 from .._errors import DurafnError
 
 T = TypeVar("T")
@@ -79,13 +79,24 @@ def open_app(app_ref: str | None, url: str | None, *, create: bool = False) -> A
     elif url:
         app = App(url)
     else:
-        raise CliError(
-            "no database given: pass --url (or set DURAFN_DATABASE_URL), or --app "
-            "(or DURAFN_APP) for an app that names its database"
-        )
+        raise CliError(_no_database())
     if not create:
         app._inspect_only()
     return app
+
+
+def _no_database() -> str:
+    """Which database to name: the default App()'s file, if it is here."""
+    here = ""
+    if os.path.exists(DEFAULT_FILE):
+        here = (
+            f" (a {DEFAULT_FILE} is here, an App()'s default database: --url "
+            f"sqlite:///{DEFAULT_FILE}, or --app MODULE:APP for your app)"
+        )
+    return (
+        "no database given: pass --url (or set DURAFN_DATABASE_URL), or --app (or "
+        f"DURAFN_APP) for your app and the database it names{here}"
+    )
 
 
 # -- running and reporting -------------------------------------------------------------

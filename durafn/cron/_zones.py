@@ -9,6 +9,7 @@ case-sensitive, and ``america/new_york`` would load on a case-insensitive file s
 
 from __future__ import annotations
 
+import difflib
 import functools
 import zoneinfo
 
@@ -20,6 +21,10 @@ UTC_NAMES = frozenset({"UTC", "Etc/UTC", "GMT"})
 @functools.cache
 def _known() -> frozenset[str]:
     return frozenset(zoneinfo.available_timezones())
+
+
+def _plain(name: str) -> str:
+    return name.lower().replace("_", "").replace(" ", "")
 
 
 @functools.cache
@@ -40,7 +45,12 @@ def zone(name: str) -> zoneinfo.ZoneInfo:
             raise CronSyntaxError(
                 f"time zone: {name!r} has the wrong case; zone names are case-sensitive: {match!r}"
             )
-        raise CronSyntaxError(f"time zone: {name!r} is not an IANA time zone")
+        # The nearest geographic names, compared without case, '_' or ' ' (a missing
+        # underscore is the common slip: America/NewYork).
+        plain = {_plain(known): known for known in _known() if "/" in known}
+        near = difflib.get_close_matches(_plain(name), plain, n=3, cutoff=0.8)
+        hint = f"; did you mean {' or '.join(repr(plain[n]) for n in near)}?" if near else ""
+        raise CronSyntaxError(f"time zone: {name!r} is not an IANA time zone{hint}")
     if "/" not in name:
         raise CronSyntaxError(
             f"time zone: {name!r} is an abbreviation or a legacy name; use a geographic "

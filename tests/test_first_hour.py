@@ -1,0 +1,132 @@
+"""The first hour of a new user, with the README as the only guide: the first app as a
+worker's app, the command line in its folder, a function called as if it were a plain
+one, and a module-level app tested with the fake clock."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import durafn
+from durafn import MutationCtx
+from durafn.testing import FakeClock, advance
+
+from .test_workers import ROOT
+
+pytestmark = pytest.mark.anyio
+
+README = ROOT / "README.md"
+
+
+def _first_app() -> str:
+    section = README.read_text().split("## A first app", 1)[1]
+    match = re.search(r"```python\n(.*?)```", section, re.DOTALL)
+    assert match is not None
+    return match.group(1).replace("DESTRUCT_AFTER = 5.0", "DESTRUCT_AFTER = 0.2")
+
+
+def _durafn(folder: Path, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """The ``durafn`` command, run from ``folder`` as a user runs it there."""
+    return subprocess.run(
+        [sys.executable, "-m", "_durafn_cli", *args],
+        cwd=folder,
+        env=env | {"PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str]]]:
+    """The README's first app in a folder of its own, and an environment without any of
+    durafn's variables (the app's default database is ``./durafn.sqlite3``)."""
+    (tmp_path / "first.py").write_text(_first_app())
+    yield tmp_path, {k: v for k, v in os.environ.items() if not k.startswith("DURAFN_")}
+
+
+def test_the_first_app_is_a_workers_app_too(folder: tuple[Path, dict[str, str]]) -> None:
+    """``python first.py`` runs it; ``durafn ls --app first:app`` and ``durafn worker
+    --app first:app`` import it without running it (its ``asyncio.run`` is guarded), and
+    use the database it names."""
+    path, env = folder
+    ran = subprocess.run(
+        [sys.executable, "first.py"], cwd=path, env=env, capture_output=True, text=True
+    )
+    assert ran.returncode == 0, ran.stderr
+    listed = _durafn(path, "ls", "--app", "first:app", env=env)
+    assert listed.returncode == 0, listed.stderr
+    assert "messages:destruct" in listed.stdout and "Success" in listed.stdout
+    worker = _durafn(path, "worker", "--app", "first:app", "--exit-on-complete", env=env)
+    assert worker.returncode == 0, worker.stderr
+
+
+def test_without_a_database_the_command_says_which_to_pass(
+    folder: tuple[Path, dict[str, str]],
+) -> None:
+    path, env = folder
+    nothing = _durafn(path, "stats", env=env)
+    assert nothing.returncode == 1
+    assert "no database given: pass --url" in nothing.stderr and "durafn.sqlite3" not in (
+        nothing.stderr
+    )
+    (path / "durafn.sqlite3").touch()  # what App() made here
+    for command in ("ls", "stats", "crons"):
+        named = _durafn(path, command, env=env)
+        assert named.returncode == 1
+        assert (
+            "a durafn.sqlite3 is here, an App()'s default database: --url "
+            "sqlite:///durafn.sqlite3, or --app MODULE:APP for your app" in named.stderr
+        )
+
+
+async def test_calling_a_function_reference_says_how_to_run_it(app: durafn.App) -> None:
+    @app.mutation(name="first:send")
+    async def send(ctx: MutationCtx, to: str) -> None:
+        pass
+
+    with pytest.raises(durafn.CallError, match=r"app\.run_mutation\(send, \.\.\.\)") as caught:
+        await send("ann")  # type: ignore[operator]
+    assert isinstance(caught.value, TypeError)
+    assert "ctx.scheduler.run_after(0, send, ...)" in str(caught.value)
+
+
+async def test_a_module_level_app_is_tested_on_its_own_database_and_clock(
+    app_url: tuple[str, bool],
+) -> None:
+    """The pattern the README shows: the app a module defines, ``using`` a test database
+    and a fake clock, with its functions, crons and hooks."""
+    from . import module_app  # an app defined at module level, as users define theirs
+
+    url, _ = app_url
+    clock = FakeClock()
+    module_app.successes.clear()
+    test_app = module_app.app.using(url, clock=clock)
+    assert test_app.clock is clock and module_app.app.clock is not clock
+    try:
+        await test_app.migrate()
+        id = await test_app.scheduler().run_after(60, module_app.digest, to="tests")
+        await advance(test_app.executor(), clock, 120)  # not to its cron's 02:00
+        row = await test_app.get(id)
+        assert row is not None and row.state is durafn.State.SUCCESS
+        assert row.result == "digest for tests at 2030-01-01T00:01:00+00:00"
+        assert module_app.successes == ["module:digest"]  # the module's hooks, too
+        assert [c.name for c in await test_app.crons()] == ["module-digest"]
+    finally:
+        await test_app.aclose()
+    # Another App knows none of its functions, and says where they are.
+    stranger = durafn.App(url, clock=clock)
+    try:
+        with pytest.raises(durafn.UnknownFunctionError) as caught:
+            await stranger.scheduler().run_after(0, module_app.digest, to="x")
+    finally:
+        await stranger.aclose()
+    message = str(caught.value)
+    assert "is registered on another durafn.App (the one made at " in message
+    assert "tests/module_app.py:" in message and "app.using(url, clock=...)" in message
