@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import durafn
 from durafn import MutationCtx
 from durafn.cron import daily, every
@@ -24,14 +26,16 @@ app = make_app()
 
 
 def make_beats(url: str | None = None) -> durafn.App:
-    """A cron every second (the real-process tests: a leader killed mid-run)."""
+    """A cron every second (the real-process tests: a leader killed mid-run), whose missed
+    ticks of the last minute are backfilled: whatever stalls a loaded machine has, each
+    tick is written, once."""
     application = durafn.App(url)
 
     @application.mutation(name="cron:beat")
     async def beat(ctx: MutationCtx) -> None:
         pass
 
-    application.cron("beat", every(seconds=1), beat)
+    application.cron("beat", every(seconds=1), beat, backfill=timedelta(minutes=1))
     return application
 
 

@@ -19,7 +19,7 @@ import durafn
 from durafn import ActionCtx, Retry, State
 from durafn.testing import FakeClock
 
-from .helpers import row_of
+from .helpers import CEILING, row_of
 
 pytestmark = pytest.mark.anyio
 
@@ -82,7 +82,7 @@ async def test_a_running_action_learns_of_its_cancel_and_its_end_is_not_recorded
         await anyio.sleep(0.01)  # the other two are waiting as well
         for id in ids:
             assert await app.cancel(id)
-        with anyio.fail_after(10):
+        with anyio.fail_after(CEILING):
             await all_seen.wait()
 
     await drive(app, work)
@@ -111,7 +111,7 @@ async def test_the_executor_goes_on_after_an_interrupt(app: durafn.App, clock: F
         await started.wait()
         await app.cancel(sid)
         after = await app.scheduler().run_after(0, next_one)
-        row = await executor.wait_for(after, timeout=10)
+        row = await executor.wait_for(after, timeout=CEILING)
     assert (row.state, row.result) == (State.SUCCESS, "ran")
     assert (await row_of(app, sid)).state is State.CANCELED
     assert executor.stats["failed"] == 0
@@ -137,7 +137,7 @@ async def test_a_cancelled_parent_tells_its_running_child(
         sid = await app.scheduler().run_after(0, parent)
         await child_started.wait()
         await app.cancel(sid)  # the child is a descendant: cancelled, and told
-        with anyio.fail_after(10):
+        with anyio.fail_after(CEILING):
             await told.wait()
     states = {row.name: row.state for row in (await app.list()).items}
     assert states == {"parent": State.CANCELED, "child": State.CANCELED}

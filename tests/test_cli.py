@@ -8,6 +8,7 @@ import json
 import os
 import pty
 import re
+import select
 import signal
 import sqlite3
 import subprocess
@@ -33,6 +34,8 @@ from durafn.cli.output import duration, iso
 from durafn.testing import FakeClock
 
 from .cli_app import ADD, NOTIFY, make_app
+from .helpers import CEILING
+from .processes import owned_sync, tagged
 
 ROOT = Path(__file__).resolve().parent.parent
 UNKNOWN_ID = "01900000-0000-7000-8000-000000000000"
@@ -465,28 +468,29 @@ def test_ctrl_c_at_the_clear_prompt_stops_it_at_once(rows: Rows) -> None:
     "Aborted!", no traceback) and nothing is deleted."""
     primary, secondary = pty.openpty()
     env = {k: v for k, v in os.environ.items() if k not in CLEAN_ENV}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "_durafn_cli", "clear", "--url", rows.url],
-        cwd=ROOT,
-        env=env,
-        stdin=secondary,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    try:
-        assert proc.stderr is not None
-        seen = b""
-        while b"[y/N]" not in seen:
-            chunk = os.read(proc.stderr.fileno(), 4096)
-            assert chunk, seen  # the prompt, not an early exit
-            seen += chunk
-        proc.send_signal(signal.SIGINT)
-        _, rest = proc.communicate(timeout=30)
-    finally:
-        os.close(primary)
-        os.close(secondary)
-        if proc.poll() is None:
-            proc.kill()
+    with owned_sync() as token:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "_durafn_cli", "clear", "--url", rows.url],
+            cwd=ROOT,
+            env=tagged(token, env),
+            stdin=secondary,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        try:
+            assert proc.stderr is not None
+            seen = b""
+            while b"[y/N]" not in seen:
+                ready, _, _ = select.select([proc.stderr], [], [], CEILING)
+                assert ready, f"no prompt after {CEILING:g}s: {seen!r}"
+                chunk = os.read(proc.stderr.fileno(), 4096)
+                assert chunk, seen  # the prompt, not an early exit
+                seen += chunk
+            proc.send_signal(signal.SIGINT)
+            _, rest = proc.communicate(timeout=CEILING)
+        finally:
+            os.close(primary)
+            os.close(secondary)
     stderr = (seen + rest).decode()
     assert proc.returncode == 1, stderr
     assert "Aborted" in stderr and "Traceback" not in stderr
@@ -577,18 +581,19 @@ def durafn_processes(*commands: Sequence[str | bytes]) -> list[tuple[int, str]]:
     """Run the ``durafn`` command once per command, all at once (each spends about a second
     importing); (exit status, stderr) of each."""
     env = {k: v for k, v in os.environ.items() if k not in CLEAN_ENV}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "_durafn_cli", *args],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for args in commands
-    ]
-    stderrs = [p.communicate(timeout=60)[1] for p in procs]
+    with owned_sync() as token:
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-m", "_durafn_cli", *args],
+                cwd=ROOT,
+                env=tagged(token, env),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for args in commands
+        ]
+        stderrs = [p.communicate(timeout=CEILING)[1] for p in procs]
     return [(p.returncode, stderr) for p, stderr in zip(procs, stderrs, strict=True)]
 
 

@@ -23,9 +23,8 @@ from durafn import ActionCtx, MutationCtx, State
 from durafn.testing import FakeClock, all_rows
 
 from .conftest import PG_DSN
-from .helpers import count
+from .helpers import CEILING, count
 from .models import Effect
-from .test_workers import SLACK
 
 pytestmark = pytest.mark.anyio
 
@@ -65,7 +64,7 @@ async def test_each_row_runs_once_across_executors(
             app.run_executor(batch_size=8) as one,
             second.run_executor(batch_size=8) as two,
         ):
-            with anyio.fail_after(60):
+            with anyio.fail_after(CEILING):
                 # Completion of a whole backlog has no single signal: poll it.
                 while await _unfinished(app):  # noqa: ASYNC110
                     await anyio.sleep(0.01)
@@ -112,7 +111,7 @@ async def test_direct_mutation_retries_a_dropped_connection(
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(_call)
-            with anyio.fail_after(10):
+            with anyio.fail_after(CEILING):
                 while "transient database fault" not in caplog.text:  # noqa: ASYNC110
                     await anyio.sleep(0.01)
             blocker.execute("COMMIT")
@@ -147,17 +146,17 @@ async def test_listen_connection_recovers(postgres_url: str, clock: FakeClock) -
     )
     try:
         async with app.run_executor(poll_interval=3600) as executor:
-            with anyio.fail_after(10):
+            with anyio.fail_after(CEILING):
                 while not (pids := await admin.fetch(listening)):  # noqa: ASYNC110
                     await anyio.sleep(0.01)
             old = pids[0]["pid"]
             await admin.execute("SELECT pg_terminate_backend($1)", old)
-            with anyio.fail_after(10):
+            with anyio.fail_after(CEILING):
                 # Wait for the executor to LISTEN again on a new connection.
                 while [r["pid"] for r in await admin.fetch(listening)] in ([], [old]):  # noqa: ASYNC110
                     await anyio.sleep(0.01)
             sid = await other.scheduler().run_after(0, "listen:noop")
-            assert (await executor.wait_for(sid, timeout=10)).state is State.SUCCESS
+            assert (await executor.wait_for(sid, timeout=CEILING)).state is State.SUCCESS
     finally:
         await admin.close()
         await other.aclose()
@@ -261,7 +260,7 @@ async def test_a_cut_short_batch_wakes_other_executors(postgres_url: str) -> Non
         async with app.run_executor(batch_time=1e-9, mutation_lanes=1) as executor:
             for i in ids:
                 await executor.wait_for(i)
-        with anyio.fail_after(5):
+        with anyio.fail_after(CEILING):
             while not heard:  # noqa: ASYNC110 - asyncpg delivers by callback
                 await anyio.sleep(0.01)
         assert set(heard) == {"mutation"}
@@ -308,11 +307,11 @@ async def test_a_claim_that_skipped_a_held_queue_or_key_looks_again(
             hint = executor._claims.hint
             # Three idle waits in a row after contended claims (the look-again delay
             # doubles each time): any wake-up of the start is spent by then.
-            with anyio.fail_after(SLACK):
+            with anyio.fail_after(CEILING):
                 while hint.recheck < 0.2:  # noqa: ASYNC110
                     await anyio.sleep(0.01)
             await holder.rollback()  # no NOTIFY: only the claimer's own look again finds it
-            assert (await executor.wait_for(sid, timeout=SLACK)).state is State.SUCCESS
+            assert (await executor.wait_for(sid, timeout=CEILING)).state is State.SUCCESS
     finally:
         await admin.close()
         await app.aclose()

@@ -19,8 +19,9 @@ from durafn import State
 from durafn.testing import all_rows
 
 from .crash_app import build
-from .helpers import count, counter
+from .helpers import CEILING, count, counter
 from .models import Base, Counter, Effect
+from .processes import owned
 
 pytestmark = pytest.mark.anyio
 
@@ -53,38 +54,39 @@ async def test_exactly_once_under_kill_9(db_url: str, tmp_path: Path) -> None:
     kills = lost = 0
     starts = tmp_path / "starts.txt"
     env = {**os.environ, "DURAFN_TEST_STARTS": str(starts)}
-    with (tmp_path / "worker.log").open("w") as log:
-        while True:
-            proc = await anyio.open_process(
-                [sys.executable, "-m", "tests.crash_app", db_url],
-                cwd=ROOT,
-                stdout=log,
-                stderr=log,
-                env=env,
-            )
-            try:
-                before = await _done(app)
-                last_round = kills >= KILLS
-                target = TOTAL if last_round else min(TOTAL - 1, before + rng.randint(5, 40))
-                with anyio.fail_after(60):
-                    # Progress is only visible in the database: poll it (5 ms) for the target.
-                    while await _done(app) < target:
-                        assert proc.returncode is None, f"worker exited early; see {log.name}"
-                        await anyio.sleep(0.005)
-                    # Then land inside an open batch: runs have begun (the file, read
-                    # first) that were not committed when the count was read after it.
-                    while not last_round:
-                        begun, done = _began(starts), await _done(app)
-                        if begun > done + lost or done == TOTAL:
-                            break
-                        await anyio.sleep(0.001)
-            finally:
-                proc.send_signal(signal.SIGKILL)
-                await proc.wait()
-            if last_round:
-                break
-            kills += 1
-            lost = _began(starts) - await _done(app)  # runs begun and lost with the kill
+    async with owned() as owner:
+        with (tmp_path / "worker.log").open("w") as log:
+            while True:
+                proc = await owner.start(
+                    [sys.executable, "-m", "tests.crash_app", db_url],
+                    cwd=ROOT,
+                    stdout=log,
+                    stderr=log,
+                    env=env,
+                )
+                try:
+                    before = await _done(app)
+                    last_round = kills >= KILLS
+                    target = TOTAL if last_round else min(TOTAL - 1, before + rng.randint(5, 40))
+                    with anyio.fail_after(CEILING):
+                        # Progress is only visible in the database: poll it (5 ms) for the target.
+                        while await _done(app) < target:
+                            assert proc.returncode is None, f"worker exited early; see {log.name}"
+                            await anyio.sleep(0.005)
+                        # Then land inside an open batch: runs have begun (the file, read
+                        # first) that were not committed when the count was read after it.
+                        while not last_round:
+                            begun, done = _began(starts), await _done(app)
+                            if begun > done + lost or done == TOTAL:
+                                break
+                            await anyio.sleep(0.001)
+                finally:
+                    proc.send_signal(signal.SIGKILL)
+                    await proc.wait()
+                if last_round:
+                    break
+                kills += 1
+                lost = _began(starts) - await _done(app)  # runs begun and lost with the kill
 
     rows = await all_rows(app)
     assert len(rows) == TOTAL
@@ -126,25 +128,29 @@ async def test_actions_run_at_most_once_under_kill_9(db_url: str, tmp_path: Path
     async def started() -> int:
         return len(effects.read_text().split())
 
-    with (tmp_path / "worker.log").open("w") as log:
-        for round_ in range(3):
-            last = round_ == 2
-            proc = await anyio.open_process(
-                [sys.executable, "-m", "tests.crash_app", db_url], cwd=ROOT, stdout=log, stderr=log
-            )
-            try:
-                with anyio.fail_after(60):
-                    # Side effects are only visible in the file and the table: poll them.
-                    while (
-                        await _unsettled(app, proc.pid)
-                        if last
-                        else await started() < 10 * (round_ + 1) + 5
-                    ):
-                        assert proc.returncode is None, f"worker exited early; see {log.name}"
-                        await anyio.sleep(0.005)
-            finally:
-                proc.send_signal(signal.SIGKILL)
-                await proc.wait()
+    async with owned() as owner:
+        with (tmp_path / "worker.log").open("w") as log:
+            for round_ in range(3):
+                last = round_ == 2
+                proc = await owner.start(
+                    [sys.executable, "-m", "tests.crash_app", db_url],
+                    cwd=ROOT,
+                    stdout=log,
+                    stderr=log,
+                )
+                try:
+                    with anyio.fail_after(CEILING):
+                        # Side effects are only visible in the file and the table: poll them.
+                        while (
+                            await _unsettled(app, proc.pid)
+                            if last
+                            else await started() < 10 * (round_ + 1) + 5
+                        ):
+                            assert proc.returncode is None, f"worker exited early; see {log.name}"
+                            await anyio.sleep(0.005)
+                finally:
+                    proc.send_signal(signal.SIGKILL)
+                    await proc.wait()
 
     starts = Tally(int(x) for x in effects.read_text().split())
     assert max(starts.values()) == 1, f"an action started twice: {starts.most_common(3)}"

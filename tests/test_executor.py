@@ -19,8 +19,9 @@ import durafn
 from durafn import ActionCtx, MutationCtx, State
 from durafn.testing import FakeClock, all_rows, finish_all
 
-from .helpers import count, counter, system_table_locked
+from .helpers import CEILING, count, counter, system_table_locked
 from .models import Counter, Effect
+from .processes import owned_sync, tagged
 
 pytestmark = pytest.mark.anyio
 ROOT = Path(__file__).resolve().parent.parent
@@ -179,7 +180,7 @@ async def test_a_mutation_time_limit_stops_its_statement(app: durafn.App) -> Non
     before = await sched.run_after(0, neighbour, n=1)
     stuck = await sched.run_after(0, runs_forever)
     after = await sched.run_after(0, neighbour, n=2)
-    with anyio.fail_after(60):  # a liveness bound, far above the limit: not a timing
+    with anyio.fail_after(CEILING):  # a liveness bound, far above the limit: not a timing
         assert await app.executor().run_until_idle() == 3
     row = await app.get(stuck)
     assert row is not None and row.state is State.FAILED
@@ -203,7 +204,7 @@ async def test_a_direct_call_time_limit_stops_its_statement(app: durafn.App) -> 
     async def reads_forever(ctx: durafn.QueryCtx) -> None:
         await ctx.db.execute(text(endless))
 
-    with anyio.fail_after(60):  # a liveness bound, as above
+    with anyio.fail_after(CEILING):  # a liveness bound, as above
         with pytest.raises(durafn.FunctionTimeoutError):
             await app.run_mutation(writes_forever)
         assert not await _still_running(app)
@@ -224,7 +225,7 @@ async def test_a_stop_is_not_held_by_a_timed_out_statement(app: durafn.App) -> N
         started.set()
         await ctx.db.execute(text(endless))
 
-    with anyio.fail_after(60):  # a liveness bound, as above
+    with anyio.fail_after(CEILING):  # a liveness bound, as above
         async with app.run_executor():
             stuck = await app.scheduler().run_after(0, runs_forever)
             await started.wait()
@@ -347,7 +348,7 @@ async def test_background_executor_wakes_at_once_on_new_work(
 
     async with app.run_executor(poll_interval=3600) as executor:
         sid = await app.run_mutation(schedule_bump)
-        row = await executor.wait_for(sid, timeout=10)
+        row = await executor.wait_for(sid, timeout=CEILING)
         assert row.state is State.SUCCESS
         # A row due later: the executor sleeps until the (fake) clock reaches it.
         later = await app.scheduler().run_after(30, bump)
@@ -355,7 +356,7 @@ async def test_background_executor_wakes_at_once_on_new_work(
         await anyio.sleep(0.01)
         assert (await app.get(later)).state is State.PENDING  # type: ignore[union-attr]
         clock.advance(1)
-        assert (await executor.wait_for(later, timeout=10)).state is State.SUCCESS
+        assert (await executor.wait_for(later, timeout=CEILING)).state is State.SUCCESS
     assert await counter(app) == 2
 
 
@@ -382,7 +383,7 @@ async def test_work_scheduled_by_another_process_is_found(
             sid = await other.scheduler().run_after(0, "shared:noop")
             if engine_name == "sqlite":
                 clock.advance(5)
-            row = await executor.wait_for(sid, timeout=10)
+            row = await executor.wait_for(sid, timeout=CEILING)
             assert row.state is State.SUCCESS
     finally:
         await other.aclose()
@@ -539,7 +540,7 @@ async def test_attempts_count_runs_cut_by_a_terminated_connection(
         ids = {k: await app.scheduler().run_after(0, apply, key=k) for k in ("x", "y", "z")}
         async with app.run_executor() as executor:
             for i in ids.values():
-                await executor.wait_for(i, timeout=30)
+                await executor.wait_for(i, timeout=CEILING)
         rows = {r.id: r for r in await all_rows(app)}
         assert {k: rows[i].attempts for k, i in ids.items()} == runs
         assert min(runs.values()) >= 2  # every first run was cut (and so were neighbours')
@@ -691,7 +692,7 @@ class _Blocking:
 async def _lanes_idle(executor: durafn.Executor, lanes: int) -> None:
     """Until every mutation lane is idle: one watching, the others parked."""
     mutations = executor._mutations
-    with anyio.fail_after(10):
+    with anyio.fail_after(CEILING):
         while not (mutations._watching and len(mutations._parked) == lanes - 1):  # noqa: ASYNC110 - no event tells it
             await anyio.sleep(0.01)
 
@@ -714,7 +715,7 @@ async def test_idle_lanes_do_not_spin_while_a_long_mutation_runs(app: durafn.App
         event.listen(app.engine.sync_engine, "before_cursor_execute", _count)
         # Settled: a quiet 0.1 s. (Until the LISTEN connection is up, which can take a
         # while on a busy server, its first wake-up sends every loop to claim once.)
-        with anyio.fail_after(10):
+        with anyio.fail_after(CEILING):
             while True:
                 before = statements
                 await anyio.sleep(0.1)
@@ -754,7 +755,7 @@ async def test_a_wake_up_sends_one_idle_lane_to_claim_not_every_lane(
             """Every lane idle, and no claim for 0.1 s. (Until the LISTEN connection is up,
             which can take a while on a busy server, its first wake-up sends a lane to
             claim.)"""
-            with anyio.fail_after(10):
+            with anyio.fail_after(CEILING):
                 while True:
                     before = claims
                     await _lanes_idle(executor, 8)
@@ -789,23 +790,25 @@ async def test_a_row_due_while_a_lane_runs_a_long_mutation_finds_another_lane(
     async with app.run_executor(mutation_lanes=4, poll_interval=3600) as executor:
         await _lanes_idle(executor, 4)
         long = await app.scheduler().run_after(0, blocking.ref)
-        with anyio.fail_after(10):
+        with anyio.fail_after(CEILING):
             await blocking.started.wait()
         sid = await app.scheduler().run_after(0, quick)
-        assert (await executor.wait_for(sid, timeout=10)).state is State.SUCCESS
+        assert (await executor.wait_for(sid, timeout=CEILING)).state is State.SUCCESS
         assert (await app.get(long)).state is State.PENDING  # type: ignore[union-attr]
         blocking.release.set()
-        assert (await executor.wait_for(long, timeout=10)).state is State.SUCCESS
+        assert (await executor.wait_for(long, timeout=CEILING)).state is State.SUCCESS
 
 
 def test_cancelled_callers_leave_the_event_loop_free_to_exit(db_url: str) -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "tests.cancel_app", db_url],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    with owned_sync() as token:
+        result = subprocess.run(
+            [sys.executable, "-m", "tests.cancel_app", db_url],
+            cwd=ROOT,
+            env=tagged(token),
+            capture_output=True,
+            text=True,
+            timeout=CEILING,
+        )
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[-1] == "exited"
     assert "cancelled 0" not in result.stdout  # the deadlines did cut calls short
@@ -842,7 +845,7 @@ async def test_time_limits_hold_through_the_grace_of_a_cancelled_host(app: duraf
         await anyio.sleep_forever()
 
     sid = await app.scheduler().run_after(0, stuck)
-    with anyio.fail_after(10), anyio.CancelScope() as host:
+    with anyio.fail_after(CEILING), anyio.CancelScope() as host:
         async with app.run_executor(grace_period=30):
             await started.wait()
             host.cancel()
@@ -875,7 +878,7 @@ async def test_a_stop_returns_claimed_actions_that_never_started_to_pending(
     pool = executor._actions
     pool.claim_pace.seconds, pool.action_pace.seconds = 1.0, 1e-6  # claim one row ahead
     async with executor:
-        with anyio.fail_after(10):
+        with anyio.fail_after(CEILING):
             await started.wait()
             while (await app.get(queued_id)).state is not State.IN_PROGRESS:  # type: ignore[union-attr]  # noqa: ASYNC110
                 await anyio.sleep(0.005)
@@ -961,7 +964,10 @@ async def test_an_executor_whose_loop_fails_stops_with_a_typed_error(app: durafn
     """The system table disappears under a running executor: it stops, promptly, with a
     DatabaseError (not a raw driver error, not an exception group, not a hang)."""
     # Whichever loop notices first (a claim, or the look for the next due row) names it.
-    with anyio.fail_after(10), pytest.raises(durafn.DatabaseError, match="_scheduled_functions"):
+    with (
+        anyio.fail_after(CEILING),
+        pytest.raises(durafn.DatabaseError, match="_scheduled_functions"),
+    ):
         async with app.run_executor(poll_interval=0.01):
             async with app.engine.begin() as conn:
                 await conn.execute(text("DROP TABLE _scheduled_functions"))
@@ -1025,12 +1031,12 @@ async def test_a_short_time_limit_fires_while_a_longer_one_is_running(app: duraf
     sched = app.scheduler()
     long_id = await sched.run_after(0, patient)
     async with app.run_executor(concurrency=2) as executor:
-        with anyio.fail_after(10):
+        with anyio.fail_after(CEILING):
             await started.wait()
         short = await executor.wait_for(await sched.run_after(0, hasty), timeout=10)
         assert short.error is not None and short.error.type == "durafn.FunctionTimeoutError"
         release.set()
-        assert (await executor.wait_for(long_id, timeout=10)).result == "done"
+        assert (await executor.wait_for(long_id, timeout=CEILING)).result == "done"
 
 
 async def test_an_action_that_outlives_its_limit_by_ignoring_the_cancel_counts_as_done(
@@ -1060,8 +1066,8 @@ async def test_an_action_that_outlives_its_limit_by_ignoring_the_cancel_counts_a
     # and run in the scope right after ``stubborn``, not in a scope of their own.
     executor._actions.claim_pace.seconds, executor._actions.action_pace.seconds = 1.0, 1e-6
     async with executor:
-        assert (await executor.wait_for(first, timeout=10)).result == "ignored the limit"
-        rows = [await executor.wait_for(i, timeout=10) for i in rest]
+        assert (await executor.wait_for(first, timeout=CEILING)).result == "ignored the limit"
+        rows = [await executor.wait_for(i, timeout=CEILING) for i in rest]
     assert [(r.state, r.result) for r in rows] == [(State.SUCCESS, n) for n in range(3)]
 
 
@@ -1109,7 +1115,7 @@ async def test_short_actions_claimed_ahead_each_run_once(app: durafn.App) -> Non
     await app.run_mutation(fan_out, 400)
     executor = app.executor(concurrency=4)
     async with executor:
-        with anyio.fail_after(30):
+        with anyio.fail_after(CEILING):
             await executor.wait_until_idle()
     assert sorted(runs) == list(range(400))
     assert overlapped > 0

@@ -17,6 +17,8 @@ import durafn
 from durafn import MutationCtx
 from durafn.testing import FakeClock, advance
 
+from .helpers import CEILING
+from .processes import owned_sync, tagged
 from .test_workers import ROOT
 
 pytestmark = pytest.mark.anyio
@@ -33,14 +35,15 @@ def _first_app() -> str:
 
 def _durafn(folder: Path, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     """The ``durafn`` command, run from ``folder`` as a user runs it there."""
-    return subprocess.run(
-        [sys.executable, "-m", "_durafn_cli", *args],
-        cwd=folder,
-        env=env | {"PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    with owned_sync() as token:
+        return subprocess.run(
+            [sys.executable, "-m", "_durafn_cli", *args],
+            cwd=folder,
+            env=tagged(token, env | {"PYTHONPATH": str(ROOT)}),
+            capture_output=True,
+            text=True,
+            timeout=CEILING,
+        )
 
 
 @pytest.fixture
@@ -56,9 +59,15 @@ def test_the_first_app_is_a_workers_app_too(folder: tuple[Path, dict[str, str]])
     --app first:app`` import it without running it (its ``asyncio.run`` is guarded), and
     use the database it names."""
     path, env = folder
-    ran = subprocess.run(
-        [sys.executable, "first.py"], cwd=path, env=env, capture_output=True, text=True
-    )
+    with owned_sync() as token:
+        ran = subprocess.run(
+            [sys.executable, "first.py"],
+            cwd=path,
+            env=tagged(token, env),
+            capture_output=True,
+            text=True,
+            timeout=CEILING,
+        )
     assert ran.returncode == 0, ran.stderr
     listed = _durafn(path, "ls", "--app", "first:app", env=env)
     assert listed.returncode == 0, listed.stderr

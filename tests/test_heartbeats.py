@@ -17,7 +17,7 @@ import durafn
 from durafn import ActionCtx, State
 from durafn.testing import FakeClock
 
-from .helpers import equals, has_beaten, true, wait_until
+from .helpers import CEILING, equals, has_beaten, true, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -208,7 +208,7 @@ async def test_run_until_idle_is_a_registered_worker_while_actions_run(
 
     @app.action
     async def look(ctx: ActionCtx) -> None:
-        with anyio.fail_after(10):
+        with anyio.fail_after(CEILING):
             while not await app.workers():  # noqa: ASYNC110 - the first beat registers it
                 await anyio.sleep(0.005)
         seen.append(len(await app.workers()))

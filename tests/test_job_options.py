@@ -18,7 +18,7 @@ import durafn
 from durafn import ActionCtx, MutationCtx, Queue, State
 from durafn.testing import FakeClock, all_rows
 
-from .helpers import effects, row_of
+from .helpers import CEILING, effects, row_of
 from .models import Effect
 
 pytestmark = pytest.mark.anyio
@@ -235,7 +235,7 @@ async def test_a_queue_with_concurrency_3_never_runs_more_than_3(
     try:
         await limited.scheduler().run_many([work.options(queue="pool").call(n) for n in range(10)])
         async with limited.run_executor(concurrency=10) as executor:
-            with anyio.fail_after(10):
+            with anyio.fail_after(CEILING):
                 await executor.wait_until_idle()
         assert most == 3
         rows = await all_rows(limited)
@@ -377,11 +377,11 @@ async def test_a_finished_or_running_holder_gives_its_key_up_to_a_new_row(
     keyed = slow.options(key="k")
     running = await app.scheduler().run_after(0, keyed, 0)
     async with app.run_executor() as executor:
-        with anyio.fail_after(10):
+        with anyio.fail_after(CEILING):
             await started.wait()
         replacement = await app.scheduler().run_after(60, keyed, 1)
         release.set()
-        with anyio.fail_after(10):
+        with anyio.fail_after(CEILING):
             await executor.wait_until_idle()
     assert replacement != running
     old, new = await row_of(app, running), await row_of(app, replacement)
@@ -446,7 +446,7 @@ async def test_racing_schedulers_on_one_key_leave_one_pending_row(app: durafn.Ap
     await app.cancel(ids[0])
     await app.scheduler().run_after(0, hold.options(key="race"), -1)
     async with app.run_executor() as executor:
-        with anyio.fail_after(10):
+        with anyio.fail_after(CEILING):
             await started.wait()
         ids.clear()
         async with anyio.create_task_group() as tg:
@@ -456,7 +456,7 @@ async def test_racing_schedulers_on_one_key_leave_one_pending_row(app: durafn.Ap
         pending = (await app.list(state=State.PENDING, key="race")).items
         assert [r.id for r in pending] == ids[:1]
         release.set()
-        with anyio.fail_after(10):
+        with anyio.fail_after(CEILING):
             await executor.wait_until_idle()
 
 

@@ -19,8 +19,9 @@ import pytest
 import durafn
 from durafn import Flow, State
 
-from .helpers import equals, wait_until
-from .test_workers import ROOT, SLACK, durafn_command, stop, worker_processes
+from .helpers import CEILING, equals, wait_until
+from .processes import owned
+from .test_workers import ROOT, durafn_command, stop, worker_processes
 from .worker_app import QUEUES, Base, Functions, register
 
 pytestmark = pytest.mark.anyio
@@ -74,7 +75,7 @@ async def _count_workers(app: durafn.App) -> int:
 
 
 async def _wait_done(app: durafn.App, ids: list[durafn.ScheduledFunctionId]) -> None:
-    with anyio.fail_after(SLACK + 20):
+    with anyio.fail_after(CEILING):
         while True:
             rows = [await app.get(i) for i in ids]
             if all(r is not None and r.state.finished for r in rows):
@@ -129,7 +130,7 @@ async def test_pools_run_each_queue_in_its_own_processes(
     pools = ["--pool", "mail:2", "--pool", "reports,exports"]
     async with worker_processes(db_url, 1, tmp_path, *QUICK_POLL, *pools) as procs:
         # The supervisor's children, 2 + 1, each registered before any row is there.
-        await wait_until(lambda: equals(_count_workers(app), 3), "3 workers", SLACK + 10)
+        await wait_until(lambda: equals(_count_workers(app), 3), "3 workers")
         ids = await app.scheduler().run_many(calls)
         left = await app.scheduler().run_many(unserved)
         await _wait_done(app, ids)
@@ -175,7 +176,7 @@ async def test_a_serial_queue_hands_off_between_kinds_across_processes(
     ]
     poll = _poll_only_as_fallback(engine_name)
     async with worker_processes(db_url, 2, tmp_path, *poll) as procs:
-        await wait_until(lambda: equals(_count_workers(app), 2), "2 workers", SLACK + 10)
+        await wait_until(lambda: equals(_count_workers(app), 2), "2 workers")
         ids = await app.scheduler().run_many(calls)
         await _wait_done(app, ids)
         assert await stop(procs) == [0, 0]
@@ -196,13 +197,13 @@ async def test_resuming_a_queue_from_the_command_line_wakes_the_workers(
     ]
     poll = _poll_only_as_fallback(engine_name)
     async with worker_processes(db_url, 2, tmp_path, *poll) as procs:
-        await wait_until(lambda: equals(_count_workers(app), 2), "2 workers", SLACK + 10)
+        await wait_until(lambda: equals(_count_workers(app), 2), "2 workers")
         ids = await app.scheduler().run_many(calls)
         # Both workers were woken by the rows, and found the queue paused.
         assert {(await app.get(i)).state for i in ids} == {State.PENDING}  # type: ignore[union-attr]
-        resume = await anyio.run_process(
-            durafn_command("queue", "resume", "paused", "--url", db_url), cwd=ROOT, check=False
-        )
+        async with owned() as owner:
+            command = durafn_command("queue", "resume", "paused", "--url", db_url)
+            resume = await owner.run(command, cwd=ROOT)
         assert resume.returncode == 0, resume.stderr
         await _wait_done(app, ids)
         assert await stop(procs) == [0, 0]
@@ -256,11 +257,19 @@ async def test_rows_due_at_one_instant_start_in_the_order_they_were_scheduled(
     await app.executor().run_until_idle()
     await app.scheduler().run_after(0, ref, "A")
     url = str(app.engine.url.render_as_string(hide_password=False))
-    done = await anyio.run_process(
-        [sys.executable, "-c", _SCHEDULE_ELSEWHERE, url, repr(clock.now()), "B", json.dumps(where)],
-        cwd=ROOT,
-        check=False,
-    )
+    async with owned() as owner:
+        done = await owner.run(
+            [
+                sys.executable,
+                "-c",
+                _SCHEDULE_ELSEWHERE,
+                url,
+                repr(clock.now()),
+                "B",
+                json.dumps(where),
+            ],
+            cwd=ROOT,
+        )
     assert done.returncode == 0, done.stderr.decode()
     await app.scheduler().run_after(0, ref, "C")
     await app.executor(batch_size=1, concurrency=1).run_until_idle()

@@ -18,7 +18,7 @@ import durafn
 from durafn import ActionCtx, Flow, MutationCtx, Queue, Rate, Retry, State
 from durafn.testing import FakeClock, all_rows
 
-from .helpers import effects
+from .helpers import CEILING, effects
 from .models import Effect
 
 pytestmark = pytest.mark.anyio
@@ -82,7 +82,7 @@ async def test_a_running_executor_claims_again_after_rows_at_either_end(
                 for n, p in enumerate(priorities * 3)
             ]
             for id in ids:
-                assert (await executor.wait_for(id, timeout=30)).state is State.SUCCESS
+                assert (await executor.wait_for(id, timeout=CEILING)).state is State.SUCCESS
 
 
 async def test_a_queue_default_priority_at_either_end(app_url: tuple[str, bool]) -> None:
@@ -101,7 +101,7 @@ async def test_a_queue_default_priority_at_either_end(app_url: tuple[str, bool])
         ]
         async with app.run_executor() as executor:
             for id in ids:
-                assert (await executor.wait_for(id, timeout=30)).state is State.SUCCESS
+                assert (await executor.wait_for(id, timeout=CEILING)).state is State.SUCCESS
         assert [r.priority for r in await all_rows(app)] == [HIGH, LOW]
     finally:
         await app.aclose()

@@ -13,6 +13,8 @@ from durafn._store._migrations import failed_attempts
 from durafn._store._tables import sf
 from durafn.testing import FakeClock
 
+from .helpers import CEILING
+
 pytestmark = pytest.mark.anyio
 
 
@@ -280,7 +282,7 @@ async def test_a_version_1_database_is_upgraded_in_place(
         row = await app.get(sid)
         assert row is not None and row.state is durafn.State.PENDING
         async with app.run_executor() as executor:
-            with anyio.fail_after(10):  # the first heartbeat registers the worker
+            with anyio.fail_after(CEILING):  # the first heartbeat registers the worker
                 while not await app.workers():  # noqa: ASYNC110 - polling the database
                     await anyio.sleep(0.005)
             assert [w.id for w in await app.workers()] == [executor.worker_id]

@@ -4,13 +4,10 @@ point is that time passes (a long action must stay alive across many worker time
 
 from __future__ import annotations
 
-import contextlib
-import itertools
 import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -27,7 +24,8 @@ from durafn import State, cli, scheduled_functions
 
 from . import cron_app
 from .conftest import PG_DSN
-from .helpers import equals, true, wait_until
+from .helpers import CEILING, equals, true, wait_until
+from .processes import carrying, owned
 from .worker_app import Applied, Base, Functions, register
 
 pytestmark = pytest.mark.anyio
@@ -43,8 +41,6 @@ FAST = [
     "--poll-interval",
     "0.05",
 ]
-SLACK = 10.0
-"""Added to every bound a test waits for: a loaded CI machine is slow, not wrong."""
 
 
 @asynccontextmanager
@@ -77,25 +73,14 @@ async def worker_processes(
     url: str, count: int, logs: Path, *args: str, app: str = "tests.worker_app:app"
 ) -> AsyncIterator[list[anyio.abc.Process]]:
     """``count`` worker processes of ``app``, each logging to ``logs/worker<i>.log``;
-    killed at the end if a test left them running."""
-    procs: list[anyio.abc.Process] = []
-    try:
+    they, and any process they started, are killed at the end if still running."""
+    async with owned() as owner:
+        procs = []
         for i in range(count):
             with (logs / f"worker{i}.log").open("w") as log:
-                procs.append(
-                    await anyio.open_process(
-                        durafn_command("worker", "--app", app, "--url", url, *args),
-                        cwd=ROOT,
-                        stdout=log,
-                        stderr=log,
-                    )
-                )
+                command = durafn_command("worker", "--app", app, "--url", url, *args)
+                procs.append(await owner.start(command, cwd=ROOT, stdout=log, stderr=log))
         yield procs
-    finally:
-        for proc in procs:
-            if proc.returncode is None:
-                proc.kill()
-            await proc.wait()
 
 
 async def state_counts(app: durafn.App) -> dict[str, int]:
@@ -110,7 +95,7 @@ async def stop(procs: list[anyio.abc.Process], sig: signal.Signals = signal.SIGT
         if proc.returncode is None:
             proc.send_signal(sig)
     codes = []
-    with anyio.fail_after(SLACK + 10):
+    with anyio.fail_after(CEILING):
         for proc in procs:
             codes.append(await proc.wait())
     return codes
@@ -143,9 +128,7 @@ async def test_four_workers_drain_1500_mutations_exactly_once(
         await wait_until(lambda: equals(live_workers(app), 4), "4 workers registered")
         for start in range(0, 1500, 500):
             await app.run_mutation(fns.fan_out, start, 500, pause)
-        await wait_until(
-            lambda: equals(_state(app, "Success"), 1500), "1500 mutations ran", timeout=60
-        )
+        await wait_until(lambda: equals(_state(app, "Success"), 1500), "1500 mutations ran")
         assert await stop(procs) == [0, 0, 0, 0]
     async with app.engine.connect() as conn:
         rows = await conn.execute(select(Applied.pid, func.count()).group_by(Applied.pid))
@@ -182,15 +165,13 @@ async def test_kill_9_mid_action_is_recorded_lost_and_the_others_carry_on(
         assert row is not None and row.state is State.IN_PROGRESS
 
         os.kill(pid, signal.SIGKILL)
-        elapsed = await wait_until(
+        await wait_until(
             lambda: equals(_row_state(app, sid), State.FAILED), "the action is recorded lost"
         )
         row = await app.get(sid)
         assert row is not None and row.error is not None
         assert row.error.type == "durafn.WorkerLostError"
         assert f":{pid}:" in row.error.message and "sent no heartbeat" in row.error.message
-        # Detected within the configured bound: the worker timeout plus a heartbeat.
-        assert elapsed < TIMEOUT + HEARTBEAT + SLACK
         assert trace_of(trace) == [(1, pid)]  # never re-run
 
         # The survivor carries on with new work.
@@ -271,9 +252,9 @@ async def test_a_second_signal_stops_at_once(
         await wait_until(lambda: true(bool(trace_of(trace))), "the action started")
         procs[0].send_signal(signal.SIGINT)
         await wait_until(lambda: true("SIGINT received: stopping" in logs_of(tmp_path)), "1st")
-        started = time.monotonic()
+        # stop() waits at most CEILING (300 s): its return is the second signal cutting
+        # the 600 s grace period short, however slow the machine.
         assert await stop(procs, signal.SIGINT) == [1]  # forced: not a clean stop
-        assert time.monotonic() - started < SLACK  # not the 600 s grace period
     row = await app.get(stuck)
     assert row is not None and row.state is State.FAILED
     assert row.error is not None and row.error.type == "durafn.ExecutorShutdownError"
@@ -289,27 +270,23 @@ async def test_a_signal_during_start_up_stops_a_worker_cleanly(
     app, fns = wapp
     due = await app.scheduler().run_after(0, fns.apply, 1, 0.0)
     command = durafn_command("worker", "--app", "tests.worker_app:app", "--url", db_url)
-    proc = await anyio.open_process(
-        [sys.executable, "-X", "importtime", *command[1:], "-n", processes],
-        cwd=ROOT,
-        stdout=None,
-        stderr=subprocess.PIPE,
-    )
-    try:
+    async with owned() as owner:
+        proc = await owner.start(
+            [sys.executable, "-X", "importtime", *command[1:], "-n", processes],
+            cwd=ROOT,
+            stdout=None,
+            stderr=subprocess.PIPE,
+        )
         assert proc.stderr is not None
         seen = b""
-        with anyio.fail_after(SLACK):
+        with anyio.fail_after(CEILING):
             while b"| durafn." not in seen:  # a module of durafn finished importing
                 seen += await proc.stderr.receive()
         proc.send_signal(signal.SIGTERM)
         async with anyio.create_task_group() as tg:  # keep the pipe drained
             tg.start_soon(_drain, proc.stderr)
-            with anyio.fail_after(SLACK):
+            with anyio.fail_after(CEILING):
                 code = await proc.wait()
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-        await proc.wait()
     assert code == 0
     row = await app.get(due)
     assert row is not None and row.state is State.PENDING
@@ -337,7 +314,8 @@ async def test_exit_on_complete_runs_what_is_due_and_exits_0(
     command = durafn_command(
         "worker", "--app", "tests.worker_app:app", "--url", db_url, "--exit-on-complete"
     )
-    result = await anyio.run_process([*command, "-n", "2"], cwd=ROOT, check=False)
+    async with owned() as owner:
+        result = await owner.run([*command, "-n", "2"], cwd=ROOT)
     assert result.returncode == 0, result.stderr.decode()
     assert await state_counts(app) == {"Success": 320, "Pending": 1}
     row = await app.get(later)
@@ -351,11 +329,9 @@ async def test_the_supervisor_restarts_a_killed_worker_and_stops_cleanly(
 ) -> None:
     app, _ = wapp
     args = ["worker", "--app", "tests.worker_app:app", "--url", db_url, "-n", "2", *FAST]
-    with (tmp_path / "worker-supervisor.log").open("w") as log:
-        supervisor = await anyio.open_process(
-            durafn_command(*args), cwd=ROOT, stdout=log, stderr=log
-        )
-    try:
+    async with owned() as owner:
+        with (tmp_path / "worker-supervisor.log").open("w") as log:
+            supervisor = await owner.start(durafn_command(*args), cwd=ROOT, stdout=log, stderr=log)
         await wait_until(lambda: equals(live_workers(app), 2), "2 workers registered")
         victim = (await app.workers())[0]
         os.kill(victim.pid, signal.SIGKILL)
@@ -367,10 +343,6 @@ async def test_the_supervisor_restarts_a_killed_worker_and_stops_cleanly(
         # The restart waits 1 s; the dead worker's row goes when it times out.
         await wait_until(replaced, "the killed worker is replaced")
         assert await stop([supervisor]) == [0]
-    finally:
-        if supervisor.returncode is None:
-            supervisor.kill()
-            await supervisor.wait()
     logs = logs_of(tmp_path)
     assert "died (killed by SIGKILL); restarting it" in logs
     assert "Traceback" not in logs
@@ -384,22 +356,51 @@ async def test_the_children_of_a_killed_supervisor_stop_by_themselves(
     supervisor is gone and stop gracefully, unregistering, instead of running on."""
     app, _ = wapp
     args = ["worker", "--app", "tests.worker_app:app", "--url", db_url, "-n", "2", *FAST]
-    with (tmp_path / "worker-supervisor.log").open("w") as log:
-        supervisor = await anyio.open_process(
-            durafn_command(*args), cwd=ROOT, stdout=log, stderr=log
-        )
-    children: list[int] = []
-    try:
+    async with owned() as owner:  # should they not stop: no orphan outlives the test
+        with (tmp_path / "worker-supervisor.log").open("w") as log:
+            supervisor = await owner.start(durafn_command(*args), cwd=ROOT, stdout=log, stderr=log)
         await wait_until(lambda: equals(live_workers(app), 2), "2 workers registered")
-        children = [w.pid for w in await app.workers()]
+        children = {w.pid for w in await app.workers()}
+        assert children <= set(carrying(owner.token))  # the children carry the token too
         supervisor.kill()
         await supervisor.wait()
         await wait_until(lambda: equals(live_workers(app), 0), "the children unregistered")
-    finally:
-        for pid in children:  # should they not have stopped: no orphan outlives the test
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
     assert "the supervisor (pid" in logs_of(tmp_path)
+
+
+async def test_a_failing_test_leaves_no_process_behind(
+    wapp: tuple[durafn.App, Functions], db_url: str, tmp_path: Path
+) -> None:
+    """The suite's own guarantee: a test that fails while a supervisor and its children
+    (in sessions of their own) run still ends them all (``tests/processes.py``)."""
+    app, _ = wapp
+    args = ["worker", "--app", "tests.worker_app:app", "--url", db_url, "-n", "2", *FAST]
+    started: set[int] = set()
+    with pytest.raises(RuntimeError, match="the test failed"):
+        async with owned() as owner:
+            with (tmp_path / "worker-supervisor.log").open("w") as log:
+                supervisor = await owner.start(
+                    durafn_command(*args), cwd=ROOT, stdout=log, stderr=log
+                )
+            await wait_until(lambda: equals(live_workers(app), 2), "2 workers registered")
+            started = {supervisor.pid, *(w.pid for w in await app.workers())}
+            assert started == set(carrying(owner.token))
+            raise RuntimeError("the test failed")
+    assert len(started) == 3
+
+    async def all_ended() -> bool:
+        # Killed and reaped (the supervisor), or killed and reaped by init (its children).
+        return not any(map(_alive, started))
+
+    await wait_until(all_ended, "every process ended")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"  # a zombie is ended
+    except FileNotFoundError:
+        return False
 
 
 @pytest.mark.postgres_only  # a server that drops connections: SQLite has none
@@ -426,9 +427,7 @@ async def test_workers_survive_a_storm_of_connection_terminations(
             await app.engine.dispose()  # the test's own pooled connections went too
             await anyio.sleep(0.1)
         total = rounds * (per_round + 1)  # each round's applies and its action
-        await wait_until(
-            lambda: equals(_state(app, "Success"), total), "every row finished", timeout=60
-        )
+        await wait_until(lambda: equals(_state(app, "Success"), total), "every row finished")
         assert await state_counts(app) == {"Success": total}
         assert sorted(n for n, _ in trace_of(trace)) == list(range(rounds))  # each once
         assert all(p.returncode is None for p in procs)  # recovered, not crashed
@@ -504,9 +503,10 @@ async def test_a_killed_cron_leader_is_replaced_and_no_tick_is_written_twice(
             assert await _lease_holder(app) != leader
         times = await _tick_times(app)
     assert len(times) == len(set(times))  # never twice
-    # Every second, from the first to the last: at most one tick could be lost, to a stall
-    # of over a second in the survivor (catch-up runs the latest missed tick only).
-    assert all(b - a <= 2.0 for a, b in itertools.pairwise(sorted(times))), sorted(times)
+    # Every second, from the first to the last, none lost: the ticks a leader's death (or a
+    # stall of the survivor) missed are backfilled.
+    first = min(times)
+    assert sorted(times) == [first + n for n in range(len(times))]
 
 
 async def _tick_times(app: durafn.App) -> list[float]:
