@@ -79,6 +79,9 @@ def require_postgres() -> None:
 
 
 def reset_postgres() -> None:
+    global _pg_intact
+    _pg_intact = False  # the test gets a bare database: it may do anything to it
+
     async def _reset() -> None:
         conn = await asyncpg.connect(PG_DSN)
         try:
@@ -87,6 +90,12 @@ def reset_postgres() -> None:
             await conn.close()
 
     asyncio.run(_reset())
+
+
+_pg_intact = False
+"""This worker's test database has the schema an ``app`` test needs, as far as it knows:
+set by the ``app`` fixture once it has checked or made it, cleared by a test that takes
+a bare database (``reset_postgres``)."""
 
 
 def _expected_schema() -> tuple[set[str], set[str], int]:
@@ -104,14 +113,23 @@ def _expected_schema() -> tuple[set[str], set[str], int]:
 
 def empty_postgres_keeping_schema() -> bool:
     """Delete every row but keep the tables when the schema is the one a migrated test
-    database has (True); else drop it (False: migrate again). A TRUNCATE of every table
-    costs a tenth of dropping and re-creating the schema, run before each of some 300
-    tests on PostgreSQL."""
+    database has (True); else drop it (False: migrate again). Run before each of some 400
+    tests on PostgreSQL: when the schema is known intact, one DELETE per table in one
+    round trip (0.7 ms; the TRUNCATE of every table it replaced took 24 ms, and 62 ms a
+    test in the suite, where the tables held the last test's rows); a DELETE that fails (a
+    test dropped a table) falls back to reading the catalogue."""
+    global _pg_intact
     tables, indexes, columns = _expected_schema()
 
     async def _empty() -> bool:
         conn = await asyncpg.connect(PG_DSN)
         try:
+            if _pg_intact:
+                try:
+                    await conn.execute(_DELETE_ALL)
+                    return True
+                except asyncpg.PostgresError:
+                    pass
             found = {r[0] for r in await conn.fetch(_TABLES)}
             intact = (
                 tables <= found
@@ -121,18 +139,25 @@ def empty_postgres_keeping_schema() -> bool:
                 == durafn.SCHEMA_VERSION
             )
             if intact:
-                names = ", ".join(f'"{t}"' for t in sorted(found - {"_durafn_schema"}))
-                await conn.execute(f"TRUNCATE {names} RESTART IDENTITY CASCADE")
+                await conn.execute(_DELETE_ALL)
                 return True
             await conn.execute("DROP SCHEMA public CASCADE; CREATE SCHEMA public;")
             return False
         finally:
             await conn.close()
 
-    return asyncio.run(_empty())
+    _pg_intact = asyncio.run(_empty())
+    return _pg_intact
 
 
 _TABLES = "SELECT tablename FROM pg_tables WHERE schemaname = 'public'"
+# Every table's rows, children before their parents (foreign keys), the version kept.
+_DELETE_ALL = "; ".join(
+    f'DELETE FROM "{table.name}"'
+    for metadata in (Base.metadata, durafn.metadata)
+    for table in reversed(metadata.sorted_tables)
+    if table.name != "_durafn_schema"
+)
 _INDEXES = "SELECT indexname FROM pg_indexes WHERE schemaname = 'public'"
 _COLUMNS = (
     "SELECT count(*) FROM information_schema.columns "
@@ -212,12 +237,14 @@ def clock() -> FakeClock:
 @pytest.fixture
 async def app(app_url: tuple[str, bool], clock: FakeClock) -> AsyncIterator[durafn.App]:
     """An app on an empty database with the system tables and the test models created."""
+    global _pg_intact
     url, ready = app_url
     application = durafn.App(url, clock=clock)
     if not ready:
         await application.migrate()
         async with application.engine.begin() as conn:
             await conn.run_sync(Base.metadata.create_all)
+        _pg_intact = url == PG_URL
     try:
         yield application
     finally:

@@ -119,8 +119,12 @@ async def test_after_a_long_downtime_catch_up_counts_from_now(
 ) -> None:
     """More than 100,000 ticks missed: the latest is the one just before now (not one
     hours stale), a backfill writes its window's ticks (not nothing, recorded missed),
-    and each goes on from now."""
-    report = _report(app)
+    and each goes on from now; each row runs."""
+
+    @app.mutation(name="report")
+    async def report(ctx: MutationCtx, what: str) -> None:
+        pass
+
     app.cron("latest", schedule, report.call("latest"))
     app.cron("fill", schedule, report.call("fill"), backfill=fill)
     executor = app.executor()
@@ -138,6 +142,7 @@ async def test_after_a_long_downtime_catch_up_counts_from_now(
     window = fill.total_seconds()
     expected_fill = [latest - n * step for n in range(int(window // step), -1, -1)]
     assert rows["fill"] == [t for t in expected_fill if t >= back_at - window]
+    assert {r.state for r in written} == {State.SUCCESS}
     found = await registry(app)
     for name in ("latest", "fill"):
         assert found[name]["next_run_at"] == latest + step

@@ -19,6 +19,7 @@ from durafn.testing import FakeClock, advance
 
 from .helpers import CEILING
 from .processes import owned_sync, tagged
+from .test_cli import invoke
 from .test_workers import ROOT
 
 pytestmark = pytest.mark.anyio
@@ -77,18 +78,17 @@ def test_the_first_app_is_a_workers_app_too(folder: tuple[Path, dict[str, str]])
 
 
 def test_without_a_database_the_command_says_which_to_pass(
-    folder: tuple[Path, dict[str, str]],
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    path, env = folder
-    nothing = _durafn(path, "stats", env=env)
-    assert nothing.returncode == 1
-    assert "no database given: pass --url" in nothing.stderr and "durafn.sqlite3" not in (
-        nothing.stderr
-    )
-    (path / "durafn.sqlite3").touch()  # what App() made here
+    monkeypatch.chdir(tmp_path)  # the first app's folder: commands run there
+    nothing = invoke("stats")
+    assert nothing.exit_code == 1
+    assert "no database given: pass --url" in nothing.stderr
+    assert "durafn.sqlite3" not in nothing.stderr
+    (tmp_path / "durafn.sqlite3").touch()  # what App() made here
     for command in ("ls", "stats", "crons"):
-        named = _durafn(path, command, env=env)
-        assert named.returncode == 1
+        named = invoke(command)
+        assert named.exit_code == 1
         assert (
             "a durafn.sqlite3 is here, an App()'s default database: --url "
             "sqlite:///durafn.sqlite3, or --app MODULE:APP for your app" in named.stderr

@@ -7,17 +7,16 @@ monotonic clock) and which queues its worker serves; overlaps are read off those
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import anyio
 import pytest
 
 import durafn
 from durafn import Flow, State
+from durafn.testing import all_rows
 
 from .helpers import CEILING, equals, wait_until
 from .processes import owned
@@ -165,112 +164,90 @@ async def test_a_serial_queue_hands_off_between_kinds_across_processes(
     """Mutations and actions take turns in one serial queue, run by two worker
     processes: each row's end must wake the claimers of the other kind, in the other
     process too (a claim of one kind that only looked at the queue once held it, and the
-    other kind's claim, finding it held, slept until its poll)."""
+    other kind's claim, finding it held, slept until its poll). Then a paused queue's
+    rows, resumed from the command line: the resume wakes both workers too."""
     app, fns = qapp
-    trace = tmp_path / "spans"
-    calls = [
-        fns.note.options(queue="handoff").call(n, str(trace))
-        if n % 2 == 0
-        else fns.span.options(queue="handoff").call(n, str(trace), 0.0)
-        for n in range(24)
-    ]
-    poll = _poll_only_as_fallback(engine_name)
-    async with worker_processes(db_url, 2, tmp_path, *poll) as procs:
-        await wait_until(lambda: equals(_count_workers(app), 2), "2 workers")
-        ids = await app.scheduler().run_many(calls)
-        await _wait_done(app, ids)
-        assert await stop(procs) == [0, 0]
-    _ran_in_order(trace, len(ids))
-
-
-async def test_resuming_a_queue_from_the_command_line_wakes_the_workers(
-    qapp: tuple[durafn.App, Functions], db_url: str, engine_name: str, tmp_path: Path
-) -> None:
-    app, fns = qapp
-    trace = tmp_path / "spans"
+    trace, resumed = tmp_path / "spans", tmp_path / "resumed"
     await app.pause_queue("paused")
-    calls = [
-        fns.note.options(queue="paused").call(n, str(trace))
-        if n % 2 == 0
-        else fns.span.options(queue="paused").call(n, str(trace), 0.0)
-        for n in range(6)
-    ]
+
+    def alternating(queue: str, path: Path, count: int) -> list[durafn.Call]:
+        return [
+            fns.note.options(queue=queue).call(n, str(path))
+            if n % 2 == 0
+            else fns.span.options(queue=queue).call(n, str(path), 0.0)
+            for n in range(count)
+        ]
+
     poll = _poll_only_as_fallback(engine_name)
     async with worker_processes(db_url, 2, tmp_path, *poll) as procs:
         await wait_until(lambda: equals(_count_workers(app), 2), "2 workers")
-        ids = await app.scheduler().run_many(calls)
-        # Both workers were woken by the rows, and found the queue paused.
-        assert {(await app.get(i)).state for i in ids} == {State.PENDING}  # type: ignore[union-attr]
+        paused = await app.scheduler().run_many(alternating("paused", resumed, 6))
+        ids = await app.scheduler().run_many(alternating("handoff", trace, 24))
+        await _wait_done(app, ids)
+        # Both workers were woken by the rows of the paused queue, and found it paused.
+        assert {(await app.get(i)).state for i in paused} == {State.PENDING}  # type: ignore[union-attr]
         async with owned() as owner:
             command = durafn_command("queue", "resume", "paused", "--url", db_url)
             resume = await owner.run(command, cwd=ROOT)
         assert resume.returncode == 0, resume.stderr
-        await _wait_done(app, ids)
+        await _wait_done(app, paused)
         assert await stop(procs) == [0, 0]
     _ran_in_order(trace, len(ids))
+    _ran_in_order(resumed, len(paused))
 
 
 _SCHEDULE_ELSEWHERE = """
-import asyncio, json, sys
+import asyncio, sys
 import durafn
 from durafn import MutationCtx
 from durafn.testing import FakeClock
 
-url, at, tag, options = sys.argv[1], float(sys.argv[2]), sys.argv[3], json.loads(sys.argv[4])
-if "flow" in options:
-    options["flow"] = durafn.Flow(key=options["flow"], concurrency=1)
+url, at = sys.argv[1], float(sys.argv[2])
 app = durafn.App(url, clock=FakeClock(at))
 
 @app.mutation(name="order:note")
 async def note(ctx: MutationCtx, tag: str) -> None: ...
 
 async def main() -> None:
-    await app.scheduler().run_after(0, note.options(**options), tag)
+    for options in ({}, {"queue": "q"}, {"flow": durafn.Flow(key="k", concurrency=1)}):
+        await app.scheduler().run_after(0, note.options(**options), "B")
     await app.aclose()
 
 asyncio.run(main())
 """
 
 
-@pytest.mark.parametrize(
-    "where", [{}, {"queue": "q"}, {"flow": "k"}], ids=["unqueued", "queue", "flow key"]
-)
 async def test_rows_due_at_one_instant_start_in_the_order_they_were_scheduled(
-    app: durafn.App, clock: durafn.testing.FakeClock, where: dict[str, str]
+    app: durafn.App, clock: durafn.testing.FakeClock
 ) -> None:
     """Another process schedules a row between two of ours, at the same instant (its
     clock and ours stand at the same time): the three start in the order they were
-    written, whatever the ids each process made (an id's counter is per process)."""
+    written, whatever the ids each process made (an id's counter is per process). For
+    unqueued rows, a serial queue's and a flow key's alike."""
     from .helpers import effects
     from .models import Effect
 
     @app.mutation(name="order:note")
     async def note(ctx: durafn.MutationCtx, tag: str) -> None:
-        ctx.db.add(Effect(key=tag))
+        ctx.db.add(Effect(key=f"{tag} {ctx.run_id}"))
 
-    options: dict[str, Any] = dict(where)
-    if "flow" in options:
-        options["flow"] = Flow(key=where["flow"], concurrency=1)
-    ref = note.options(**options)
-    for _ in range(3):  # our counter is well past the other process's first id
+    refs = [note, note.options(queue="q"), note.options(flow=Flow(key="k", concurrency=1))]
+    for ref in refs:  # our counter is well past the other process's first id
         await app.scheduler().run_after(0, ref, "warm-up")
     await app.executor().run_until_idle()
-    await app.scheduler().run_after(0, ref, "A")
+    firsts = [await app.scheduler().run_after(0, ref, "A") for ref in refs]
     url = str(app.engine.url.render_as_string(hide_password=False))
     async with owned() as owner:
         done = await owner.run(
-            [
-                sys.executable,
-                "-c",
-                _SCHEDULE_ELSEWHERE,
-                url,
-                repr(clock.now()),
-                "B",
-                json.dumps(where),
-            ],
-            cwd=ROOT,
+            [sys.executable, "-c", _SCHEDULE_ELSEWHERE, url, repr(clock.now())], cwd=ROOT
         )
     assert done.returncode == 0, done.stderr.decode()
-    await app.scheduler().run_after(0, ref, "C")
+    for ref in refs:
+        await app.scheduler().run_after(0, ref, "C")
     await app.executor(batch_size=1, concurrency=1).run_until_idle()
-    assert [e for e in await effects(app) if e != "warm-up"] == ["A", "B", "C"]
+    ran = [e.split() for e in await effects(app) if not e.startswith("warm-up")]
+    rows: dict[str, durafn.ScheduledFunction] = {r.id: r for r in await all_rows(app)}
+    for first in firsts:  # per class: A, then B, then C
+        where = (rows[first].queue, rows[first].flow_key)
+        tags = [tag for tag, id in ran if (rows[id].queue, rows[id].flow_key) == where]
+        assert tags == ["A", "B", "C"], where
