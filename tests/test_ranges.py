@@ -277,3 +277,35 @@ async def test_the_largest_batch_and_page(app: durafn.App) -> None:
         await app.scheduler().run_many([note.call(n) for n in range(10_001)])
     with pytest.raises(durafn.ArgumentError, match="limit"):
         await app.list(limit=10_001)
+
+
+@pytest.mark.parametrize("size", [1, 100_000])
+async def test_queue_and_executor_sizes_at_either_end(app_url: tuple[str, bool], size: int) -> None:
+    """A queue's concurrency, an executor's concurrency and batch size: 1 and 100,000."""
+    url, ready = app_url
+    app = durafn.App(url, queues={"q": Queue(concurrency=size)})
+    ran: list[int] = []
+    try:
+        if not ready:
+            await app.migrate()
+
+        @app.action(name="ranges:act", queue="q")
+        async def act(ctx: ActionCtx, n: int) -> None:
+            ran.append(n)
+
+        @app.mutation(name="ranges:note")
+        async def note(ctx: MutationCtx, tag: str) -> None:
+            pass
+
+        await app.scheduler().run_many([act.call(n) for n in range(5)])
+        await app.scheduler().run_many([note.call(str(n)) for n in range(5)])
+        executor = app.executor(concurrency=size, batch_size=size)
+        assert await executor.run_until_idle() == 10
+        assert sorted(ran) == list(range(5))
+        [queue] = await app.queues()
+        assert queue.concurrency == size
+        for bad in (0, 100_001):
+            with pytest.raises(durafn.ArgumentError, match="between 1 and 100000"):
+                app.executor(concurrency=bad)
+    finally:
+        await app.aclose()

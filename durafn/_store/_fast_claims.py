@@ -83,13 +83,12 @@ async def _by_level(
             return rows
         if found:
             level, highest = found[0][_PRIORITY], found[0][-1]
-            if level == highest:
-                # Also the top of the range (2**31 - 1): no level after it to bind.
-                if floor is not None and level < PRIORITY_RANGE[1]:
-                    floor.taken_below(level + 1)
-                return rows
-            if floor is not None:
+            if floor is not None and level < PRIORITY_RANGE[1]:
+                # (At the top of the range, 2**31 - 1, there is no level after it to bind:
+                # a claim that bound it failed, out of 32 bits, and stopped the executor.)
                 floor.taken_below(level + 1)
+            if level == highest:
+                return rows
             from_level = level + 1
         elif from_level == PRIORITY_RANGE[0]:
             # Nothing due at the lowest level: an idle claim ends with this one probe.
