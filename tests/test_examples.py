@@ -81,7 +81,8 @@ def test_starlette_example(db_url: str) -> None:
     assert row["result"] == "published ann: hello"
 
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
 
 
 def test_the_readme_first_app_runs_as_written(db_url: str, tmp_path: Path) -> None:
@@ -109,3 +110,23 @@ def test_the_readme_first_app_runs_as_written(db_url: str, tmp_path: Path) -> No
     assert "name='messages:destruct'" in scheduled and "'Pending'" in scheduled
     assert ran == "messages:destruct Success"
     assert "Warning" not in done.stderr  # the functions are named: no __main__ warning
+    # A worker's app too: ``durafn ls/worker --app first:app`` import it without running
+    # it (its ``asyncio.run`` is guarded) and use the database it names.
+    listed = _durafn(tmp_path, "ls", "--app", "first:app", env=env)
+    assert listed.returncode == 0, listed.stderr
+    assert "messages:destruct" in listed.stdout and "Success" in listed.stdout
+    worker = _durafn(tmp_path, "worker", "--app", "first:app", "--exit-on-complete", env=env)
+    assert worker.returncode == 0, worker.stderr
+
+
+def _durafn(folder: Path, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """The ``durafn`` command, run from ``folder`` as a user runs it there."""
+    with owned_sync() as token:
+        return subprocess.run(
+            [sys.executable, "-m", "_durafn_cli", *args],
+            cwd=folder,
+            env=tagged(token, env | {"PYTHONPATH": str(ROOT)}),
+            capture_output=True,
+            text=True,
+            timeout=CEILING,
+        )

@@ -1,14 +1,9 @@
-"""The first hour of a new user, with the README as the only guide: the first app as a
-worker's app, the command line in its folder, a function called as if it were a plain
-one, and a module-level app tested with the fake clock."""
+"""The first hour of a new user, with the README as the only guide: the command line in
+the first app's folder, a function called as if it were a plain one, and a module-level
+app tested with the fake clock."""
 
 from __future__ import annotations
 
-import os
-import re
-import subprocess
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,64 +12,9 @@ import durafn
 from durafn import MutationCtx
 from durafn.testing import FakeClock, advance
 
-from .helpers import CEILING
-from .processes import owned_sync, tagged
 from .test_cli import invoke
-from .test_workers import ROOT
 
 pytestmark = pytest.mark.anyio
-
-README = ROOT / "README.md"
-
-
-def _first_app() -> str:
-    section = README.read_text().split("## A first app", 1)[1]
-    match = re.search(r"```python\n(.*?)```", section, re.DOTALL)
-    assert match is not None
-    return match.group(1).replace("DESTRUCT_AFTER = 5.0", "DESTRUCT_AFTER = 0.2")
-
-
-def _durafn(folder: Path, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """The ``durafn`` command, run from ``folder`` as a user runs it there."""
-    with owned_sync() as token:
-        return subprocess.run(
-            [sys.executable, "-m", "_durafn_cli", *args],
-            cwd=folder,
-            env=tagged(token, env | {"PYTHONPATH": str(ROOT)}),
-            capture_output=True,
-            text=True,
-            timeout=CEILING,
-        )
-
-
-@pytest.fixture
-def folder(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str]]]:
-    """The README's first app in a folder of its own, and an environment without any of
-    durafn's variables (the app's default database is ``./durafn.sqlite3``)."""
-    (tmp_path / "first.py").write_text(_first_app())
-    yield tmp_path, {k: v for k, v in os.environ.items() if not k.startswith("DURAFN_")}
-
-
-def test_the_first_app_is_a_workers_app_too(folder: tuple[Path, dict[str, str]]) -> None:
-    """``python first.py`` runs it; ``durafn ls --app first:app`` and ``durafn worker
-    --app first:app`` import it without running it (its ``asyncio.run`` is guarded), and
-    use the database it names."""
-    path, env = folder
-    with owned_sync() as token:
-        ran = subprocess.run(
-            [sys.executable, "first.py"],
-            cwd=path,
-            env=tagged(token, env),
-            capture_output=True,
-            text=True,
-            timeout=CEILING,
-        )
-    assert ran.returncode == 0, ran.stderr
-    listed = _durafn(path, "ls", "--app", "first:app", env=env)
-    assert listed.returncode == 0, listed.stderr
-    assert "messages:destruct" in listed.stdout and "Success" in listed.stdout
-    worker = _durafn(path, "worker", "--app", "first:app", "--exit-on-complete", env=env)
-    assert worker.returncode == 0, worker.stderr
 
 
 def test_without_a_database_the_command_says_which_to_pass(
