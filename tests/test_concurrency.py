@@ -345,15 +345,15 @@ async def test_a_connection_the_server_ended_is_never_handed_out_again(
         async def body(conn: AsyncConnection) -> int:
             tries.append(1)
             if when == "during a statement" and len(tries) == 1:
-                await conn.execute(text("SELECT pg_sleep(5)"))  # ended from outside
+                # Ended from outside once it runs: the length matters only to a hang.
+                await conn.execute(text(f"SELECT pg_sleep({CEILING})"))
             return int((await conn.execute(text("SELECT pg_backend_pid()"))).scalar_one())
 
         async with anyio.create_task_group() as tg:
             if when == "idle in the pool":
                 assert await admin.fetchval("SELECT pg_terminate_backend($1, 5000)", pid)
             else:
-                terminate = f"SELECT pg_sleep(0.2), pg_terminate_backend({pid})"
-                tg.start_soon(admin.execute, terminate)
+                tg.start_soon(_end_once_running, admin, pid)
             served_by = await app._rt.transaction(body, doing="a test")
         assert served_by != pid
         for _ in range(3):  # the pool has one live connection now, never the dead one
@@ -361,6 +361,16 @@ async def test_a_connection_the_server_ended_is_never_handed_out_again(
     finally:
         await admin.close()
         await app.aclose()
+
+
+async def _end_once_running(admin: Any, pid: int) -> None:
+    """Terminate backend ``pid`` once it runs a statement (waits on the event, not a
+    guess at how long the statement takes to start on a loaded machine)."""
+    running = "SELECT state = 'active' FROM pg_stat_activity WHERE pid = $1"
+    with anyio.fail_after(CEILING):
+        while not await admin.fetchval(running, pid):  # noqa: ASYNC110 (the server's state)
+            await anyio.sleep(0.01)
+    assert await admin.fetchval("SELECT pg_terminate_backend($1, 5000)", pid)
 
 
 @pytest.mark.postgres_only  # asyncpg's protocol states: SQLite has none
@@ -378,8 +388,10 @@ async def test_a_connection_left_busy_is_dropped_and_the_transaction_retried(
     try:
         async with app.engine.connect() as conn:
             busy: Any = (await conn.get_raw_connection()).driver_connection
-        sleeping = asyncio.ensure_future(busy.execute("SELECT pg_sleep(0.5)"))
-        await anyio.sleep(0.05)  # on the wire: the connection is busy, and back in the pool
+        # Busy for as long as a hang lasts: a loaded machine's delays can't end it first.
+        sleeping = asyncio.ensure_future(busy.execute(f"SELECT pg_sleep({CEILING})"))
+        # One turn of the loop puts it on the wire: the connection is busy, back in the pool.
+        await anyio.lowlevel.checkpoint()
         tries: list[int] = []
 
         async def body(conn: AsyncConnection) -> Any:
@@ -392,7 +404,10 @@ async def test_a_connection_left_busy_is_dropped_and_the_transaction_retried(
         assert (served_by is not busy, one, len(tries)) == (True, 1, 2)
         async with app.engine.connect() as conn:
             assert (await conn.get_raw_connection()).driver_connection is not busy
-        with contextlib.suppress(asyncpg.PostgresError, asyncpg.InterfaceError, OSError):
+        sleeping.cancel()
+        with contextlib.suppress(
+            asyncio.CancelledError, asyncpg.PostgresError, asyncpg.InterfaceError, OSError
+        ):
             await sleeping
     finally:
         await app.aclose()
