@@ -308,6 +308,30 @@ def test_show_prints_every_field(rows: Rows) -> None:
     assert invoke_json("show", "--url", rows.url, rows.running)["state"] == "InProgress"
 
 
+def test_explain_tells_a_finished_row_in_one_line(rows: Rows) -> None:
+    """How it ended, when, and after how many runs: once, not its state twice."""
+    told = {}
+    for row_id in (rows.success, rows.failed, rows.canceled):
+        result = invoke("explain", "--url", rows.url, row_id)
+        assert result.exit_code == 0, result.output
+        [told[row_id]] = result.stdout.splitlines()
+        completed = datetime.fromisoformat(
+            invoke_json("show", "--url", rows.url, row_id)["completed_time"]
+        )
+        assert completed.isoformat() in told[row_id]
+    assert re.fullmatch(
+        rf"{rows.success} is Success: it succeeded at \S+, after 1 run", told[rows.success]
+    )
+    assert re.fullmatch(
+        rf"{rows.failed} is Failed: it failed at \S+, after 1 run: "
+        r"ValueError: b must not be negative \[got -1\]",
+        told[rows.failed],
+    )
+    assert re.fullmatch(
+        rf"{rows.canceled} is Canceled: it was cancelled at \S+, after 0 runs", told[rows.canceled]
+    )
+
+
 @pytest.mark.parametrize(
     ("unknown", "message"),
     [

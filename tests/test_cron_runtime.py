@@ -288,6 +288,11 @@ def test_the_registry_from_the_api_and_the_command_line(db_url: str, clock: Fake
         await app.executor().run_until_idle()  # reconciles: the cron is registered
         return await app.crons()
 
+    assert invoke("migrate", "--url", db_url).exit_code == 0
+    none_yet = invoke("crons", "--url", db_url)  # before any worker of the app started
+    assert none_yet.exit_code == 0, none_yet.output
+    assert "no crons registered" in none_yet.stdout
+    assert "registered when a worker of it starts" in none_yet.stdout
     [info] = on_app(_registered)
     assert (info.name, info.function, info.args) == ("nightly-digest", "cron:digest", {"to": "ops"})
     assert info.describe.startswith("at 02:00") and info.next_run_at == to_dt(_at(2))
