@@ -26,8 +26,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 import durafn
 from durafn import ActionCtx, Flow, MutationCtx
 from durafn._store import SERVE_ALL
-from durafn._store import _claims as claims
-from durafn._store._queue_claims import QUEUE_HEAD
+from durafn._store.claim import take as claims
+from durafn._store.claim.queues import QUEUE_HEAD
 
 from . import throughput
 
@@ -142,7 +142,7 @@ async def measure(
 
 async def claim_plans(app: durafn.App) -> dict[str, str]:
     """EXPLAIN of the claim's statements as the driver issues them on this engine
-    (``durafn/_store/_claims.py``), values inlined."""
+    (``durafn/_store/claim/take.py``), values inlined."""
     lateral = app._rt.driver.lateral_claims
     st = claims.statements(SERVE_ALL, lateral)
     values = {

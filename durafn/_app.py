@@ -24,8 +24,8 @@ from ._errors import ArgumentError, RegistrationError
 from ._executor import Executor, ExecutorOptions, make_config
 from ._hooks import HookName, HookT, check_hook
 from ._invoke import Invoker, Timeouts
-from ._options import JobOptionArgs, JobOptions, Queue, check_name
-from ._registry import ActionRef, FunctionRef, MutationRef, QueryRef, Registry
+from ._options import JobOptions, Queue, check_name
+from ._registry import ActionRef, FunctionRef, JobOptionArgs, MutationRef, QueryRef, Registry
 from ._retention import Retention, check_retention
 from ._retries import Retry, check_retry
 from ._runtime import Backoff, Health, Limits, Runtime

@@ -4,26 +4,20 @@ keeps of its callback.
 ``on_complete=fn`` is a job option (per call, ``ref.options(on_complete=fn)``, or on the
 decorator): ``fn`` is a registered mutation taking one ``Completion``, scheduled when the
 row finishes for good (Success, Failed after its last attempt, Canceled). The row keeps
-the callback as data (``spec``: its name, its parameter, its options resolved when the
+the callback as data (``_options.resolve``: its name, its parameter, its options resolved when the
 row is scheduled), so whichever process finishes, cancels or rescues the row writes the
 callback's row in the same transaction, without the callback's code
-(``_store/_completions.py``). A callback row has no callback of its own.
+(``_store/write/completions.py``). A callback row has no callback of its own.
 """
 
 from __future__ import annotations
 
 import functools
-import json
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ._checks import Error
 from ._errors import DurafnError
-from ._registry import MutationRef
-from ._types import Completion, ScheduledFunctionId, State
-
-if TYPE_CHECKING:
-    from ._options import Queue, RowOptions
+from ._types import Completion, FunctionKind, ScheduledFunctionId, State
 
 _SAMPLE = Completion(
     id=ScheduledFunctionId("00000000-0000-7000-8000-000000000000"),
@@ -32,21 +26,38 @@ _SAMPLE = Completion(
 )
 
 
-def check_on_complete(name: str, value: object, *, error: Error) -> MutationRef[Any, Any]:
+class CompletionCallback(Protocol):
+    """What a completion callback is to the options that carry it: a registered
+    mutation's reference (``durafn.MutationRef``), seen through what they read of it."""
+
+    @property
+    def kind(self) -> FunctionKind: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def parameters(self) -> list[str]: ...
+    @property
+    def registered(self) -> CompletionCallback: ...
+    def encode_args(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str: ...
+    def __hash__(self) -> int: ...  # checked once per function (``_unfit``)
+
+
+def check_on_complete(name: str, value: object, *, error: Error) -> CompletionCallback:
     """A completion callback: a mutation whose one parameter takes a ``Completion``."""
-    if not isinstance(value, MutationRef):
+    if getattr(value, "kind", None) is not FunctionKind.MUTATION:
         raise error(
             f"{name} must be a mutation (@app.mutation), scheduled with the Completion when "
             f"the row finishes for good; not {value!r}"
         )
-    problem = _unfit(value.registered)
+    ref: CompletionCallback = value  # type: ignore[assignment]  # a MutationRef: its kind
+    problem = _unfit(ref.registered)
     if problem is not None:
         raise error(f"{name}: {problem}")
-    return value
+    return ref
 
 
 @functools.lru_cache(maxsize=256)
-def _unfit(ref: MutationRef[Any, Any]) -> str | None:
+def _unfit(ref: CompletionCallback) -> str | None:
     """Why ``ref`` cannot be a callback, or None (checked once per function)."""
     if len(ref.parameters) != 1:
         return (
@@ -58,25 +69,3 @@ def _unfit(ref: MutationRef[Any, Any]) -> str | None:
     except DurafnError as exc:
         return f"{ref.name!r} cannot be given a durafn.Completion: {exc}"
     return None
-
-
-def spec(
-    ref: MutationRef[Any, Any],
-    options: RowOptions,
-    queues: Mapping[str, Queue],
-) -> str:
-    """What a row keeps of its callback ``ref``, whose own options resolve to ``options``."""
-    attributes = queues.get(options.queue) if options.queue is not None else None
-    return json.dumps(
-        {
-            "name": ref.name,
-            "param": ref.parameters[0],
-            "priority": options.priority,
-            "queue": options.queue,
-            "concurrency": 1 if attributes is None else attributes.concurrency,
-            "flags": options.flags,
-            "retry": options.retry,
-            "max_attempts": options.max_attempts,
-        },
-        separators=(",", ":"),
-    )

@@ -1,6 +1,6 @@
 """``app.explain(id)``: why a row is where it is, above all why a Pending row waits.
 
-The checks follow the claim's own order (``_store/_claims.py``): a row must be due, its
+The checks follow the claim's own order (``_store/claim/take.py``): a row must be due, its
 queue not paused, a live worker must serve its queue and accept its flags, its queue and
 its flow key must have a free slot, and its key a rate budget. The first that fails is
 the reason; a row that passes them all is ready, waiting for a claim (the workers busy).
@@ -17,8 +17,8 @@ from pydantic import BaseModel, ConfigDict
 from ._clock import to_datetime
 from ._flow import Limits, allowance, next_slot
 from ._options import read_flags
-from ._store._explain import Facts, KeyCounts
-from ._store._rows import DEBOUNCE_KEY
+from ._store.read.explain import Facts, KeyCounts
+from ._store.rows import DEBOUNCE_KEY
 from ._types import ScheduledFunctionId, State
 
 Reason = Literal[

@@ -2,7 +2,7 @@
 
 A row's **flow key** is computed when it is scheduled, from its validated arguments, and
 stored on the row (``flow_key``) with the knobs the claim needs (``flow``, as JSON). Every
-knob is enforced by the claim, inside its transaction (``_store/_flow_claims.py``), never
+knob is enforced by the claim, inside its transaction (``_store/claim/flow.py``), never
 in the function: a row the limits hold back simply stays Pending.
 
 * ``concurrency``: at most N rows of the key run at once, across every worker and process.
@@ -23,7 +23,7 @@ in the function: a row the limits hold back simply stays Pending.
 * ``throttle``: at most one run per ``per`` seconds: the first call runs at once, the
   calls of the next ``per`` seconds join one run due when the period ends. Leading edge
   and throttle keep one row per function and key in ``_durafn_flow_windows``
-  (``_store/_debounce.py``).
+  (``_store/write/debounce.py``).
 """
 
 from __future__ import annotations

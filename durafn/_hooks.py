@@ -27,18 +27,14 @@ from __future__ import annotations
 import inspect
 import json
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Literal, TypeVar, get_args
+from typing import Any, Literal, Protocol, TypeVar, get_args
 
 from ._clock import to_datetime
 from ._errors import RegistrationError
 from ._types import ErrorInfo, FunctionKind, ScheduledFunctionId, State
-
-if TYPE_CHECKING:
-    from ._registry import Registry
-    from ._store import Claimed, Outcome
 
 logger = logging.getLogger("durafn.hooks")
 
@@ -93,11 +89,45 @@ def check_hook(hook: object) -> HookName:
     return hook  # type: ignore[return-value]
 
 
-class Hooks:
-    """The app's hooks, and the functions' (on their registered references)."""
+class Started(Protocol):
+    """What ``before`` reads of a claimed row (the store's ``Claimed``)."""
 
-    def __init__(self, registry: Registry) -> None:
-        self._registry = registry
+    @property
+    def id(self) -> ScheduledFunctionId: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def flow_key(self) -> str | None: ...
+
+
+class Ended(Started, Protocol):
+    """What ``after`` and the finish hooks read of a run's end (the store's ``Outcome``)."""
+
+    @property
+    def state(self) -> State: ...
+    @property
+    def unwritten(self) -> bool: ...
+    @property
+    def result(self) -> str | None: ...
+    @property
+    def error_type(self) -> str | None: ...
+    @property
+    def error_message(self) -> str | None: ...
+    @property
+    def error_traceback(self) -> str | None: ...
+    @property
+    def retry_at(self) -> float | None: ...
+
+
+FunctionHooks = Callable[[str], Mapping[str, Sequence[Hook]]]
+"""A function's own hooks by its durable name (``Registry.hooks_of``)."""
+
+
+class Hooks:
+    """The app's hooks, and the functions' (``own``: their registered references')."""
+
+    def __init__(self, own: FunctionHooks) -> None:
+        self._own = own
         self._app: dict[str, list[Hook]] = {name: [] for name in HOOK_NAMES}
         self._any = False
 
@@ -113,8 +143,7 @@ class Hooks:
         self._any = True
 
     async def fire(self, event: HookEvent) -> None:
-        ref = self._registry.find(event.name)
-        own = ref.registered.hooks.get(event.hook, ()) if ref is not None else ()
+        own = self._own(event.name).get(event.hook, ())
         for fn in (*own, *self._app[event.hook]):
             try:
                 result = fn(event)
@@ -130,12 +159,12 @@ class Hooks:
                     event.name,
                 )
 
-    async def before(self, kind: FunctionKind, row: Claimed) -> None:
+    async def before(self, kind: FunctionKind, row: Started) -> None:
         """``before``: a claimed row is about to run."""
         if self.active:
             await self.fire(HookEvent("before", row.id, row.name, kind, flow_key=row.flow_key))
 
-    async def after(self, kind: FunctionKind, outcome: Outcome) -> None:
+    async def after(self, kind: FunctionKind, outcome: Ended) -> None:
         """``after``: a run ended, as ``outcome`` says (not yet written)."""
         if self.active:
             event = HookEvent(
@@ -151,7 +180,7 @@ class Hooks:
                 event = HookEvent("enqueue", id, name, kind, state=State.PENDING, flow_key=key)
                 await self.fire(event)
 
-    async def finished(self, kind: FunctionKind, outcomes: Sequence[Outcome]) -> None:
+    async def finished(self, kind: FunctionKind, outcomes: Sequence[Ended]) -> None:
         """``success``, ``error``, ``failure`` for committed outcomes."""
         if not self.active:
             return

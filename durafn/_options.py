@@ -13,19 +13,17 @@ default (priority 0, no queue, no key, no flags).
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields, replace
-from typing import TYPE_CHECKING, Any, Literal, TypedDict, get_args
+from typing import Any, Literal, Protocol, get_args
 
 from ._checks import Error, integer, is_integer, optional, text
+from ._completions import CompletionCallback, check_on_complete
 from ._errors import SchedulingError
 from ._flow import Flow, FlowError, check_flow
 from ._retries import Retry, check_retry
-
-if TYPE_CHECKING:
-    from ._registry import MutationRef
-    from ._types import Completion
 
 KeyMode = Literal["replace", "preserve_run_at", "unsafe_dedupe"]
 """What scheduling a key that a row already holds does (Graphile Worker's job key modes):
@@ -55,19 +53,6 @@ MAX_FLAGS = 32
 # engines; a flag therefore cannot contain a comma, and is kept to a plain alphabet so a
 # shell or a URL can carry it too.
 _FLAG = re.compile(r"[A-Za-z0-9_.:@/+-]+")
-
-
-class JobOptionArgs(TypedDict, total=False):
-    """The job options as keyword arguments (of ``@app.mutation``/``@app.action``)."""
-
-    priority: int | None
-    queue: str | None
-    key: str | None
-    key_mode: KeyMode | None
-    flags: Iterable[str] | None
-    retry: Retry | None
-    on_complete: MutationRef[[Completion], Any] | None
-    flow: Flow | None
 
 
 class OptionError(SchedulingError):
@@ -106,6 +91,14 @@ _FLOW_IN_SERIAL_QUEUE = (
 )
 
 
+class Callback(CompletionCallback, Protocol):
+    """An ``on_complete`` mutation, as the options carrying it read it: its own options
+    too, resolved when a row that names it is scheduled."""
+
+    @property
+    def job_options(self) -> JobOptions: ...
+
+
 @dataclass(frozen=True, slots=True)
 class JobOptions:
     """Options of a scheduled call; None means "not set here" (a lower layer decides)."""
@@ -116,14 +109,12 @@ class JobOptions:
     key_mode: KeyMode | None = None
     flags: frozenset[str] | None = None
     retry: Retry | None = None
-    on_complete: MutationRef[[Completion], Any] | None = None
+    on_complete: Callback | None = None
     flow: Flow | None = None
 
     @classmethod
     def checked(cls, error: Error = OptionError, **values: Any) -> JobOptions:
         """Options from keyword values, each validated; unknown names are an error."""
-        from ._completions import check_on_complete  # it imports the registry, which us
-
         known = {f.name for f in fields(cls)}
         if unknown := sorted(set(values) - known):
             raise error(
@@ -169,7 +160,7 @@ class RowOptions:
     function (looked up from the function or the app when a run fails)."""
     max_attempts: int | None
     on_complete: str | None = None
-    """The completion callback as data (``_completions.spec``), or None."""
+    """The completion callback as data (``_callback``), or None."""
     flow: Flow | None = None
     """Flow control: the key is computed per call, from its arguments (``_scheduler``)."""
     flow_spec: str | None = None
@@ -213,17 +204,27 @@ def resolve(
     )
 
 
-def _callback(
-    ref: MutationRef[[Completion], Any] | None, queues: Mapping[str, Queue], retry: Retry | None
-) -> str | None:
-    """What a row keeps of its completion callback: the callback's own options resolved
-    now, as any row's are (a callback has no callback of its own)."""
+def _callback(ref: Callback | None, queues: Mapping[str, Queue], retry: Retry | None) -> str | None:
+    """What a row keeps of its completion callback (``_completions``): its name, the
+    parameter that takes the ``Completion``, and its own options resolved now, as any
+    row's are (a callback has no callback of its own)."""
     if ref is None:
         return None
-    from ._completions import spec
-
-    own = replace(ref.job_options, on_complete=None)
-    return spec(ref, resolve(own, queues, retry), queues)
+    own = resolve(replace(ref.job_options, on_complete=None), queues, retry)
+    attributes = queues.get(own.queue) if own.queue is not None else None
+    return json.dumps(
+        {
+            "name": ref.name,
+            "param": ref.parameters[0],
+            "priority": own.priority,
+            "queue": own.queue,
+            "concurrency": 1 if attributes is None else attributes.concurrency,
+            "flags": own.flags,
+            "retry": own.retry,
+            "max_attempts": own.max_attempts,
+        },
+        separators=(",", ":"),
+    )
 
 
 def stored_flags(flags: Iterable[str] | None) -> str | None:

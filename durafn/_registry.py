@@ -15,9 +15,9 @@ import os
 import sys
 import typing
 import warnings
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Any, Generic, ParamSpec, Self, TypeVar, cast
+from typing import Any, Generic, ParamSpec, Self, TypedDict, TypeVar, cast
 
 import pydantic
 import pydantic_core
@@ -337,6 +337,19 @@ class MutationRef(SchedulableRef[P, R]):
     kind = FunctionKind.MUTATION
 
 
+class JobOptionArgs(TypedDict, total=False):
+    """The job options as keyword arguments (of ``@app.mutation``/``@app.action``)."""
+
+    priority: int | None
+    queue: str | None
+    key: str | None
+    key_mode: KeyMode | None
+    flags: Iterable[str] | None
+    retry: Retry | None
+    on_complete: MutationRef[[Completion], Any] | None
+    flow: Flow | None
+
+
 class ActionRef(SchedulableRef[P, R]):
     """A registered action: runs outside a transaction, at most once when scheduled."""
 
@@ -374,6 +387,11 @@ class Registry:
 
     def find(self, name: str) -> FunctionRef[Any, Any] | None:
         return self._by_name.get(name)
+
+    def hooks_of(self, name: str) -> Mapping[str, Sequence[Hook]]:
+        """The hooks of the function registered as ``name`` (none if there is none)."""
+        ref = self._by_name.get(name)
+        return ref.registered.hooks if ref is not None else {}
 
     def get_kind(self, name: str, kind: type[RefT]) -> RefT:
         """The function a scheduled row names, which must be of the row's ``kind``."""

@@ -25,7 +25,7 @@ from ._options import JobOptions, Queue, RowOptions, resolve
 from ._registry import Registry
 from ._retries import Retry
 from ._store import AfterCommit, CronRow, Driver, new_row_model, take_notes
-from ._store.sqlite import READ_ONLY_OPTION
+from ._store.sqlite.driver import READ_ONLY_OPTION
 from ._types import FunctionKind, ScheduledFunction, ScheduledFunctionId, State
 
 T = TypeVar("T")
@@ -125,7 +125,7 @@ class Runtime:
 
     def __post_init__(self) -> None:
         self.health = Health(self.driver)
-        self.hooks = Hooks(self.registry)
+        self.hooks = Hooks(self.registry.hooks_of)
         self.cancels = Cancels()
 
     def row_options(self, options: JobOptions) -> RowOptions:
@@ -214,7 +214,7 @@ class Runtime:
             await self.inline_runner(calls)
 
     def after_commit(self, notes: AfterCommit | None) -> list[Inline]:
-        """Act on what a committed transaction noted (``_store/_after_commit.py``); returns
+        """Act on what a committed transaction noted (``_store/after_commit.py``); returns
         the rows it wrote that inline mode runs (the caller runs them: ``run_inline``)."""
         if notes is None:
             return []

@@ -8,7 +8,7 @@
 * ``JoinedWriter`` writes through a caller's own session or connection, committing with it.
 
 Every write goes through ``write``: named queues are created with their first row, keyed
-rows go through the driver's upsert (``_store/_keys.py``), and executors are notified.
+rows go through the driver's upsert (``_store/write/keys.py``), and executors are notified.
 """
 
 from __future__ import annotations

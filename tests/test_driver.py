@@ -37,8 +37,8 @@ from durafn._store import (
     driver_for_url,
     new_id,
 )
-from durafn._store._failures import FailureStatements, failures_of
-from durafn._store._tables import sf
+from durafn._store.schema.tables import sf
+from durafn._store.write.failures import FailureStatements, failures_of
 
 pytestmark = pytest.mark.anyio
 

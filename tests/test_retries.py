@@ -34,7 +34,7 @@ from durafn import (
 )
 from durafn._executor.retrying import decide, will_retry
 from durafn._store import Outcome, new_id
-from durafn._store._rows import RetryState
+from durafn._store.rows import RetryState
 from durafn.testing import FakeClock
 
 from .helpers import effects, has_beaten, row_of, wait_until

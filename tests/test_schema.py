@@ -8,9 +8,10 @@ from sqlalchemy import delete, insert, inspect, select, text, update
 
 import durafn
 from durafn._clock import to_datetime
-from durafn._store import _migrations, schema_version
-from durafn._store._migrations import failed_attempts
-from durafn._store._tables import sf
+from durafn._store import schema_version
+from durafn._store.schema import migrations as _migrations
+from durafn._store.schema.migrations import failed_attempts
+from durafn._store.schema.tables import sf
 from durafn.testing import FakeClock
 
 from .helpers import CEILING

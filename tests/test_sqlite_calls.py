@@ -1,4 +1,4 @@
-"""SQLite's calls on aiosqlite's thread (``durafn/_store/_sqlite_calls.py``).
+"""SQLite's calls on aiosqlite's thread (``durafn/_store/sqlite/calls.py``).
 
 SQLite alone: each statement is one call on the connection's thread; a transaction's
 BEGIN goes with its first statement, a one-statement transaction (where PostgreSQL runs
@@ -23,9 +23,10 @@ import pytest
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from durafn._store import _sqlite_calls, driver_for_url
-from durafn._store._sqlite_batches import in_thread
-from durafn._store.sqlite import READ_ONLY_OPTION, SQLiteDriver
+from durafn._store import driver_for_url
+from durafn._store.sqlite import calls as _sqlite_calls
+from durafn._store.sqlite.batches import in_thread
+from durafn._store.sqlite.driver import READ_ONLY_OPTION, SQLiteDriver
 
 pytestmark = pytest.mark.anyio
 
@@ -230,7 +231,7 @@ def test_a_forked_child_does_not_inherit_a_held_turn(turn: Any, path: Path) -> N
 async def test_sqlite_errors_in_a_call_on_the_thread_are_classified_as_sqlalchemys(
     tmp_path: Path,
 ) -> None:
-    """A statement run on aiosqlite's thread (``_sqlite_batches.in_thread``, SQLite's
+    """A statement run on aiosqlite's thread (``sqlite/batches.py``'s ``in_thread``, SQLite's
     alone) fails as one run through SQLAlchemy: a lock held too long is a transient fault,
     retried; a closed connection is a disconnect, and the connection is dropped."""
     url = f"sqlite+aiosqlite:///{tmp_path / 'locked.sqlite3'}"
@@ -266,7 +267,7 @@ async def test_sqlite_errors_in_a_call_on_the_thread_are_classified_as_sqlalchem
 
 async def test_a_sqlite_statement_is_one_call_on_its_connections_thread(tmp_path: Path) -> None:
     """SQLAlchemy's aiosqlite adapter makes four calls on aiosqlite's thread per statement
-    (cursor, execute, fetch, close); durafn's makes one (``_store/_sqlite_calls.py``),
+    (cursor, execute, fetch, close); durafn's makes one (``_store/sqlite/calls.py``),
     with the same rows, row counts and errors."""
     driver = driver_for_url(f"sqlite+aiosqlite:///{tmp_path / 'calls.sqlite3'}")
     engine = driver.create_engine()

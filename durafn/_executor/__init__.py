@@ -50,7 +50,7 @@ written by ``retrying.settle``, called from ``MutationBatch._write`` (mutations,
 batch's transaction) and ``Finisher.write`` (actions), through the driver's guarded
 statements; the lost-worker path is ``Membership._rescue_lost``. Which due rows may be
 claimed (priority levels, named queues, pauses, flags, a worker's pools) is
-``_store/_claims.py``, reached through the driver's ``claim_mutations`` and
+``_store/claim/take.py``, reached through the driver's ``claim_mutations`` and
 ``claim_actions``/``claim_actions_fast``, called from ``MutationBatch.run`` and
 ``ActionClaims.claim`` with the executor's ``ClaimFilter``. Periodic work (cron ticks)
 is another pass of ``Maintenance.loop``.

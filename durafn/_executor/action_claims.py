@@ -113,7 +113,7 @@ class ActionClaims:
                 try:
                     # The fast path first, as one autocommit statement where the caller
                     # backs off itself; then, if it fell short, the whole claim
-                    # (``_store/_claims.py``). Rows it committed stay in ``rows`` even if
+                    # (``_store/claim/take.py``). Rows it committed stay in ``rows`` even if
                     # the second part fails.
                     if len(adopted) < limit and self.hint.use:
                         rows = await self._rt.transaction(

@@ -7,7 +7,7 @@ The loop takes or renews the cron lease (a third of the worker timeout, renewed 
 times per lease, so another executor takes over within one lease of the leader's death);
 while it holds it, it writes the due ticks and sleeps until the earliest next run (read
 from the registry's index), the lease's renewal, or the stop. Ticks are written once whatever
-happens (``_store/_crons.py``): a tick's row has an id made from the cron and the tick,
+happens (``_store/crons.py``): a tick's row has an id made from the cron and the tick,
 and the registry moves on only from the next run it was read with.
 
 After downtime, ``catch_up="latest"`` runs the latest missed tick once and goes on from

@@ -21,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from .._retries import Retry, Rule
 from .._runtime import Runtime
 from .._store import Outcome
-from .._store._rows import RetryState
+from .._store.rows import RetryState
 from .._types import FunctionKind, State
 from .outcomes import forget_frames, traceback_text
 

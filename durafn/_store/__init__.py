@@ -6,24 +6,16 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError as _SAArgumentError
 
 from .._errors import DatabaseError
-from ._after_commit import AfterCommit, take_notes
-from ._claim_hints import FastPathHint, LevelFloor
-from ._claims import SERVE_ALL, ClaimFilter
-from ._crons import CRON_LEASE, DECLARED, CronMove, CronRow, tick_id
-from ._driver import Driver
-from ._filters import RowFilter
-from ._flow_claims import FlowCursor
-from ._rows import (
-    Claimed,
-    LostAction,
-    Outcome,
-    decode_cursor,
-    new_id,
-    new_row,
-    new_row_model,
-)
-from ._tables import SCHEMA_VERSION, metadata, scheduled_functions, schema_version
-from .sqlite import SQLiteDriver
+from .after_commit import AfterCommit, take_notes
+from .claim.flow import FlowCursor
+from .claim.hints import FastPathHint, LevelFloor
+from .claim.take import SERVE_ALL, ClaimFilter
+from .crons import CRON_LEASE, DECLARED, CronMove, CronRow, tick_id
+from .driver import Driver
+from .filters import RowFilter
+from .rows import Claimed, LostAction, Outcome, decode_cursor, new_id, new_row, new_row_model
+from .schema.tables import SCHEMA_VERSION, metadata, scheduled_functions, schema_version
+from .sqlite.driver import SQLiteDriver
 
 __all__ = [
     "CRON_LEASE",
@@ -81,6 +73,6 @@ def driver_for_url(url: str | URL) -> Driver:
         return SQLiteDriver(parsed)
     # Imported here: asyncpg and SQLAlchemy's PostgreSQL dialect cost a SQLite app's
     # process (a worker, every CLI command) ~0.1 s to import.
-    from .postgres import PostgresDriver
+    from .postgres.driver import PostgresDriver
 
     return PostgresDriver(parsed)

@@ -1,0 +1,205 @@
+"""The cron registry in the database: declarations reconciled, due crons read, a tick
+written once, and the lease that makes one executor the cron leader.
+
+Exactly one row per tick, whatever runs: a tick's row id is made from the cron's name and
+the tick's time (``tick_id``), so a second writer of the same tick (two leaders for a
+moment, a retry after an unseen commit) finds it there and writes nothing; and the
+registry row moves on only from the ``next_run_at`` it was read with (a guarded UPDATE).
+"""
+
+from __future__ import annotations
+
+import builtins
+import hashlib
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, ClassVar, NamedTuple
+
+from sqlalchemy import CursorResult, Double, Integer, Text, bindparam, delete, func, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from .._types import ScheduledFunctionId, State
+from .schema.tables import crons, leases, sf
+
+DECLARED = ("code", "crontab")
+"""The sources of crons declared in code: an executor's start reconciles them."""
+CRON_LEASE = "cron"
+"""The lease the cron leader holds."""
+
+
+@dataclass(frozen=True, slots=True)
+class CronRow:
+    """What a cron is, as declared (the registry adds its state: times, counts, skips)."""
+
+    name: str
+    schedule: str
+    timezone: str
+    function: str
+    kind: str
+    args: str
+    options: str
+    """The tick rows' options, resolved when declared (``RowOptions`` as JSON)."""
+    overlap: str
+    catch_up: str
+    enabled: bool
+    description: str | None
+    source: str = "code"
+    """``code`` (``app.cron``), ``crontab`` (``app.crontab``: Graphile's day rule) or
+    ``api``."""
+
+    def differs(self, stored: dict[str, Any]) -> bool:
+        return any(stored[k] != v for k, v in asdict(self).items())
+
+    def timing_differs(self, stored: dict[str, Any]) -> bool:
+        return any(stored[k] != getattr(self, k) for k in ("schedule", "timezone", "enabled"))
+
+
+def tick_id(name: str, tick: float) -> ScheduledFunctionId:
+    """The id of cron ``name``'s row for ``tick``: a UUIDv7 (time-ordered like every other
+    id) whose milliseconds are the tick's and whose other bits come from the name and the
+    exact tick, so that every writer of that tick makes the same id."""
+    digest = hashlib.sha256(f"{name}\0{tick!r}".encode()).digest()
+    rest = int.from_bytes(digest[:10], "big") & ((1 << 74) - 1)
+    ms = int(tick * 1000) & ((1 << 48) - 1)
+    value = (ms << 80) | (0x7 << 76) | ((rest >> 62) << 64) | (0x2 << 62) | (rest & ((1 << 62) - 1))
+    h = f"{value:032x}"
+    return ScheduledFunctionId(f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}")
+
+
+class CronMove(NamedTuple):
+    """How a due cron moves on: its next run, and its last tick or its last skip (the
+    other pair None: left as it was)."""
+
+    b_name: str
+    b_expected: float
+    b_next: float | None
+    b_last_run: float | None
+    b_row: str | None
+    b_runs: int
+    b_skip_at: float | None
+    b_skip_reason: str | None
+
+
+# By primary key, guarded by the next run it was read with.
+_ADVANCE = (
+    update(crons)
+    .where(crons.c.name == bindparam("b_name"), crons.c.next_run_at == bindparam("b_expected"))
+    .values(
+        next_run_at=bindparam("b_next", type_=Double),
+        last_run_at=func.coalesce(bindparam("b_last_run", type_=Double), crons.c.last_run_at),
+        last_row_id=func.coalesce(bindparam("b_row", type_=Text), crons.c.last_row_id),
+        run_count=crons.c.run_count + bindparam("b_runs", type_=Integer),
+        last_skip_at=func.coalesce(bindparam("b_skip_at", type_=Double), crons.c.last_skip_at),
+        last_skip_reason=func.coalesce(
+            bindparam("b_skip_reason", type_=Text), crons.c.last_skip_reason
+        ),
+    )
+)
+
+
+class CronStatements:
+    """The driver's statements on the cron registry and the leases (a part of ``Driver``)."""
+
+    dialect_insert: ClassVar[Callable[..., Any]]
+
+    async def stored_crons(self, conn: AsyncConnection) -> builtins.list[dict[str, Any]]:
+        """Every registered cron, by name."""
+        rows = await conn.execute(select(crons).order_by(crons.c.name))
+        return [dict(row._mapping) for row in rows]
+
+    async def add_cron(
+        self, conn: AsyncConnection, row: CronRow, now: float, next_run: float | None
+    ) -> None:
+        await self.add_crons(conn, [(row, next_run)], now)
+
+    async def add_crons(
+        self, conn: AsyncConnection, rows: Sequence[tuple[CronRow, float | None]], now: float
+    ) -> None:
+        """New crons (with their first runs), a name already there left as it is. One
+        statement for them all (one per cron: 0.9 ms each, 9 s to start a worker that
+        declares 10,000)."""
+        if not rows:
+            return
+        stamps = {"created_at": now, "updated_at": now, "run_count": 0}
+        values = [asdict(row) | stamps | {"next_run_at": next_run} for row, next_run in rows]
+        stmt = self.dialect_insert(crons).on_conflict_do_nothing(index_elements=[crons.c.name])
+        await conn.execute(stmt, values)
+
+    async def stored_cron(
+        self, conn: AsyncConnection, name: str, *, lock: bool = False
+    ) -> dict[str, Any] | None:
+        """One registered cron (by primary key); ``lock``: until the transaction ends."""
+        stmt = select(crons).where(crons.c.name == name)
+        row = (await conn.execute(stmt.with_for_update() if lock else stmt)).first()
+        return None if row is None else dict(row._mapping)
+
+    async def set_cron(self, conn: AsyncConnection, name: str, values: dict[str, Any]) -> None:
+        await conn.execute(update(crons).where(crons.c.name == name).values(**values))
+
+    async def count_cron_run(self, conn: AsyncConnection, name: str, row_id: str) -> int:
+        """A run of the cron outside its schedule (``trigger_cron``): its last row, one run
+        more; returns its run count."""
+        stmt = (
+            update(crons)
+            .where(crons.c.name == name)
+            .values(last_row_id=row_id, run_count=crons.c.run_count + 1)
+            .returning(crons.c.run_count)
+        )
+        return int((await conn.execute(stmt)).scalar_one())
+
+    async def remove_crons(self, conn: AsyncConnection, names: Sequence[str]) -> int:
+        result = await conn.execute(delete(crons).where(crons.c.name.in_(names)))
+        assert isinstance(result, CursorResult)
+        return result.rowcount
+
+    async def due_crons(
+        self, conn: AsyncConnection, now: float, limit: int
+    ) -> builtins.list[dict[str, Any]]:
+        """Enabled crons whose next run is due by ``now``, earliest first (ix_durafn_crons_next)."""
+        rows = await conn.execute(
+            select(crons)
+            .where(crons.c.next_run_at.is_not(None), crons.c.next_run_at <= now)
+            .order_by(crons.c.next_run_at)
+            .limit(limit)
+        )
+        return [dict(row._mapping) for row in rows]
+
+    async def next_cron(self, conn: AsyncConnection) -> float | None:
+        """The earliest next run of any enabled cron (ix_durafn_crons_next)."""
+        value = (await conn.execute(select(func.min(crons.c.next_run_at)))).scalar()
+        return float(value) if value is not None else None
+
+    async def advance_crons(self, conn: AsyncConnection, moves: Sequence[CronMove]) -> int:
+        """Move each cron on from the next run it was read with (``expected``), if it is
+        still that (its ticks not handled by another leader meanwhile); returns how many
+        moved. One statement, built once (building one per cron cost ~0.3 ms of CPU)."""
+        result = await conn.execute(_ADVANCE, [m._asdict() for m in moves])
+        assert isinstance(result, CursorResult)
+        return result.rowcount
+
+    async def row_states(self, conn: AsyncConnection, ids: Sequence[str]) -> dict[str, State]:
+        """The states of those of these rows that exist (by primary key)."""
+        found: dict[str, State] = {}
+        for start in range(0, len(ids), 500):  # SQLite's limit on bound parameters
+            chunk = ids[start : start + 500]
+            rows = await conn.execute(select(sf.c.id, sf.c.state).where(sf.c.id.in_(chunk)))
+            found.update((str(id), State(state)) for id, state in rows)
+        return found
+
+    async def pending_in_queue(self, conn: AsyncConnection, queue: str) -> int:
+        """Pending rows of a named queue (ix_scheduled_functions_claim_queued)."""
+        stmt = select(func.count()).where(sf.c.state == "Pending", sf.c.queue_name == queue)
+        return int((await conn.execute(stmt)).scalar_one())
+
+    async def take_lease(
+        self, conn: AsyncConnection, name: str, holder: str, now: float, until: float
+    ) -> bool:
+        """Take or renew lease ``name`` for ``holder`` until ``until``: it is free, expired
+        by ``now``, or already ``holder``'s. Returns whether ``holder`` has it."""
+        stmt = self.dialect_insert(leases).values(name=name, holder=holder, expires_at=until)
+        stmt = stmt.on_conflict_do_update(
+            index_elements=[leases.c.name],
+            set_={"holder": stmt.excluded.holder, "expires_at": stmt.excluded.expires_at},
+            where=(leases.c.holder == holder) | (leases.c.expires_at < now),
+        ).returning(leases.c.holder)
+        return (await conn.execute(stmt)).first() is not None

@@ -1,0 +1,207 @@
+"""The half of the driver that is about the engine rather than the rows: building it,
+classifying its errors, read-only transactions, wake-ups across processes, and creating or
+checking the schema. ``Driver`` (the statements on the rows) builds on it; ``SQLiteDriver``
+and ``PostgresDriver`` override its hooks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Collection
+from contextlib import asynccontextmanager
+from typing import Any, ClassVar
+
+from sqlalchemy import exc as sa_exc
+from sqlalchemy import func, insert, select
+from sqlalchemy import inspect as sa_inspect
+from sqlalchemy.engine import URL, Connection
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from .._errors import DatabaseError, SchemaError
+from .._types import FunctionKind
+from .schema.migrations import MIGRATIONS
+from .schema.tables import SCHEMA_VERSION, metadata, schema_version, sf
+
+
+class EngineDriver:
+    """How durafn talks to one engine. Subclasses set the class attributes and override
+    the hooks."""
+
+    name: ClassVar[str]
+    max_mutation_lanes: ClassVar[int]
+    """How many mutation batches may usefully run at once (SQLite has one writer)."""
+    default_poll_interval: ClassVar[float]
+    """Fallback poll for work scheduled by other processes that no signal announced."""
+    auto_migrate: ClassVar[bool]
+    """Create the system tables on first use (an embedded database), or require
+    ``durafn migrate`` (a shared server, whose schema changes deliberately)."""
+
+    lateral_claims: ClassVar[bool] = False
+    """The engine has LATERAL joins: the claim's fast path reads every priority level."""
+    dialect_insert: ClassVar[Callable[..., Any]]
+    """The dialect's ``insert`` construct (it has the upsert clauses)."""
+    single_statement_options: ClassVar[dict[str, Any]] = {}
+    """Execution options for a transaction that is one statement: on PostgreSQL,
+    autocommit, which saves the BEGIN and COMMIT round trips."""
+
+    def __init__(self, url: URL) -> None:
+        self.url = url
+
+    # -- engine and errors ---------------------------------------------------------------
+
+    def create_engine(self) -> AsyncEngine:
+        raise NotImplementedError
+
+    def require_existing(self) -> None:
+        """Raise SchemaError if connecting would create the database rather than open it."""
+
+    def is_transient(self, exc: BaseException, *, raised_by_user: bool = False) -> bool:
+        """True for faults that retrying the whole transaction can cure.
+
+        ``raised_by_user``: the exception came out of a user's function, where a bare
+        OSError is the user's own (a missing file), not a database fault.
+        """
+        if isinstance(exc, sa_exc.DBAPIError):
+            return bool(exc.connection_invalidated) or self._transient_dbapi(exc)
+        return not raised_by_user and isinstance(exc, OSError)
+
+    def _transient_dbapi(self, exc: sa_exc.DBAPIError) -> bool:
+        return False
+
+    def is_driver_error(self, exc: BaseException) -> bool:
+        """An error the database driver raised without SQLAlchemy wrapping it (some
+        connect-time failures), so that it reaches users as a DatabaseError."""
+        return False
+
+    def is_disconnect(self, exc: BaseException) -> bool:
+        """True if the fault means the database is unreachable (not merely busy)."""
+        if isinstance(exc, sa_exc.DBAPIError):
+            return bool(exc.connection_invalidated)
+        return isinstance(exc, OSError)
+
+    def commit_outcome_unknown(self, exc: BaseException) -> bool:
+        """True if a COMMIT that raised ``exc`` may nonetheless have taken effect."""
+        return False
+
+    async def dispose(self, engine: AsyncEngine) -> None:
+        """Close the engine's connections (and whatever the driver runs beside them)."""
+        await engine.dispose()
+
+    async def statement_handle(self, conn: AsyncConnection) -> Any:
+        """What ``abandon`` needs to stop the statement ``conn`` runs, taken before user
+        code runs: a cancelled await leaves ``conn`` invalidated, with no way back to the
+        driver's connection, while the statement itself goes on (holding its locks)."""
+        return None
+
+    async def abandon(self, conn: AsyncConnection, handle: Any) -> None:
+        """Stop the statement a timed-out mutation left running on ``conn`` (``handle``
+        from ``statement_handle``), so that its transaction rolls back and its locks go
+        now, not when the statement ends; then drop the connection."""
+        await conn.invalidate()
+
+    def translate(self, exc: BaseException) -> BaseException | None:
+        """A durafn error for a driver error users could cause (writing in a query)."""
+        return None
+
+    def wrap(self, exc: BaseException, doing: str) -> DatabaseError:
+        transient = self.is_transient(exc)
+        detail = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+        return DatabaseError(
+            f"database error while {doing} on {self.name}: {detail}", transient=transient
+        )
+
+    # -- transactions and wake-ups -------------------------------------------------------
+
+    @asynccontextmanager
+    async def read_only(self, conn: AsyncConnection) -> AsyncIterator[None]:
+        """Make the transaction just begun on ``conn`` refuse writes."""
+        yield
+
+    async def notify(self, conn: AsyncConnection, kinds: Collection[FunctionKind]) -> None:
+        """Tell executors in other processes, on commit, that rows of ``kinds`` were added."""
+
+    @asynccontextmanager
+    async def listen(
+        self,
+        engine: AsyncEngine,
+        on_wake: Callable[[Collection[FunctionKind]], None],
+        on_cancel: Callable[[list[str]], None],
+    ) -> AsyncIterator[bool]:
+        """Deliver other processes' wake-ups to ``on_wake`` and the ids of rows they
+        cancelled to ``on_cancel``; yields whether it can."""
+        yield False
+
+    # -- schema --------------------------------------------------------------------------
+
+    async def _lock_schema(self, conn: AsyncConnection) -> None:
+        """Serialise concurrent migrations."""
+
+    async def migrate(self, conn: AsyncConnection, now: float) -> int:
+        """Create or upgrade the system tables; returns the version now in place."""
+        await self._lock_schema(conn)
+        await conn.run_sync(lambda c: schema_version.create(c, checkfirst=True))
+        current = await self._current_version(conn)
+        if current is not None and current > SCHEMA_VERSION:
+            raise _too_new(current)
+        if current is None:
+            await conn.run_sync(_create_all)
+            await conn.execute(
+                insert(schema_version).values(version=SCHEMA_VERSION, applied_at=now)
+            )
+            return SCHEMA_VERSION
+        for version in range(current + 1, SCHEMA_VERSION + 1):
+            await conn.run_sync(MIGRATIONS[version])
+            await conn.execute(insert(schema_version).values(version=version, applied_at=now))
+        return SCHEMA_VERSION
+
+    async def check_schema(self, conn: AsyncConnection) -> None:
+        missing = SchemaError(
+            "the durafn system tables do not exist in this database; run "
+            "`durafn migrate --url ...` or `await app.migrate()` first"
+        )
+        try:
+            current = await self._current_version(conn)
+        except sa_exc.DBAPIError as exc:
+            if self.is_transient(exc):
+                raise
+            raise missing from None
+        if current is None:
+            existing = await conn.run_sync(lambda c: set(sa_inspect(c).get_table_names()))
+            if sf.name not in existing:
+                raise missing
+            # Created from durafn.metadata by the user's own migrations (Alembic): the
+            # version table is there but empty; the schema is theirs to manage, but it
+            # must be the whole of this version's (say, after upgrading durafn).
+            if absent := sorted(set(metadata.tables) - existing):
+                raise SchemaError(
+                    f"the durafn system tables are incomplete for this durafn (missing "
+                    f"{', '.join(absent)}): regenerate your migration from durafn.metadata, "
+                    "or run `durafn migrate` to adopt and complete them"
+                )
+            return
+        if current > SCHEMA_VERSION:
+            raise _too_new(current)
+        if current < SCHEMA_VERSION:
+            raise SchemaError(
+                f"the durafn system tables are at version {current}, this durafn needs "
+                f"{SCHEMA_VERSION}; run `durafn migrate`"
+            )
+
+    async def _current_version(self, conn: AsyncConnection) -> int | None:
+        version = (await conn.execute(select(func.max(schema_version.c.version)))).scalar()
+        return None if version is None else int(version)
+
+
+def _create_all(conn: Connection) -> None:
+    # Indexes too: tables a user created from an older durafn.metadata (Alembic) and that
+    # ``migrate`` now adopts may lack this version's, and create_all skips existing tables.
+    metadata.create_all(conn, checkfirst=True)
+    for table in metadata.tables.values():
+        for index in table.indexes:
+            index.create(conn, checkfirst=True)
+
+
+def _too_new(version: int) -> SchemaError:
+    return SchemaError(
+        f"the durafn system tables are at version {version}, newer than this durafn "
+        f"understands ({SCHEMA_VERSION}); upgrade durafn before running it on this database"
+    )

@@ -1,0 +1,53 @@
+"""``RowFilter``: which rows a listing, a bulk cancel or a reschedule applies to.
+
+One filter for every operator route, so ``list``, ``cancel_where`` and ``reschedule`` (and
+the CLI commands over them) select rows the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sqlalchemy.sql.elements import ColumnElement
+
+from .._types import State
+from .schema.tables import sf
+from .sql import carries
+
+
+@dataclass(frozen=True, slots=True)
+class RowFilter:
+    """Rows matching every field that is set (None: any)."""
+
+    states: Sequence[State] | None = None
+    name: str | None = None
+    queue: str | None = None
+    key: str | None = None
+    flag: str | None = None
+    """Rows carrying this flag."""
+    after: float | None = None
+    """``scheduled_time >= after``."""
+    before: float | None = None
+    """``scheduled_time < before``."""
+    ids: Sequence[str] | None = None
+
+    def where(self) -> list[ColumnElement[bool]]:
+        terms: list[ColumnElement[bool]] = []
+        if self.states:
+            terms.append(sf.c.state.in_(sorted(State(s).value for s in self.states)))
+        if self.name is not None:
+            terms.append(sf.c.name == self.name)
+        if self.queue is not None:
+            terms.append(sf.c.queue_name == self.queue)
+        if self.key is not None:
+            terms.append(sf.c.job_key == self.key)
+        if self.flag is not None:
+            terms.append(carries(self.flag))
+        if self.after is not None:
+            terms.append(sf.c.scheduled_time >= self.after)
+        if self.before is not None:
+            terms.append(sf.c.scheduled_time < self.before)
+        if self.ids is not None:
+            terms.append(sf.c.id.in_(list(self.ids)))
+        return terms

@@ -1,0 +1,170 @@
+"""What ``app.explain`` reads about one row: the row, its queue, its flow key, the workers.
+
+Reads only, each by primary key or a small index: the row; its queue's row
+(``_durafn_queues``), the queue's running rows (``ix_scheduled_functions_running``) and the
+due rows ahead of it in the queue (``ix_scheduled_functions_queue``); its key's running
+rows (``ix_scheduled_functions_key_running``) and rate budget (``_durafn_flow_keys``); the
+registered workers (one row each).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import func, literal, select, tuple_
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from ..._types import ScheduledFunctionId
+from ..schema.tables import flow_keys, queues, sf, workers
+from ..sql import PENDING, RUNNING
+
+HELD_SHOWN = 10
+"""Running rows named per queue or key (the count is exact)."""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerServes:
+    queues: frozenset[str] | None
+    forbidden: frozenset[str]
+
+
+@dataclass(frozen=True, slots=True)
+class Facts:
+    """Everything ``explain`` decides from, read in one transaction."""
+
+    row: Any
+    queue_concurrency: int | None
+    queue_paused: bool
+    queue_running: list[ScheduledFunctionId]
+    queue_running_count: int
+    queue_ahead: int
+    key_running: list[ScheduledFunctionId]
+    key_running_count: int
+    key_tat: float | None
+    workers: list[WorkerServes]
+
+
+_ROW = select(
+    sf.c.id,
+    sf.c.name,
+    sf.c.kind,
+    sf.c.state,
+    sf.c.priority,
+    sf.c.available_at,
+    sf.c.queue_name,
+    sf.c.flags,
+    sf.c.flow_key,
+    sf.c.flow,
+    sf.c.flow_until,
+    sf.c.job_key,
+    sf.c.worker_id,
+    sf.c.started_time,
+    sf.c.seq,
+    sf.c.completed_time,
+    sf.c.attempts,
+    sf.c.error_type,
+    sf.c.error_message,
+)
+
+
+async def _running(conn: AsyncConnection, where: Any) -> tuple[list[ScheduledFunctionId], int]:
+    held = select(sf.c.id).where(sf.c.state == RUNNING, where).order_by(sf.c.started_time)
+    found = await conn.execute(held.limit(HELD_SHOWN))
+    ids = [ScheduledFunctionId(str(i)) for i in found.scalars()]
+    count = select(func.count()).where(sf.c.state == RUNNING, where)
+    return ids, int((await conn.execute(count)).scalar_one())
+
+
+class ExplainStatements:
+    """The driver's part that reads for ``explain`` (a part of ``Driver``)."""
+
+    async def explain_facts(
+        self, conn: AsyncConnection, id: ScheduledFunctionId, now: float
+    ) -> Facts | None:
+        row = (await conn.execute(_ROW.where(sf.c.id == id))).first()
+        if row is None:
+            return None
+        concurrency, paused, q_count, ahead = None, False, 0, 0
+        q_running: list[ScheduledFunctionId] = []
+        if row.queue_name is not None:
+            found = (
+                await conn.execute(
+                    select(queues.c.concurrency, queues.c.paused).where(
+                        queues.c.name == row.queue_name
+                    )
+                )
+            ).first()
+            if found is not None:
+                concurrency, paused = found.concurrency, bool(found.paused)
+            q_running, q_count = await _running(conn, sf.c.queue_name == row.queue_name)
+            before = tuple_(sf.c.priority, sf.c.available_at, sf.c.seq) < tuple_(
+                literal(row.priority), literal(row.available_at), literal(row.seq)
+            )
+            ahead_of = select(func.count()).where(
+                sf.c.state == PENDING,
+                sf.c.flow_key.is_(None),  # ix_scheduled_functions_queue's predicate
+                sf.c.queue_name == row.queue_name,
+                sf.c.available_at <= now,
+                before,
+            )
+            ahead = int((await conn.execute(ahead_of)).scalar_one())
+        k_running: list[ScheduledFunctionId] = []
+        k_count, tat = 0, None
+        if row.flow_key is not None:
+            k_running, k_count = await _running(conn, sf.c.flow_key == row.flow_key)
+            tat = (
+                await conn.execute(select(flow_keys.c.tat).where(flow_keys.c.key == row.flow_key))
+            ).scalar()
+        serving = [
+            WorkerServes(
+                frozenset(json.loads(w.serves)) if w.serves is not None else None,
+                frozenset(json.loads(w.forbidden)) if w.forbidden is not None else frozenset(),
+            )
+            for w in await conn.execute(select(workers.c.serves, workers.c.forbidden))
+        ]
+        return Facts(
+            row, concurrency, paused, q_running, q_count, ahead, k_running, k_count, tat, serving
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class KeyCounts:
+    key: str
+    due: int
+    pending: int
+    running: int
+    flow: str | None
+    tat: float | None
+
+
+class FlowKeyStatements:
+    """The driver's part that reads flow keys for ``app.flow_keys`` (a part of ``Driver``)."""
+
+    async def flow_key_counts(
+        self, conn: AsyncConnection, now: float, limit: int
+    ) -> list[KeyCounts]:
+        """The keys with rows Pending or InProgress, most due first: the keyed indexes
+        (Pending) and the running index, never the finished rows."""
+        counts = (
+            select(
+                sf.c.flow_key,
+                func.count()
+                .filter((sf.c.state == PENDING) & (sf.c.available_at <= now))
+                .label("due"),
+                func.count().filter(sf.c.state == PENDING).label("pending"),
+                func.count().filter(sf.c.state == RUNNING).label("running"),
+                func.max(sf.c.flow).label("flow"),
+            )
+            .where(sf.c.flow_key.is_not(None), sf.c.state.in_([PENDING, RUNNING]))
+            .group_by(sf.c.flow_key)
+            .subquery()
+        )
+        rows = await conn.execute(
+            select(counts, flow_keys.c.tat)
+            .outerjoin(flow_keys, flow_keys.c.key == counts.c.flow_key)
+            .order_by(counts.c.due.desc(), counts.c.running.desc(), counts.c.flow_key)
+            .limit(limit)
+        )
+        return [KeyCounts(r.flow_key, r.due, r.pending, r.running, r.flow, r.tat) for r in rows]

@@ -1,0 +1,2 @@
+"""The system tables as they are (``tables``, ``SCHEMA_VERSION``) and the steps from each
+earlier version (``migrations``)."""

@@ -1,0 +1,266 @@
+"""The steps from each version of the system tables to the next (``MIGRATIONS``), and
+what they need of the tables they replaced; ``tables`` holds the tables as they are now
+(``SCHEMA_VERSION``). A fresh database gets those in one go; an older one runs these,
+one recorded step per version (``engine.migrate``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy import (
+    Column,
+    Double,
+    Index,
+    Integer,
+    MetaData,
+    Table,
+    Text,
+    bindparam,
+    inspect,
+    select,
+    text,
+    update,
+)
+from sqlalchemy.engine import Connection
+
+from .tables import (
+    ERROR_KEYS,
+    ID_TYPE,
+    crons,
+    flow_keys,
+    flow_windows,
+    ix_running,
+    leases,
+    queues,
+    scheduled_functions,
+    workers,
+)
+
+# Versions 5 to 9 kept every failed run of a row in a table of its own; version 10 moves
+# them into the row's ``errors`` and drops it. Not in ``metadata``: only the steps use it.
+failed_attempts = Table(
+    "_durafn_failed_attempts",
+    MetaData(),
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("function_id", ID_TYPE, nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("failed_at", Double, nullable=False),
+    Column("worker_id", Text),
+    Column("error_type", Text, nullable=False),
+    Column("error_message", Text, nullable=False),
+    Column("error_traceback", Text),
+    Column("retry_at", Double),
+)
+Index("ix_durafn_failed_attempts_function", failed_attempts.c.function_id, failed_attempts.c.id)
+
+
+def _step_2(conn: Connection) -> None:
+    """Version 2: worker heartbeats (``_durafn_workers``) and the running-actions index."""
+    workers.create(conn, checkfirst=True)
+    ix_running.create(conn, checkfirst=True)
+
+
+def _step_3(conn: Connection) -> None:
+    """Version 3: a failed run's traceback (``error_traceback``). A nullable column without
+    a default: a change of the catalogue only, on both engines, however many rows."""
+    columns = {c["name"] for c in inspect(conn).get_columns(scheduled_functions.name)}
+    if "error_traceback" not in columns:  # tables adopted from durafn.metadata have it
+        conn.execute(text("ALTER TABLE _scheduled_functions ADD COLUMN error_traceback TEXT"))
+
+
+def _step_4(conn: Connection) -> None:
+    """Version 4: job options. ``flags``; the claim index with priority before time (it
+    replaces ``ix_scheduled_functions_due``); queue heads; job keys; ``_durafn_queues``.
+    Building the indexes reads the table once (seconds at 10^6 rows, writes wait)."""
+    columns = {c["name"] for c in inspect(conn).get_columns(scheduled_functions.name)}
+    if "flags" not in columns:
+        conn.execute(text("ALTER TABLE _scheduled_functions ADD COLUMN flags TEXT"))
+    conn.execute(text("DROP INDEX IF EXISTS ix_scheduled_functions_due"))
+    for index in scheduled_functions.indexes:
+        if index.name not in _VERSION_8:  # their predicates name version 8's columns
+            index.create(conn, checkfirst=True)
+    queues.create(conn, checkfirst=True)  # with its index
+
+
+def _step_5(conn: Connection) -> None:
+    """Version 5: retry policies. ``retry``, ``failures`` (a constant default: a change of
+    the catalogue only on both engines) and ``_durafn_failed_attempts``."""
+    columns = {c["name"] for c in inspect(conn).get_columns(scheduled_functions.name)}
+    if "retry" not in columns:
+        conn.execute(text("ALTER TABLE _scheduled_functions ADD COLUMN retry TEXT"))
+    if "failures" not in columns:
+        conn.execute(
+            text("ALTER TABLE _scheduled_functions ADD COLUMN failures INTEGER NOT NULL DEFAULT 0")
+        )
+    failed_attempts.create(conn, checkfirst=True)  # with its index
+
+
+def _step_6(conn: Connection) -> None:
+    """Version 6: completion callbacks, ``on_complete``."""
+    columns = {c["name"] for c in inspect(conn).get_columns(scheduled_functions.name)}
+    if "on_complete" not in columns:
+        conn.execute(text("ALTER TABLE _scheduled_functions ADD COLUMN on_complete TEXT"))
+
+
+def _step_7(conn: Connection) -> None:
+    """Version 7: the cron registry and the leader's lease (new tables only)."""
+    crons.create(conn, checkfirst=True)  # with its index
+    leases.create(conn, checkfirst=True)
+
+
+# The indexes whose predicates version 8 changed (keyed rows left out of them), and all
+# that name its columns.
+_REDEFINED = (
+    "ix_scheduled_functions_claim",
+    "ix_scheduled_functions_claim_queued",
+    "ix_scheduled_functions_queued_due",
+    "ix_scheduled_functions_queue",
+)
+_VERSION_8 = frozenset(
+    (
+        *_REDEFINED,
+        "ix_scheduled_functions_keyed_due",
+        "ix_scheduled_functions_keys",
+        "ix_scheduled_functions_key_head",
+        "ix_scheduled_functions_key_running",
+    )
+)
+
+
+_ENDING_WITH_SEQ = (
+    "ix_scheduled_functions_claim",
+    "ix_scheduled_functions_claim_queued",
+    "ix_scheduled_functions_queue",
+    "ix_scheduled_functions_key_head",
+)
+"""Ended with ``id`` until version 11."""
+
+
+def _step_8(conn: Connection) -> None:
+    """Version 8: flow control. Three nullable columns (a change of the catalogue only),
+    the claim indexes rebuilt without keyed rows (each reads the table once: seconds at
+    10^6 rows, while writes wait), the keyed rows' indexes, ``_durafn_flow_keys``."""
+    columns = {c["name"] for c in inspect(conn).get_columns(scheduled_functions.name)}
+    for name, kind in (("flow_key", "TEXT"), ("flow", "TEXT"), ("flow_until", "DOUBLE PRECISION")):
+        if name not in columns:
+            conn.execute(text(f"ALTER TABLE _scheduled_functions ADD COLUMN {name} {kind}"))
+    found = {c["name"] for c in inspect(conn).get_columns(workers.name)}
+    for name in ("serves", "forbidden"):
+        if name not in found:
+            conn.execute(text(f"ALTER TABLE _durafn_workers ADD COLUMN {name} TEXT"))
+    for name in _REDEFINED:
+        conn.execute(text(f"DROP INDEX IF EXISTS {name}"))
+    for index in scheduled_functions.indexes:
+        if index.name not in _ENDING_WITH_SEQ:  # version 11's column; made by its step
+            index.create(conn, checkfirst=True)
+    flow_keys.create(conn, checkfirst=True)
+
+
+def _step_9(conn: Connection) -> None:
+    """Version 9: leading-edge debounce and throttle, ``_durafn_flow_windows``."""
+    flow_windows.create(conn, checkfirst=True)
+
+
+def _step_10(conn: Connection) -> None:
+    """Version 10: the failed runs move into their rows (``errors``, a nullable column: a
+    change of the catalogue only), read out of ``_durafn_failed_attempts`` in order, a
+    thousand rows' at a time, which is then dropped."""
+    columns = {c["name"] for c in inspect(conn).get_columns(scheduled_functions.name)}
+    if "errors" not in columns:
+        kind = scheduled_functions.c.errors.type.compile(dialect=conn.dialect)
+        conn.execute(text(f"ALTER TABLE _scheduled_functions ADD COLUMN errors {kind}"))
+    if not inspect(conn).has_table(failed_attempts.name):
+        return
+    fa, sf = failed_attempts, scheduled_functions
+    # A chunk of rows at a time, so that memory does not grow with the old table.
+    after: Any = None
+    while True:
+        chunk = select(fa.c.function_id).distinct().order_by(fa.c.function_id).limit(_CHUNK)
+        if after is not None:
+            chunk = chunk.where(fa.c.function_id > after)
+        ids = list(conn.execute(chunk).scalars())
+        if not ids:
+            break
+        after = ids[-1]
+        entries = conn.execute(
+            select(fa.c.function_id, *(fa.c[c] for c in _OLD_ENTRY))
+            .where(fa.c.function_id.in_(ids))
+            .order_by(fa.c.function_id, fa.c.id)
+        )
+        errors: dict[str, list[Any]] = {}
+        for function_id, *values in entries:
+            errors.setdefault(str(function_id), []).append(
+                dict(zip(ERROR_KEYS, values, strict=True))
+            )
+        # Entries a row has already (none, normally) come after the older ones.
+        for id, newer in conn.execute(select(sf.c.id, sf.c.errors).where(sf.c.id.in_(ids))):
+            if newer and str(id) in errors:
+                errors[str(id)].extend(newer)
+        conn.execute(
+            update(sf).where(sf.c.id == bindparam("b_id")).values(errors=bindparam("b_errors")),
+            [{"b_id": id, "b_errors": e} for id, e in errors.items()],
+        )
+    fa.drop(conn)  # with its index
+
+
+_CHUNK = 1000
+"""Rows whose history ``_step_10`` moves at a time."""
+
+# The old history's columns, in ERROR_KEYS' order.
+_OLD_ENTRY = (
+    "attempt",
+    "failed_at",
+    "worker_id",
+    "error_type",
+    "error_message",
+    "error_traceback",
+    "retry_at",
+)
+
+
+def _step_11(conn: Connection) -> None:
+    """Version 11: the order rows were written in, ``seq`` (claims take rows due at the
+    same instant in that order), numbered in the order the rows lie in the table (which is
+    the order they were written, near enough: ids made by one process were), and the four
+    indexes that end with it rebuilt (each reads the table once: seconds at 10^6 rows,
+    while writes wait); an operator's switch of a cron, ``operator_enabled`` (a nullable
+    column: a change of the catalogue only)."""
+    columns = {c["name"] for c in inspect(conn).get_columns(scheduled_functions.name)}
+    if "seq" not in columns:
+        if conn.dialect.name == "postgresql":
+            # Numbers the rows there are as it rewrites the table.
+            conn.execute(
+                text(
+                    "ALTER TABLE _scheduled_functions "
+                    "ADD COLUMN seq BIGINT GENERATED BY DEFAULT AS IDENTITY"
+                )
+            )
+        else:  # SQLite: a new row's seq is its rowid (sql.next_seq)
+            conn.execute(
+                text("ALTER TABLE _scheduled_functions ADD COLUMN seq BIGINT NOT NULL DEFAULT 0")
+            )
+            conn.execute(text("UPDATE _scheduled_functions SET seq = rowid"))
+    for name in _ENDING_WITH_SEQ:
+        conn.execute(text(f"DROP INDEX IF EXISTS {name}"))
+    for index in scheduled_functions.indexes:
+        index.create(conn, checkfirst=True)
+    columns = {c["name"] for c in inspect(conn).get_columns(crons.name)}
+    if "operator_enabled" not in columns:
+        conn.execute(text("ALTER TABLE _durafn_crons ADD COLUMN operator_enabled BOOLEAN"))
+
+
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {
+    2: _step_2,
+    3: _step_3,
+    4: _step_4,
+    5: _step_5,
+    6: _step_6,
+    7: _step_7,
+    8: _step_8,
+    9: _step_9,
+    10: _step_10,
+    11: _step_11,
+}
+"""Steps from version N-1 to N. A fresh database gets the latest tables in one go."""

@@ -1,0 +1,86 @@
+"""SQL that both engines write their own way, and the literals partial indexes match:
+a row's new ``seq`` (``next_seq``), "carries this flag" (``carries``), the states a
+claim's partial indexes name (``PENDING``, ``RUNNING``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Text,
+    literal,
+    literal_column,
+)
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.sql.functions import FunctionElement
+
+from .._types import State
+from .schema.tables import sf
+
+# Literals, not bind parameters: a partial index is used only when the query's WHERE
+# visibly implies the index's (SQLite does not look into parameters).
+PENDING: ColumnElement[str] = literal_column(f"'{State.PENDING.value}'")
+RUNNING: ColumnElement[str] = literal_column(f"'{State.IN_PROGRESS.value}'")
+
+
+class _Within(FunctionElement[bool]):
+    """``needle`` occurs in ``haystack``, case-sensitively on both engines: SQLite's LIKE
+    ignores ASCII case (a worker forbidding ``bulk`` skipped rows flagged ``Bulk``), and
+    its case_sensitive_like pragma would change the users' own queries on the connection.
+    """
+
+    type = Boolean()
+    name = "within"
+    inherit_cache = True
+
+
+@compiles(_Within)
+def _strpos(element: _Within, compiler: SQLCompiler, **kw: Any) -> str:
+    needle, haystack = (compiler.process(c, **kw) for c in element.clauses)
+    return f"(strpos({haystack}, {needle}) > 0)"
+
+
+@compiles(_Within, "sqlite")
+def _instr(element: _Within, compiler: SQLCompiler, **kw: Any) -> str:
+    needle, haystack = (compiler.process(c, **kw) for c in element.clauses)
+    return f"(instr({haystack}, {needle}) > 0)"
+
+
+class _NextSeq(FunctionElement[int]):
+    """A new row's ``seq`` (``schema/tables.py``), the ``offset``-th of the rows one statement
+    writes: PostgreSQL's identity gives it (``DEFAULT``); on SQLite it is the rowid the row
+    gets, one more than the largest (a write holds the database's one write lock). SQLite
+    reads the subquery of every row of a multi-row VALUES before it writes the first
+    (tests/test_driver.py checks that it stays so), hence the offset."""
+
+    type = BigInteger()
+    name = "next_seq"
+    inherit_cache = True
+
+    def __init__(self, offset: int) -> None:
+        super().__init__()
+        self.offset = offset
+
+
+@compiles(_NextSeq)
+def _identity(element: _NextSeq, compiler: SQLCompiler, **kw: Any) -> str:
+    return "DEFAULT"
+
+
+@compiles(_NextSeq, "sqlite")
+def _rowid(element: _NextSeq, compiler: SQLCompiler, **kw: Any) -> str:
+    return f"((SELECT coalesce(max(rowid), 0) FROM _scheduled_functions) + {element.offset:d})"
+
+
+def next_seq(offset: int = 1) -> ColumnElement[int]:
+    """The ``seq`` of the ``offset``-th new row of a statement (``_NextSeq``)."""
+    return _NextSeq(offset)
+
+
+def carries(flag: str) -> ColumnElement[bool]:
+    """The row carries ``flag`` (``flags`` is stored ``,a,b,``: one substring test)."""
+    return _Within(literal(f",{flag},", Text), sf.c.flags)

@@ -1,0 +1,110 @@
+"""The workers' rows (``_durafn_workers``): registering, heartbeats, and the rescue of the
+actions of workers that stopped beating (a part of ``Driver``)."""
+
+from __future__ import annotations
+
+import json
+
+from sqlalchemy import CursorResult, delete, func, insert, literal, or_, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from .._types import ScheduledFunctionId, State
+from .claim.take import SERVE_ALL, ClaimFilter
+from .rows import LostAction, RetryState
+from .schema.tables import sf, workers
+from .write.failures import RETRY_COLUMNS
+
+
+class WorkerStatements:
+    async def register_worker(
+        self,
+        conn: AsyncConnection,
+        id: str,
+        hostname: str,
+        pid: int,
+        concurrency: int,
+        now: float,
+        serve: ClaimFilter = SERVE_ALL,
+    ) -> None:
+        await conn.execute(
+            insert(workers).values(
+                id=id,
+                hostname=hostname,
+                pid=pid,
+                concurrency=concurrency,
+                started_at=now,
+                heartbeat_at=now,
+                serves=None if serve.queues is None else json.dumps(sorted(serve.queues)),
+                forbidden=json.dumps(sorted(serve.forbidden_flags))
+                if serve.forbidden_flags
+                else None,
+            )
+        )
+
+    async def heartbeat(self, conn: AsyncConnection, id: str, now: float) -> bool:
+        """Renew a worker's heartbeat; False if its row is gone (it was declared lost)."""
+        result = await conn.execute(
+            update(workers).where(workers.c.id == id).values(heartbeat_at=now)
+        )
+        assert isinstance(result, CursorResult)
+        return result.rowcount == 1
+
+    async def unregister_worker(self, conn: AsyncConnection, id: str) -> None:
+        await conn.execute(delete(workers).where(workers.c.id == id))
+
+    async def rescue_lost(
+        self, conn: AsyncConnection, now: float, cutoff: float, message: str
+    ) -> list[LostAction]:
+        """InProgress -> Failed for actions whose worker has not heartbeaten since
+        ``cutoff`` (or has no row at all); returns (id, name, worker_id) of each.
+
+        ``started_time < cutoff`` as well: a row is never rescued sooner after its claim
+        than a worker is allowed to go without a heartbeat. The state guard makes two
+        workers rescuing at once harmless: the second finds nothing left to move.
+        """
+        before, _, after = message.partition("{worker}")
+        alive = select(workers.c.id).where(workers.c.heartbeat_at >= cutoff)
+        result = await conn.execute(
+            update(sf)
+            .where(
+                sf.c.state == State.IN_PROGRESS.value,  # ix_scheduled_functions_running
+                sf.c.started_time < cutoff,
+                or_(sf.c.worker_id.is_(None), sf.c.worker_id.not_in(alive)),
+            )
+            .values(
+                state=State.FAILED.value,
+                completed_time=now,
+                error_type="durafn.WorkerLostError",
+                # The message names the lost worker: "{worker}" in it becomes its id.
+                error_message=literal(before)
+                .concat(func.coalesce(sf.c.worker_id, "unknown"))
+                .concat(after),
+                failures=sf.c.failures + 1,
+            )
+            .returning(
+                sf.c.id,
+                sf.c.name,
+                sf.c.worker_id,
+                sf.c.error_message,
+                sf.c.queue_name,
+                *RETRY_COLUMNS[1:],
+                sf.c.on_complete,
+                sf.c.flow_key,
+            )
+        )
+        # The failures returned count this one: the retry's count is of those before it.
+        lost = [
+            LostAction(
+                ScheduledFunctionId(str(i)),
+                n,
+                w,
+                m,
+                q,
+                RetryState(n, retry, most, failures - 1),
+                callback,
+                key,
+            )
+            for i, n, w, m, q, retry, most, failures, callback, key in result
+        ]
+        await conn.execute(delete(workers).where(workers.c.heartbeat_at < cutoff))
+        return lost
