@@ -34,17 +34,19 @@ _PREFILL = {
           FROM generate_series(1, :rows) AS g
     """,
     "sqlite": """
-        WITH RECURSIVE g(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM g WHERE x < :rows)
+        WITH RECURSIVE g(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM g WHERE x < :rows),
+             base(b) AS (SELECT coalesce(max(rowid), 0) FROM _scheduled_functions)
         INSERT INTO _scheduled_functions
             (id, name, kind, args, state, scheduled_time, available_at, completed_time,
-             priority, queue_name)
+             priority, queue_name, seq)
         SELECT printf('backlog-%010d', x), 'bench:noop', 'mutation', '{}',
                CASE WHEN x % 2 = 0 THEN 'Pending' ELSE 'Success' END,
                :now + CASE WHEN x % 2 = 0 THEN 86400 + x ELSE -x END,
                :now + CASE WHEN x % 2 = 0 THEN 86400 + x ELSE -x END,
                CASE WHEN x % 2 = 0 THEN NULL ELSE :now - x / 1000.0 END,
-               x % 7 - 3, CASE WHEN x % 10 = 0 THEN 'q' || (x % 997) END
-          FROM g
+               x % 7 - 3, CASE WHEN x % 10 = 0 THEN 'q' || (x % 997) END,
+               b + x  -- seq: the rowid the row gets, as durafn writes it (_store/sql.py)
+          FROM g, base
     """,
 }
 

@@ -29,7 +29,11 @@ def write(report: dict[str, Any], out: Path) -> list[Path]:
     raw = results["raw"]
     raw_for = {"sqlite": raw["aiosqlite"], "postgres": raw["postgres_1_connection"]}
     labels = ["no-op mutations", "no-op actions", "raw: 1 UPDATE per commit", "best peer"]
-    measured = {k: v for k, v in results.get("peers", {}).items() if isinstance(v, float)}
+    measured = {
+        k: float(v["drained_per_s"])
+        for k, v in results.get("peers", {}).items()
+        if isinstance(v, dict)
+    }
     best_peer = {
         "sqlite": max((v for k, v in measured.items() if "SQLite" in k), default=0.0),
         "postgres": max((v for k, v in measured.items() if "SQLite" not in k), default=0.0),

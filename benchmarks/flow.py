@@ -105,8 +105,7 @@ async def lag(url: str, keyed: bool, heavy: int = 2000, light: int = 20) -> tupl
     await sched.run_many([work.call(t) for t in range(1, 100) for _ in range(light)])
     total = heavy + 99 * light
     async with app.run_executor() as executor:
-        while executor.stats["mutations"] < total:  # noqa: ASYNC110 - as throughput.drain
-            await anyio.sleep(0.005)
+        await throughput.until_done(executor, "mutation", total)
     sf = durafn.scheduled_functions
     async with app.engine.connect() as conn:
         rows = await conn.execute(

@@ -76,9 +76,7 @@ async def drain(url: str, n: int, kind: str, mix: str) -> float:
     concurrency = 100 if kind == "action" else 10
     started = time.perf_counter()
     async with app.run_executor(concurrency=concurrency) as executor:
-        counted = "actions" if kind == "action" else "mutations"
-        while executor.stats[counted] + executor.stats["failed"] < n:  # noqa: ASYNC110 - as throughput.drain
-            await anyio.sleep(0.001)
+        await throughput.until_done(executor, kind, n)
         elapsed = time.perf_counter() - started
     await app.aclose()
     return n / elapsed

@@ -17,18 +17,21 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
-import time
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import anyio
 import asyncpg
+from anyio.streams.text import TextReceiveStream
 
+from . import cost
 from .throughput import _fresh_postgres
 
 
-async def pgqueuer_drain(n: int, progress: Callable[[int], None] | None = None) -> float:
+async def pgqueuer_drain(
+    n: int, progress: Callable[[int], None] | None = None
+) -> dict[str, float | None]:
     from pgqueuer.db import AsyncpgDriver
     from pgqueuer.qm import QueueManager
     from pgqueuer.queries import Queries
@@ -56,18 +59,18 @@ async def pgqueuer_drain(n: int, progress: Callable[[int], None] | None = None) 
         # Any where it is not (mypy runs in both), and the same code for both.
         manager.entrypoint("noop")(noop)
 
-        started = time.perf_counter()
+        before = cost.read()
         # Its best settings for a no-op drain: large batches, stop when the queue is empty.
         await manager.run(batch_size=100, mode=QueueExecutionMode.drain)
-        elapsed = time.perf_counter() - started
+        after = cost.read()
     finally:
         await conn.close()
     if done != n:
         raise RuntimeError(f"pgqueuer ran {done} of {n} jobs")
-    return n / elapsed
+    return {"drained_per_s": n / (after.wall - before.wall), **cost.per_thousand(before, after, n)}
 
 
-async def procrastinate_drain(n: int) -> float:
+async def procrastinate_drain(n: int) -> dict[str, float | None]:
     import procrastinate
 
     dsn = (await _fresh_postgres()).replace("postgresql+asyncpg", "postgresql")
@@ -84,16 +87,16 @@ async def procrastinate_drain(n: int) -> float:
         await app.schema_manager.apply_schema_async()
         for start in range(0, n, 1000):
             await task.batch_defer_async(*[{} for _ in range(min(1000, n - start))])
-        started = time.perf_counter()
+        before = cost.read()
         # wait=False: stop once the queue is empty. Concurrency 10, like durafn's default.
         await app.run_worker_async(wait=False, concurrency=10, install_signal_handlers=False)
-        elapsed = time.perf_counter() - started
+        after = cost.read()
     if done != n:
         raise RuntimeError(f"procrastinate ran {done} of {n} jobs")
-    return n / elapsed
+    return {"drained_per_s": n / (after.wall - before.wall), **cost.per_thousand(before, after, n)}
 
 
-def huey_drain(n: int) -> float:
+def huey_drain(n: int) -> dict[str, float | None]:
     import huey
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -107,13 +110,15 @@ def huey_drain(n: int) -> float:
         task = queue.task()(noop)
         for _ in range(n):
             task()
-        started = time.perf_counter()
+        before = cost.read()
         while (task := queue.dequeue()) is not None:
             queue.execute(task)
-        elapsed = time.perf_counter() - started
+        after = cost.read()
     if done != n:
         raise RuntimeError(f"huey ran {done} of {n} jobs")
-    return n / elapsed
+    # SQLite's work is the worker's own: no database process to count.
+    spent = {**cost.per_thousand(before, after, n), "database_cpu_ms_per_1000": None}
+    return {"drained_per_s": n / (after.wall - before.wall), **spent}
 
 
 GRAPHILE = Path(__file__).resolve().parent / "graphile"
@@ -123,41 +128,88 @@ class NotInstalled(Exception):
     """A peer this machine cannot run; reported as skipped, with the reason."""
 
 
-async def graphile_drain(n: int, concurrency: int = 10) -> float:
+GRAPHILE_DEFAULTS: dict[str, Any] = {"concurrency": 10}
+"""Graphile Worker as it comes, at durafn's default concurrency: a job per fetch, a
+statement per completion."""
+
+GRAPHILE_BATCHED: dict[str, Any] = {
+    "concurrency": 24,
+    "maxPoolSize": 25,
+    "preset": {
+        "localQueue": {"size": 500, "refetchDelay": {"durationMs": 10}},
+        "completeJobBatchDelay": 0,
+        "failJobBatchDelay": 0,
+    },
+}
+"""Graphile Worker with its own batching, as its performance guide recommends for
+throughput: jobs fetched 500 at a time into a local queue, completions and failures
+written in batches."""
+
+
+async def graphile_drain(n: int, config: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Graphile Worker's no-op drain (``graphile/drain.mjs``) with ``config`` (its runner
+    options); jobs/s and the CPU per 1,000 jobs of its Node process and of PostgreSQL."""
     node = shutil.which("node")
     if node is None:
         raise NotInstalled("skipped: Node is not installed")
     if not (GRAPHILE / "node_modules" / "graphile-worker").is_dir():
         raise NotInstalled("skipped: not installed (npm install --prefix benchmarks/graphile)")
     dsn = (await _fresh_postgres()).replace("postgresql+asyncpg", "postgresql")
-    result = await anyio.run_process(
-        [node, str(GRAPHILE / "drain.mjs"), dsn, str(n), str(concurrency)], check=True
-    )
-    return float(json.loads(result.stdout.decode().strip().splitlines()[-1])["per_s"])
+    options = json.dumps(config or GRAPHILE_DEFAULTS)
+    command = [node, str(GRAPHILE / "drain.mjs"), dsn, str(n), options]
+    async with await anyio.open_process(command) as process:
+        assert process.stdin is not None and process.stdout is not None
+        lines = TextReceiveStream(process.stdout)
+        buffered = ""
+
+        async def line() -> dict[str, Any]:
+            """Its next line of JSON (a line of anything else is passed over)."""
+            nonlocal buffered
+            while True:
+                while "\n" not in buffered:
+                    buffered += await lines.receive()
+                first, buffered = buffered.split("\n", 1)
+                if first.startswith("{"):
+                    return dict(json.loads(first))
+
+        await line()  # {"ready": true}: its jobs are in
+        before = cost.read(process.pid)
+        await process.stdin.send(b"go\n")
+        result = await line()
+        after = cost.read(process.pid)
+        await process.stdin.send(b"stop\n")
+        await process.wait()
+    return {"drained_per_s": float(result["per_s"]), **cost.per_thousand(before, after, n)}
 
 
 async def measure(
     n: int, engines: Iterable[str] = ("sqlite", "postgres"), repeats: int = 1
 ) -> dict[str, Any]:
-    """jobs/s per peer (the median of ``repeats`` drains); a peer that is not installed is
-    a reason, never a zero."""
-    runs: dict[str, Callable[[], Awaitable[float]]] = {}
+    """Each peer's drain (the run with the median rate of ``repeats``, its CPU per 1,000
+    jobs beside it); a peer that is not installed is a reason, never a zero. Graphile
+    Worker runs twice: as it comes and with its own batching (``GRAPHILE_BATCHED``)."""
+    runs: dict[str, Callable[[], Awaitable[dict[str, Any]]]] = {}
     if "postgres" in engines:
         runs["pgqueuer"] = lambda: pgqueuer_drain(n)
         runs["procrastinate"] = lambda: procrastinate_drain(n)
         runs["graphile-worker (Node)"] = lambda: graphile_drain(n)
+        runs["graphile-worker, batched (Node)"] = lambda: graphile_drain(n, GRAPHILE_BATCHED)
     if "sqlite" in engines:
         runs["huey (SQLite)"] = lambda: anyio.to_thread.run_sync(huey_drain, n)
     results: dict[str, Any] = {}
     for name, body in runs.items():
         try:
-            rates = sorted([await body() for _ in range(repeats)])
-            results[name] = rates[len(rates) // 2]
+            drains = sorted([await body() for _ in range(repeats)], key=_rate)
+            results[name] = {**drains[len(drains) // 2], "runs": [_rate(d) for d in drains]}
         except ImportError:
             results[name] = "skipped: not installed (pip install -e '.[bench]')"
         except NotInstalled as reason:
             results[name] = str(reason)
     return results
+
+
+def _rate(drain: dict[str, Any]) -> float:
+    return float(drain["drained_per_s"])
 
 
 if __name__ == "__main__":

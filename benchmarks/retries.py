@@ -81,14 +81,12 @@ async def drain(url: str, n: int, kind: str, failing: bool) -> tuple[float, int]
     """Rows/s of one executor draining the ``n`` rows at ``url`` (concurrency as
     throughput.drain), and how many runs it retried."""
     app, _ = _build(url, failing)
-    counted = "actions" if kind == "action" else "mutations"
     # A full collection of the cyclic collector costs 35-50 ms here, a twentieth of a
     # drain: start each drain with none pending, so that where one falls is not noise.
     gc.collect()
     started = time.perf_counter()
     async with app.run_executor(concurrency=100 if kind == "action" else 10) as executor:
-        while executor.stats[counted] + executor.stats["failed"] < n:  # noqa: ASYNC110
-            await anyio.sleep(0.001)
+        await throughput.until_done(executor, kind, n)
         elapsed = time.perf_counter() - started
         retried = executor.stats["retried"]
     await app.aclose()

@@ -34,6 +34,7 @@ from . import (
     peers,
     retries,
     throughput,
+    versus,
     workers,
 )
 
@@ -108,6 +109,12 @@ async def run(sizes: Sizes, engines: list[str]) -> dict[str, Any]:
             1,
             lambda _: peers.measure(sizes.drain, engines, sizes.repeats),
         )
+        if "postgres" in engines:
+            results["versus"] = await step(
+                f"postgres: durafn and batched Graphile Worker, {sizes.repeats} rounds",
+                sizes.repeats,
+                lambda advance: versus.measure(sizes.drain, sizes.repeats, advance),
+            )
         for engine in engines:
             r: dict[str, Any] = {}
             for kind in ("mutation", "action", "insert"):
@@ -226,11 +233,18 @@ async def run(sizes: Sizes, engines: list[str]) -> dict[str, Any]:
     return results
 
 
+def peer_rates(results: dict[str, Any]) -> dict[str, float]:
+    """Each measured peer's drain rate (jobs/s); a peer that was skipped has none. Each
+    configuration of a peer is its own entry, so "best peer" is its best configuration."""
+    peers_found = results.get("peers", {}).items()
+    return {k: float(v["drained_per_s"]) for k, v in peers_found if isinstance(v, dict)}
+
+
 def ratios(results: dict[str, Any]) -> dict[str, float]:
     """durafn / raw-limit ratios (a per-job system committing once per job gets <= 1)."""
     raw = results["raw"]
     out: dict[str, float] = {}
-    measured = {k: v for k, v in results.get("peers", {}).items() if isinstance(v, float)}
+    measured = peer_rates(results)
     pg_peers = {k: v for k, v in measured.items() if "SQLite" not in k}
     sqlite_peers = {k: v for k, v in measured.items() if "SQLite" in k}
     for engine, found in (("postgres", pg_peers), ("sqlite", sqlite_peers)):
@@ -244,6 +258,9 @@ def ratios(results: dict[str, Any]) -> dict[str, float]:
                     out[f"{engine} no-op {kind}, priorities mixed / best peer ({best})"] = (
                         mixed / found[best]
                     )
+    for name, got in results.get("versus", {}).get("ratios", {}).items():
+        out[f"postgres {name} (interleaved rounds): rate"] = got["rate"]
+        out[f"postgres {name} (interleaved rounds): CPU per row"] = got["cpu_per_row"]
     for engine in ("sqlite", "postgres"):
         got = results.get(engine, {}).get("options")
         if not got:
@@ -271,6 +288,14 @@ def ratios(results: dict[str, Any]) -> dict[str, float]:
         out["sqlite drain / raw aiosqlite commits"] = drained / raw["aiosqlite"]
         out["sqlite drain / raw sqlite3 commits"] = drained / raw["sqlite3"]
     return {k: round(v, 2) for k, v in out.items()}
+
+
+def _cpu(drain: dict[str, Any]) -> str:
+    """A drain's CPU per 1,000 rows, worker / database (``cost``)."""
+    worker, database = drain["worker_cpu_ms_per_1000"], drain.get("database_cpu_ms_per_1000")
+    if database is None:
+        return f"{worker:.0f} ms (SQLite runs in the worker)"
+    return f"{worker:.0f} / {database:.0f} ms"
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -309,11 +334,27 @@ def markdown(report: dict[str, Any]) -> str:
     for label in ("due_now", "due_at_time"):
         row(f"start lag {label.replace('_', ' ')}: median / p99 / max", lag(f"lag_{label}"))
     row("start lag of the first probe (cold connections), due now", cold("lag_due_now"))
+    row("  CPU per 1,000 no-op mutations: worker / db", lambda r: _cpu(r["drain_mutations"]))
+    row("  CPU per 1,000 no-op actions: worker / db", lambda r: _cpu(r["drain_actions"]))
     lines += ["", "Peers, same database and workload, jobs/s drained (same run):", ""]
     for name, value in results.get("peers", {}).items():
         lines.append(
-            f"- {name}: {value:,.0f}" if isinstance(value, float) else f"- {name}: {value}"
+            f"- {name}: {value['drained_per_s']:,.0f}; CPU per 1,000 jobs {_cpu(value)}"
+            if isinstance(value, dict)
+            else f"- {name}: {value}"
         )
+    faced = results.get("versus", {}).get("medians")
+    if faced:
+        lines += ["", "Against batched Graphile Worker, interleaved rounds (PostgreSQL):", ""]
+        lines += ["| | drained | CPU per 1,000: worker / db |", "|---|---|---|"]
+        labels = {
+            "graphile": "Graphile Worker, batched",
+            "mutations": "durafn, no-op mutations",
+            "actions": "durafn, no-op actions",
+        }
+        for name, got in faced.items():
+            cpu = f"{got['worker_cpu_ms_per_1000']:.0f} / {got['database_cpu_ms_per_1000']:.0f} ms"
+            lines.append(f"| {labels[name]} | {got['drained_per_s']:,.0f} /s | {cpu} |")
     raw = results["raw"]
     lines += ["", "Raw database, single-row UPDATE transactions/s (same run):", ""]
     lines += [f"- {name}: {rate:,.0f}" for name, rate in raw.items()]
