@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any, TypeVar
 
 import anyio
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, AsyncTransaction
 
-from ._context import ActionCtx, MutationCtx, QueryCtx, SystemTable, read_only_session
+from ._context import (
+    ActionCtx,
+    MutationCtx,
+    MutationParts,
+    QueryCtx,
+    SystemTable,
+    read_only_session,
+)
 from ._errors import ArgumentError, FunctionTimeoutError, TransactionError
 from ._registry import ActionRef, FunctionRef, MutationRef, QueryRef
 from ._runtime import Inline, Runtime
-from ._scheduler import Scheduler
 from ._types import FunctionKind, ScheduledFunctionId
 from ._writers import BufferedWriter, Enqueued
 
@@ -136,23 +143,29 @@ class Invoker:
             root = conn.get_transaction()
             assert root is not None
             session = mutation_session(conn)
-            writer = BufferedWriter(self._rt, conn, check_parent=parent_id)
-            scheduler = Scheduler(self._rt, writer, parent_id=parent_id)
-            ctx = MutationCtx(
-                self._rt, session, scheduler, SystemTable(self._rt, conn, writer.flush), parent_id
+            parts = MutationParts(
+                self._rt,
+                conn,
+                session,
+                functools.partial(BufferedWriter, self._rt, conn, check_parent=parent_id),
+                parent_id=parent_id,
             )
             try:
-                result = await call_with_timeout(ref, ctx, values, timeout)
+                result = await call_with_timeout(
+                    ref, MutationCtx(self._rt, parts, parent_id), values, timeout
+                )
                 check_transaction(conn, root, None, session, ref)
-                if scheduler.limit_error is not None:
-                    raise scheduler.limit_error
+                if parts.limit_error is not None:
+                    raise parts.limit_error
                 await session.flush()
-                await writer.flush()
+                if parts.writer is not None:
+                    await parts.writer.flush()
             finally:
                 await session.close()
-            woken.update(writer.woken)
-            written.extend(writer.enqueued)
-            inline.extend(writer.inline)
+            if parts.writer is not None:
+                woken.update(parts.writer.woken)
+                written.extend(parts.writer.enqueued)
+                inline.extend(parts.writer.inline)
             return result
 
         result = await self._rt.transaction(

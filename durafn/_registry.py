@@ -212,6 +212,8 @@ class FunctionRef(Generic[P, R]):
 
     def decode_args(self, text: str) -> dict[str, Any]:
         """Validate stored arguments back into Python values for a run."""
+        if text == "{}" and not self._params:
+            return {}  # pydantic's parse of "{}": 2.5% of a no-op mutation's CPU, skipped
         try:
             return self._args_adapter.validate_json(text)
         except pydantic.ValidationError as exc:

@@ -235,7 +235,9 @@ class ActionPool:
         except Exception as exc:
             record(failed(row, exc))
             return
-        await self._rt.hooks.before(ACTION, row)
+        hooks = self._rt.hooks
+        if hooks.active:  # checked here: a call that finds none still cost a coroutine
+            await hooks.before(ACTION, row)
         started = time.monotonic()
         slot.row, slot.expired, slot.started, slot.deadline = row, False, started, started + timeout
         slot.interrupted = False
@@ -275,7 +277,8 @@ class ActionPool:
                 self._cancelled(row)
                 return
             record(outcome := succeeded(row, ref, result))
-            await self._after(outcome)
+            if hooks.active:
+                await self._after(outcome)
         finally:
             slot.row = None
             self.action_pace.add(time.monotonic() - started)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
+import operator
 import os
 import random
 import uuid
@@ -108,9 +109,10 @@ class RetryState(NamedTuple):
     """Its failed runs so far, this one not counted."""
 
 
-@dataclass(slots=True)
-class Claimed:
-    """A row the executor is about to run."""
+class Claimed(NamedTuple):
+    """A row the executor is about to run: the claim's columns, in their order (a tuple,
+    made from each row read as it is: the slots dataclass it replaces took 1.7 us a row
+    to build, a tenth of a no-op mutation's CPU in a PostgreSQL drain)."""
 
     id: ScheduledFunctionId
     name: str
@@ -141,12 +143,22 @@ class Claimed:
         return self.flow_key if self.flow is not None and '"c":' in self.flow else None
 
     def order(self) -> tuple[int, float, int]:
-        """Claim order: priority (lower first), then due time, then the order written."""
+        """Claim order: priority (lower first), then due time, then the order written
+        (``CLAIM_ORDER``, the same as a key function)."""
         return (self.priority, self.available_at, self.seq)
 
     def retry_state(self) -> RetryState:
         """What a failure of this run is retried by."""
         return RetryState(self.name, self.retry, self.max_attempts, self.failures)
+
+
+CLAIM_ORDER = operator.itemgetter(
+    Claimed._fields.index("priority"),
+    Claimed._fields.index("available_at"),
+    Claimed._fields.index("seq"),
+)
+"""A claimed row's place in claim order, as a sort key (a C function: ``Claimed.order``
+per row cost as much again as the sort)."""
 
 
 @dataclass(slots=True)

@@ -9,7 +9,7 @@ from typing import Any
 
 from sqlalchemy import Double, Row, bindparam
 
-from ..rows import Claimed
+from ..rows import CLAIM_ORDER, Claimed
 from ..schema.tables import sf
 from ..sql import RUNNING
 
@@ -36,8 +36,9 @@ CLAIM_COLUMNS = (
 
 def claimed(rows: Sequence[Row[Any]]) -> list[Claimed]:
     """Claimed rows in claim order (an UPDATE ... RETURNING returns them in no order)."""
-    out = [Claimed(*row[: len(CLAIM_COLUMNS)]) for row in rows]
-    out.sort(key=Claimed.order)
+    make, width = Claimed._make, len(CLAIM_COLUMNS)
+    out = [make(row[:width]) for row in rows]
+    out.sort(key=CLAIM_ORDER)
     return out
 
 

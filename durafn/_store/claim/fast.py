@@ -10,7 +10,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ..._options import PRIORITY_RANGE
 from ..._types import FunctionKind
-from ..rows import Claimed
+from ..rows import CLAIM_ORDER, Claimed
 from .columns import CLAIM_COLUMNS, claimed
 from .hints import LevelFloor
 from .take import SECOND_LEVEL, ClaimFilter, statements
@@ -105,5 +105,5 @@ def merged(first: list[Claimed], more: list[Claimed], limit: int) -> list[Claime
     """``first`` and the rows of ``more`` not in it, in claim order, at most ``limit``."""
     seen = {r.id for r in first}
     rows = first + [r for r in more if r.id not in seen]
-    rows.sort(key=Claimed.order)
+    rows.sort(key=CLAIM_ORDER)
     return rows[:limit]

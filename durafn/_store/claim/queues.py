@@ -75,7 +75,7 @@ async def queue_heads(
         for row in await conn.execute(QUEUE_HEAD, params):
             if row.kind != kind.value or _forbidden(row.flags, forbidden):
                 break  # the queue's next row is not ours to run: nothing after it either
-            taken.append(Claimed(*row[: len(CLAIM_COLUMNS)]))
+            taken.append(Claimed._make(row[: len(CLAIM_COLUMNS)]))
     return taken, skipped
 
 

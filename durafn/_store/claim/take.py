@@ -66,7 +66,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import ColumnElement
 
 from ..._types import FunctionKind
-from ..rows import Claimed
+from ..rows import CLAIM_ORDER, Claimed
 from ..schema.tables import queues, sf
 from ..sql import PENDING, RUNNING, carries
 from .columns import CLAIM_COLUMNS, STARTED, claimed
@@ -504,7 +504,7 @@ async def _take_unkeyed(
     heads, skipped = await queue_heads(conn, kind, now, names, limit, serve.forbidden_flags)
     if hint is not None and skipped:
         hint.contended = True
-    return sorted(free + heads, key=Claimed.order)[:limit]
+    return sorted(free + heads, key=CLAIM_ORDER)[:limit]
 
 
 async def start_actions(

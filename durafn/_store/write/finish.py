@@ -187,25 +187,28 @@ class FinishStatements(FailureStatements, CompletionStatements, EngineDriver):
             counted=1 if expected is State.PENDING else 0,
             started=started,
         )
-        written = 0
         # Final failures and rows with a completion callback (both rare) are written so
         # that each is known to have been moved, or not (cancelled, or recorded lost,
-        # meanwhile): only a moved row gets its history entry and its callback.
-        exact = [
-            o
-            for o in outcomes
-            if o.retry_at is None and (o.state is State.FAILED or o.on_complete is not None)
-        ]
+        # meanwhile): only a moved row gets its history entry and its callback. One pass
+        # sorts the outcomes (the passes over a 256-row batch, here and in the callers,
+        # were 4% of a no-op mutation's CPU in a PostgreSQL drain).
+        exact: list[Outcome] = []
+        plain: list[ScheduledFunctionId] = []
+        other: list[Outcome] = []
+        retried: list[Outcome] = []
+        for o in outcomes:
+            if o.retry_at is not None:
+                retried.append(o)
+            elif o.state is State.FAILED or o.on_complete is not None:
+                exact.append(o)
+            elif o.result is None:
+                plain.append(o.id)
+            else:
+                other.append(o)
+        written = 0
         if exact:
             written += mark_moved(exact, await self._finish_exactly(conn, exact, common))
             await self.write_completions(conn, now, [o for o in exact if not o.unwritten])
-        plain = [o.id for o in outcomes if o.state is State.SUCCESS and o.result is None]
-        retried = [o for o in outcomes if o.retry_at is not None]
-        other = [
-            o
-            for o in outcomes
-            if o.state is State.SUCCESS and o.result is not None and o.on_complete is None
-        ]
         if plain:
             written += await self._finish_plain(conn, plain, common)
         if other:
