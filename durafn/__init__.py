@@ -4,59 +4,62 @@ Register ``query``, ``mutation`` and ``action`` functions on an :class:`App`; sc
 with ``ctx.scheduler.run_after`` / ``run_at``; run an executor to execute what is due.
 """
 
+import importlib as _importlib
 import logging
-from typing import NewType as _NewType
+from typing import TYPE_CHECKING as _TYPE_CHECKING
+from typing import Any as _Any
 
-from ._app import DEFAULT_URL, App
-from ._clock import Clock, SystemClock
-from ._context import ActionCtx, MutationCtx, QueryCtx, SystemTable
-from ._errors import (
-    ArgumentError,
-    CallError,
-    CancelOwnRunError,
-    CronSyntaxError,
-    DatabaseError,
-    DurableNameWarning,
-    DurafnError,
-    ExecutorShutdownError,
-    FunctionTimeoutError,
-    NonRetryableError,
-    NotFoundError,
-    ReadOnlyError,
-    RegistrationError,
-    SchedulingError,
-    SchedulingLimitError,
-    SchemaError,
-    TransactionError,
-    UnknownFunctionError,
-    WorkerLostError,
-)
-from ._executor import Executor, ExecutorConfig, ExecutorOptions, RunawayError
-from ._explain import Explanation, FlowKeyInfo
-from ._flow import Debounce, Flow, FlowError, Rate, Throttle
-from ._hooks import HookEvent
-from ._options import JobOptions, OptionError, Queue
-from ._registry import ActionRef, Call, FunctionRef, MutationRef, QueryRef, SchedulableRef
-from ._retention import Retention
-from ._retries import DELAYED_JOB, GRAPHILE, Exponential, Fixed, NamedBackoff, Retry
-from ._scheduler import Scheduler
-from ._store import SCHEMA_VERSION, metadata, scheduled_functions
-from ._types import (
-    CancelResult,
-    Completion,
-    CronInfo,
-    CronTick,
-    ErrorInfo,
-    FailedAttempt,
-    FunctionKind,
-    Page,
-    QueueInfo,
-    ScheduledFunction,
-    ScheduledFunctionId,
-    State,
-    Stats,
-    WorkerInfo,
-)
+from ._public import PUBLIC as _PUBLIC
+
+if _TYPE_CHECKING:
+    from ._app import DEFAULT_URL, App
+    from ._clock import Clock, SystemClock
+    from ._context import ActionCtx, MutationCtx, QueryCtx, SystemTable
+    from ._errors import (
+        ArgumentError,
+        CallError,
+        CancelOwnRunError,
+        CronSyntaxError,
+        DatabaseError,
+        DurableNameWarning,
+        DurafnError,
+        ExecutorShutdownError,
+        FunctionTimeoutError,
+        NonRetryableError,
+        NotFoundError,
+        ReadOnlyError,
+        RegistrationError,
+        SchedulingError,
+        SchedulingLimitError,
+        SchemaError,
+        TransactionError,
+        UnknownFunctionError,
+        WorkerLostError,
+    )
+    from ._executor import Executor, ExecutorConfig, ExecutorOptions, RunawayError
+    from ._explain import Explanation, FlowKeyInfo
+    from ._flow import Debounce, Flow, FlowError, Rate, Throttle
+    from ._hooks import HookEvent
+    from ._kinds import FunctionKind, ScheduledFunctionId, State
+    from ._options import JobOptions, OptionError, Queue
+    from ._registry import ActionRef, Call, FunctionRef, MutationRef, QueryRef, SchedulableRef
+    from ._retention import Retention
+    from ._retries import DELAYED_JOB, GRAPHILE, Exponential, Fixed, NamedBackoff, Retry
+    from ._scheduler import Scheduler
+    from ._store import SCHEMA_VERSION, metadata, scheduled_functions
+    from ._types import (
+        CancelResult,
+        Completion,
+        CronInfo,
+        CronTick,
+        ErrorInfo,
+        FailedAttempt,
+        Page,
+        QueueInfo,
+        ScheduledFunction,
+        Stats,
+        WorkerInfo,
+    )
 
 __version__ = "0.1.0"
 
@@ -138,10 +141,18 @@ __all__ = [
     "scheduled_functions",
 ]
 
-# Tracebacks and reprs name the classes as users import them: durafn.SchemaError, not
-# durafn._errors.SchemaError (the modules behind the names are private).
-for _name in __all__:
-    _obj = globals()[_name]
-    if isinstance(_obj, type | _NewType) and _obj.__module__.startswith("durafn._"):
-        _obj.__module__ = __name__
-del _name, _obj
+
+def __getattr__(name: str) -> _Any:
+    """A public name, loaded with its module on first use: ``import durafn`` alone (the
+    command line's help, a worker process before its app) costs no SQLAlchemy nor
+    pydantic. The module names its classes ``durafn.X`` as it loads (``_public``)."""
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module 'durafn' has no attribute {name!r}")
+    value = getattr(_importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -15,11 +15,12 @@ from ._checks import aware_time, integer, scheduled_id
 from ._context import row_filter
 from ._errors import ArgumentError, NotFoundError
 from ._explain import Explanation, FlowKeyInfo, explain, key_info
+from ._kinds import FunctionKind, ScheduledFunctionId, State
 from ._options import check_name, check_priority
 from ._retries import MAX_ATTEMPTS
 from ._runtime import Runtime
 from ._store import RowFilter
-from ._types import FunctionKind, QueueInfo, ScheduledFunctionId, State
+from ._types import QueueInfo
 
 KINDS = (FunctionKind.MUTATION, FunctionKind.ACTION)
 

@@ -24,24 +24,16 @@ from ._errors import ArgumentError, RegistrationError
 from ._executor import Executor, ExecutorOptions, make_config
 from ._hooks import HookName, HookT, check_hook
 from ._invoke import Invoker, Timeouts
+from ._kinds import FINISHED_STATES, FunctionKind, ScheduledFunctionId, State
 from ._options import JobOptions, Queue, check_name
+from ._public import publish
 from ._registry import ActionRef, FunctionRef, JobOptionArgs, MutationRef, QueryRef, Registry
 from ._retention import Retention, check_retention
 from ._retries import Retry, check_retry
 from ._runtime import Backoff, Health, Limits, Runtime
 from ._scheduler import Scheduler
 from ._store import driver_for_url
-from ._types import (
-    FINISHED_STATES,
-    CancelResult,
-    FunctionKind,
-    Page,
-    ScheduledFunction,
-    ScheduledFunctionId,
-    State,
-    Stats,
-    WorkerInfo,
-)
+from ._types import CancelResult, Page, ScheduledFunction, Stats, WorkerInfo
 from ._writers import DirectWriter, JoinedWriter
 
 P = ParamSpec("P")
@@ -533,3 +525,6 @@ def _caller() -> str:
     while frame.f_back is not None and frame.f_globals.get("__name__", "").startswith("durafn"):
         frame = frame.f_back
     return f"{frame.f_code.co_filename}:{frame.f_lineno}"
+
+
+publish(globals())

@@ -22,7 +22,7 @@ from typing import Literal, get_args
 
 import anyio
 
-from ._types import ScheduledFunctionId
+from ._kinds import ScheduledFunctionId
 
 CancelMode = Literal["cooperative", "interrupt"]
 """How a running action learns that its row was cancelled: ``cooperative`` (the default)

@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import Any, TypeGuard
 
 from ._errors import ArgumentError, DurafnError
-from ._types import ScheduledFunctionId, State
+from ._kinds import ScheduledFunctionId, State
 
 Error = type[DurafnError]
 

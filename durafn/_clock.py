@@ -14,6 +14,8 @@ from typing import Protocol, runtime_checkable
 import anyio
 import anyio.lowlevel
 
+from ._public import publish
+
 
 @runtime_checkable
 class Clock(Protocol):
@@ -59,3 +61,6 @@ def to_datetime(ts: float) -> datetime:
 
 def from_datetime(when: datetime) -> float:
     return when.timestamp()
+
+
+publish(globals())

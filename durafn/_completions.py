@@ -17,13 +17,7 @@ from typing import Any, Protocol
 
 from ._checks import Error
 from ._errors import DurafnError
-from ._types import Completion, FunctionKind, ScheduledFunctionId, State
-
-_SAMPLE = Completion(
-    id=ScheduledFunctionId("00000000-0000-7000-8000-000000000000"),
-    name="sample",
-    state=State.SUCCESS,
-)
+from ._kinds import FunctionKind, ScheduledFunctionId, State
 
 
 class CompletionCallback(Protocol):
@@ -64,8 +58,15 @@ def _unfit(ref: CompletionCallback) -> str | None:
             f"{ref.name!r} takes {len(ref.parameters)} parameters besides ctx; a completion "
             "callback takes one, the Completion (async def done(ctx, c: durafn.Completion))"
         )
+    from ._types import Completion  # pydantic's: loaded once a callback is checked
+
+    sample = Completion(
+        id=ScheduledFunctionId("00000000-0000-7000-8000-000000000000"),
+        name="sample",
+        state=State.SUCCESS,
+    )
     try:
-        ref.encode_args((_SAMPLE,), {})
+        ref.encode_args((sample,), {})
     except DurafnError as exc:
         return f"{ref.name!r} cannot be given a durafn.Completion: {exc}"
     return None

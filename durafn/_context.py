@@ -22,12 +22,14 @@ from ._checks import aware_time, integer, optional, scheduled_id, state_list, te
 from ._checks import flag as boolean
 from ._clock import to_datetime
 from ._errors import ArgumentError, ReadOnlyError
+from ._kinds import ScheduledFunctionId, State
 from ._options import check_flag
+from ._public import publish
 from ._registry import ActionRef, MutationRef, QueryRef
 from ._runtime import Runtime
 from ._scheduler import Scheduler
 from ._store import RowFilter
-from ._types import Page, ScheduledFunction, ScheduledFunctionId, State
+from ._types import Page, ScheduledFunction
 from ._writers import BufferedWriter, DirectWriter
 
 P = ParamSpec("P")
@@ -339,3 +341,6 @@ def row_filter(
         after=optional(aware_time, "scheduled_after", scheduled_after),
         before=optional(aware_time, "scheduled_before", scheduled_before),
     )
+
+
+publish(globals())

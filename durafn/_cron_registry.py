@@ -26,9 +26,10 @@ from ._clock import to_datetime
 from ._crons import CronSettings, changes, declare, first_run, schedule_of, tick_rows
 from ._errors import ArgumentError, CronSyntaxError, RegistrationError, SchedulingError
 from ._hooks import HookEvent
+from ._kinds import FunctionKind, ScheduledFunctionId, State
 from ._registry import Call, SchedulableRef
 from ._runtime import Runtime
-from ._types import CronInfo, FunctionKind, ScheduledFunctionId, State
+from ._types import CronInfo
 from ._writers import write
 
 logger = logging.getLogger("durafn.cron")

@@ -30,6 +30,8 @@ message on the function's row, and ``app.run_mutation`` re-raises it unchanged.
 
 from __future__ import annotations
 
+from ._public import publish
+
 
 class DurafnError(Exception):
     """Base class of every error durafn raises itself."""
@@ -146,3 +148,6 @@ class DatabaseError(DurafnError):
 class DurableNameWarning(UserWarning):
     """A function's durable name is one no worker will find: it starts with ``__main__``
     (the function was registered by a script run as ``python file.py``)."""
+
+
+publish(globals())

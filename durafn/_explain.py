@@ -12,14 +12,16 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel
 
 from ._clock import to_datetime
 from ._flow import Limits, allowance, next_slot
+from ._kinds import ScheduledFunctionId, State
 from ._options import read_flags
+from ._public import publish
 from ._store.read.explain import Facts, KeyCounts
 from ._store.rows import DEBOUNCE_KEY
-from ._types import ScheduledFunctionId, State
+from ._types import FROZEN
 
 Reason = Literal[
     "finished",
@@ -41,7 +43,7 @@ Reason = Literal[
 class Explanation(BaseModel):
     """Why a row is where it is (``app.explain``)."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = FROZEN
 
     id: ScheduledFunctionId
     state: State
@@ -178,7 +180,7 @@ def _holding(facts: Facts, now: float) -> list[_Held]:
 class FlowKeyInfo(BaseModel):
     """A flow key with rows Pending or running (``app.flow_keys()``, ``durafn stats``)."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = FROZEN
 
     key: str
     due: int
@@ -211,3 +213,6 @@ def key_info(counts: KeyCounts, now: float) -> FlowKeyInfo:
         held=held if counts.due else None,
         next_start=next_start,
     )
+
+
+publish(globals())

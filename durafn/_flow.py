@@ -36,6 +36,7 @@ from typing import Any, Literal
 
 from ._checks import Error, integer, optional, positive_seconds, text
 from ._errors import SchedulingError
+from ._public import publish
 
 KeyFunction = Callable[[Mapping[str, Any]], str]
 PRIORITY_FLOOR = -(2**31)  # _options.PRIORITY_RANGE[0] (which imports this module)
@@ -268,3 +269,6 @@ def consumed(rate: Rate, tat: float, now: float, starts: int) -> float:
 def next_slot(rate: Rate, tat: float) -> float:
     """When the key's budget next allows a start (for a key whose budget is spent)."""
     return tat - (rate.burst - 1) * rate.interval
+
+
+publish(globals())

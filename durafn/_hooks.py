@@ -34,7 +34,9 @@ from typing import Any, Literal, Protocol, TypeVar, get_args
 
 from ._clock import to_datetime
 from ._errors import RegistrationError
-from ._types import ErrorInfo, FunctionKind, ScheduledFunctionId, State
+from ._kinds import FunctionKind, ScheduledFunctionId, State
+from ._public import publish
+from ._types import ErrorInfo
 
 logger = logging.getLogger("durafn.hooks")
 
@@ -206,3 +208,6 @@ class Hooks:
                     await self.fire(
                         HookEvent("failure", o.id, o.name, kind, o.state, error, flow_key=key)
                     )
+
+
+publish(globals())

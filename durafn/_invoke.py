@@ -17,9 +17,9 @@ from ._context import (
     read_only_session,
 )
 from ._errors import ArgumentError, FunctionTimeoutError, TransactionError
+from ._kinds import FunctionKind, ScheduledFunctionId
 from ._registry import ActionRef, FunctionRef, MutationRef, QueryRef
 from ._runtime import Inline, Runtime
-from ._types import FunctionKind, ScheduledFunctionId
 from ._writers import BufferedWriter, Enqueued
 
 R = TypeVar("R")

@@ -23,6 +23,7 @@ from ._checks import Error, integer, is_integer, optional, text
 from ._completions import CompletionCallback, check_on_complete
 from ._errors import SchedulingError
 from ._flow import Flow, FlowError, check_flow
+from ._public import publish
 from ._retries import Retry, check_retry
 
 KeyMode = Literal["replace", "preserve_run_at", "unsafe_dedupe"]
@@ -278,3 +279,6 @@ def check_flags(name: str, value: object, *, error: Error = OptionError) -> froz
     if len(flags) > MAX_FLAGS:
         raise error(f"{name}: at most {MAX_FLAGS} flags per row, not {len(flags)}")
     return flags
+
+
+publish(globals())

@@ -35,10 +35,12 @@ from ._errors import (
 )
 from ._flow import Flow
 from ._hooks import FUNCTION_HOOKS, Hook, HookName, HookT, check_hook
+from ._kinds import FunctionKind
 from ._options import JobOptions, KeyMode, OptionError
+from ._public import publish
 from ._retention import Retention
 from ._retries import Retry
-from ._types import Completion, FunctionKind
+from ._types import Completion
 
 P = ParamSpec("P")
 # Covariant: a reference whose function returns ``int`` is one that returns ``object``, so
@@ -536,3 +538,6 @@ def _outside_durafn() -> int:
 def _a(word: str) -> str:
     """``a mutation``, ``an action``."""
     return f"an {word}" if word[:1].lower() in "aeiou" else f"a {word}"
+
+
+publish(globals())

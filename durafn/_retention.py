@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 from ._checks import Error, non_negative_seconds, optional
 from ._errors import ArgumentError
-from ._types import State
+from ._kinds import State
+from ._public import publish
 
 DEFAULT = 7 * 86400.0
 FINISHED = (State.SUCCESS, State.FAILED, State.CANCELED)
@@ -58,3 +59,6 @@ def check_retention(name: str, value: object, *, error: Error = ArgumentError) -
             f"{name} must be a durafn.Retention(success=, failed=, canceled=), not {value!r}"
         )
     return value
+
+
+publish(globals())

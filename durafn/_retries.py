@@ -30,6 +30,7 @@ from typing import Any, Literal
 
 from ._checks import Error
 from ._errors import NonRetryableError, SchedulingError
+from ._public import publish
 
 MAX_ATTEMPTS = 10_000
 MAX_DELAY = 366 * 24 * 3600.0
@@ -255,3 +256,6 @@ def _seconds(name: str, value: object) -> None:
         raise SchedulingError(
             f"{name} must be a number of seconds from 0 to {MAX_DELAY:g}, not {value!r}"
         )
+
+
+publish(globals())

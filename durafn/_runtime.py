@@ -21,12 +21,13 @@ from ._cancels import Cancels
 from ._clock import Clock
 from ._errors import DatabaseError, DurafnError
 from ._hooks import Hooks
+from ._kinds import FunctionKind, ScheduledFunctionId, State
 from ._options import JobOptions, Queue, RowOptions, resolve
 from ._registry import Registry
 from ._retries import Retry
 from ._store import AfterCommit, CronRow, Driver, new_row_model, take_notes
 from ._store.sqlite.driver import READ_ONLY_OPTION
-from ._types import FunctionKind, ScheduledFunction, ScheduledFunctionId, State
+from ._types import ScheduledFunction
 
 T = TypeVar("T")
 

@@ -20,11 +20,13 @@ from ._errors import (
     SchedulingError,
     SchedulingLimitError,
 )
+from ._kinds import ScheduledFunctionId, State
 from ._options import OptionError
+from ._public import publish
 from ._registry import Call, SchedulableRef
 from ._runtime import Limits, Runtime
 from ._store import new_id, new_row
-from ._types import CancelResult, ScheduledFunctionId, State
+from ._types import CancelResult
 
 P = ParamSpec("P")
 
@@ -309,3 +311,6 @@ def _call_time(call: Call, now: float) -> float:
     if call.when is not None:
         return _when_seconds(call.when, now)
     return now if call.delay is None else now + _delay_seconds(call.delay)
+
+
+publish(globals())

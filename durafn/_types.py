@@ -1,40 +1,37 @@
-"""Value types shared by every layer: states, ids and the typed view of a row."""
+"""Value types shared by every layer: the typed view of a row and what the operator
+calls return (pydantic models); the states, kinds and ids are ``_kinds``'."""
 
 from __future__ import annotations
 
-import enum
 from datetime import datetime
-from typing import Any, NewType
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-ScheduledFunctionId = NewType("ScheduledFunctionId", str)
-"""The id of a row of ``_scheduled_functions``: a time-ordered UUID in text form."""
+from ._kinds import FINISHED_STATES, FunctionKind, ScheduledFunctionId, State
+from ._public import publish
 
+FROZEN = ConfigDict(frozen=True, defer_build=True)
+"""Every model's configuration: immutable, its validator built on first use (building the
+dozen at import was 12 ms of a worker's start; most processes use a few of them)."""
 
-class State(enum.StrEnum):
-    """The state of a scheduled function, as stored (the names Convex uses)."""
-
-    PENDING = "Pending"
-    IN_PROGRESS = "InProgress"
-    SUCCESS = "Success"
-    FAILED = "Failed"
-    CANCELED = "Canceled"
-
-    @property
-    def finished(self) -> bool:
-        return self in FINISHED_STATES
-
-
-FINISHED_STATES = frozenset({State.SUCCESS, State.FAILED, State.CANCELED})
-
-
-class FunctionKind(enum.StrEnum):
-    """What kind of function a row or reference is."""
-
-    QUERY = "query"
-    MUTATION = "mutation"
-    ACTION = "action"
+__all__ = [
+    "FINISHED_STATES",
+    "CancelResult",
+    "Completion",
+    "CronInfo",
+    "CronTick",
+    "ErrorInfo",
+    "FailedAttempt",
+    "FunctionKind",
+    "Page",
+    "QueueInfo",
+    "ScheduledFunction",
+    "ScheduledFunctionId",
+    "State",
+    "Stats",
+    "WorkerInfo",
+]
 
 
 class ErrorInfo(BaseModel):
@@ -42,7 +39,7 @@ class ErrorInfo(BaseModel):
     the traceback of where it was raised (the last frames, when the function raised it;
     None when durafn recorded the failure itself: a lost worker, a time limit)."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = FROZEN
 
     type: str
     message: str
@@ -52,7 +49,7 @@ class ErrorInfo(BaseModel):
 class FailedAttempt(BaseModel):
     """One failed run of a row: when, where, what, and what its retry policy made of it."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = FROZEN
 
     attempt: int
     """Which failed attempt it was: 1 for the first (again after ``app.retry``)."""
@@ -66,7 +63,7 @@ class FailedAttempt(BaseModel):
 class ScheduledFunction(BaseModel):
     """One row of ``_scheduled_functions``, as returned by ``get`` and ``list``."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = FROZEN
 
     id: ScheduledFunctionId
     name: str
@@ -113,7 +110,7 @@ class Completion(BaseModel):
     Declare the callback's parameter with this type: ``async def done(ctx, c: Completion)``.
     """
 
-    model_config = ConfigDict(frozen=True)
+    model_config = FROZEN
 
     id: ScheduledFunctionId
     """The row that finished."""
@@ -130,7 +127,7 @@ class Completion(BaseModel):
 class Page(BaseModel):
     """One page of a listing; pass ``next_cursor`` back to get the next one."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = FROZEN
 
     items: list[ScheduledFunction]
     next_cursor: str | None
@@ -139,7 +136,7 @@ class Page(BaseModel):
 class CancelResult(BaseModel):
     """What ``cancel`` did: ``canceled`` is False when the row had already finished."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = FROZEN
 
     id: ScheduledFunctionId
     canceled: bool
@@ -152,7 +149,7 @@ class CancelResult(BaseModel):
 class WorkerInfo(BaseModel):
     """A live (or not yet declared lost) executor, from ``_durafn_workers``."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = FROZEN
 
     id: str
     hostname: str
@@ -167,7 +164,7 @@ class WorkerInfo(BaseModel):
 class Stats(BaseModel):
     """A snapshot of ``_scheduled_functions`` for monitoring (``app.stats()``)."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = FROZEN
 
     at: datetime
     """The clock reading the snapshot was taken at."""
@@ -184,7 +181,7 @@ class Stats(BaseModel):
 class QueueInfo(BaseModel):
     """A named queue (``app.queues()``, ``durafn queue ls``)."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = FROZEN
 
     name: str
     concurrency: int | None
@@ -201,7 +198,7 @@ class QueueInfo(BaseModel):
 class CronInfo(BaseModel):
     """A cron of the registry (``app.crons()``, ``durafn crons``)."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = FROZEN
 
     name: str
     schedule: str
@@ -241,7 +238,7 @@ class CronTick(BaseModel):
     default lets the cron's call leave it out) and each run of the cron gets it (Graphile
     Worker's ``_cron`` payload)."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = FROZEN
 
     ts: datetime
     """The tick's time."""
@@ -250,3 +247,6 @@ class CronTick(BaseModel):
     triggered: bool = False
     """A run started by hand (``trigger_cron``, ``durafn cron trigger``) at ``ts``, not by
     the schedule."""
+
+
+publish(globals())

@@ -22,9 +22,9 @@ from sqlalchemy import event
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
+from ._kinds import FunctionKind, ScheduledFunctionId, State
 from ._runtime import Inline, Runtime
 from ._store import Outcome, take_notes
-from ._types import FunctionKind, ScheduledFunctionId, State
 
 _PENDING = State.PENDING.value
 

@@ -12,7 +12,8 @@ import anyio
 
 from ._app import App
 from ._executor import Executor, RunawayError
-from ._types import ScheduledFunction, State
+from ._kinds import State
+from ._types import ScheduledFunction
 
 __all__ = ["FakeClock", "RunawayError", "advance", "all_rows", "finish_all", "states"]
 

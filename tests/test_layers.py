@@ -13,6 +13,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "durafn"
 
 VALUES = {
     "durafn._types",
+    "durafn._kinds",
+    "durafn._public",
     "durafn._errors",
     "durafn._clock",
     "durafn._checks",

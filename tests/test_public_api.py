@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import ast
+import subprocess
+import sys
 import tomllib
 import traceback
 from pathlib import Path
 
 import durafn
 import durafn.testing
+from durafn._public import PUBLIC
 
 
 def test_all_is_exact_and_sorted() -> None:
@@ -15,6 +19,38 @@ def test_all_is_exact_and_sorted() -> None:
     modules = {"cli", "cron", "testing", "logging"}
     assert set(durafn.__all__) == public - modules
     assert list(durafn.__all__) == sorted(durafn.__all__)
+
+
+def test_the_lazy_names_are_the_typed_ones() -> None:
+    """``durafn/__init__.py`` imports its names for type checkers only, and loads them on
+    first use from ``_public.PUBLIC``: both say the same, name for name and module for
+    module."""
+    tree = ast.parse((Path(durafn.__file__)).read_text())
+    typed = {
+        alias.asname or alias.name: node.module
+        for block in tree.body
+        if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
+        for node in block.body
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
+    assert typed == PUBLIC
+    assert sorted(PUBLIC) == list(durafn.__all__)
+
+
+def test_importing_the_package_loads_none_of_its_dependencies() -> None:
+    """``import durafn`` (and the command line's help) loads no SQLAlchemy or pydantic;
+    a class of it is named ``durafn.X`` however it was loaded."""
+    probe = (
+        "import sys, durafn\n"
+        "heavy = [m for m in sys.modules if m.split('.')[0] in "
+        "('sqlalchemy', 'pydantic', 'asyncpg', 'aiosqlite', 'anyio', 'rich')]\n"
+        "from durafn._errors import SchemaError\n"
+        "from durafn._kinds import State\n"
+        "print(heavy, SchemaError.__module__, State.__module__)\n"
+    )
+    ran = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert ran.stdout.split() == ["[]", "durafn", "durafn"]
 
 
 def test_every_public_name_is_documented() -> None:

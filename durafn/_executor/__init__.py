@@ -56,7 +56,21 @@ claimed (priority levels, named queues, pauses, flags, a worker's pools) is
 is another pass of ``Maintenance.loop``.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from .config import ExecutorConfig, ExecutorOptions, make_config
-from .executor import Executor, RunawayError
+
+if TYPE_CHECKING:
+    from .executor import Executor, RunawayError
 
 __all__ = ["Executor", "ExecutorConfig", "ExecutorOptions", "RunawayError", "make_config"]
+
+
+def __getattr__(name: str) -> Any:
+    """The executor itself loads on first use: ``durafn worker --help`` reads only its
+    configuration's defaults."""
+    if name in ("Executor", "RunawayError"):
+        from . import executor
+
+        return getattr(executor, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

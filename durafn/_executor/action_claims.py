@@ -14,9 +14,9 @@ import anyio
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from .._errors import DatabaseError
+from .._kinds import FunctionKind, ScheduledFunctionId, State
 from .._runtime import Runtime, one_line
 from .._store import SERVE_ALL, Claimed, ClaimFilter, FastPathHint
-from .._types import FunctionKind, ScheduledFunctionId, State
 from .outcomes import log_fields
 
 logger = logging.getLogger("durafn.executor")

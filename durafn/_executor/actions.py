@@ -25,10 +25,10 @@ from .._cancels import Cancellation
 from .._context import ActionCtx
 from .._errors import DatabaseError, FunctionTimeoutError
 from .._invoke import Invoker, timeout_error
+from .._kinds import FunctionKind
 from .._registry import ActionRef
 from .._runtime import Runtime
 from .._store import Claimed, Outcome
-from .._types import FunctionKind
 from .action_claims import ActionClaims
 from .config import ExecutorConfig
 from .deadlines import DeadlineWatch, Slot

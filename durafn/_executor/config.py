@@ -5,13 +5,16 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from .._checks import integer, non_negative_seconds, optional, positive_seconds, text
 from .._errors import ArgumentError
 from .._options import check_flags, check_name
+from .._public import publish
 from .._retention import Retention, periods
-from .._store import ClaimFilter
+
+if TYPE_CHECKING:
+    from .._store import ClaimFilter
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +61,8 @@ class ExecutorConfig:
     @property
     def serve(self) -> ClaimFilter:
         """What this executor's claims may take."""
+        from .._store import ClaimFilter  # the store's: ``durafn worker --help`` needs none
+
         return ClaimFilter(
             queues=None if self.queues is None else frozenset(self.queues),
             forbidden_flags=frozenset(self.forbidden_flags),
@@ -127,3 +132,6 @@ def make_config(options: Mapping[str, Any]) -> ExecutorConfig:
             f"{', '.join(sorted(known))}"
         )
     return ExecutorConfig(**options)
+
+
+publish(globals())

@@ -34,9 +34,9 @@ from .._clock import to_datetime
 from .._crons import MAX_FILL, changes, first_run, schedule_of, tick_rows
 from .._errors import DatabaseError
 from .._hooks import HookEvent, HookName
+from .._kinds import FunctionKind, ScheduledFunctionId, State
 from .._runtime import Runtime
 from .._store import CRON_LEASE, DECLARED, CronMove
-from .._types import FunctionKind, ScheduledFunctionId, State
 from .._writers import write
 from .tasks import first_of
 

@@ -19,8 +19,10 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from .._context import SystemTable
 from .._errors import DatabaseError, DurafnError, NotFoundError
 from .._invoke import Invoker
+from .._kinds import FunctionKind, ScheduledFunctionId
+from .._public import publish
 from .._runtime import Inline, Runtime
-from .._types import FunctionKind, ScheduledFunction, ScheduledFunctionId
+from .._types import ScheduledFunction
 from .action_claims import ActionClaims
 from .actions import ActionPool
 from .cancel_poll import poll_cancels
@@ -297,3 +299,6 @@ class Executor:
         self._wakeups.stop()
         unstarted = await self._actions.stop(self.config.grace_period)
         await self._finisher.close(unstarted)
+
+
+publish(globals())

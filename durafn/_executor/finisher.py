@@ -15,9 +15,9 @@ import anyio
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from .._errors import DatabaseError
+from .._kinds import FunctionKind, ScheduledFunctionId
 from .._runtime import Runtime
 from .._store import Claimed, Outcome
-from .._types import FunctionKind, ScheduledFunctionId
 from .action_claims import ActionClaims
 from .outcomes import Tally, failed
 from .retrying import keep_trace, retried, settle, will_retry

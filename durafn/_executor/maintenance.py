@@ -18,9 +18,9 @@ import anyio.lowlevel
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from .._errors import DatabaseError
+from .._kinds import State
 from .._retention import FINISHED, periods
 from .._runtime import Runtime
-from .._types import State
 from .config import ExecutorConfig
 from .tasks import first_of
 

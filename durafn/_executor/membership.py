@@ -19,9 +19,9 @@ import anyio
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from .._errors import ArgumentError, DurafnError, WorkerLostError
+from .._kinds import FunctionKind, State
 from .._runtime import Runtime
 from .._store import Outcome
-from .._types import FunctionKind, State
 from .config import ExecutorConfig
 from .outcomes import log_fields
 from .retrying import decide

@@ -37,6 +37,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, AsyncTransacti
 from .._context import MutationCtx, MutationParts
 from .._errors import DatabaseError, DurafnError, FunctionTimeoutError
 from .._invoke import Invoker, check_transaction, mutation_session
+from .._kinds import FunctionKind, ScheduledFunctionId, State
 from .._registry import MutationRef
 from .._runtime import Inline, Runtime
 from .._store import (
@@ -48,7 +49,6 @@ from .._store import (
     Outcome,
     take_notes,
 )
-from .._types import FunctionKind, ScheduledFunctionId, State
 from .._writers import BufferedWriter, Enqueued
 from .outcomes import failed, success
 from .retrying import keep_trace, retried, settle

@@ -22,9 +22,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from .._errors import DurafnError
 from .._invoke import Invoker
+from .._kinds import FunctionKind, ScheduledFunctionId
 from .._runtime import Runtime, one_line
 from .._store import Claimed, FastPathHint, LevelFloor
-from .._types import FunctionKind, ScheduledFunctionId
 from .config import ExecutorConfig
 from .mutation_batch import BatchRestart, BatchTimeout, Mode, MutationBatch
 from .outcomes import Tally, failed

@@ -16,10 +16,10 @@ from typing import Any
 
 from .._clock import to_datetime
 from .._errors import ExecutorShutdownError
+from .._kinds import FunctionKind, State
 from .._registry import ActionRef
 from .._retries import type_name
 from .._store import Claimed, Outcome
-from .._types import FunctionKind, State
 from .tasks import Signal
 
 logger = logging.getLogger("durafn.executor")

@@ -18,11 +18,11 @@ from collections.abc import Sequence
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from .._kinds import FunctionKind, State
 from .._retries import Retry, Rule
 from .._runtime import Runtime
 from .._store import Outcome
 from .._store.rows import RetryState
-from .._types import FunctionKind, State
 from .outcomes import forget_frames, traceback_text
 
 

@@ -15,9 +15,9 @@ from typing import TypeVar
 import anyio
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from .._kinds import FunctionKind
 from .._runtime import Runtime
 from .._store import FastPathHint
-from .._types import FunctionKind
 from .tasks import Signal, first_of, shielded
 
 T = TypeVar("T")

@@ -15,7 +15,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from .._types import FunctionKind
+from .._kinds import FunctionKind
 
 _KEY = "durafn.after_commit"
 

@@ -18,7 +18,7 @@ from typing import Any, ClassVar, NamedTuple
 from sqlalchemy import CursorResult, Double, Integer, Text, bindparam, delete, func, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from .._types import ScheduledFunctionId, State
+from .._kinds import ScheduledFunctionId, State
 from .schema.tables import crons, leases, sf
 
 DECLARED = ("code", "crontab")

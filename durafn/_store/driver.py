@@ -22,7 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import ColumnElement
 
 from .._errors import ArgumentError
-from .._types import FINISHED_STATES, FunctionKind, ScheduledFunctionId, State
+from .._kinds import FINISHED_STATES, FunctionKind, ScheduledFunctionId, State
 from .claim.inline import InlineStatements
 from .claim.statements import ClaimStatements
 from .crons import CronStatements

@@ -17,7 +17,7 @@ from sqlalchemy.engine import URL, Connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from .._errors import DatabaseError, SchemaError
-from .._types import FunctionKind
+from .._kinds import FunctionKind
 from .schema.migrations import MIGRATIONS
 from .schema.tables import SCHEMA_VERSION, metadata, schema_version, sf
 

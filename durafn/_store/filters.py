@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from sqlalchemy.sql.elements import ColumnElement
 
-from .._types import State
+from .._kinds import State
 from .schema.tables import sf
 from .sql import carries
 

@@ -11,7 +11,8 @@ from sqlalchemy import CursorResult, and_, func, literal_column, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import ColumnElement
 
-from .._types import QueueInfo, State
+from .._kinds import State
+from .._types import QueueInfo
 from .schema.tables import queues, sf
 
 

@@ -23,15 +23,9 @@ from sqlalchemy import Row
 from .._clock import to_datetime
 from .._errors import ArgumentError
 from .._flow import Debounce
+from .._kinds import FunctionKind, ScheduledFunctionId, State
 from .._options import RowOptions, read_flags
-from .._types import (
-    ErrorInfo,
-    FailedAttempt,
-    FunctionKind,
-    ScheduledFunction,
-    ScheduledFunctionId,
-    State,
-)
+from .._types import ErrorInfo, FailedAttempt, ScheduledFunction
 
 NEW_ROW_COLUMNS = (
     "id",

@@ -18,7 +18,7 @@ from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.functions import FunctionElement
 
-from .._types import State
+from .._kinds import State
 from .schema.tables import sf
 
 # Literals, not bind parameters: a partial index is used only when the query's WHERE

@@ -8,7 +8,7 @@ import json
 from sqlalchemy import CursorResult, delete, func, insert, literal, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from .._types import ScheduledFunctionId, State
+from .._kinds import ScheduledFunctionId, State
 from .claim.take import SERVE_ALL, ClaimFilter
 from .rows import LostAction, RetryState
 from .schema.tables import sf, workers

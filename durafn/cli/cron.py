@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import itertools
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 import click
 from rich.table import Column
 
-from .._app import App
 from .._errors import DurafnError
-from ..cron import parse
 from .options import app_options, output_options, to_datetime_option, verbose_option
 from .output import Output
 from .running import fail, run_with_app
+
+if TYPE_CHECKING:
+    pass
 
 
 @click.group()
@@ -27,7 +29,7 @@ def cron() -> None:
 @output_options
 def list_crons(app_ref: str | None, url: str | None, as_json: bool, verbose: bool) -> None:
     """The registry's crons: schedule, next run (in the cron's zone and here), runs."""
-    found = run_with_app(app_ref, url, App.crons, verbose=verbose)
+    found = run_with_app(app_ref, url, lambda app: app.crons(), verbose=verbose)
     out = Output(as_json)
     if as_json:
         out.json([c.model_dump(mode="json") for c in found])
@@ -68,6 +70,8 @@ def _switch(enabled: bool, by_hand: bool) -> str:
 def _next_run(at: datetime | None, timezone: str) -> str:
     if at is None:
         return "-"
+    from ..cron import parse
+
     zone = parse("* * * * *", timezone).zone
     here = at.astimezone().isoformat(timespec="seconds")
     return f"{at.astimezone(zone).isoformat(timespec='seconds')}\n{here} here"
@@ -153,6 +157,8 @@ def check(
     verbose: bool,
 ) -> None:
     """Say what EXPRESSION means and print its next fire times, or the error."""
+    from ..cron import parse
+
     try:
         schedule = parse(expression, timezone)
     except DurafnError as exc:

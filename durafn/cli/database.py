@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import click
 from rich.table import Column
 
-from .._app import App
-from .._explain import FlowKeyInfo
-from .._types import QueueInfo, Stats, WorkerInfo
 from .flow import busiest_keys, print_flow_keys
 from .options import app_options, output_options
 from .output import Output, duration, iso, plural, state_text
 from .queues import print_queues
 from .running import run_with_app
+
+if TYPE_CHECKING:
+    from .._app import App
+    from .._explain import FlowKeyInfo
+    from .._types import QueueInfo, Stats, WorkerInfo
 
 
 @click.command()
@@ -23,7 +26,7 @@ from .running import run_with_app
 def migrate(app_ref: str | None, url: str | None, as_json: bool, verbose: bool) -> None:
     """Create or upgrade durafn's system tables (refuses a newer schema than it knows)."""
 
-    version = run_with_app(app_ref, url, App.migrate, verbose=verbose, create=True)
+    version = run_with_app(app_ref, url, lambda app: app.migrate(), verbose=verbose, create=True)
     if as_json:
         Output(True).json({"schema_version": version})
     else:

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import click
 from rich.table import Column
 
-from .._app import App
-from .._explain import Explanation, FlowKeyInfo
 from .options import app_options, output_options
 from .output import Output, iso
 from .running import run_with_app
+
+if TYPE_CHECKING:
+    from .._app import App
+    from .._explain import Explanation, FlowKeyInfo
 
 
 @click.command()

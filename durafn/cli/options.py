@@ -11,7 +11,7 @@ from typing import ParamSpec, TypeVar
 
 import click
 
-from .._types import State
+from .._kinds import State
 
 P = ParamSpec("P")
 T = TypeVar("T")

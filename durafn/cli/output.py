@@ -7,7 +7,7 @@ import enum
 import json
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich import box
@@ -15,7 +15,10 @@ from rich.console import Console, RenderableType
 from rich.table import Column, Table
 from rich.text import Text
 
-from .._types import ErrorInfo, FailedAttempt, State
+from .._kinds import State
+
+if TYPE_CHECKING:
+    from .._types import ErrorInfo, FailedAttempt
 
 PIPE_WIDTH = 1000
 """Console width when stdout is not a terminal: there is no screen to fit, and an id folded
@@ -157,6 +160,8 @@ def field_value(name: str, value: Any) -> RenderableType:
         return state_text(value)
     if isinstance(value, datetime):
         return cell(iso(value))
+    from .._types import ErrorInfo  # pydantic's: when there is an error to show
+
     if isinstance(value, ErrorInfo):
         traceback = f"\n\n{value.traceback.rstrip()}" if value.traceback else ""
         return cell(error_text(value) + traceback)

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import click
 from rich.table import Column
 
-from .._app import App
-from .._types import QueueInfo
 from .options import app_options, output_options
 from .output import Output, plural
 from .running import run_with_app
+
+if TYPE_CHECKING:
+    from .._types import QueueInfo
 
 
 @click.group()
@@ -24,7 +26,7 @@ def queue() -> None:
 @output_options
 def list_queues(app_ref: str | None, url: str | None, as_json: bool, verbose: bool) -> None:
     """Every named queue: its concurrency, whether paused, its rows due, Pending, running."""
-    found = run_with_app(app_ref, url, App.queues, verbose=verbose)
+    found = run_with_app(app_ref, url, lambda app: app.queues(), verbose=verbose)
     out = Output(as_json)
     if as_json:
         out.json([q.model_dump(mode="json") for q in found])

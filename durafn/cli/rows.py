@@ -7,17 +7,15 @@ import functools
 import sys
 from collections.abc import Collection, Sequence
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.table import Column
 
-from .._app import App
 from .._checks import scheduled_id
 from .._clock import to_datetime
 from .._errors import ArgumentError, NotFoundError
-from .._store import decode_cursor
-from .._types import FINISHED_STATES, CancelResult, ScheduledFunction, State
+from .._kinds import FINISHED_STATES, State
 from . import options
 from .options import (
     Seconds,
@@ -41,6 +39,10 @@ from .output import (
 )
 from .prompt import confirm
 from .running import fail, run_with_app
+
+if TYPE_CHECKING:
+    from .._app import App
+    from .._types import CancelResult, ScheduledFunction
 
 
 @click.command("ls")
@@ -99,6 +101,8 @@ def list_rows(
     at a time. On a narrow terminal: id, name, state and when it is due or was completed
     (--wide, or `show ID`, for the rest)."""
     if cursor is not None:
+        from .._store import decode_cursor
+
         try:
             decode_cursor(cursor, newest)
         except ArgumentError as exc:
@@ -292,7 +296,7 @@ def cancel(
     outcomes = run_with_app(
         app_ref, url, functools.partial(cancel_each, function_ids), verbose=verbose
     )
-    results = [o for o in outcomes if isinstance(o, CancelResult)]
+    results = [o for o in outcomes if not isinstance(o, NotFoundError)]
     out = Output(as_json)
     if as_json:
         out.json([r.model_dump(mode="json") for r in results])

@@ -9,13 +9,14 @@ import os
 import sys
 import traceback
 from collections.abc import Awaitable, Callable
-from typing import NoReturn, TypeVar
+from typing import TYPE_CHECKING, NoReturn, TypeVar
 
-import anyio
 import click
 
-from .._app import DEFAULT_FILE, App
 from .._errors import DurafnError
+
+if TYPE_CHECKING:
+    from .._app import App
 
 T = TypeVar("T")
 
@@ -29,6 +30,8 @@ class CliError(DurafnError):
 
 def load_app(ref: str) -> App:
     """Import ``pkg.module:attr`` (the current directory on the path, as uvicorn does)."""
+    from .._app import App
+
     module_name, _, attr = ref.partition(":")
     attr = attr or "app"
     if not module_name or not all(p.isidentifier() for p in module_name.split(".")):
@@ -72,6 +75,8 @@ def open_app(app_ref: str | None, url: str | None, *, create: bool = False) -> A
     ``create``: may create the system tables (SQLite's first use); inspection commands
     must not, so that a mistyped path is an error rather than a new empty database.
     """
+    from .._app import App
+
     if app_ref:
         app = load_app(app_ref)
         if url:
@@ -87,6 +92,8 @@ def open_app(app_ref: str | None, url: str | None, *, create: bool = False) -> A
 
 def _no_database() -> str:
     """Which database to name: the default App()'s file, if it is here."""
+    from .._app import DEFAULT_FILE
+
     here = ""
     if os.path.exists(DEFAULT_FILE):
         here = (
@@ -109,6 +116,8 @@ def fail(message: str) -> NoReturn:
 
 def run(body: Callable[[], Awaitable[T]], *, verbose: bool) -> T:
     """Run an async command body; errors become one line on stderr and exit status 1."""
+    import anyio  # with the command's body, not with every command's --help
+
     try:
         return anyio.run(body)
     except (click.ClickException, click.Abort):

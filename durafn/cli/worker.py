@@ -10,7 +10,6 @@ import click
 from .._errors import ArgumentError, DurafnError
 from .._executor import ExecutorConfig, ExecutorOptions, make_config
 from .._supervisor import supervise
-from .._worker import configure_logging, serve
 from .options import Seconds, app_options, verbose_option
 from .running import fail, open_app, run
 
@@ -126,6 +125,8 @@ def worker(
     verbose: bool,
 ) -> None:
     """Run due scheduled functions until stopped (SIGTERM/SIGINT: graceful; twice: at once)."""
+    from .._worker import configure_logging, serve  # the app's imports: not for --help
+
     configure_logging(log_level)
     if not app_ref:
         fail(

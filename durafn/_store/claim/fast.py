@@ -8,8 +8,8 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from ..._kinds import FunctionKind
 from ..._options import PRIORITY_RANGE
-from ..._types import FunctionKind
 from ..rows import CLAIM_ORDER, Claimed
 from .columns import CLAIM_COLUMNS, claimed
 from .hints import LevelFloor

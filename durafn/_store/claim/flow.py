@@ -49,7 +49,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import ColumnElement
 
 from ..._flow import Limits, allowance, consumed, next_slot
-from ..._types import FunctionKind
+from ..._kinds import FunctionKind
 from ..rows import Claimed
 from ..schema.tables import flow_keys, sf
 from ..sql import PENDING, RUNNING
@@ -176,19 +176,27 @@ class FlowStatements:
     head_after: Any
     heads: Any | None
     """Every key's head at once, LATERAL (PostgreSQL), or None: ``union_heads``."""
-    union_heads: tuple[Any, ...]
-    """For 1 to ``KEYS_PER_CLAIM`` keys, their heads in one UNION ALL (SQLite)."""
+    extra: tuple[ColumnElement[bool], ...]
+    unions: dict[int, Any] = field(default_factory=dict)
+
+    def union_heads(self, n: int) -> Any:
+        """The heads of ``n`` keys (1 to ``KEYS_PER_CLAIM``) in one UNION ALL (SQLite),
+        built when first needed: all sixteen at start-up cost a worker 136 subqueries,
+        about a tenth of its start on SQLite, for apps that may use no flow key."""
+        found = self.unions.get(n)
+        if found is None:
+            found = self.unions[n] = _union_heads(self.extra, n)
+        return found
 
 
 def flow_statements(extra: tuple[ColumnElement[bool], ...], lateral: bool) -> FlowStatements:
     """``extra``: what the claimer serves (its queues, its flags, no paused queue)."""
     key = bindparam("b_key", type_=Text)
-    unions = () if lateral else tuple(_union_heads(extra, n) for n in range(1, KEYS_PER_CLAIM + 1))
     return FlowStatements(
         _due_keys(extra),
         _rows_of(key, extra, after=True, lateral=lateral),
         _heads(extra) if lateral else None,
-        unions,
+        extra,
     )
 
 
@@ -201,9 +209,7 @@ async def _first_heads(
         rows = await conn.execute(st.heads, {**params, "keys": keys, "limit": limit})
     else:
         named = {f"k{i}": key for i, key in enumerate(keys)}
-        rows = await conn.execute(
-            st.union_heads[len(keys) - 1], {**params, **named, "limit": limit}
-        )
+        rows = await conn.execute(st.union_heads(len(keys)), {**params, **named, "limit": limit})
     for row in rows:
         found.setdefault(row.flow_key, []).append(row)
     return found

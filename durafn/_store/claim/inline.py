@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from ..._types import FunctionKind, ScheduledFunctionId
+from ..._kinds import FunctionKind, ScheduledFunctionId
 from ..rows import Claimed
 from ..schema.tables import sf
 from ..sql import PENDING

@@ -8,7 +8,7 @@ from __future__ import annotations
 from sqlalchemy import Double, Integer, Text, bindparam, false, func, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from ..._types import FunctionKind
+from ..._kinds import FunctionKind
 from ..rows import Claimed
 from ..schema.tables import queues, sf
 from ..sql import PENDING, RUNNING

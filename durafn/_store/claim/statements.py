@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from sqlalchemy import CursorResult, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from ..._types import FunctionKind, ScheduledFunctionId, State
+from ..._kinds import FunctionKind, ScheduledFunctionId, State
 from ..engine import EngineDriver
 from ..rows import Claimed
 from ..schema.tables import sf

@@ -65,7 +65,7 @@ from sqlalchemy import (
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import ColumnElement
 
-from ..._types import FunctionKind
+from ..._kinds import FunctionKind
 from ..rows import CLAIM_ORDER, Claimed
 from ..schema.tables import queues, sf
 from ..sql import PENDING, RUNNING, carries

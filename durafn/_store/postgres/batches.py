@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy import CursorResult, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from ..._types import ScheduledFunctionId, State
+from ..._kinds import ScheduledFunctionId, State
 from ..crons import CronMove
 from ..driver import Driver
 from ..rows import Outcome, mark_moved

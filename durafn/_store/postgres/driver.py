@@ -21,7 +21,7 @@ from sqlalchemy.engine import ExceptionContext
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from ..._errors import ReadOnlyError
-from ..._types import FunctionKind, ScheduledFunctionId, State
+from ..._kinds import FunctionKind, ScheduledFunctionId, State
 from ..driver import Driver
 from ..rows import NEW_ROW_COLUMNS
 from .batches import CHANNEL, PostgresBatches

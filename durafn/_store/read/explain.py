@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import func, literal, select, tuple_
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from ..._types import ScheduledFunctionId
+from ..._kinds import ScheduledFunctionId
 from ..schema.tables import flow_keys, queues, sf, workers
 from ..sql import PENDING, RUNNING
 

@@ -9,7 +9,8 @@ from sqlalchemy import and_, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ..._clock import to_datetime
-from ..._types import FunctionKind, Page, ScheduledFunction, State, WorkerInfo
+from ..._kinds import FunctionKind, State
+from ..._types import Page, ScheduledFunction, WorkerInfo
 from ..claim.take import next_due
 from ..filters import RowFilter
 from ..rows import decode_cursor, encode_cursor, is_id, to_model

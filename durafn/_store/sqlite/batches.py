@@ -23,7 +23,7 @@ from typing import Any, TypeVar, cast
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from ..._types import ScheduledFunctionId, State
+from ..._kinds import ScheduledFunctionId, State
 from ..driver import Driver
 from ..rows import Outcome, mark_moved
 from ..schema.tables import ERROR_KEYS

@@ -27,7 +27,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from ..._errors import DatabaseError, ReadOnlyError, SchemaError
-from ..._types import FunctionKind
+from ..._kinds import FunctionKind
 from ..driver import Driver
 from ..rows import NEW_ROW_COLUMNS
 from .batches import SQLiteBatches

@@ -16,7 +16,7 @@ from sqlalchemy import CursorResult, Double, bindparam, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ..._errors import DatabaseError
-from ..._types import ScheduledFunctionId, State
+from ..._kinds import ScheduledFunctionId, State
 from ..after_commit import note
 from ..rows import is_id
 from ..schema.tables import sf

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from ..._types import FunctionKind, ScheduledFunctionId, State
+from ..._kinds import FunctionKind, ScheduledFunctionId, State
 from ..after_commit import note
 from ..rows import Outcome, new_id
 

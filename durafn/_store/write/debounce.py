@@ -46,7 +46,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from ..._errors import DatabaseError
 from ..._flow import Debounce, FlowError, Throttle
-from ..._types import ScheduledFunctionId, State
+from ..._kinds import ScheduledFunctionId, State
 from ..rows import NEW_ROW_COLUMNS
 from ..schema.tables import KEY_HOLDER, flow_windows, sf
 from ..sql import PENDING, next_seq

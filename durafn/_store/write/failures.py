@@ -24,7 +24,8 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
 
-from ..._types import FailedAttempt, ScheduledFunctionId, State
+from ..._kinds import ScheduledFunctionId, State
+from ..._types import FailedAttempt
 from ..rows import Outcome, RetryState, history, is_id
 from ..schema.tables import ERROR_KEYS, sf
 

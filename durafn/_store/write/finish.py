@@ -16,7 +16,7 @@ from typing import Any, TypedDict
 from sqlalchemy import CursorResult, Double, bindparam, func, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from ..._types import FunctionKind, ScheduledFunctionId, State
+from ..._kinds import FunctionKind, ScheduledFunctionId, State
 from ..engine import EngineDriver
 from ..rows import Outcome, mark_moved
 from ..schema.tables import sf

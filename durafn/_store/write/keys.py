@@ -24,7 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import ColumnElement
 
 from ..._errors import DatabaseError
-from ..._types import ScheduledFunctionId
+from ..._kinds import ScheduledFunctionId
 from ..rows import NEW_ROW_COLUMNS
 from ..schema.tables import KEY_HOLDER, sf
 from ..sql import next_seq
