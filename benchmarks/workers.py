@@ -1,14 +1,18 @@
 """Worker processes on PostgreSQL: throughput of 1, 2 and 4 ``durafn worker`` processes,
-start lag on an idle worker in another process, and recovery time after ``kill -9``.
+start lag on an idle worker in another process, recovery time after ``kill -9``, and a
+crash loop.
 
     python -m benchmarks.workers [--n 20000] [--processes 1,2,4] [--lag-samples 300]
                                  [--recovery "5,30;0.2,2"] [--kills 24]
                                  [--kills-engines sqlite,postgres] [--kills-timing 0.5,1.5]
-                                 [--json PATH]
+                                 [--crash-loop postgres] [--crash-rows 1000]
+                                 [--crash-every 0.4,1.4] [--json PATH]
 
-``--processes ""``, ``--lag-samples 0``, ``--recovery ""`` or ``--kills-engines ""`` skip a
-scenario. ``--kills`` repeats the recovery after ``kill -9`` on both engines, the killed
-worker replaced at once, and reports min, median and max.
+``--processes ""``, ``--lag-samples 0``, ``--recovery ""``, ``--kills-engines ""`` or
+``--crash-loop ""`` skip a scenario. ``--kills`` repeats the recovery after ``kill -9`` on
+both engines, the killed worker replaced at once, and reports min, median and max. The
+crash loop kills one of two workers every 0.4-1.4 s until 1,000 no-op actions have
+finished: a worker's start-up cost decides whether it reaches its first claim.
 
 The workers are real subprocesses (``python -m durafn worker --app benchmarks.worker_app:app``);
 times come from the rows themselves (completed_time, the function's own start stamp), so
@@ -21,6 +25,7 @@ import argparse
 import functools
 import json
 import os
+import random
 import signal
 import statistics
 import sys
@@ -212,6 +217,51 @@ async def recovery_after_kills(
     return delays
 
 
+async def crash_loop(
+    engine: str, rows: int, between: tuple[float, float], heartbeat: float, timeout: float
+) -> dict[str, float]:
+    """Two workers drain ``rows`` no-op actions while one of them, at random, is killed
+    (``kill -9``) every ``between`` seconds (uniform) and replaced at once: a crash loop,
+    or a busy node. A worker that spends its life importing never reaches its first
+    claim; what it does reach, it runs. Seconds until every row has finished (the ones
+    cut off by a kill are rescued as Failed), and the kills it took."""
+    url, app, fns = await _fresh_app(engine)
+    args = ("--heartbeat-interval", str(heartbeat), "--worker-timeout", str(timeout))
+    rng = random.Random(20261127)
+    procs: dict[int, anyio.abc.Process] = {}
+    sched = app.scheduler()
+    await sched.run_many([fns.noop_action.call() for _ in range(rows)])
+    kills = 0
+    try:
+        async with AsyncExitStack() as stack:
+
+            async def start() -> None:
+                [proc] = await stack.enter_async_context(workers(url, 1, *args))
+                procs[proc.pid] = proc
+
+            began = time.monotonic()
+            await start()
+            await start()
+            while True:
+                with anyio.move_on_after(rng.uniform(*between)):
+                    await _until(app, lambda: _finished(app, rows))
+                    break
+                victim = rng.choice(sorted(procs))
+                procs.pop(victim).send_signal(signal.SIGKILL)
+                kills += 1
+                await start()
+            seconds = time.monotonic() - began
+        counts = (await app.stats()).counts
+    finally:
+        await app.aclose()
+    return {
+        "seconds": round(seconds, 1),
+        "kills": kills,
+        "success": counts[State.SUCCESS],
+        "lost (Failed)": counts[State.FAILED],
+    }
+
+
 async def _no_stale_workers(app: durafn.App) -> bool:
     """The killed worker's row is gone (the rescue removes it with its actions)."""
     return len(await app.workers()) <= 2
@@ -309,6 +359,16 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 f"{timeout:g}s), {label}: {summary}",
                 flush=True,
             )
+    for engine in filter(None, args.crash_loop.split(",")):
+        heartbeat, timeout = (float(x) for x in args.kills_timing.split(","))
+        low, high = (float(x) for x in args.crash_every.split(","))
+        got = await crash_loop(engine, args.crash_rows, (low, high), heartbeat, timeout)
+        results["crash_loop"] = {**results.get("crash_loop", {}), engine: got}
+        print(
+            f"crash loop on {engine} ({args.crash_rows} no-op actions, two workers, one"
+            f" killed every {low:g}-{high:g} s): {got}",
+            flush=True,
+        )
     return results
 
 
@@ -321,6 +381,9 @@ def cli() -> None:
     parser.add_argument("--kills", type=int, default=24)
     parser.add_argument("--kills-engines", default="sqlite,postgres")
     parser.add_argument("--kills-timing", default="0.5,1.5", metavar="HEARTBEAT,TIMEOUT")
+    parser.add_argument("--crash-loop", default="postgres", metavar="ENGINES")
+    parser.add_argument("--crash-rows", type=int, default=1000)
+    parser.add_argument("--crash-every", default="0.4,1.4", metavar="LOW,HIGH")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     results = anyio.run(main, args)

@@ -107,6 +107,8 @@ class Runtime:
     _ready: bool = False
     _ready_lock: anyio.Lock | None = None
     auto_migrate: bool = True
+    max_connections: int | None = None
+    """``App(max_connections=)``; None: the driver's default."""
     queues: dict[str, Queue] = field(default_factory=dict)
     """The app's queue attributes (``App(queues=...)``)."""
     retry: Retry | None = None
@@ -154,7 +156,8 @@ class Runtime:
     @property
     def engine(self) -> AsyncEngine:
         if self._engine is None:
-            self._engine = self.driver.create_engine()
+            most = self.max_connections or self.driver.default_max_connections
+            self._engine = self.driver.create_engine(most)
         return self._engine
 
     async def ensure_ready(self) -> None:

@@ -111,7 +111,7 @@ def new_row(
 async def bare(db_url: str) -> AsyncIterator[Store]:
     """A driver on an empty database: no system tables yet."""
     driver = driver_for_url(db_url)
-    engine = driver.create_engine()
+    engine = driver.create_engine(driver.default_max_connections)
     try:
         yield Store(driver, engine)
     finally:
@@ -212,7 +212,7 @@ async def test_claim_actions_commits_in_progress_under_the_worker(store: Store) 
 @pytest.mark.postgres_only  # SKIP LOCKED: SQLite's BEGIN IMMEDIATE makes claims take turns
 async def test_concurrent_claims_skip_each_others_locked_rows(postgres_url: str) -> None:
     driver = driver_for_url(postgres_url)
-    engine = driver.create_engine()
+    engine = driver.create_engine(driver.default_max_connections)
     store = Store(driver, engine)
     try:
         await store.run(lambda conn: driver.migrate(conn, T0))

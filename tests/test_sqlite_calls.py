@@ -44,7 +44,7 @@ def turn(path: Path) -> Any:
 @pytest.fixture
 async def engine(path: Path) -> AsyncIterator[AsyncEngine]:
     driver = driver_for_url(f"sqlite+aiosqlite:///{path}")
-    engine = driver.create_engine()
+    engine = driver.create_engine(driver.default_max_connections)
     try:
         async with engine.connect() as conn:
             await conn.exec_driver_sql("CREATE TABLE t (n INTEGER PRIMARY KEY, v TEXT)")
@@ -236,7 +236,7 @@ async def test_sqlite_errors_in_a_call_on_the_thread_are_classified_as_sqlalchem
     retried; a closed connection is a disconnect, and the connection is dropped."""
     url = f"sqlite+aiosqlite:///{tmp_path / 'locked.sqlite3'}"
     driver = driver_for_url(url)
-    engine = driver.create_engine()
+    engine = driver.create_engine(driver.default_max_connections)
     blocker = sqlite3.connect(tmp_path / "locked.sqlite3", isolation_level=None)
     try:
         async with engine.begin() as conn:
@@ -270,7 +270,7 @@ async def test_a_sqlite_statement_is_one_call_on_its_connections_thread(tmp_path
     (cursor, execute, fetch, close); durafn's makes one (``_store/sqlite/calls.py``),
     with the same rows, row counts and errors."""
     driver = driver_for_url(f"sqlite+aiosqlite:///{tmp_path / 'calls.sqlite3'}")
-    engine = driver.create_engine()
+    engine = driver.create_engine(driver.default_max_connections)
     try:
         async with engine.connect() as conn:
             await conn.exec_driver_sql("CREATE TABLE t (n INTEGER PRIMARY KEY, v TEXT)")

@@ -34,6 +34,9 @@ class EngineDriver:
     auto_migrate: ClassVar[bool]
     """Create the system tables on first use (an embedded database), or require
     ``durafn migrate`` (a shared server, whose schema changes deliberately)."""
+    default_max_connections: ClassVar[int]
+    """The most connections an app's pool opens at once unless ``App(max_connections=)``
+    says otherwise."""
 
     lateral_claims: ClassVar[bool] = False
     """The engine has LATERAL joins: the claim's fast path reads every priority level."""
@@ -48,7 +51,8 @@ class EngineDriver:
 
     # -- engine and errors ---------------------------------------------------------------
 
-    def create_engine(self) -> AsyncEngine:
+    def create_engine(self, max_connections: int) -> AsyncEngine:
+        """The app's engine: a pool that opens at most ``max_connections`` at once."""
         raise NotImplementedError
 
     def require_existing(self) -> None:
@@ -205,3 +209,16 @@ def _too_new(version: int) -> SchemaError:
         f"the durafn system tables are at version {version}, newer than this durafn "
         f"understands ({SCHEMA_VERSION}); upgrade durafn before running it on this database"
     )
+
+
+def pool_arguments(max_connections: int) -> dict[str, int]:
+    """A pool that keeps half of ``max_connections`` open when idle and opens the rest for
+    bursts, closing them after. An executor's tasks (claims, finishes, heartbeats, lanes)
+    check out up to ten at once when they start together, and a pool of 10 kept them all
+    open for good: 11 server connections per worker with its LISTEN, 9 workers for a
+    server's default ``max_connections`` of 100. The drains need far fewer: no-op
+    mutations and actions drained as fast through a pool of 2 (no overflow) as through
+    one of 10 (PostgreSQL, interleaved runs: 14.5k against 15.1k /s and 10.4k against
+    10.1k /s, within this machine's noise)."""
+    kept = (max_connections + 1) // 2
+    return {"pool_size": kept, "max_overflow": max_connections - kept}

@@ -23,6 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from ..._errors import ReadOnlyError
 from ..._kinds import FunctionKind, ScheduledFunctionId, State
 from ..driver import Driver
+from ..engine import pool_arguments
 from ..rows import NEW_ROW_COLUMNS
 from .batches import CHANNEL, PostgresBatches
 
@@ -127,15 +128,18 @@ class PostgresDriver(PostgresBatches, Driver):
     max_mutation_lanes: ClassVar[int] = 4
     default_poll_interval: ClassVar[float] = 5.0
     auto_migrate: ClassVar[bool] = False
+    default_max_connections: ClassVar[int] = 10
     # Measured: a claim of 64 actions took 2.4 ms as BEGIN, UPDATE, COMMIT through
     # SQLAlchemy and 1.6 ms as one autocommit statement (the server's part is 1.0 ms).
     single_statement_options: ClassVar[dict[str, Any]] = {"isolation_level": "AUTOCOMMIT"}
 
-    def create_engine(self) -> AsyncEngine:
+    def create_engine(self, max_connections: int) -> AsyncEngine:
         # asyncpg waits 60 s for a connection by default: too long for a worker that
         # should notice an unreachable server, log it and back off.
         engine = create_async_engine(
-            self.url, pool_size=10, max_overflow=10, connect_args={"timeout": CONNECT_TIMEOUT}
+            self.url,
+            connect_args={"timeout": CONNECT_TIMEOUT},
+            **pool_arguments(max_connections),
         )
         event.listen(engine.sync_engine, "handle_error", _discard_broken_connections)
         event.listen(engine.sync_engine, "checkout", _refuse_closed_connections)

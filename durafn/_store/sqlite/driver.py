@@ -29,6 +29,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from ..._errors import DatabaseError, ReadOnlyError, SchemaError
 from ..._kinds import FunctionKind
 from ..driver import Driver
+from ..engine import pool_arguments
 from ..rows import NEW_ROW_COLUMNS
 from .batches import SQLiteBatches
 from .calls import BEGIN_WRITE, Connection, adopt, begin, turn_for
@@ -72,6 +73,7 @@ class SQLiteDriver(SQLiteBatches, Driver):
     max_mutation_lanes: ClassVar[int] = 1
     default_poll_interval: ClassVar[float] = 0.5
     auto_migrate: ClassVar[bool] = True
+    default_max_connections: ClassVar[int] = 16
     single_statement_options: ClassVar[dict[str, Any]] = {ONE_CALL_OPTION: True}
 
     busy_timeout: float = 30.0
@@ -91,7 +93,7 @@ class SQLiteDriver(SQLiteBatches, Driver):
                 "create it with `durafn migrate --url ...`"
             )
 
-    def create_engine(self) -> AsyncEngine:
+    def create_engine(self, max_connections: int) -> AsyncEngine:
         database = self.url.database
         if not _is_file(database):
             raise SchemaError(
@@ -101,8 +103,7 @@ class SQLiteDriver(SQLiteBatches, Driver):
         engine = create_async_engine(
             self.url,
             connect_args={"timeout": self.busy_timeout, "factory": Connection},
-            pool_size=8,
-            max_overflow=8,
+            **pool_arguments(max_connections),
         )
         # SQLAlchemy terminates an invalidated aiosqlite connection (one whose statement was
         # cancelled) with a graceful close in a shielded task; when the caller is cancelled

@@ -1,0 +1,78 @@
+"""``App(max_connections=)``: the most connections an app's pool opens at once, so that
+many workers fit one server. An executor works within a pool of two; the ends of the
+range and bad values."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from sqlalchemy import event
+
+import durafn
+from durafn import ActionCtx, MutationCtx, State
+from durafn.testing import all_rows
+
+pytestmark = pytest.mark.anyio
+
+
+class Peak:
+    """The most connections checked out of an engine's pool at once."""
+
+    def __init__(self, app: durafn.App) -> None:
+        self.out = self.most = 0
+        pool = app.engine.sync_engine
+        event.listen(pool, "checkout", self._checkout)
+        event.listen(pool, "checkin", self._checkin)
+
+    def _checkout(self, *_: Any) -> None:
+        self.out += 1
+        self.most = max(self.most, self.out)
+
+    def _checkin(self, *_: Any) -> None:
+        self.out -= 1
+
+
+@pytest.mark.parametrize("most", [1, 2])
+async def test_an_executor_drains_within_a_pool_of_one_or_two(db_url: str, most: int) -> None:
+    app = durafn.App(db_url, max_connections=most)
+
+    @app.mutation(name="conn:note")
+    async def note(ctx: MutationCtx, n: int) -> int:
+        return n
+
+    @app.action(name="conn:act")
+    async def act(ctx: ActionCtx, n: int) -> int:
+        await ctx.run_mutation(note, n)  # an action's own transaction, from the same pool
+        return n
+
+    await app.migrate()
+    peak = Peak(app)
+    sched = app.scheduler()
+    await sched.run_many([note.call(n) for n in range(100)] + [act.call(n) for n in range(50)])
+    async with app.run_executor(concurrency=8) as executor:
+        await executor.run_until_idle()
+    rows = await all_rows(app)
+    assert len(rows) == 150
+    assert {r.state for r in rows} == {State.SUCCESS}
+    assert sorted(r.result for r in rows if r.name == "conn:act") == list(range(50))
+    assert 1 <= peak.most <= most
+    assert app.engine.pool.size() == (most + 1) // 2  # type: ignore[attr-defined]
+    await app.aclose()
+
+
+async def test_the_default_keeps_half_of_its_connections_open(db_url: str) -> None:
+    app = durafn.App(db_url)
+    default = 10 if app.dialect == "PostgreSQL" else 16
+    pool: Any = app.engine.pool
+    assert (pool.size(), pool._max_overflow) == (default // 2, default // 2)
+    await app.aclose()
+    top = durafn.App(db_url, max_connections=1000)
+    assert top.engine.pool.size() == 500  # type: ignore[attr-defined]
+    await top.aclose()
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1001, 2.5, "4", True])
+def test_max_connections_out_of_range_is_an_argument_error(bad: Any) -> None:
+    with pytest.raises(durafn.ArgumentError, match="max_connections"):
+        durafn.App("sqlite+aiosqlite:///unused.sqlite3", max_connections=bad)
