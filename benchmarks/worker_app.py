@@ -18,6 +18,7 @@ class Functions(NamedTuple):
     hang: durafn.ActionRef[[], None]
     until_cancelled: durafn.ActionRef[[str], None]
     noop_action: durafn.ActionRef[[], None]
+    short: durafn.ActionRef[[], None]
 
 
 def register(app: durafn.App) -> Functions:
@@ -56,7 +57,11 @@ def register(app: durafn.App) -> Functions:
         async with await anyio.open_file(path, "a") as f:
             await f.write(f"seen {ctx.run_id} {seen}\n")
 
-    return Functions(fan_out, probe, hang, until_cancelled, noop_action)
+    @app.action(name="bench:short")
+    async def short(ctx: ActionCtx) -> None:
+        await anyio.sleep(0.05)  # a short call to another service
+
+    return Functions(fan_out, probe, hang, until_cancelled, noop_action, short)
 
 
 app = durafn.App()

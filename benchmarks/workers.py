@@ -11,7 +11,7 @@ crash loop.
 ``--processes ""``, ``--lag-samples 0``, ``--recovery ""``, ``--kills-engines ""`` or
 ``--crash-loop ""`` skip a scenario. ``--kills`` repeats the recovery after ``kill -9`` on
 both engines, the killed worker replaced at once, and reports min, median and max. The
-crash loop kills one of two workers every 0.4-1.4 s until 1,000 no-op actions have
+crash loop kills one of two workers every 0.4-1.4 s until 1,000 actions of 50 ms have
 finished: a worker's start-up cost decides whether it reaches its first claim.
 
 The workers are real subprocesses (``python -m durafn worker --app benchmarks.worker_app:app``);
@@ -220,17 +220,19 @@ async def recovery_after_kills(
 async def crash_loop(
     engine: str, rows: int, between: tuple[float, float], heartbeat: float, timeout: float
 ) -> dict[str, float]:
-    """Two workers drain ``rows`` no-op actions while one of them, at random, is killed
-    (``kill -9``) every ``between`` seconds (uniform) and replaced at once: a crash loop,
-    or a busy node. A worker that spends its life importing never reaches its first
-    claim; what it does reach, it runs. Seconds until every row has finished (the ones
-    cut off by a kill are rescued as Failed), and the kills it took."""
+    """Two workers drain ``rows`` short actions (50 ms each, 10 at once) while one of
+    them, at random, is killed (``kill -9``) every ``between`` seconds (uniform) and
+    replaced at once: a crash loop, or a busy node. A worker that spends its life
+    importing never reaches its first claim; what it does reach, it runs. Seconds until
+    every row has finished (the ones cut off by a kill are rescued as Failed), and the
+    kills it took."""
     url, app, fns = await _fresh_app(engine)
     args = ("--heartbeat-interval", str(heartbeat), "--worker-timeout", str(timeout))
+    args += ("--concurrency", "10")
     rng = random.Random(20261127)
     procs: dict[int, anyio.abc.Process] = {}
     sched = app.scheduler()
-    await sched.run_many([fns.noop_action.call() for _ in range(rows)])
+    await sched.run_many([fns.short.call() for _ in range(rows)])
     kills = 0
     try:
         async with AsyncExitStack() as stack:
@@ -365,7 +367,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         got = await crash_loop(engine, args.crash_rows, (low, high), heartbeat, timeout)
         results["crash_loop"] = {**results.get("crash_loop", {}), engine: got}
         print(
-            f"crash loop on {engine} ({args.crash_rows} no-op actions, two workers, one"
+            f"crash loop on {engine} ({args.crash_rows} 50 ms actions, two workers, one"
             f" killed every {low:g}-{high:g} s): {got}",
             flush=True,
         )
