@@ -227,8 +227,8 @@ async def crash_loop(
     every row has finished (the ones cut off by a kill are rescued as Failed), and the
     kills it took."""
     url, app, fns = await _fresh_app(engine)
-    args = ("--heartbeat-interval", str(heartbeat), "--worker-timeout", str(timeout))
-    args += ("--concurrency", "10")
+    args = ["--heartbeat-interval", str(heartbeat), "--worker-timeout", str(timeout)]
+    args += ["--concurrency", "10"]
     rng = random.Random(20261127)
     procs: dict[int, anyio.abc.Process] = {}
     sched = app.scheduler()
