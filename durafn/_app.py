@@ -141,6 +141,12 @@ class App(Operations, CronDeclarations, CronRegistry):
         self._rt.driver = driver
         self._rt.health = Health(driver)
 
+    def _limit_connections(self, most: int) -> None:
+        """Set ``max_connections`` (the CLI's ``--max-connections``), before first use."""
+        if self._rt._engine is not None:
+            raise ArgumentError("the app's connection limit cannot change once it is in use")
+        self._rt.max_connections = integer("max_connections", most, high=1000)
+
     def using(self, url: str | None = None, *, clock: Clock | None = None) -> App:
         """This app on another database, or with another clock: the same functions,
         crons, hooks, queues and settings (shared: what is registered on one is on both),

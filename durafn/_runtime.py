@@ -154,10 +154,14 @@ class Runtime:
         self._ready = True
 
     @property
+    def connections(self) -> int:
+        """The most connections the app's pool opens at once."""
+        return self.max_connections or self.driver.default_max_connections
+
+    @property
     def engine(self) -> AsyncEngine:
         if self._engine is None:
-            most = self.max_connections or self.driver.default_max_connections
-            self._engine = self.driver.create_engine(most)
+            self._engine = self.driver.create_engine(self.connections)
         return self._engine
 
     async def ensure_ready(self) -> None:

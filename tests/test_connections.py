@@ -1,16 +1,18 @@
-"""``App(max_connections=)``: the most connections an app's pool opens at once, so that
-many workers fit one server. An executor works within a pool of two; the ends of the
-range and bad values."""
+"""``App(max_connections=)`` and ``durafn worker --max-connections``: the most connections
+an app's pool opens at once, so that many workers fit one server. An executor works
+within a pool of one or two; the ends of the range and bad values. (A worker process
+started with the option: ``test_workers.py``'s exit-on-complete test.)"""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 from sqlalchemy import event
 
 import durafn
-from durafn import ActionCtx, MutationCtx, State
+from durafn import ActionCtx, MutationCtx, State, cli
 from durafn.testing import all_rows
 
 pytestmark = pytest.mark.anyio
@@ -76,3 +78,25 @@ async def test_the_default_keeps_half_of_its_connections_open(db_url: str) -> No
 def test_max_connections_out_of_range_is_an_argument_error(bad: Any) -> None:
     with pytest.raises(durafn.ArgumentError, match="max_connections"):
         durafn.App("sqlite+aiosqlite:///unused.sqlite3", max_connections=bad)
+
+
+async def test_the_cli_limit_is_set_before_first_use_and_never_after(db_url: str) -> None:
+    """``durafn worker --max-connections`` sets the app's limit after importing it; once
+    the app has an engine, the limit cannot change (its pool is built)."""
+    app = durafn.App(db_url)
+    app._limit_connections(3)
+    assert app.engine.pool.size() == 2  # type: ignore[attr-defined]
+    with pytest.raises(durafn.ArgumentError, match="connection limit cannot change"):
+        app._limit_connections(5)
+    await app.aclose()
+
+
+@pytest.mark.parametrize("bad", ["0", "1001", "two"])
+def test_a_bad_max_connections_option_is_a_usage_error(bad: str) -> None:
+    result = CliRunner().invoke(
+        cli.main,
+        ["worker", "--app", "tests.cli_app:app", "--max-connections", bad],
+        catch_exceptions=False,
+    )
+    assert result.exit_code == 2, result.output
+    assert "--max-connections" in result.stderr

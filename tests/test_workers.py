@@ -304,7 +304,7 @@ async def test_exit_on_complete_runs_what_is_due_and_exits_0(
     wapp: tuple[durafn.App, Functions], db_url: str, tmp_path: Path
 ) -> None:
     """Under the supervisor (``-n 2``), whose children are plain ``--exit-on-complete``
-    workers: both paths at the cost of one."""
+    workers: both paths at the cost of one; each within two database connections."""
     app, fns = wapp
     trace = tmp_path / "trace.txt"
     await app.run_mutation(fns.fan_out, 0, 300, 0.0)
@@ -315,8 +315,10 @@ async def test_exit_on_complete_runs_what_is_due_and_exits_0(
         "worker", "--app", "tests.worker_app:app", "--url", db_url, "--exit-on-complete"
     )
     async with owned() as owner:
-        result = await owner.run([*command, "-n", "2"], cwd=ROOT)
+        result = await owner.run([*command, "-n", "2", "--max-connections", "2"], cwd=ROOT)
     assert result.returncode == 0, result.stderr.decode()
+    # Each child took the supervisor's --max-connections, and drained within it.
+    assert result.stderr.decode().count("at most 2 database connections") == 2
     assert await state_counts(app) == {"Success": 320, "Pending": 1}
     row = await app.get(later)
     assert row is not None and row.state is State.PENDING  # due later: not "complete" work

@@ -176,7 +176,12 @@ class Membership:
 
         existed = await rt.transaction(_renew, doing="renewing the worker heartbeat")
         if not registered:
-            logger.info("worker %s started", self.worker_id)
+            logger.info(
+                "worker %s started (%d actions at once, at most %d database connections)",
+                self.worker_id,
+                self._config.concurrency,
+                rt.connections,
+            )
         elif not existed:
             logger.error(
                 "worker %s had been declared lost by another worker (no heartbeat for %gs: "

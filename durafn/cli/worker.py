@@ -99,6 +99,13 @@ _DEFAULTS = ExecutorConfig()
     help="Never run rows carrying this flag (repeatable): shed a kind of work.",
 )
 @click.option(
+    "--max-connections",
+    type=click.IntRange(1, 1000),
+    default=None,
+    help="The most database connections this worker's pool opens at once (PostgreSQL "
+    "adds one for LISTEN) [default: the app's, 10 on PostgreSQL].",
+)
+@click.option(
     "--log-level",
     type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
     default="INFO",
@@ -121,6 +128,7 @@ def worker(
     queues: str | None,
     pools: tuple[str, ...],
     forbidden_flags: tuple[str, ...],
+    max_connections: int | None,
     log_level: str,
     verbose: bool,
 ) -> None:
@@ -164,6 +172,7 @@ def worker(
             ("--batch-size", batch_size),
             ("--poll-interval", poll_interval),
             ("--name", worker_name),
+            ("--max-connections", max_connections),
         ):
             if value is not None:
                 args += [flag, str(value)]
@@ -176,6 +185,8 @@ def worker(
 
     async def _serve() -> int:
         app = open_app(app_ref, url, create=True)
+        if max_connections is not None:
+            app._limit_connections(max_connections)
         try:
             return await serve(app, options, exit_on_complete=exit_on_complete)
         finally:
