@@ -6,12 +6,11 @@ with ``ctx.scheduler.run_after`` / ``run_at``; run an executor to execute what i
 
 import importlib as _importlib
 import logging
-from typing import TYPE_CHECKING as _TYPE_CHECKING
-from typing import Any as _Any
+import typing as _typing
 
 from ._public import PUBLIC as _PUBLIC
 
-if _TYPE_CHECKING:
+if _typing.TYPE_CHECKING:  # (mypy knows the condition by this spelling, not an alias)
     from ._app import DEFAULT_URL, App
     from ._clock import Clock, SystemClock
     from ._context import ActionCtx, MutationCtx, QueryCtx, SystemTable
@@ -142,16 +141,19 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> _Any:
-    """A public name, loaded with its module on first use: ``import durafn`` alone (the
-    command line's help, a worker process before its app) costs no SQLAlchemy nor
-    pydantic. The module names its classes ``durafn.X`` as it loads (``_public``)."""
-    module = _PUBLIC.get(name)
-    if module is None:
-        raise AttributeError(f"module 'durafn' has no attribute {name!r}")
-    value = getattr(_importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
+if not _typing.TYPE_CHECKING:  # for type checkers the names are the imports above: no Any
+
+    def __getattr__(name: str) -> _typing.Any:
+        """A public name, loaded with its module on first use: ``import durafn`` alone
+        (the command line's help, a worker process before its app) costs no SQLAlchemy
+        nor pydantic. The module names its classes ``durafn.X`` as it loads
+        (``_public``)."""
+        module = _PUBLIC.get(name)
+        if module is None:
+            raise AttributeError(f"module 'durafn' has no attribute {name!r}")
+        value = getattr(_importlib.import_module(f".{module}", __name__), name)
+        globals()[name] = value
+        return value
 
 
 def __dir__() -> list[str]:

@@ -54,9 +54,10 @@ class App(Operations, CronDeclarations, CronRegistry):
 
     ``max_connections``: the most database connections the app's pool opens at once
     (default 10 on PostgreSQL, 16 on SQLite); it keeps half of them open when idle. An
-    executor on PostgreSQL holds one more, for LISTEN. Size it to the server: a primary
-    with ``max_connections = 100`` serves ten workers at 9, twenty at 4 (executors drain
-    as fast through 2 as through 10).
+    executor on PostgreSQL holds one more, for LISTEN. Size it to the server: of a
+    primary's default ``max_connections = 100``, 97 are for clients (3 are reserved for
+    superusers): eight workers at the default (11 each), nineteen at 4 (executors drain as
+    fast through 2 as through 10).
 
     ``inline``: for development and simple tests, run scheduled functions in the caller's
     task as soon as the transaction that scheduled them commits, due or not, instead of

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import anyio
 import pytest
 from click.testing import CliRunner
-from sqlalchemy import event
+from sqlalchemy import event, text
 
 import durafn
 from durafn import ActionCtx, MutationCtx, State, cli
@@ -58,8 +59,9 @@ async def test_an_executor_drains_within_a_pool_of_one_or_two(db_url: str, most:
     assert len(rows) == 150
     assert {r.state for r in rows} == {State.SUCCESS}
     assert sorted(r.result for r in rows if r.name == "conn:act") == list(range(50))
-    assert 1 <= peak.most <= most
-    assert app.engine.pool.size() == (most + 1) // 2  # type: ignore[attr-defined]
+    pool: Any = app.engine.pool
+    assert (pool.size(), pool.size() + pool._max_overflow) == ((most + 1) // 2, most)
+    assert 1 <= peak.most <= most  # what the pool so configured promises
     await app.aclose()
 
 
@@ -100,3 +102,28 @@ def test_a_bad_max_connections_option_is_a_usage_error(bad: str) -> None:
     )
     assert result.exit_code == 2, result.output
     assert "--max-connections" in result.stderr
+
+
+@pytest.mark.postgres_only  # the backend stopped is PostgreSQL's
+async def test_a_timed_out_mutation_is_stopped_on_the_server_with_a_pool_of_one(
+    postgres_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A mutation past its limit between two statements (its transaction open, a row
+    locked) has its backend terminated from a connection outside the pool: a pool of
+    one has no other, and the checkout waited 5 s, gave up, and left the server to find
+    the dropped socket."""
+    app = durafn.App(postgres_url, max_connections=1, mutation_timeout=0.2)
+
+    @app.mutation(name="conn:holds")
+    async def holds(ctx: MutationCtx) -> None:
+        await ctx.db.execute(text("SELECT 1"))
+        await anyio.Event().wait()  # past its limit, in the user's code, not a statement
+
+    await app.migrate()
+    sid = await app.scheduler().run_after(0, holds)
+    await app.executor().run_until_idle()
+    row = await app.get(sid)
+    assert row is not None and row.state is State.FAILED
+    assert row.error is not None and row.error.type == "durafn.FunctionTimeoutError"
+    assert not [r for r in caplog.records if "could not stop" in r.getMessage()]
+    await app.aclose()

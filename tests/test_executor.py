@@ -16,7 +16,7 @@ import pytest
 from sqlalchemy import func, select, text, update
 
 import durafn
-from durafn import ActionCtx, MutationCtx, State
+from durafn import ActionCtx, HookEvent, MutationCtx, State
 from durafn.testing import FakeClock, all_rows, finish_all
 
 from .helpers import CEILING, count, counter, system_table_locked
@@ -124,6 +124,37 @@ async def test_mutation_time_limit(db_url: str, clock: FakeClock) -> None:
         async with app.engine.connect() as conn:
             keys = sorted((await conn.execute(select(Effect.key))).scalars())
         assert keys == ["bump1", "bump2"]
+    finally:
+        await app.aclose()
+
+
+async def test_a_mutations_time_limit_covers_its_run_not_the_hooks_around_it(
+    db_url: str, clock: FakeClock
+) -> None:
+    """Hooks run outside the limit: a slow ``success`` hook after one mutation and a slow
+    ``before`` hook of the next fail neither (the batch's one timer once stayed armed for
+    the mutation that had ended, and blamed it or the next one)."""
+    app = durafn.App(db_url, clock=clock, mutation_timeout=0.05)
+    await app.migrate()
+    try:
+
+        @app.on("before")
+        @app.on("success")
+        async def slow_metrics(event: HookEvent) -> None:
+            await anyio.sleep(0.1)  # twice the limit
+
+        @app.mutation
+        async def note(ctx: MutationCtx, n: int) -> int:
+            return n
+
+        ids = [await app.scheduler().run_after(0, note, n) for n in range(3)]
+        await app.executor().run_until_idle()
+        rows = [await app.get(i) for i in ids]
+        assert [(r.state, r.result) for r in rows if r is not None] == [
+            (State.SUCCESS, 0),
+            (State.SUCCESS, 1),
+            (State.SUCCESS, 2),
+        ]
     finally:
         await app.aclose()
 

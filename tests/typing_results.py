@@ -65,3 +65,9 @@ async def completes(sched: durafn.Scheduler) -> None:
 @app.action(on_complete=sent)
 async def notified(ctx: durafn.ActionCtx) -> None:
     pass
+
+
+# A name durafn does not export is a type error, though the package loads its names on
+# first use (a module-level __getattr__ typed Any would make it anything; mypy --strict
+# reports an unneeded ignore below if so).
+misspelt = durafn.Ap  # type: ignore[attr-defined]

@@ -66,11 +66,13 @@ if TYPE_CHECKING:
 __all__ = ["Executor", "ExecutorConfig", "ExecutorOptions", "RunawayError", "make_config"]
 
 
-def __getattr__(name: str) -> Any:
-    """The executor itself loads on first use: ``durafn worker --help`` reads only its
-    configuration's defaults."""
-    if name in ("Executor", "RunawayError"):
-        from . import executor
+if not TYPE_CHECKING:  # for type checkers, the names are the imports above: no Any
 
-        return getattr(executor, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    def __getattr__(name: str) -> Any:
+        """The executor itself loads on first use: ``durafn worker --help`` reads only
+        its configuration's defaults."""
+        if name in ("Executor", "RunawayError"):
+            from . import executor
+
+            return getattr(executor, name)
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -271,6 +271,8 @@ class MutationBatch:
         if self._deadline <= loop.time():
             self._timer = None
             self._limit.cancel()
+        elif self._deadline == math.inf:
+            self._timer = None  # between mutations: the next one sets its own
         else:
             self._timer = loop.call_at(self._deadline, self._past_limit)
 
@@ -296,10 +298,10 @@ class MutationBatch:
         writes = self._writes
         self.begun.append(row)
         timeout = self._invoker.timeouts.for_(ref)
-        self._current, self._timeout = row, timeout
         hooks = rt.hooks.active
         if hooks:
             await rt.hooks.before(MUTATION, row)
+        self._current, self._timeout = row, timeout
         self._limit_from(self._loop_time() + timeout)
         try:
             result = await ref.fn(MutationCtx(rt, parts, row.id), **values)
@@ -314,7 +316,9 @@ class MutationBatch:
                 await parts.writer.flush()
             if savepoint is not None:
                 await savepoint.commit()
+            self._deadline = math.inf  # the limit covers the run, not the hooks after it
         except Exception as exc:
+            self._deadline = math.inf
             if rt.driver.is_transient(exc, raised_by_user=True):
                 raise
             if savepoint is None:

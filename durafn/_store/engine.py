@@ -215,10 +215,10 @@ def pool_arguments(max_connections: int) -> dict[str, int]:
     """A pool that keeps half of ``max_connections`` open when idle and opens the rest for
     bursts, closing them after. An executor's tasks (claims, finishes, heartbeats, lanes)
     check out up to ten at once when they start together, and a pool of 10 kept them all
-    open for good: 11 server connections per worker with its LISTEN, 9 workers for a
-    server's default ``max_connections`` of 100. The drains need far fewer: no-op
-    mutations and actions drained as fast through a pool of 2 (no overflow) as through
-    one of 10 (PostgreSQL, interleaved runs: 14.5k against 15.1k /s and 10.4k against
-    10.1k /s, within this machine's noise)."""
+    open for good: 11 server connections per worker with its LISTEN, 8 workers for the
+    97 client connections of a server's default ``max_connections`` of 100. The drains
+    need far fewer: no-op mutations and actions drained as fast through a pool of 2 (no
+    overflow) as through one of 10 (PostgreSQL, interleaved runs: 14.5k against 15.1k /s
+    and 10.4k against 10.1k /s, within this machine's noise)."""
     kept = (max_connections + 1) // 2
     return {"pool_size": kept, "max_overflow": max_connections - kept}

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import itertools
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
 
 import click
 from rich.table import Column
@@ -14,9 +13,6 @@ from .._errors import DurafnError
 from .options import app_options, output_options, to_datetime_option, verbose_option
 from .output import Output
 from .running import fail, run_with_app
-
-if TYPE_CHECKING:
-    pass
 
 
 @click.group()

@@ -177,7 +177,7 @@ class FlowStatements:
     heads: Any | None
     """Every key's head at once, LATERAL (PostgreSQL), or None: ``union_heads``."""
     extra: tuple[ColumnElement[bool], ...]
-    unions: dict[int, Any] = field(default_factory=dict)
+    unions: dict[int, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def union_heads(self, n: int) -> Any:
         """The heads of ``n`` keys (1 to ``KEYS_PER_CLAIM``) in one UNION ALL (SQLite),

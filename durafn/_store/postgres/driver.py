@@ -133,6 +133,11 @@ class PostgresDriver(PostgresBatches, Driver):
     # SQLAlchemy and 1.6 ms as one autocommit statement (the server's part is 1.0 ms).
     single_statement_options: ClassVar[dict[str, Any]] = {"isolation_level": "AUTOCOMMIT"}
 
+    @property
+    def _dsn(self) -> str:
+        """The URL as asyncpg takes it, for the connections outside the pool."""
+        return self.url.set(drivername="postgresql").render_as_string(hide_password=False)
+
     def create_engine(self, max_connections: int) -> AsyncEngine:
         # asyncpg waits 60 s for a connection by default: too long for a worker that
         # should notice an unreachable server, log it and back off.
@@ -194,12 +199,15 @@ class PostgresDriver(PostgresBatches, Driver):
         # its transaction back, and waits (up to 5 s) for the backend to be gone, locks
         # released. Terminate rather than cancel: the connection is dropped either way,
         # and a cancel that lands between two statements of the mutation stops nothing.
+        # On a connection of its own, outside the pool: with max_connections=1 the pool has
+        # no other, and a checkout would wait while the statement kept its locks.
         try:
-            with anyio.fail_after(5.0):
-                async with conn.engine.connect() as admin:
-                    await admin.execute(
-                        text("SELECT pg_terminate_backend(:pid, 5000)"), {"pid": handle}
-                    )
+            with anyio.fail_after(5.0 + CONNECT_TIMEOUT):
+                admin = await asyncpg.connect(self._dsn, timeout=CONNECT_TIMEOUT)
+                try:
+                    await admin.execute("SELECT pg_terminate_backend($1, 5000)", handle)
+                finally:
+                    admin.terminate()
         except Exception as exc:  # the database is away: the server ends it with our socket
             logger.warning("could not stop the statement of a timed-out mutation: %s", exc)
         await conn.invalidate()
@@ -272,7 +280,7 @@ class PostgresDriver(PostgresBatches, Driver):
             kinds = {k for k in _ALL_KINDS if k.value in payload.split(",")}
             on_wake(kinds or _ALL_KINDS)
 
-        dsn = self.url.set(drivername="postgresql").render_as_string(hide_password=False)
+        dsn = self._dsn
 
         async def _keep_listening() -> None:
             delay = 0.1
