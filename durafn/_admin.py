@@ -1,21 +1,22 @@
 """Operator utilities on ``App``: named queues (list, pause, resume), and changes to many
-rows at once (reschedule, retry of Failed rows, cancel by filter), each in batches so
-that a million rows never hold one transaction (or, on SQLite, the write lock) for long.
+rows at once (reschedule, retry of Failed rows, cancel by filter, delete finished rows),
+each in batches so that a million rows never hold one transaction (or, on SQLite, the
+write lock) for long.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from ._checks import aware_time, integer, scheduled_id
+from ._checks import aware_time, integer, scheduled_id, state_list
 from ._context import row_filter
 from ._errors import ArgumentError, NotFoundError
 from ._explain import Explanation, FlowKeyInfo, explain, key_info
-from ._kinds import FunctionKind, ScheduledFunctionId, State
+from ._kinds import FINISHED_STATES, FunctionKind, ScheduledFunctionId, State
 from ._options import check_name, check_priority
 from ._retries import MAX_ATTEMPTS
 from ._runtime import Runtime
@@ -274,6 +275,46 @@ class Operations:
             if after is None:
                 return total
 
+    # -- deleting finished rows --------------------------------------------------------
+
+    async def count_finished(
+        self, *, completed_before: datetime, states: Collection[State] = FINISHED_STATES
+    ) -> int:
+        """How many rows ``delete_finished`` with the same arguments would delete."""
+        cutoff = aware_time("completed_before", completed_before)
+        states = _finished_states(states)
+
+        async def _count(conn: AsyncConnection) -> int:
+            return await self._rt.driver.count_finished(conn, cutoff, states)
+
+        return await self._rt.transaction(_count, read_only=True, doing="counting finished rows")
+
+    async def delete_finished(
+        self,
+        *,
+        completed_before: datetime,
+        states: Collection[State] = FINISHED_STATES,
+        batch_size: int = 1000,
+    ) -> int:
+        """Delete the rows in ``states`` (finished ones only: Success, Failed, Canceled)
+        completed before ``completed_before``; returns how many.
+
+        One transaction per ``batch_size`` rows, so that no lock is held for long.
+        """
+        cutoff = aware_time("completed_before", completed_before)
+        states = _finished_states(states)
+        batch_size = integer("batch_size", batch_size, high=1_000_000)
+
+        async def _delete(conn: AsyncConnection) -> int:
+            return await self._rt.driver.delete_finished(conn, cutoff, batch_size, states)
+
+        deleted = 0
+        while True:
+            n = await self._rt.transaction(_delete, doing="deleting finished rows")
+            deleted += n
+            if n < batch_size:
+                return deleted
+
 
 def _check_ids(ids: object) -> None:
     if not isinstance(ids, list | tuple) or not all(isinstance(i, str) for i in ids):
@@ -282,3 +323,8 @@ def _check_ids(ids: object) -> None:
 
 def _fields(where: RowFilter) -> dict[str, Any]:
     return {name: getattr(where, name) for name in RowFilter.__slots__}
+
+
+def _finished_states(value: object) -> list[State]:
+    # Unfinished states are refused by the driver, with the reason.
+    return state_list("states", value)

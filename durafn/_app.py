@@ -6,7 +6,7 @@ import builtins
 import dataclasses
 import os
 import sys
-from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Concatenate, ParamSpec, TypeVar, overload
 
@@ -15,7 +15,7 @@ from typing_extensions import Unpack
 
 from ._admin import Operations
 from ._cancels import CANCEL_MODES, CancelMode
-from ._checks import aware_time, flag, integer, optional, positive_seconds, state_list, text
+from ._checks import flag, integer, optional, positive_seconds, text
 from ._clock import Clock, SystemClock, to_datetime
 from ._context import ActionCtx, MutationCtx, QueryCtx, SystemTable
 from ._cron_registry import CronRegistry
@@ -24,7 +24,7 @@ from ._errors import ArgumentError, RegistrationError
 from ._executor import Executor, ExecutorOptions, make_config
 from ._hooks import HookName, HookT, check_hook
 from ._invoke import Invoker, Timeouts
-from ._kinds import FINISHED_STATES, FunctionKind, ScheduledFunctionId, State
+from ._kinds import FunctionKind, ScheduledFunctionId, State
 from ._options import JobOptions, Queue, check_name
 from ._public import publish
 from ._registry import ActionRef, FunctionRef, JobOptionArgs, MutationRef, QueryRef, Registry
@@ -424,46 +424,6 @@ class App(Operations, CronDeclarations, CronRegistry):
 
         return await self._rt.transaction(_read, read_only=True, doing="reading statistics")
 
-    # -- deleting finished rows --------------------------------------------------------
-
-    async def count_finished(
-        self, *, completed_before: datetime, states: Collection[State] = FINISHED_STATES
-    ) -> int:
-        """How many rows ``delete_finished`` with the same arguments would delete."""
-        cutoff = aware_time("completed_before", completed_before)
-        states = _finished_states(states)
-
-        async def _count(conn: AsyncConnection) -> int:
-            return await self._rt.driver.count_finished(conn, cutoff, states)
-
-        return await self._rt.transaction(_count, read_only=True, doing="counting finished rows")
-
-    async def delete_finished(
-        self,
-        *,
-        completed_before: datetime,
-        states: Collection[State] = FINISHED_STATES,
-        batch_size: int = 1000,
-    ) -> int:
-        """Delete the rows in ``states`` (finished ones only: Success, Failed, Canceled)
-        completed before ``completed_before``; returns how many.
-
-        One transaction per ``batch_size`` rows, so that no lock is held for long.
-        """
-        cutoff = aware_time("completed_before", completed_before)
-        states = _finished_states(states)
-        batch_size = integer("batch_size", batch_size, high=1_000_000)
-
-        async def _delete(conn: AsyncConnection) -> int:
-            return await self._rt.driver.delete_finished(conn, cutoff, batch_size, states)
-
-        deleted = 0
-        while True:
-            n = await self._rt.transaction(_delete, doing="deleting finished rows")
-            deleted += n
-            if n < batch_size:
-                return deleted
-
     # -- executor and lifecycle --------------------------------------------------------
 
     def executor(self, **options: Unpack[ExecutorOptions]) -> Executor:
@@ -524,11 +484,6 @@ def _queue_attributes(value: object) -> dict[str, Queue]:
             )
         out[name] = attributes
     return out
-
-
-def _finished_states(value: object) -> list[State]:
-    # Unfinished states are refused by the driver, with the reason.
-    return state_list("states", value)
 
 
 def _every_row(row: ScheduledFunction) -> bool:

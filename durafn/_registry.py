@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import math
 import os
 import sys
 import typing
@@ -40,6 +39,7 @@ from ._options import JobOptions, KeyMode, OptionError
 from ._public import publish
 from ._retention import Retention
 from ._retries import Retry
+from ._signatures import describe, parse_signature, problems, refuse_non_finite
 from ._types import Completion
 
 P = ParamSpec("P")
@@ -72,21 +72,21 @@ class FunctionRef(Generic[P, R]):
     ) -> None:
         if not inspect.iscoroutinefunction(fn):
             raise RegistrationError(
-                f"{_describe(fn)} must be declared with 'async def' to be a durafn {self.kind}"
+                f"{describe(fn)} must be declared with 'async def' to be a durafn {self.kind}"
             )
         if name is not None and (not isinstance(name, str) or not name.strip()):
             raise RegistrationError(
-                f"the durable name of {_describe(fn)} must be a non-empty string"
+                f"the durable name of {describe(fn)} must be a non-empty string"
             )
         self.fn = fn
         self.name: str = text(
-            f"the durable name of {_describe(fn)}",
+            f"the durable name of {describe(fn)}",
             name or f"{fn.__module__}:{fn.__qualname__}",
             error=RegistrationError,
         )
         if self.name.startswith("__main__:"):
             warnings.warn(
-                f"{_describe(fn)} is registered as {self.name!r}: a worker that imports "
+                f"{describe(fn)} is registered as {self.name!r}: a worker that imports "
                 "your app by its module name (durafn worker --app module:app) finds no "
                 "function of that name, and rows scheduled under it end Failed. Give it a "
                 "name (@app.mutation(name='messages:send')), or run your program as a "
@@ -95,7 +95,7 @@ class FunctionRef(Generic[P, R]):
                 stacklevel=_outside_durafn(),
             )
         self.timeout = optional(
-            positive_seconds, f"the timeout of {_describe(fn)}", timeout, error=RegistrationError
+            positive_seconds, f"the timeout of {describe(fn)}", timeout, error=RegistrationError
         )
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
@@ -109,7 +109,7 @@ class FunctionRef(Generic[P, R]):
         """This function's lifecycle hooks (``on``), by hook name."""
         self.origin: str | None = None
         """Where the app it is registered on was made (``Registry.add``)."""
-        self._signature, self._params = _parse_signature(fn, self.kind, ctx_types)
+        self._signature, self._params = parse_signature(fn, self.kind, ctx_types)
         # For the fast path of validate_call (see there).
         self._by_position = [p.name for p in self._params if p.kind is p.POSITIONAL_OR_KEYWORD]
         self._names = frozenset(p.name for p in self._params)
@@ -119,7 +119,7 @@ class FunctionRef(Generic[P, R]):
             hints = typing.get_type_hints(fn, include_extras=True)
         except Exception as exc:  # NameError for unresolvable forward references, mostly
             raise RegistrationError(
-                f"cannot resolve the type hints of {_describe(fn)}: {exc}; define the types "
+                f"cannot resolve the type hints of {describe(fn)}: {exc}; define the types "
                 "it names at module level"
             ) from exc
         fields = {p.name: hints.get(p.name, Any) for p in self._params}
@@ -132,7 +132,7 @@ class FunctionRef(Generic[P, R]):
             self._result_adapter: TypeAdapter[Any] = TypeAdapter(hints.get("return", Any))
         except pydantic.PydanticSchemaGenerationError as exc:
             raise RegistrationError(
-                f"{_describe(fn)} takes or returns a type that cannot be stored as JSON: {exc}"
+                f"{describe(fn)} takes or returns a type that cannot be stored as JSON: {exc}"
             ) from exc
 
     if not typing.TYPE_CHECKING:  # for mypy it stays no callable: a call is a type error
@@ -163,14 +163,14 @@ class FunctionRef(Generic[P, R]):
     def validate_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
         """Validate a direct call's arguments; returns them by name, defaults filled in."""
         values = self._validate(args, kwargs)
-        _refuse_non_finite(values, f"arguments for {self.name!r}")
+        refuse_non_finite(values, f"arguments for {self.name!r}")
         return values
 
     def _validate(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
         try:
             return self._args_adapter.validate_python(self._bind(args, kwargs))
         except pydantic.ValidationError as exc:
-            raise ArgumentError(f"invalid arguments for {self.name!r}: {_problems(exc)}") from None
+            raise ArgumentError(f"invalid arguments for {self.name!r}: {problems(exc)}") from None
 
     def _bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
         # The parameters are all plain or keyword-only (checked at registration), so a
@@ -209,7 +209,7 @@ class FunctionRef(Generic[P, R]):
                 "parameter with a JSON-serialisable type (pydantic models, datetimes, ...)"
             ) from None
         if b"null" in data:  # where a NaN or an infinity would have gone: look closer
-            _refuse_non_finite(value, f"arguments for {self.name!r}")
+            refuse_non_finite(value, f"arguments for {self.name!r}")
         return value, data.decode()
 
     def decode_args(self, text: str) -> dict[str, Any]:
@@ -220,7 +220,7 @@ class FunctionRef(Generic[P, R]):
             return self._args_adapter.validate_json(text)
         except pydantic.ValidationError as exc:
             raise ArgumentError(
-                f"stored arguments no longer match {self.name!r}: {_problems(exc)}"
+                f"stored arguments no longer match {self.name!r}: {problems(exc)}"
             ) from None
 
     def encode_result(self, value: object) -> str | None:
@@ -233,7 +233,7 @@ class FunctionRef(Generic[P, R]):
                 f"the return value of {self.name!r} cannot be stored as JSON: {exc}"
             ) from None
         if b"null" in data:
-            _refuse_non_finite(value, f"the return value of {self.name!r}")
+            refuse_non_finite(value, f"the return value of {self.name!r}")
         return data.decode()
 
 
@@ -378,7 +378,7 @@ class Registry:
         if existing is not None:
             raise RegistrationError(
                 f"the durable name {ref.name!r} is already registered (by "
-                f"{_describe(existing.fn)}); pass name=... to give one of them another name"
+                f"{describe(existing.fn)}); pass name=... to give one of them another name"
             )
         self._by_name[ref.name] = ref
         ref.origin = self.origin
@@ -422,107 +422,6 @@ class Registry:
         return sorted(self._by_name)
 
 
-def _refuse_non_finite(value: object, what: str) -> None:
-    """ArgumentError if a NaN or an infinity is anywhere in ``value``: JSON has none, and
-    pydantic would store them as null, so the function would later run with other
-    arguments than it was given (or fail validation days later)."""
-    where = _non_finite_at(value, "", 0)
-    if where is not None:
-        raise ArgumentError(
-            f"{what} contain a NaN or an infinity (at {where.lstrip('.') or 'the top'}), "
-            "which cannot be stored as JSON; pass a finite number or None"
-        )
-
-
-def _non_finite_at(value: object, path: str, depth: int) -> str | None:
-    """The path of the first non-finite float in ``value`` (containers, pydantic models,
-    dataclasses), or None."""
-    if isinstance(value, float):
-        return None if math.isfinite(value) else path
-    if depth > 100 or isinstance(value, str | bytes | int):
-        return None  # deeper than any JSON pydantic writes; scalars hold no floats
-    if isinstance(value, dict):
-        steps: Iterable[tuple[str, object]] = ((f".{k}", v) for k, v in value.items())
-    elif isinstance(value, list | tuple | set | frozenset):
-        steps = ((f"[{i}]", v) for i, v in enumerate(value))
-    elif isinstance(value, pydantic.BaseModel) or dataclasses.is_dataclass(value):
-        steps = ((f".{k}", v) for k, v in vars(value).items())
-    else:
-        return None
-    for step, item in steps:
-        found = _non_finite_at(item, path + step, depth + 1)
-        if found is not None:
-            return found
-    return None
-
-
-def _problems(exc: pydantic.ValidationError) -> str:
-    """Pydantic's errors as one line: ``n: Input should be a valid integer (got 'x')``."""
-    parts = []
-    for err in exc.errors(include_url=False):
-        where = ".".join(str(p) for p in err["loc"]) or "arguments"
-        got = f" (got {err['input']!r})" if err["type"] != "missing" else ""
-        parts.append(f"{where}: {err['msg']}{got}")
-    return "; ".join(parts)
-
-
-def _describe(fn: object) -> str:
-    module = getattr(fn, "__module__", "?")
-    qualname = getattr(fn, "__qualname__", repr(fn))
-    return f"{module}.{qualname}"
-
-
-def _parse_signature(
-    fn: Callable[..., Any], kind: FunctionKind, ctx_types: tuple[type, ...]
-) -> tuple[inspect.Signature, list[inspect.Parameter]]:
-    signature = inspect.signature(fn)
-    params = list(signature.parameters.values())
-    ctx_name = ctx_types[0].__name__ if ctx_types else "ctx"
-    if not params or params[0].kind not in (
-        inspect.Parameter.POSITIONAL_ONLY,
-        inspect.Parameter.POSITIONAL_OR_KEYWORD,
-    ):
-        raise RegistrationError(
-            f"{_describe(fn)} must take the context as its first parameter: "
-            f"async def {fn.__name__}(ctx: {ctx_name}, ...)"
-        )
-    first = params[0]
-    annotation = first.annotation
-    if isinstance(annotation, str):
-        annotation = annotation.rsplit(".", 1)[-1]
-        wrong_ctx = annotation.endswith("Ctx") and annotation not in {t.__name__ for t in ctx_types}
-        names_ctx = first.name == "ctx" or annotation in {t.__name__ for t in ctx_types}
-    else:
-        is_ctx_class = isinstance(annotation, type) and annotation.__name__.endswith("Ctx")
-        wrong_ctx = is_ctx_class and not issubclass(annotation, ctx_types)
-        names_ctx = first.name == "ctx" or (
-            isinstance(annotation, type) and issubclass(annotation, ctx_types)
-        )
-    if wrong_ctx:
-        raise RegistrationError(
-            f"{_describe(fn)} is registered as {_a(kind)} but its context is annotated "
-            f"{first.annotation!r}; {_a(kind)} receives {_a(ctx_name)}"
-        )
-    if not names_ctx:
-        raise RegistrationError(
-            f"{_describe(fn)} must take the context as its first parameter, named 'ctx' or "
-            f"annotated {ctx_name}; found {first.name!r}"
-        )
-    rest = params[1:]
-    for p in rest:
-        if p.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
-            raise RegistrationError(
-                f"{_describe(fn)} takes *{p.name}; durable functions need named parameters "
-                "so their arguments can be stored and validated"
-            )
-        if p.kind is inspect.Parameter.POSITIONAL_ONLY:
-            raise RegistrationError(
-                f"{_describe(fn)}: parameter {p.name!r} is positional-only; arguments are "
-                "stored by name, so make it a normal parameter"
-            )
-    return signature.replace(parameters=rest), rest
-
-
 _PACKAGE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -533,11 +432,6 @@ def _outside_durafn() -> int:
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE):
         level, frame = level + 1, frame.f_back  # type: ignore[assignment]
     return level
-
-
-def _a(word: str) -> str:
-    """``a mutation``, ``an action``."""
-    return f"an {word}" if word[:1].lower() in "aeiou" else f"a {word}"
 
 
 publish(globals())
