@@ -31,6 +31,7 @@ from durafn._clock import to_datetime
 from durafn._store import (
     SCHEMA_VERSION,
     Claimed,
+    ClaimFilter,
     Driver,
     Outcome,
     RowFilter,
@@ -207,6 +208,39 @@ async def test_claim_actions_commits_in_progress_under_the_worker(store: Store) 
     assert await store.claim_actions("w3", T0, 10) == []
     mine = await store.run(lambda conn: driver.claimed_by(conn, "w1"))
     assert [c.id for c in mine] == [c.id for c in first]
+
+
+async def test_a_claim_takes_the_heads_of_many_queues_in_claim_order(store: Store) -> None:
+    """Several queues in one claim (PostgreSQL reads their heads in one statement): a
+    serial queue gives an action claim its head, a mutation claim its rows one after
+    another; a queue whose head is of the other kind gives nothing, not even later rows."""
+    driver = store.driver
+    rows = {
+        (queue, kind, n): new_row(kind, at=T0 - 100 + 10 * n + i, queue=queue)
+        for i, (queue, kind) in enumerate(
+            [("a", ACTION), ("b", ACTION), ("c", MUTATION), ("d", ACTION), ("e", MUTATION)]
+        )
+        for n in range(3)
+    }
+    rows[("d", MUTATION, -1)] = new_row(MUTATION, at=T0 - 200, queue="d")  # d's head
+    rows[("e", ACTION, -1)] = new_row(ACTION, at=T0 - 200, queue="e")  # e's head
+    await store.insert(*rows.values())
+    await store.run(lambda conn: driver.ensure_queues(conn, dict.fromkeys("abcde", 1), T0))
+    ids = {key: row["id"] for key, row in rows.items()}
+    actions = await store.claim_actions("w1", T0, 10)
+    assert [c.id for c in actions] == [
+        ids["e", ACTION, -1],
+        ids["a", ACTION, 0],
+        ids["b", ACTION, 0],
+    ]
+
+    async def mutations(conn: AsyncConnection) -> list[ScheduledFunctionId]:
+        return [c.id for c in await driver.claim_mutations(conn, T0, 10)]
+
+    taken = await store.run(mutations)
+    assert sorted(taken) == sorted(
+        [ids["d", MUTATION, -1]] + [ids["c", MUTATION, n] for n in range(3)]
+    )
 
 
 @pytest.mark.postgres_only  # SKIP LOCKED: SQLite's BEGIN IMMEDIATE makes claims take turns
@@ -414,6 +448,106 @@ async def test_count_retry_counts_a_run_whatever_the_state_now(store: Store) -> 
     )
     await store.run(lambda conn: store.driver.count_retry(conn, [pending, done]))
     assert [(await store.row(i))["attempts"] for i in (pending, done, other)] == [1, 1, 0]
+
+
+# -- the hand-off: a queue's slot passed to its next row in the finish's transaction --------
+
+
+HAND_OFF_CASES = {
+    # case: (rows besides the finishing one and its successor, hands off?)
+    "the successor is first in claim order": ([], True),
+    "an unqueued action due later": ([new_row(ACTION, at=T0 + 5)], True),
+    "another queue's action due after it": ([new_row(ACTION, at=T0 - 1, queue="other")], True),
+    "a mutation due before it": ([new_row(MUTATION, at=T0 - 50)], True),
+    "an unqueued action at a more urgent level": ([new_row(ACTION, priority=-1)], False),
+    "the same, not due yet": ([new_row(ACTION, priority=-1, at=T0 + 60)], False),
+    "an unqueued action due before it": ([new_row(ACTION, at=T0 - 50)], False),
+    "another queue's action due before it": ([new_row(ACTION, at=T0 - 50, queue="o")], False),
+    "another queue's action more urgent": ([new_row(ACTION, priority=-1, queue="o")], False),
+}
+
+
+@pytest.mark.parametrize("case", HAND_OFF_CASES)
+async def test_hand_off_starts_a_queues_next_action_only_where_the_claim_would(
+    store: Store, case: str
+) -> None:
+    """One serial queue: ``done`` runs under w1 and ends in the transaction that hands its
+    slot on; ``next`` is the queue's next row (due at T0 - 10). A claim would start it
+    only if nothing due is ahead of it in claim order: neither would the hand-off (the
+    guard is conservative: a more urgent row not due yet also sends it to the claim)."""
+    others, hands_off = HAND_OFF_CASES[case]
+    driver = store.driver
+    done, successor, later = await store.insert(
+        new_row(ACTION, at=T0 - 20, queue="q"),
+        new_row(ACTION, at=T0 - 10, queue="q"),
+        new_row(ACTION, at=T0 - 5, queue="q"),
+    )
+    await store.run(lambda conn: driver.ensure_queues(conn, {"q": 1, "o": 1, "other": 1}, T0))
+    assert [c.id for c in await store.claim_actions("w1", T0 - 15)] == [done]
+    if others:
+        await store.insert(*({**row, "id": new_id(T0)} for row in others))
+
+    async def finish_and_hand_off(conn: AsyncConnection) -> list[Claimed]:
+        await driver.finish_in_progress(conn, T0, [Outcome(done, State.SUCCESS, queue="q")])
+        return await driver.hand_off(conn, T0, ["q"], 1, "w1")
+
+    handed = await store.run(finish_and_hand_off)
+    assert [c.id for c in handed] == ([successor] if hands_off else [])
+    states = await store.states([done, successor, later])
+    assert states == [
+        State.SUCCESS,
+        State.IN_PROGRESS if hands_off else State.PENDING,
+        State.PENDING,
+    ]
+    if hands_off:
+        row = await store.row(successor)
+        assert (row["worker_id"], row["started_time"], row["attempts"]) == ("w1", T0, 1)
+
+
+async def test_hand_off_leaves_a_busy_paused_or_foreign_queue_to_the_claim(
+    store: Store,
+) -> None:
+    driver = store.driver
+
+    async def hand_off(queue: str, forbidden: frozenset[str] = frozenset()) -> list[Claimed]:
+        serve = ClaimFilter(forbidden_flags=forbidden)
+        return await store.run(lambda conn: driver.hand_off(conn, T0, [queue], 5, "w9", serve))
+
+    # A queue of concurrency 2 with both slots taken: nothing; one freed: its next row.
+    running = [new_row(ACTION, at=T0 - 30, queue="two") for _ in range(2)]
+    waiting = new_row(ACTION, at=T0 - 20, queue="two")
+    await store.insert(*running, waiting)
+    await store.run(lambda conn: driver.ensure_queues(conn, {"two": 2}, T0))
+    await store.claim_actions("w1", T0 - 25, 2)
+    assert await hand_off("two") == []
+    await store.run(
+        lambda conn: driver.finish_in_progress(conn, T0, [Outcome(running[0]["id"], State.SUCCESS)])
+    )
+    assert [c.id for c in await hand_off("two")] == [waiting["id"]]
+    # A mutation at the head: the mutation claim's (nothing after it either).
+    mutation, action = await store.insert(
+        new_row(MUTATION, at=T0 - 20, queue="m"), new_row(ACTION, at=T0 - 10, queue="m")
+    )
+    await store.run(lambda conn: driver.ensure_queues(conn, {"m": 1}, T0))
+    assert await hand_off("m") == []
+    # Paused; a flag the worker refuses; a queue without a limit; not due yet.
+    paused, flagged, free, future = await store.insert(
+        new_row(ACTION, at=T0 - 10, queue="paused"),
+        # Due first: rows of paused or busy queues ahead of it would hold it back too
+        # (the guard reads the claim indexes' first entries, not which queues may run).
+        {**new_row(ACTION, at=T0 - 40, queue="flagged"), "flags": ",bulk,"},
+        new_row(ACTION, at=T0 - 10, queue="free"),
+        new_row(ACTION, at=T0 + 10, queue="future"),
+    )
+    limits = {"paused": 1, "flagged": 1, "free": None, "future": 1}
+    await store.run(lambda conn: driver.ensure_queues(conn, limits, T0))
+    await store.run(lambda conn: driver.set_paused(conn, ["paused"], True, T0))
+    assert await hand_off("paused") == []
+    assert await hand_off("flagged", frozenset({"bulk"})) == []
+    assert [c.id for c in await hand_off("flagged")] == [flagged]
+    assert await hand_off("free") == []
+    assert await hand_off("future") == []
+    assert await store.states([mutation, action, paused, free, future]) == [State.PENDING] * 5
 
 
 # -- release of unstarted rows --------------------------------------------------------------

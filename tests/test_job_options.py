@@ -16,6 +16,7 @@ from sqlalchemy import func, select
 
 import durafn
 from durafn import ActionCtx, MutationCtx, Queue, State
+from durafn._store import Outcome
 from durafn.testing import FakeClock, all_rows
 
 from .helpers import CEILING, effects, row_of
@@ -198,6 +199,85 @@ async def test_a_serial_queue_runs_one_row_at_a_time_in_queue_order(app: durafn.
     assert most == 1
     [queue] = await app.queues()
     assert (queue.name, queue.concurrency, queue.pending, queue.running) == ("account:1", 1, 0, 0)
+
+
+async def test_an_ending_action_hands_its_queue_to_the_next_without_a_claim(
+    app: durafn.App,
+) -> None:
+    """Each row of a serial queue is started by its predecessor's finish (one
+    transaction), not by a claim. Deterministic: between the finish and the start there
+    is no commit in which the queue is free, so a claim never finds it so."""
+    order: list[int] = []
+
+    @app.action
+    async def step(ctx: ActionCtx, n: int) -> None:
+        order.append(n)
+
+    await app.scheduler().run_many([step.options(queue="serial").call(n) for n in range(6)])
+    driver = app._rt.driver
+    handed: list[str] = []
+    claimed = 0
+    hand_off, claim_actions = driver.hand_off, driver.claim_actions
+
+    async def counted_hand_off(*args: Any, **kwargs: Any) -> Any:
+        rows = await hand_off(*args, **kwargs)
+        handed.extend(r.id for r in rows)
+        return rows
+
+    async def counted_claim(*args: Any, **kwargs: Any) -> Any:
+        nonlocal claimed
+        rows = await claim_actions(*args, **kwargs)
+        claimed += len(rows)
+        return rows
+
+    driver.hand_off = counted_hand_off  # type: ignore[method-assign]
+    driver.claim_actions = counted_claim  # type: ignore[method-assign]
+    try:
+        async with app.run_executor(concurrency=4) as executor:
+            with anyio.fail_after(CEILING):
+                await executor.wait_until_idle()
+    finally:
+        del driver.hand_off, driver.claim_actions
+    assert order == list(range(6))
+    rows = sorted(await all_rows(app), key=lambda r: r.args["n"])
+    assert [r.state for r in rows] == [State.SUCCESS] * 6
+    assert handed == [r.id for r in rows[1:]]
+    assert claimed == 1  # the first row
+
+
+async def test_a_next_row_a_stopping_pool_refuses_goes_back_to_pending(app: durafn.App) -> None:
+    """The stop can begin while a finish is handing a queue on: the pool refuses the
+    row the finish started, which is then returned to Pending, never run and never lost."""
+
+    @app.action
+    async def step(ctx: ActionCtx, n: int) -> None:
+        pass
+
+    first, second = await app.scheduler().run_many(
+        [step.options(queue="q").call(n) for n in range(2)]
+    )
+    executor = app.executor()
+    claims, finisher = executor._claims, executor._finisher
+    [row] = await claims.claim(5)
+    assert row.id == first
+
+    offered: list[str] = []
+
+    class Stopping:
+        def room(self) -> int:
+            return 1  # asked before the finish's transaction: not stopping yet
+
+        def accept(self, rows: list[Any]) -> bool:
+            offered.extend(r.id for r in rows)
+            return False  # ... and stopping once it has committed
+
+    finisher.successors = Stopping()
+    await finisher.write([Outcome(first, State.SUCCESS, queue="q")])
+    assert offered == [second]
+    by_id = {r.id: r for r in await all_rows(app)}
+    assert (by_id[first].state, by_id[second].state) == (State.SUCCESS, State.PENDING)
+    assert by_id[second].attempts == 0
+    assert claims.idle  # nothing of this worker's left to record
 
 
 async def test_rows_of_one_queue_run_one_after_another_in_a_mutation_batch(

@@ -136,6 +136,11 @@ class ActionClaims:
                 self.unrecorded.update(r.id for r in rows)
             finally:
                 self.in_flight -= 1
+        self._log_started(rows)
+        return rows
+
+    @staticmethod
+    def _log_started(rows: list[Claimed]) -> None:
         if logger.isEnabledFor(logging.DEBUG):
             for row in rows:
                 logger.debug(
@@ -144,7 +149,12 @@ class ActionClaims:
                     row.name,
                     extra=log_fields(FunctionKind.ACTION, row.id, row.name, State.IN_PROGRESS),
                 )
-        return rows
+
+    def handed(self, rows: list[Claimed]) -> None:
+        """Rows a finish of this worker started (``Finisher``: a queue's next row): in the
+        ledger, as any claimed row."""
+        self.unrecorded.update(r.id for r in rows)
+        self._log_started(rows)
 
     async def claim_ids(self, ids: list[ScheduledFunctionId]) -> list[Claimed]:
         """Pending -> InProgress for these rows (inline mode: due or not), committed."""

@@ -57,6 +57,7 @@ class ActionPool:
         self._config = config
         self._claims = claims
         self._finisher = finisher
+        finisher.successors = self
         self._record = finisher.queue
         self._wakeups = wakeups
         self.running = 0
@@ -78,6 +79,7 @@ class ActionPool:
         self.action_pace = Pace(weight=0.1)
         self.claim_pace = Pace()
         self._dispatcher_done = anyio.Event()
+        self._dispatching = False
         self._grace_over = False
         self._grace_scope: anyio.CancelScope | None = None
         self._tg: anyio.abc.TaskGroup | None = None
@@ -101,6 +103,7 @@ class ActionPool:
         stopping = self._wakeups.stopping
         failures = 0
         concurrency = self._config.concurrency
+        self._dispatching = True
         try:
             while not stopping.is_set():
                 signal = self._wakeups.signal(FunctionKind.ACTION)
@@ -134,8 +137,26 @@ class ActionPool:
                     hint = self._claims.hint
                     await self._wakeups.idle_wait(FunctionKind.ACTION, signal, now, hint)
         finally:
+            self._dispatching = False
             self._dispatcher_done.set()
             self._wake_all_workers()  # no more rows are coming: idle workers exit
+
+    def room(self) -> int:
+        """How many rows a finish may hand on to this pool now (``Finisher.successors``):
+        what the dispatcher would claim for; none once it stops claiming."""
+        if not self._dispatching or self._wakeups.stopping.is_set():
+            return 0
+        return max(0, self._config.concurrency + self.claim_ahead() - self.running)
+
+    def accept(self, rows: list[Claimed]) -> bool:
+        """Run rows a finish has started (a queue's next row), as if claimed; False once
+        the stop has begun (the caller returns them to Pending)."""
+        if not self._dispatching or self._wakeups.stopping.is_set():
+            return False
+        self.running += len(rows)
+        self._ready.extend(rows)
+        self._wake_a_worker()
+        return True
 
     def claim_ahead(self) -> int:
         """How many rows to hold claimed beyond the free slots: as many as the workers will

@@ -10,6 +10,8 @@ retried with backoff; a stopping executor keeps trying for ``FLUSH_LIMIT`` secon
 from __future__ import annotations
 
 import logging
+from collections import Counter
+from typing import Protocol
 
 import anyio
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -32,6 +34,16 @@ FLUSH_LIMIT = 30.0
 away; after that the rows stay InProgress (never re-run)."""
 
 
+class Successors(Protocol):
+    """Who runs the rows a finish hands on (``_store/claim/handoff.py``): the action pool."""
+
+    def room(self) -> int:
+        """How many rows it would take now (0: none, it is not claiming)."""
+
+    def accept(self, rows: list[Claimed]) -> bool:
+        """Run these claimed rows; False: it is stopping, and has not taken them."""
+
+
 class Finisher:
     """Writes queued action outcomes until the executor's stop ``close``s it."""
 
@@ -39,6 +51,8 @@ class Finisher:
         self._rt = runtime
         self._tally = tally
         self._claims = claims
+        self.successors: Successors | None = None
+        """Where the next rows of the finished rows' queues go, if anywhere."""
         self._outcomes: list[Outcome] = []
         self._ready = Signal()
         self._closing = False
@@ -105,7 +119,7 @@ class Finisher:
     async def write_before_leaving(self, outcomes: list[Outcome]) -> None:
         """Write outcomes even if the caller is being cancelled, for a bounded time."""
         with anyio.CancelScope(shield=True), anyio.move_on_after(FLUSH_LIMIT):
-            await self.write(outcomes)
+            await self.write(outcomes, hand_on=False)
             return
         self._log_unrecorded(len(outcomes))
 
@@ -117,25 +131,41 @@ class Finisher:
             self._rt.driver.name,
         )
 
-    async def write(self, outcomes: list[Outcome]) -> None:
-        """InProgress -> Success/Failed for a batch, retried until the database takes it."""
+    async def write(self, outcomes: list[Outcome], hand_on: bool = True) -> None:
+        """InProgress -> Success/Failed for a batch, retried until the database takes it;
+        ``hand_on``: and start the next rows of their queues (``handoff``) if the
+        ``successors`` have room."""
         if not outcomes:
             return
         failures = 0
-        # Rows of named queues free their queues as they end: wake the claimers that
-        # skipped those queues, here and (NOTIFY) in other processes.
-        queued = any(o.queue is not None for o in outcomes)
+        # Rows of named queues free their queues as they end: hand each queue's slot to
+        # its next row, or wake the claimers that skipped those queues, here and (NOTIFY)
+        # in other processes.
+        ended = Counter(o.queue for o in outcomes if o.queue is not None)
+        queued = bool(ended)
+        successors = self.successors if hand_on else None
+        room = min(len(ended), successors.room()) if queued and successors else 0
+        handed: list[Claimed] = []
+        refilled = False
         # Which failed runs are retried, known before their transaction (once: ``settle``
         # turns them Pending, and would decide again after a fault).
         retrying = {o.id for o in outcomes if will_retry(self._rt, o)}
         worker_id = self._claims.worker_id()
+        driver = self._rt.driver
         while True:
 
             async def _write(conn: AsyncConnection) -> int:
+                nonlocal handed, refilled
                 now = self._rt.clock.now()
                 written = await settle(self._rt, conn, now, outcomes, ACTION, worker_id)
-                if queued:
-                    await self._rt.driver.notify(conn, KINDS)
+                if room:
+                    serve = self._claims.serve
+                    handed = await driver.hand_off(conn, now, list(ended), room, worker_id, serve)
+                # Every slot these ends freed is taken again: a claimer woken now would
+                # find every queue as busy as before (and a claim costs six statements).
+                refilled = Counter(r.queue_name for r in handed) == ended
+                if queued and not refilled:
+                    await driver.notify(conn, KINDS)
                 return written
 
             stuck: set[ScheduledFunctionId] = set()
@@ -156,6 +186,11 @@ class Finisher:
                 )
                 break
             except DatabaseError as exc:
+                handed, refilled = [], False
+                if room:
+                    # Its COMMIT may have taken effect: rows started under this worker
+                    # that it never heard of. The next claim adopts them (``ActionClaims``).
+                    self._claims.uncertain = True
                 if not exc.transient:
                     written, stuck = await self._write_one_by_one(outcomes, exc)
                     break
@@ -173,7 +208,12 @@ class Finisher:
                 len(outcomes) - written,
             )
         self._tally.record(FunctionKind.ACTION, outcomes)
-        if queued:
+        if handed:
+            self._claims.handed(handed)
+            assert successors is not None
+            if not successors.accept(handed):
+                await self._claims.release(handed)
+        if queued and not refilled:
             self._rt.wake(KINDS)
         elif retried(outcomes):
             self._rt.wake({ACTION})

@@ -5,7 +5,9 @@ its lock, count its running rows, and read its head (``take.take`` calls
 
 from __future__ import annotations
 
-from sqlalchemy import Double, Integer, Text, bindparam, false, func, select
+from typing import Any
+
+from sqlalchemy import ARRAY, Double, Integer, Text, bindparam, false, func, select, true
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ..._kinds import FunctionKind
@@ -46,6 +48,41 @@ QUEUE_HEAD = (
 )
 
 
+def _heads_lateral() -> Any:
+    """``QUEUE_HEAD`` of many queues in one statement (PostgreSQL's LATERAL): for each
+    ``(queue, limit)`` of the arrays, its first ``limit`` due rows, locked. A statement
+    per queue made a claim of 64 rows of 64 queues 67 round trips: 1,000 serial queues
+    of actions drained at 0.1x the unqueued drain."""
+    wanted = (
+        func.unnest(
+            bindparam("names", type_=ARRAY(Text)), bindparam("limits", type_=ARRAY(Integer))
+        )
+        .table_valued("queue", "n", with_ordinality="nth")
+        .render_derived("wanted")
+    )
+    head = (
+        select(*CLAIM_COLUMNS, sf.c.kind, sf.c.flags)
+        .where(
+            sf.c.state == PENDING,
+            sf.c.flow_key.is_(None),
+            sf.c.queue_name == wanted.c.queue,
+            sf.c.available_at <= bindparam("now", type_=Double),
+        )
+        .order_by(sf.c.priority, sf.c.available_at, sf.c.seq)
+        .limit(wanted.c.n)
+        .with_for_update()
+        .lateral("head")
+    )
+    return (
+        select(*head.c)
+        .select_from(wanted.join(head, true()))
+        .order_by(wanted.c.nth, head.c.priority, head.c.available_at, head.c.seq)
+    )
+
+
+QUEUE_HEADS = _heads_lateral()
+
+
 async def queue_heads(
     conn: AsyncConnection,
     kind: FunctionKind,
@@ -53,30 +90,59 @@ async def queue_heads(
     names: list[str],
     room: int,
     forbidden: frozenset[str],
+    lateral: bool = False,
 ) -> tuple[list[Claimed], bool]:
-    """The rows of ``names`` this claim may run: each queue's lock taken, then its head;
-    and whether a queue was skipped because another claim held it."""
+    """The rows of ``names`` this claim may run: each queue's lock taken, then its head
+    (``lateral``: every queue's in one statement); and whether a queue was skipped
+    because another claim held it."""
     held = {r.name: r.concurrency for r in await conn.execute(LOCK_QUEUES, {"names": names})}
     skipped = len(held) < len(names)
     if not held:
         return [], skipped
     running = dict((await conn.execute(RUNNING_IN, {"names": list(held)})).tuples().all())
-    taken: list[Claimed] = []
+    limits: dict[str, int] = {}
     for name in names:  # in claim order
-        if name not in held or len(taken) >= room:
-            continue
-        concurrency = held[name]
+        concurrency = held.get(name, 0)
         free_slots = room if concurrency is None else concurrency - running.get(name, 0)
-        if free_slots <= 0:
-            continue
-        # A mutation batch runs its rows of a queue one after another: one slot for all.
-        limit = room - len(taken) if kind is FunctionKind.MUTATION else free_slots
+        if free_slots > 0:
+            # A mutation batch runs its rows of a queue one after another: one slot for all.
+            limits[name] = room if kind is FunctionKind.MUTATION else min(free_slots, room)
+    taken: list[Claimed] = []
+    if lateral and len(limits) > 1:
+        if kind is FunctionKind.MUTATION:
+            # A share of the batch each: with ``room`` rows per queue the statement read
+            # and locked (a row lock is a write) up to room x queues rows to take room
+            # of them; 1,000 serial queues of mutations drained at 0.6x the sequential
+            # reads. One at a time, a queue's own rows went first (fewer statements).
+            share = max(1, room // len(limits))
+            limits = {name: min(limit, share) for name, limit in limits.items()}
+        params = {"names": list(limits), "limits": list(limits.values()), "now": now}
+        found = list(await conn.execute(QUEUE_HEADS, params))
+        _take_heads(found, kind, forbidden, room, taken)
+        return taken, skipped
+    for name, limit in limits.items():
+        if len(taken) >= room:
+            break
         params = {"queue": name, "now": now, "limit": min(limit, room - len(taken))}
-        for row in await conn.execute(QUEUE_HEAD, params):
-            if row.kind != kind.value or _forbidden(row.flags, forbidden):
-                break  # the queue's next row is not ours to run: nothing after it either
-            taken.append(Claimed._make(row[: len(CLAIM_COLUMNS)]))
+        _take_heads(list(await conn.execute(QUEUE_HEAD, params)), kind, forbidden, room, taken)
     return taken, skipped
+
+
+def _take_heads(
+    found: list[Any], kind: FunctionKind, forbidden: frozenset[str], room: int, taken: list[Claimed]
+) -> None:
+    """Append to ``taken`` (up to ``room``) the rows of ``found`` (queue heads, each queue's
+    in queue order, the queues in claim order) this claim may run."""
+    refused: set[str] = set()
+    for row in found:
+        if len(taken) >= room:
+            return
+        if row.queue_name in refused:
+            continue
+        if row.kind != kind.value or _forbidden(row.flags, forbidden):
+            refused.add(row.queue_name)  # the queue's next row is not ours: nothing after it
+            continue
+        taken.append(Claimed._make(row[: len(CLAIM_COLUMNS)]))
 
 
 def _forbidden(stored: str | None, forbidden: frozenset[str]) -> bool:

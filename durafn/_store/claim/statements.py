@@ -19,6 +19,7 @@ from ..rows import Claimed
 from ..schema.tables import sf
 from .columns import CLAIM_COLUMNS, claimed
 from .fast import start_fast, take_fast
+from .handoff import hand_off
 from .hints import FastPathHint, LevelFloor
 from .take import SERVE_ALL, ClaimFilter, next_due, start_actions, take
 
@@ -86,6 +87,20 @@ class ClaimStatements(EngineDriver):
         no queued action is due (``fast.start_fast``); commit before running them.
         None found: ``claim_actions`` (the full claim) may find queued ones."""
         return await start_fast(conn, now, limit, worker_id, serve, self.lateral_claims)
+
+    async def hand_off(
+        self,
+        conn: AsyncConnection,
+        now: float,
+        queues: Sequence[str],
+        room: int,
+        worker_id: str,
+        serve: ClaimFilter = SERVE_ALL,
+    ) -> list[Claimed]:
+        """In the transaction that has just finished actions of ``queues``: start each
+        queue's next row under ``worker_id`` where the claim would have (``handoff``), at
+        most ``room``; commit before running them."""
+        return await hand_off(conn, now, queues, room, worker_id, serve)
 
     async def release_unstarted(
         self, conn: AsyncConnection, ids: Sequence[ScheduledFunctionId], worker_id: str
