@@ -86,16 +86,29 @@ def keyed() -> tuple[ColumnElement[bool], ...]:
 
 
 def _due_keys(extra: tuple[ColumnElement[bool], ...]) -> Any:
-    """Up to ``:n`` keys after ``:after`` with a due row, in key order: one probe each."""
-    first = select(func.min(sf.c.flow_key).label("k"), literal(1, type_=Integer).label("n")).where(
-        *keyed(), *extra, sf.c.flow_key > bindparam("after", type_=Text), sf.c.available_at <= _NOW
+    """Up to ``:n`` keys after ``:after`` with a due row, in key order: one probe each.
+
+    Each probe ``ORDER BY flow_key LIMIT 1`` (ix_scheduled_functions_keys), not min():
+    with fresh rows and stale statistics PostgreSQL answered the first min() from
+    ix_scheduled_functions_keyed_due, reading every due keyed row (20,000: 5.5 ms a
+    claim, against 0.2 ms)."""
+
+    def first_after(key: Any) -> Any:
+        return (
+            select(sf.c.flow_key)
+            .where(*keyed(), *extra, sf.c.flow_key > key, sf.c.available_at <= _NOW)
+            .order_by(sf.c.flow_key)
+            .limit(1)
+            .scalar_subquery()
+        )
+
+    first = select(
+        first_after(bindparam("after", type_=Text)).label("k"),
+        literal(1, type_=Integer).label("n"),
     )
     keys = first.cte("due_keys", recursive=True)
-    following = select(func.min(sf.c.flow_key)).where(
-        *keyed(), *extra, sf.c.flow_key > keys.c.k, sf.c.available_at <= _NOW
-    )
     keys = keys.union_all(
-        select(following.scalar_subquery(), keys.c.n + 1).where(
+        select(first_after(keys.c.k), keys.c.n + 1).where(
             keys.c.k.is_not(None), keys.c.n < bindparam("n", type_=Integer)
         )
     )
