@@ -200,8 +200,21 @@ def cli() -> None:
     parser.add_argument("--kinds", default="mutation,action")
     parser.add_argument("--n", type=int, default=20000)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--all",
+        action="store_true",
+        help="every scenario of the module docstring (make bench's), not priorities alone",
+    )
     args = parser.parse_args()
-    anyio.run(_pairs, args.engines.split(","), args.kinds.split(","), args.n, args.repeats)
+    engines = args.engines.split(",")
+    if args.all:
+
+        async def one(url_for: throughput.UrlFor, engine: str) -> None:
+            await measure(url_for, args.n, args.repeats, engine)
+
+        anyio.run(throughput.per_engine, engines, one)
+        return
+    anyio.run(_pairs, engines, args.kinds.split(","), args.n, args.repeats)
 
 
 if __name__ == "__main__":

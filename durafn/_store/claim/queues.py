@@ -5,9 +5,22 @@ its lock, count its running rows, and read its head (``take.take`` calls
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
-from sqlalchemy import ARRAY, Double, Integer, Text, bindparam, false, func, select, true
+from sqlalchemy import (
+    ARRAY,
+    Double,
+    Integer,
+    Text,
+    bindparam,
+    false,
+    func,
+    literal,
+    select,
+    true,
+    union_all,
+)
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ..._kinds import FunctionKind
@@ -81,6 +94,35 @@ def _heads_lateral() -> Any:
 
 
 QUEUE_HEADS = _heads_lateral()
+UNION_ARMS = 64
+"""Queues per statement of ``_heads_union`` (SQLite allows 500 arms to a compound)."""
+
+
+@functools.cache
+def _heads_union(arms: int) -> Any:
+    """``QUEUE_HEAD`` of ``arms`` queues in one statement, for engines without LATERAL
+    (SQLite): one ``LIMIT`` range of ix_scheduled_functions_queue per arm, ``:q<i>``,
+    ``:n<i>``. Through aiosqlite a statement per queue cost 0.33 ms: 1,000 serial queues
+    of actions drained at 0.12x the unqueued drain."""
+    parts = []
+    for i in range(arms):
+        arm = (
+            select(*CLAIM_COLUMNS, sf.c.kind, sf.c.flags, literal(i, Integer).label("nth"))
+            .where(
+                sf.c.state == PENDING,
+                sf.c.flow_key.is_(None),
+                sf.c.queue_name == bindparam(f"q{i}", type_=Text),
+                sf.c.available_at <= bindparam("now", type_=Double),
+            )
+            .order_by(sf.c.priority, sf.c.available_at, sf.c.seq)
+            .limit(bindparam(f"n{i}", type_=Integer))
+            .subquery(f"arm{i}")
+        )
+        parts.append(select(*arm.c))
+    every = union_all(*parts).subquery("heads")
+    return select(*every.c).order_by(
+        every.c.nth, every.c.priority, every.c.available_at, every.c.seq
+    )
 
 
 async def queue_heads(
@@ -108,23 +150,44 @@ async def queue_heads(
             # A mutation batch runs its rows of a queue one after another: one slot for all.
             limits[name] = room if kind is FunctionKind.MUTATION else min(free_slots, room)
     taken: list[Claimed] = []
-    if lateral and len(limits) > 1:
-        if kind is FunctionKind.MUTATION:
-            # A share of the batch each: with ``room`` rows per queue the statement read
-            # and locked (a row lock is a write) up to room x queues rows to take room
-            # of them; 1,000 serial queues of mutations drained at 0.6x the sequential
-            # reads. One at a time, a queue's own rows went first (fewer statements).
-            share = max(1, room // len(limits))
-            limits = {name: min(limit, share) for name, limit in limits.items()}
-        params = {"names": list(limits), "limits": list(limits.values()), "now": now}
-        found = list(await conn.execute(QUEUE_HEADS, params))
-        _take_heads(found, kind, forbidden, room, taken)
+    if kind is FunctionKind.MUTATION and not lateral:
+        # One queue at a time, each as many rows as the batch has room for: one writer
+        # at a time (SQLite) contends for nothing, and a serial queue's rows then run
+        # one after another in few statements (shares of the batch, one row of each of
+        # 256 queues, drained 1,000 serial queues at 0.76x this).
+        for name, limit in limits.items():
+            if len(taken) >= room:
+                break
+            params = {"queue": name, "now": now, "limit": min(limit, room - len(taken))}
+            found = list(await conn.execute(QUEUE_HEAD, params))
+            _take_heads(found, kind, forbidden, room, taken)
         return taken, skipped
-    for name, limit in limits.items():
+    if len(limits) == 1:
+        [(name, limit)] = limits.items()
+        params = {"queue": name, "now": now, "limit": limit}
+        _take_heads(list(await conn.execute(QUEUE_HEAD, params)), kind, forbidden, room, taken)
+        return taken, skipped
+    if kind is FunctionKind.MUTATION:
+        # A share of the batch each: with ``room`` rows per queue the statement read and
+        # locked (a row lock is a write) up to room x queues rows to take room of them,
+        # and the lanes' claims found their queues locked by one another; 1,000 serial
+        # queues of mutations drained at 0.6x a statement per queue.
+        share = max(1, room // len(limits))
+        limits = {name: min(limit, share) for name, limit in limits.items()}
+    if lateral:
+        params = {"names": list(limits), "limits": list(limits.values()), "now": now}
+        _take_heads(list(await conn.execute(QUEUE_HEADS, params)), kind, forbidden, room, taken)
+        return taken, skipped
+    wanted = list(limits.items())
+    for start in range(0, len(wanted), UNION_ARMS):
+        chunk = wanted[start : start + UNION_ARMS]
+        arms: dict[str, Any] = {"now": now}
+        for i, (name, limit) in enumerate(chunk):
+            arms[f"q{i}"], arms[f"n{i}"] = name, limit
+        found = list(await conn.execute(_heads_union(len(chunk)), arms))
+        _take_heads(found, kind, forbidden, room, taken)
         if len(taken) >= room:
             break
-        params = {"queue": name, "now": now, "limit": min(limit, room - len(taken))}
-        _take_heads(list(await conn.execute(QUEUE_HEAD, params)), kind, forbidden, room, taken)
     return taken, skipped
 
 
