@@ -72,6 +72,9 @@ class ScheduledFunction(BaseModel):
     state: State
     scheduled_time: datetime
     """The time the function was asked to run at (kept as asked, even if in the past)."""
+    due_time: datetime | None = None
+    """When a Pending row is due to run: its scheduled time, or a retry's (after a failed
+    run its policy tries again); None once it has started or ended."""
     started_time: datetime | None
     """When an action was moved to InProgress (None for mutations and unstarted rows)."""
     completed_time: datetime | None

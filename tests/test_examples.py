@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from durafn.testing import FakeClock
+from durafn import State
+from durafn.testing import FakeClock, Harness
 from examples import flaky_webhook, nightly_sync, self_destruct, starlette_app
 
 from .helpers import CEILING
@@ -49,6 +50,31 @@ async def test_flaky_webhook_example(db_url: str) -> None:
         "webhooks:deliver Success after 3 runs -> 204",
         "on_complete: webhooks:delivered Success -> webhooks:deliver Success, result 204",
     ]
+
+
+async def test_flaky_webhook_under_the_test_kit(db_url: str) -> None:
+    """The example's app tested as a user tests theirs, with ``durafn.testing.Harness``
+    (what the plugin's ``durafn`` fixture is), on both engines."""
+    clock = FakeClock()
+    app, deliver, seen = flaky_webhook.build(db_url, flaky_webhook.Receiver(outage=2), clock)
+    kit = Harness(app, clock)
+    try:
+        await app.migrate()
+        await app.scheduler().run_after(0, deliver, "order.paid", "A-1001")
+        row = await kit.assert_scheduled(deliver, args={"order": "A-1001"}, within=0)
+        assert await kit.run_until_idle() == 1  # the first attempt fails; the retry waits 1 s
+        await kit.assert_scheduled(deliver, within=1)
+        with pytest.raises(AssertionError, match=r"due within 0\.5s"):
+            await kit.assert_scheduled(deliver, within=0.5)
+        assert await kit.advance(3) == 3  # the two retries, then the completion callback
+        await kit.assert_not_scheduled(deliver, state=None, args={"order": "B-1"})
+        done = await kit.scheduled(deliver, state=State.SUCCESS)
+        assert [r.id for r in done] == [row.id] and done[0].attempts == 3
+        assert await kit.perform(deliver, "order.paid", "A-1002") == 204  # now, not scheduled
+        assert len(await kit.scheduled(deliver, state=None)) == 1
+        assert len(seen) == 2
+    finally:
+        await app.aclose()
 
 
 async def test_nightly_sync_example(db_url: str) -> None:

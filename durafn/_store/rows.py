@@ -250,6 +250,7 @@ def to_model(row: Row[Any]) -> ScheduledFunction:
         args=json.loads(m["args"]),
         state=State(m["state"]),
         scheduled_time=to_datetime(m["scheduled_time"]),
+        due_time=to_datetime(m["available_at"]) if m["state"] == State.PENDING.value else None,
         started_time=to_datetime(m["started_time"]) if m["started_time"] is not None else None,
         completed_time=to_datetime(m["completed_time"])
         if m["completed_time"] is not None
@@ -326,6 +327,7 @@ def new_row_model(row: dict[str, Any], id: ScheduledFunctionId) -> ScheduledFunc
         args=json.loads(row["args"]),
         state=State(row["state"]),
         scheduled_time=to_datetime(row["scheduled_time"]),
+        due_time=to_datetime(row["available_at"]),
         started_time=None,
         completed_time=None,
         error=None,
