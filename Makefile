@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck bench bench-quick clean
+.PHONY: demo test lint typecheck docs docs-serve bench bench-quick clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,13 @@ typecheck: $(STAMP)
 
 test: lint typecheck
 	$(BIN)/pytest -n 2
+
+# The documentation site (docs/, mkdocs.yml): strict, so a broken link or reference fails.
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict --site-dir site
+
+docs-serve: $(STAMP)
+	$(BIN)/mkdocs serve
 
 BENCH_STAMP := $(VENV)/.bench-installed
 
