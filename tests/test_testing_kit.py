@@ -4,6 +4,9 @@ SQLite by default, PostgreSQL with ``--durafn-url``."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
 from .conftest import require_postgres
@@ -154,3 +157,63 @@ def test_the_kit_on_postgres(project: pytest.Pytester) -> None:
     url = "postgresql+asyncpg://postgres@127.0.0.1:5432/durafn_kit"
     result = project.runpytest("-p", "no:cacheprovider", f"--durafn-url={url}")
     result.assert_outcomes(passed=6)
+
+
+# -- the pages that teach the kit run, as written, with the plugin ------------------------
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+README = DOCS.parent / "README.md"
+
+
+def _python_blocks(page: Path) -> list[tuple[str, str]]:
+    """(the HTML comment on the line before the fence, or "", code) of each block."""
+    found = re.finditer(r"(?:<!-- (.*?) -->\n)?```python\n(.*?)```", page.read_text(), re.DOTALL)
+    return [(m.group(1) or "", m.group(2)) for m in found]
+
+
+def _guide_projects() -> dict[str, tuple[dict[str, str], str, int]]:
+    """name -> (files, the ini's durafn_app or "", tests expected to pass)."""
+    guide = _python_blocks(DOCS / "guides" / "testing.md")
+    [tasks] = [code for marker, code in guide if marker == "file: myapp/tasks.py"]
+    tests = [code for _, code in guide if "async def test_" in code]
+    named = [code for code in tests if "@durafn.app." not in code]
+    bare = [code for code in tests if "@durafn.app." in code]
+    [first_app] = [code for _, code in _python_blocks(README) if "DESTRUCT_AFTER" in code]
+    [first_test] = [
+        code
+        for _, code in _python_blocks(DOCS / "get-started" / "first-test.md")
+        if "durafn: Harness" in code
+    ]
+    app_files = {"myapp/__init__.py": "", "myapp/tasks.py": tasks}
+    return {
+        "testing guide, its app named": (
+            app_files | {f"test_named_{i}.py": code for i, code in enumerate(named)},
+            "myapp.tasks:app",
+            sum(code.count("async def test_") for code in named),
+        ),
+        "testing guide, no app named": (
+            {f"test_bare_{i}.py": code for i, code in enumerate(bare)},
+            "",
+            sum(code.count("async def test_") for code in bare),
+        ),
+        "the first test": ({"first.py": first_app, "test_first.py": first_test}, "first:app", 1),
+    }
+
+
+@pytest.mark.parametrize("engine", ["sqlite", "postgres"])
+@pytest.mark.parametrize("project_name", list(_guide_projects()))
+def test_the_pages_on_the_kit_run_as_written(
+    pytester: pytest.Pytester, project_name: str, engine: str
+) -> None:
+    files, app, passing = _guide_projects()[project_name]
+    assert passing >= 1
+    for name, code in files.items():
+        path = pytester.path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(code)
+    pytester.makeini(f"[pytest]\ndurafn_app = {app}\n" if app else "[pytest]\n")
+    args = ["-p", "no:cacheprovider"]
+    if engine == "postgres":
+        require_postgres()
+        args.append("--durafn-url=postgresql+asyncpg://postgres@127.0.0.1:5432/durafn_kit")
+    pytester.runpytest(*args).assert_outcomes(passed=passing)

@@ -1,6 +1,7 @@
-"""The queued part of a claim: for each named queue with due rows, in claim order, take
-its lock, count its running rows, and read its head (``take.take`` calls
-``queue_heads``; the module docstring of ``take`` says why it is safe).
+"""The queued part of a claim: which queues may run (``queue_may_run``) and have their
+head among the due rows (``heads_only``); then for each, in claim order, take its lock,
+count its running rows, and read its head (``take.take`` calls ``queue_heads``; the
+module docstring of ``take`` says why it is safe).
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ from sqlalchemy import (
     ARRAY,
     Double,
     Integer,
+    Select,
     Text,
+    and_,
     bindparam,
     false,
     func,
@@ -22,6 +25,7 @@ from sqlalchemy import (
     union_all,
 )
 from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.sql.elements import ColumnElement
 
 from ..._kinds import FunctionKind
 from ..rows import Claimed
@@ -210,3 +214,61 @@ def _take_heads(
 
 def _forbidden(stored: str | None, forbidden: frozenset[str]) -> bool:
     return stored is not None and any(f",{f}," in stored for f in forbidden)
+
+
+def queue_may_run() -> ColumnElement[bool]:
+    """The row's queue is neither paused nor at its concurrency (judged without locks;
+    the claim checks again under the queue's lock)."""
+    running = sf.alias("running")
+    full = (
+        select(running.c.queue_name)
+        .join(queues, queues.c.name == running.c.queue_name)
+        # ix_scheduled_functions_running: as many entries as actions running anywhere.
+        .where(running.c.state == RUNNING, queues.c.concurrency.is_not(None))
+        .group_by(running.c.queue_name, queues.c.concurrency)
+        .having(func.count() >= queues.c.concurrency)
+    )
+    paused = select(queues.c.name).where(queues.c.paused)  # ix_durafn_queues_paused
+    return and_(~sf.c.queue_name.in_(paused), ~sf.c.queue_name.in_(full))
+
+
+def heads_only(candidates: Select[Any]) -> Select[Any]:
+    """Of ``candidates`` (queue, priority, due, seq of due queued rows), those that are
+    their queue's head: its first due row, whatever its kind (``ix_scheduled_functions_
+    queue``, one probe each). A claim locks only queues whose head it may run: a lock
+    held by a claim that then took nothing (a mutation claim reading a queue whose head
+    is an action) made the other kind's claims skip the queue (SKIP LOCKED) and sleep
+    until their poll, 5 s on PostgreSQL, with nothing to wake them.
+
+    Probed after the candidates' LIMIT, not as a filter of their scan: as a filter it
+    rejected every row of a long queue but the first, so the scan read the whole queue
+    to fill its LIMIT (one serial queue of 2,000 actions drained at 0.55x). And only each
+    queue's first candidate is probed, the one that can be its head (a probe for each of
+    a long queue's hundred candidates still cost the drain a fifth)."""
+    read = candidates.subquery("candidates")
+    numbered = select(
+        *read.c,
+        func.row_number()
+        .over(partition_by=read.c.queue_name, order_by=(read.c.available_at, read.c.seq))
+        .label("nth"),
+    ).subquery("numbered")
+    columns = (numbered.c[c] for c in ("queue_name", "priority", "available_at", "seq"))
+    found = select(*columns).where(numbered.c.nth == 1).subquery("firsts")
+    head = sf.alias("head")
+    first = (
+        select(head.c.seq)
+        .where(
+            head.c.state == PENDING,
+            head.c.flow_key.is_(None),
+            head.c.queue_name == found.c.queue_name,
+            head.c.available_at <= bindparam("now", type_=Double),
+        )
+        .order_by(head.c.priority, head.c.available_at, head.c.seq)
+        .limit(1)
+        .scalar_subquery()
+    )
+    return (
+        select(found.c.queue_name, found.c.priority, found.c.available_at, found.c.seq)
+        .where(found.c.seq == first)
+        .order_by(found.c.available_at, found.c.seq)
+    )

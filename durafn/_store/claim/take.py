@@ -68,11 +68,11 @@ from sqlalchemy.sql.elements import ColumnElement
 from ..._kinds import FunctionKind
 from ..rows import CLAIM_ORDER, Claimed
 from ..schema.tables import queues, sf
-from ..sql import PENDING, RUNNING, carries
+from ..sql import PENDING, carries
 from .columns import CLAIM_COLUMNS, STARTED, claimed
 from .flow import FlowCursor, FlowStatements, fair_order, flow_heads, flow_statements, keyed
 from .hints import FastPathHint
-from .queues import queue_heads
+from .queues import heads_only, queue_heads, queue_may_run
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,64 +228,6 @@ def _not_paused() -> ColumnElement[bool]:
     return or_(sf.c.queue_name.is_(None), ~sf.c.queue_name.in_(paused))
 
 
-def _blocked_queues() -> ColumnElement[bool]:
-    """The row's queue is neither paused nor at its concurrency (judged without locks;
-    the claim checks again under the queue's lock)."""
-    running = sf.alias("running")
-    full = (
-        select(running.c.queue_name)
-        .join(queues, queues.c.name == running.c.queue_name)
-        # ix_scheduled_functions_running: as many entries as actions running anywhere.
-        .where(running.c.state == RUNNING, queues.c.concurrency.is_not(None))
-        .group_by(running.c.queue_name, queues.c.concurrency)
-        .having(func.count() >= queues.c.concurrency)
-    )
-    paused = select(queues.c.name).where(queues.c.paused)  # ix_durafn_queues_paused
-    return and_(~sf.c.queue_name.in_(paused), ~sf.c.queue_name.in_(full))
-
-
-def _heads_only(candidates: Select[Any]) -> Select[Any]:
-    """Of ``candidates`` (queue, priority, due, seq of due queued rows), those that are
-    their queue's head: its first due row, whatever its kind (``ix_scheduled_functions_
-    queue``, one probe each). A claim locks only queues whose head it may run: a lock
-    held by a claim that then took nothing (a mutation claim reading a queue whose head
-    is an action) made the other kind's claims skip the queue (SKIP LOCKED) and sleep
-    until their poll, 5 s on PostgreSQL, with nothing to wake them.
-
-    Probed after the candidates' LIMIT, not as a filter of their scan: as a filter it
-    rejected every row of a long queue but the first, so the scan read the whole queue
-    to fill its LIMIT (one serial queue of 2,000 actions drained at 0.55x). And only each
-    queue's first candidate is probed, the one that can be its head (a probe for each of
-    a long queue's hundred candidates still cost the drain a fifth)."""
-    read = candidates.subquery("candidates")
-    numbered = select(
-        *read.c,
-        func.row_number()
-        .over(partition_by=read.c.queue_name, order_by=(read.c.available_at, read.c.seq))
-        .label("nth"),
-    ).subquery("numbered")
-    columns = (numbered.c[c] for c in ("queue_name", "priority", "available_at", "seq"))
-    found = select(*columns).where(numbered.c.nth == 1).subquery("firsts")
-    head = sf.alias("head")
-    first = (
-        select(head.c.seq)
-        .where(
-            head.c.state == PENDING,
-            head.c.flow_key.is_(None),
-            head.c.queue_name == found.c.queue_name,
-            head.c.available_at <= bindparam("now", type_=Double),
-        )
-        .order_by(head.c.priority, head.c.available_at, head.c.seq)
-        .limit(1)
-        .scalar_subquery()
-    )
-    return (
-        select(found.c.queue_name, found.c.priority, found.c.available_at, found.c.seq)
-        .where(found.c.seq == first)
-        .order_by(found.c.available_at, found.c.seq)
-    )
-
-
 @dataclass(frozen=True, slots=True)
 class ClaimStatements:
     """The statements of one ``ClaimFilter``, built once (see ``statements``)."""
@@ -328,9 +270,9 @@ def statements(serve: ClaimFilter, lateral: bool = False) -> ClaimStatements:
     served = true() if serve.queues is None else sf.c.queue_name.in_(sorted(serve.queues))
     # ix_scheduled_functions_claim_queued, read alone (queue_name is its last column),
     # then each row's queue head (ix_scheduled_functions_queue): only heads we may run.
-    queued = _heads_only(
+    queued = heads_only(
         select(sf.c.queue_name, sf.c.priority, sf.c.available_at, sf.c.seq)
-        .where(*_due_at_level(True), served, _blocked_queues(), flags_ok)
+        .where(*_due_at_level(True), served, queue_may_run(), flags_ok)
         .order_by(sf.c.available_at, sf.c.seq)
         .limit(bindparam("limit", type_=Integer))
     )
