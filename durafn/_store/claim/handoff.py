@@ -44,7 +44,7 @@ from ..rows import Claimed
 from ..schema.tables import sf
 from ..sql import PENDING, RUNNING
 from .columns import CLAIM_COLUMNS, STARTED, claimed
-from .queues import LOCK_QUEUES
+from .queues import LOCK_QUEUES, in_queue_order
 from .take import ClaimFilter, flags_allowed
 
 _ACTION = FunctionKind.ACTION.value
@@ -87,18 +87,7 @@ def successor(forbidden: frozenset[str]) -> Any:
     """Start ``:queue``'s head (Pending -> InProgress under ``:worker_id``) if the module
     docstring's conditions hold; returns it, or nothing."""
     # ix_scheduled_functions_queue: the queue's first due row, whatever its kind.
-    head = (
-        select(sf.c.id)
-        .where(
-            sf.c.state == PENDING,
-            sf.c.flow_key.is_(None),
-            sf.c.queue_name == bindparam("queue", type_=Text),
-            sf.c.available_at <= bindparam("now", type_=Double),
-        )
-        .order_by(sf.c.priority, sf.c.available_at, sf.c.seq)
-        .limit(1)
-        .scalar_subquery()
-    )
+    head = in_queue_order(bindparam("queue", type_=Text), sf.c.id).limit(1).scalar_subquery()
     # ix_scheduled_functions_running: the actions running anywhere (this finish's own
     # rows are Success by now, in this transaction).
     busy = sf.alias("busy")

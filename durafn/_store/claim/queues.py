@@ -45,6 +45,24 @@ RUNNING_IN = (
     .where(sf.c.state == RUNNING, sf.c.queue_name.in_(bindparam("names", expanding=True)))
     .group_by(sf.c.queue_name)
 )
+
+
+def in_queue_order(queue: Any, *columns: Any, table: Any = sf) -> Select[Any]:
+    """``columns`` of ``queue``'s due rows (of ``table``, ``_scheduled_functions`` or an
+    alias of it) in queue order: priority, due time, order written (every reader of a
+    queue's head: the claim's, the hand-off's, the candidates' check)."""
+    return (
+        select(*columns)
+        .where(
+            table.c.state == PENDING,
+            table.c.flow_key.is_(None),
+            table.c.queue_name == queue,
+            table.c.available_at <= bindparam("now", type_=Double),
+        )
+        .order_by(table.c.priority, table.c.available_at, table.c.seq)
+    )
+
+
 # ix_scheduled_functions_queue: (queue_name, priority, available_at, seq). Every kind:
 # a queue's order is across its mutations and actions. No SKIP LOCKED: holding the
 # queue's lock, only a momentary writer (a cancel, a key's replace) can hold its rows.
@@ -52,14 +70,7 @@ RUNNING_IN = (
 # the index (1000 serial queues drained at 0.26x-0.52x), and a keyed row in a routing
 # queue is the flow claim's to take, never the queue's.
 QUEUE_HEAD = (
-    select(*CLAIM_COLUMNS, sf.c.kind, sf.c.flags)
-    .where(
-        sf.c.state == PENDING,
-        sf.c.flow_key.is_(None),
-        sf.c.queue_name == bindparam("queue", type_=Text),
-        sf.c.available_at <= bindparam("now", type_=Double),
-    )
-    .order_by(sf.c.priority, sf.c.available_at, sf.c.seq)
+    in_queue_order(bindparam("queue", type_=Text), *CLAIM_COLUMNS, sf.c.kind, sf.c.flags)
     .limit(bindparam("limit", type_=Integer))
     .with_for_update()
 )
@@ -78,14 +89,7 @@ def _heads_lateral() -> Any:
         .render_derived("wanted")
     )
     head = (
-        select(*CLAIM_COLUMNS, sf.c.kind, sf.c.flags)
-        .where(
-            sf.c.state == PENDING,
-            sf.c.flow_key.is_(None),
-            sf.c.queue_name == wanted.c.queue,
-            sf.c.available_at <= bindparam("now", type_=Double),
-        )
-        .order_by(sf.c.priority, sf.c.available_at, sf.c.seq)
+        in_queue_order(wanted.c.queue, *CLAIM_COLUMNS, sf.c.kind, sf.c.flags)
         .limit(wanted.c.n)
         .with_for_update()
         .lateral("head")
@@ -110,15 +114,10 @@ def _heads_union(arms: int) -> Any:
     of actions drained at 0.12x the unqueued drain."""
     parts = []
     for i in range(arms):
+        nth = literal(i, Integer).label("nth")
+        queue = bindparam(f"q{i}", type_=Text)
         arm = (
-            select(*CLAIM_COLUMNS, sf.c.kind, sf.c.flags, literal(i, Integer).label("nth"))
-            .where(
-                sf.c.state == PENDING,
-                sf.c.flow_key.is_(None),
-                sf.c.queue_name == bindparam(f"q{i}", type_=Text),
-                sf.c.available_at <= bindparam("now", type_=Double),
-            )
-            .order_by(sf.c.priority, sf.c.available_at, sf.c.seq)
+            in_queue_order(queue, *CLAIM_COLUMNS, sf.c.kind, sf.c.flags, nth)
             .limit(bindparam(f"n{i}", type_=Integer))
             .subquery(f"arm{i}")
         )
@@ -255,18 +254,7 @@ def heads_only(candidates: Select[Any]) -> Select[Any]:
     columns = (numbered.c[c] for c in ("queue_name", "priority", "available_at", "seq"))
     found = select(*columns).where(numbered.c.nth == 1).subquery("firsts")
     head = sf.alias("head")
-    first = (
-        select(head.c.seq)
-        .where(
-            head.c.state == PENDING,
-            head.c.flow_key.is_(None),
-            head.c.queue_name == found.c.queue_name,
-            head.c.available_at <= bindparam("now", type_=Double),
-        )
-        .order_by(head.c.priority, head.c.available_at, head.c.seq)
-        .limit(1)
-        .scalar_subquery()
-    )
+    first = in_queue_order(found.c.queue_name, head.c.seq, table=head).limit(1).scalar_subquery()
     return (
         select(found.c.queue_name, found.c.priority, found.c.available_at, found.c.seq)
         .where(found.c.seq == first)
