@@ -2,7 +2,7 @@
 
 ``FakeClock`` moves only when told to; ``finish_all`` and ``advance`` run what is due on
 it; ``Harness`` adds the assertions tests of job systems are made of. The pytest plugin
-(``durafn.testing.plugin``, loaded by pytest wherever durafn is installed) hands a test
+(``durafn.pytest_plugin``, loaded by pytest wherever durafn is installed) hands a test
 the fixtures ``fake_clock``, ``durafn_app`` and ``durafn`` (a ``Harness``). durafn's own
 suite uses the same helpers.
 """
