@@ -23,6 +23,7 @@ import click
 
 from .. import _signals
 from .cron import cron, list_crons
+from .dashboard import dashboard
 from .database import migrate, stats
 from .flow import explain
 from .queues import queue
@@ -63,3 +64,4 @@ main.add_command(clear)
 main.add_command(cron)
 main.add_command(list_crons)
 main.add_command(queue)
+main.add_command(dashboard)

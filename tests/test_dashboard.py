@@ -1,0 +1,212 @@
+"""The dashboard's handlers on both engines, through its ASGI app (httpx2's transport, in
+the test's event loop): pages, actions, and every refusal (login, CSRF, read-only, bad
+requests), with user text escaped. The browser tests of the pages are to come."""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx2
+import pytest
+
+import durafn
+from durafn import ActionCtx, MutationCtx, State
+from durafn.testing import FakeClock
+
+pytestmark = pytest.mark.anyio
+
+XSS = "<script>alert(1)</script>"
+BASE = "http://dash.test"
+
+
+def _client(asgi: Any) -> httpx2.AsyncClient:
+    return httpx2.AsyncClient(transport=httpx2.ASGITransport(app=asgi), base_url=BASE)
+
+
+def _csrf(page: httpx2.Response) -> str:
+    found = re.search(r'name="csrf" value="([0-9a-f]+)"', page.text)
+    assert found is not None, page.text
+    return found.group(1)
+
+
+@pytest.fixture
+async def rows(app: durafn.App, clock: FakeClock) -> AsyncIterator[dict[str, str]]:
+    """A Pending row, a Failed one (its error holding a script), a Success one."""
+
+    @app.mutation(name="mail:send")
+    async def send(ctx: MutationCtx, to: str) -> str:
+        return f"sent {to}"
+
+    @app.action(name="mail:broken")
+    async def broken(ctx: ActionCtx, to: str) -> None:
+        raise ValueError(f"cannot reach {to}")
+
+    sched = app.scheduler()
+    pending = await sched.run_after(3600, send, XSS)
+    failed = await sched.run_after(0, broken, XSS)
+    done = await sched.run_after(0, send, "ann")
+    await app.executor().run_until_idle()
+    yield {"pending": pending, "failed": failed, "done": done}
+
+
+async def test_the_pages_show_rows_with_their_text_escaped(
+    app: durafn.App, rows: dict[str, str]
+) -> None:
+    async with _client(app.dashboard()) as web:
+        overview = await web.get("/")
+        assert overview.status_code == 200
+        assert ">Pending</a></td><td>1<" in overview.text
+        listing = await web.get("/rows", params={"state": "Failed"})
+        assert listing.status_code == 200 and rows["failed"] in listing.text
+        assert rows["pending"] not in listing.text
+        assert XSS not in listing.text and "&lt;script&gt;" in listing.text
+        page = await web.get(f"/rows/{rows['failed']}")
+        assert page.status_code == 200
+        assert XSS not in page.text
+        assert "ValueError: cannot reach &lt;script&gt;" in page.text
+        assert 'id="retry"' in page.text and 'id="cancel"' not in page.text
+        assert f"durafn retry {rows['failed']}" in page.text
+        pending = await web.get(f"/rows/{rows['pending']}")
+        assert 'id="cancel"' in pending.text and 'id="explain"' in pending.text
+        by_name = await web.get("/rows", params={"name": "mail:send"})
+        assert rows["done"] in by_name.text and rows["failed"] not in by_name.text
+
+
+async def test_cancel_and_retry_change_the_rows_and_are_audited(
+    app: durafn.App, rows: dict[str, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="durafn.dashboard")
+    async with _client(app.dashboard()) as web:
+        page = await web.get(f"/rows/{rows['pending']}")
+        done = await web.post(f"/rows/{rows['pending']}/cancel", data={"csrf": _csrf(page)})
+        assert done.status_code == 303
+        shown = await web.get(done.headers["location"])
+        assert "canceled (it was Pending)" in shown.text
+        page = await web.get(f"/rows/{rows['failed']}")
+        again = await web.post(f"/rows/{rows['failed']}/retry", data={"csrf": _csrf(page)})
+        assert again.status_code == 303
+        overview = await web.get("/")
+    by_id = {str(r.id): r for r in (await app.list(limit=10)).items}
+    assert by_id[rows["pending"]].state is State.CANCELED
+    assert by_id[rows["failed"]].state is State.PENDING
+    assert f"cancel {rows['pending']}</td><td>1<" in overview.text
+    assert f"retry {rows['failed']}</td><td>1<" in overview.text
+    assert any("dashboard: local cancel" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_post_without_the_csrf_token_or_from_another_origin_is_refused(
+    app: durafn.App, rows: dict[str, str]
+) -> None:
+    async with _client(app.dashboard()) as web:
+        page = await web.get(f"/rows/{rows['pending']}")
+        missing = await web.post(f"/rows/{rows['pending']}/cancel", data={})
+        forged = await web.post(f"/rows/{rows['pending']}/cancel", data={"csrf": "0" * 64})
+        elsewhere = await web.post(
+            f"/rows/{rows['pending']}/cancel",
+            data={"csrf": _csrf(page)},
+            headers={"origin": "https://evil.example"},
+        )
+    for refused in (missing, forged, elsewhere):
+        assert refused.status_code == 403 and "CSRF" in refused.text
+    assert (await app.get(rows["pending"])).state is State.PENDING  # type: ignore[union-attr]
+
+
+async def test_read_only_hides_the_actions_and_refuses_every_post(
+    app: durafn.App, rows: dict[str, str]
+) -> None:
+    async with _client(app.dashboard(read_only=True)) as web:
+        page = await web.get(f"/rows/{rows['failed']}")
+        assert 'id="retry"' not in page.text and "(read-only)" in page.text
+        refused = await web.post(f"/rows/{rows['failed']}/retry", data={"csrf": _csrf(page)})
+    assert refused.status_code == 403 and "read-only" in refused.text
+    assert (await app.get(rows["failed"])).state is State.FAILED  # type: ignore[union-attr]
+
+
+async def test_a_token_is_asked_for_once_and_kept_in_an_httponly_cookie(
+    app: durafn.App, rows: dict[str, str]
+) -> None:
+    async with _client(app.dashboard(token="s3cret")) as web:
+        first = await web.get("/")
+        assert first.status_code == 303 and first.headers["location"].endswith("/login")
+        wrong = await web.post("/login", data={"token": "guess"})
+        assert wrong.status_code == 403 and "wrong token" in wrong.text
+        assert (await web.get("/rows")).status_code == 303
+        right = await web.post("/login", data={"token": "s3cret"})
+        assert right.status_code == 303
+        cookie = right.headers["set-cookie"]
+        assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "s3cret" not in cookie
+        assert (await web.get("/rows")).status_code == 200
+        # A CSRF token is tied to the session: one from before the login is refused.
+        page = await web.get("/")
+        logout = await web.post("/logout", data={"csrf": _csrf(page)})
+        assert logout.status_code == 303
+        web.cookies.clear()
+        assert (await web.get("/")).status_code == 303
+
+
+async def test_the_host_applications_auth_decides(app: durafn.App, rows: dict[str, str]) -> None:
+    def auth(request: Any) -> str | None:
+        return "ann" if request.headers.get("x-user") == "ann" else None
+
+    async with _client(app.dashboard(auth=auth)) as web:
+        assert (await web.get("/")).status_code == 403
+        page = await web.get(f"/rows/{rows['pending']}", headers={"x-user": "ann"})
+        assert page.status_code == 200 and ">ann<" in page.text
+        done = await web.post(
+            f"/rows/{rows['pending']}/cancel", data={"csrf": _csrf(page)}, headers={"x-user": "ann"}
+        )
+        overview = await web.get("/", headers={"x-user": "ann"})
+    assert done.status_code == 303
+    assert f"<td>ann</td><td>cancel {rows['pending']}</td>" in overview.text
+
+
+async def test_bad_requests_get_a_message_and_a_4xx_and_write_nothing(
+    app: durafn.App, rows: dict[str, str]
+) -> None:
+    async with _client(app.dashboard()) as web:
+        page = await web.get(f"/rows/{rows['pending']}")
+        csrf = _csrf(page)
+        unknown = await web.get("/rows/not-an-id")
+        bad_state = await web.get("/rows", params={"state": "Exploded"})
+        bad_cursor = await web.get("/rows", params={"cursor": "garbage"})
+        gone = await web.post(
+            "/rows/0191d3a8-0000-7000-8000-000000000000/cancel", data={"csrf": csrf}
+        )
+        not_failed = await web.post(f"/rows/{rows['pending']}/retry", data={"csrf": csrf})
+    assert unknown.status_code == 404
+    assert "no scheduled function &#39;not-an-id&#39;" in unknown.text  # quotes escaped too
+    assert bad_state.status_code == 400 and "unknown state &#39;Exploded&#39;" in bad_state.text
+    assert bad_cursor.status_code == 400 and "cursor" in bad_cursor.text
+    assert gone.status_code == 404
+    assert not_failed.status_code == 303 and "nothing+to+retry" in not_failed.headers["location"]
+    for page in (unknown, bad_state, bad_cursor, gone):
+        assert "Traceback" not in page.text
+    assert (await app.get(rows["pending"])).state is State.PENDING  # type: ignore[union-attr]
+
+
+async def test_hide_args_shows_no_arguments_or_results(
+    app: durafn.App, rows: dict[str, str]
+) -> None:
+    async with _client(app.dashboard(hide_args=True)) as web:
+        listing = await web.get("/rows")
+        page = await web.get(f"/rows/{rows['done']}")
+    assert "ann" not in listing.text and "sent ann" not in page.text
+    assert 'id="args"' not in page.text and 'id="result"' not in page.text
+
+
+def test_the_command_refuses_another_interface_without_a_token(db_url: str) -> None:
+    """``durafn dashboard`` binds 127.0.0.1; anything else needs a token first."""
+    from click.testing import CliRunner
+
+    from durafn.cli import main
+
+    env = {"DURAFN_DASHBOARD_TOKEN": ""}
+    for host in ("0.0.0.0", "192.0.2.7", "dash.example"):
+        result = CliRunner().invoke(main, ["dashboard", "--url", db_url, "--host", host])
+        assert result.exit_code == 1
+        assert f"refusing to serve the dashboard on {host} without a token" in result.output
+    empty = CliRunner().invoke(main, ["dashboard", "--url", db_url], env=env)
+    assert empty.exit_code == 1 and "the dashboard token is empty" in empty.output
