@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx2
@@ -15,6 +16,13 @@ import pytest
 import durafn
 from durafn import ActionCtx, MutationCtx, State
 from durafn.testing import FakeClock
+
+from .helpers import wait_until
+
+
+async def has_workers(app: durafn.App) -> bool:
+    return bool(await app.workers())
+
 
 pytestmark = pytest.mark.anyio
 
@@ -210,3 +218,93 @@ def test_the_command_refuses_another_interface_without_a_token(db_url: str) -> N
         assert f"refusing to serve the dashboard on {host} without a token" in result.output
     empty = CliRunner().invoke(main, ["dashboard", "--url", db_url], env=env)
     assert empty.exit_code == 1 and "the dashboard token is empty" in empty.output
+
+
+async def test_crons_show_their_next_fires_with_the_clock_changes_and_can_be_steered(
+    app: durafn.App, clock: FakeClock
+) -> None:
+    @app.mutation(name="reports:nightly")
+    async def nightly(ctx: MutationCtx) -> None:
+        pass
+
+    # Paris moves its clocks on at 02:00 on 2030-03-31: the 01:30 fire of the next night
+    # is the first at UTC+02:00.
+    clock.set(datetime(2030, 3, 29, 12, tzinfo=UTC))
+    app.cron("nightly", "30 1 * * *", nightly, timezone="Europe/Paris")
+    await app.executor().run_until_idle()  # the executor writes the declared crons
+    async with _client(app.dashboard()) as web:
+        page = await web.get("/crons")
+        assert page.status_code == 200
+        assert "2030-03-31T01:30:00+01:00</td><td></td>" in page.text
+        assert (
+            "2030-04-01T01:30:00+02:00</td><td>DST: clocks changed since the previous fire "
+            "(UTC+01:00 → UTC+02:00)" in page.text
+        )
+        csrf = _csrf(page)
+        disabled = await web.post("/crons/nightly/disable", data={"csrf": csrf})
+        assert disabled.status_code == 303 and "disabled" in disabled.headers["location"]
+        shown = await web.get(disabled.headers["location"])
+        assert "(disabled)" in shown.text and "next fire times" not in shown.text
+        triggered = await web.post("/crons/nightly/trigger", data={"csrf": csrf})
+        assert triggered.status_code == 303
+        unknown = await web.post("/crons/hourly/trigger", data={"csrf": csrf})
+        wrong = await web.post("/crons/nightly/explode", data={"csrf": csrf})
+        removed = await web.post("/crons/nightly/remove", data={"csrf": csrf})
+    assert unknown.status_code == 404 and "no cron &#39;hourly&#39;" in unknown.text
+    assert wrong.status_code == 404 and "no cron action" in wrong.text
+    assert removed.status_code == 303 and await app.crons() == []
+    assert [r.name for r in (await app.list()).items] == ["reports:nightly"]  # the trigger
+
+
+async def test_queues_pause_and_resume_and_workers_are_listed(
+    app: durafn.App, rows: dict[str, str]
+) -> None:
+    @app.action(name="mail:queued")
+    async def queued(ctx: ActionCtx) -> None:
+        pass
+
+    await app.scheduler().run_after(60, queued.options(queue="mail"))
+    async with _client(app.dashboard()) as web:
+        page = await web.get("/queues")
+        assert page.status_code == 200 and ">mail</a>" in page.text
+        paused = await web.post("/queues/mail/pause", data={"csrf": _csrf(page)})
+        assert paused.status_code == 303
+        assert [q.paused for q in await app.queues()] == [True]
+        shown = await web.get(paused.headers["location"])
+        assert "(paused)" in shown.text and "queue mail paused" in shown.text
+        resumed = await web.post("/queues/mail/resume", data={"csrf": _csrf(shown)})
+        assert resumed.status_code == 303 and [q.paused for q in await app.queues()] == [False]
+        unknown = await web.post("/queues/nope/pause", data={"csrf": _csrf(shown)})
+        assert unknown.status_code == 404
+        async with app.run_executor():
+            await wait_until(lambda: has_workers(app), "the worker registered")
+            workers = await web.get("/workers")
+    assert workers.status_code == 200 and 'id="workers"' in workers.text
+
+
+async def test_every_pending_row_a_filter_matches_is_cancelled_after_a_confirmation(
+    app: durafn.App, rows: dict[str, str]
+) -> None:
+    @app.mutation(name="mail:digest")
+    async def digest(ctx: MutationCtx, user: int) -> None:
+        pass
+
+    sched = app.scheduler()
+    await sched.run_many([digest.options(queue="digests").call(n).after(60) for n in range(30)])
+    async with _client(app.dashboard()) as web:
+        listing = await web.get("/rows", params={"queue": "digests"})
+        assert 'id="cancel-matching"' in listing.text
+        confirm = await web.get("/rows/cancel-matching", params={"queue": "digests"})
+        assert confirm.status_code == 200
+        assert "This cancels <strong>30</strong> Pending rows" in confirm.text
+        assert await app.count(state=State.CANCELED) == 0  # nothing before the POST
+        done = await web.post(
+            "/rows/cancel-matching", data={"csrf": _csrf(confirm), "queue": "digests"}
+        )
+        unfiltered = await web.post("/rows/cancel-matching", data={"csrf": _csrf(confirm)})
+        no_filter = await web.get("/rows/cancel-matching")
+    assert done.status_code == 303 and "canceled+30+Pending+rows" in done.headers["location"]
+    assert await app.count(state=State.CANCELED, queue="digests") == 30
+    assert (await app.get(rows["pending"])).state is State.PENDING  # type: ignore[union-attr]
+    for refused in (unfiltered, no_filter):
+        assert refused.status_code == 400 and "needs a filter" in refused.text

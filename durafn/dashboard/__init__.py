@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from starlette.applications import Starlette
 
     from .access import Auth
-    from .server import App
+    from .surface import App
 
 __all__ = ["create"]
 

@@ -1,0 +1,128 @@
+"""The operator's other pages: crons (described in words, their next fire times with
+the clock changes on the way marked; enable, disable, trigger, remove), queues and flow
+keys (pause, resume), and the live workers."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from .._crons import schedule_of
+from .._types import CronInfo
+from .surface import Pages, Refused
+
+NEXT_FIRES = 5
+CRON_ACTIONS = ("enable", "disable", "trigger", "remove")
+
+
+def routes(d: Pages) -> list[Route]:
+    async def crons(request: Request) -> Response:
+        async def body(user: str) -> dict[str, Any]:
+            now = d.app.clock.now()
+            found = await d.app.crons()
+            return {"crons": [(c, _next_fires(c, now)) for c in found]}
+
+        return await d.page(request, "crons.html", body)
+
+    async def cron_action(request: Request) -> Response:
+        async def act(user: str, form: Any) -> tuple[str, str]:
+            name, what = str(request.path_params["name"]), str(request.path_params["action"])
+            if what not in CRON_ACTIONS:
+                raise Refused(404, f"no cron action {what!r}: one of {', '.join(CRON_ACTIONS)}")
+            if not any(c.name == name for c in await d.app.crons()):
+                raise Refused(404, f"no cron {name!r}")
+            back = str(request.url_for("crons"))
+            if what == "enable":
+                await d.app.enable_cron(name)
+                said = f"cron {name} enabled"
+            elif what == "disable":
+                await d.app.disable_cron(name)
+                said = f"cron {name} disabled"
+            elif what == "trigger":
+                id = await d.app.trigger_cron(name)
+                said = f"cron {name} triggered: row {id}"
+            else:
+                await d.app.remove_cron(name)
+                said = f"cron {name} removed"
+            d.record(user, f"{what} cron {name}", 1 if what == "trigger" else 0)
+            return said, back
+
+        return await d.act(request, act)
+
+    async def queues(request: Request) -> Response:
+        async def body(user: str) -> dict[str, Any]:
+            return {"queues": await d.app.queues(), "keys": await d.app.flow_keys()}
+
+        return await d.page(request, "queues.html", body)
+
+    async def queue_action(request: Request) -> Response:
+        async def act(user: str, form: Any) -> tuple[str, str]:
+            name, what = str(request.path_params["name"]), str(request.path_params["action"])
+            if what not in ("pause", "resume"):
+                raise Refused(404, f"no queue action {what!r}: pause or resume")
+            if not any(q.name == name for q in await d.app.queues()):
+                raise Refused(404, f"no queue {name!r}")
+            change = d.app.pause_queue if what == "pause" else d.app.resume_queue
+            changed = await change(name)
+            d.record(user, f"{what} queue {name}", changed)
+            return f"queue {name} {'paused' if what == 'pause' else 'resumed'}", str(
+                request.url_for("queues")
+            )
+
+        return await d.act(request, act)
+
+    async def workers(request: Request) -> Response:
+        async def body(user: str) -> dict[str, Any]:
+            return {"workers": await d.app.workers(), "now": d.app.clock.now()}
+
+        return await d.page(request, "workers.html", body)
+
+    return [
+        Route("/crons", crons),
+        Route("/crons/{name}/{action}", cron_action, methods=["POST"]),
+        Route("/queues", queues),
+        Route("/queues/{name}/{action}", queue_action, methods=["POST"]),
+        Route("/workers", workers),
+    ]
+
+
+def _next_fires(cron: CronInfo, now: float) -> list[tuple[datetime, str | None]]:
+    """The next fire times in the cron's zone, each with what the clock did on the way:
+    a fire in a repeated hour (which pass), or the first after a change of UTC offset."""
+    if not cron.enabled:
+        return []
+    schedule = schedule_of(cron.schedule, cron.timezone, cron.source)
+    out: list[tuple[datetime, str | None]] = []
+    previous = datetime.fromtimestamp(now, schedule.zone)
+    for fire in schedule.iter_after(previous):
+        out.append((fire, _clock_note(fire, previous)))
+        previous = fire
+        if len(out) == NEXT_FIRES:
+            break
+    return out
+
+
+def _clock_note(fire: datetime, previous: datetime) -> str | None:
+    wall = fire.replace(tzinfo=None)
+    first = wall.replace(tzinfo=fire.tzinfo, fold=0).utcoffset()
+    second = wall.replace(tzinfo=fire.tzinfo, fold=1).utcoffset()
+    if first != second and fire.fold == 1:
+        return "DST: the second pass of a repeated hour"
+    if first != second:
+        return "DST: the first pass of a repeated hour"
+    if previous.utcoffset() != fire.utcoffset():
+        return (
+            f"DST: clocks changed since the previous fire ({_offset(previous)} → {_offset(fire)})"
+        )
+    return None
+
+
+def _offset(t: datetime) -> str:
+    offset = t.utcoffset() or timedelta(0)
+    minutes = int(offset.total_seconds() // 60)
+    sign = "+" if minutes >= 0 else "-"
+    return f"UTC{sign}{abs(minutes) // 60:02d}:{abs(minutes) % 60:02d}"

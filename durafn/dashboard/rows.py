@@ -1,0 +1,136 @@
+"""The scheduled functions: the list (filters, cursor pages), a row, and the actions on
+rows (cancel, retry, and cancel every Pending row a filter matches, after a confirmation
+that says how many)."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlencode
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from .._kinds import State
+from .surface import Pages, Refused
+
+PAGE_SIZE = 50
+TEXT_FILTERS = ("name", "queue", "key", "flag")
+
+
+def routes(d: Pages) -> list[Route]:
+    async def rows(request: Request) -> Response:
+        async def body(user: str) -> dict[str, Any]:
+            state = _state(request.query_params.get("state") or None)
+            chosen = _text_filters(request.query_params)
+            page = await d.app.list(
+                state=state,
+                limit=PAGE_SIZE,
+                cursor=request.query_params.get("cursor") or None,
+                newest_first=True,
+                **chosen,
+            )
+            given = {k: v for k, v in request.query_params.items() if k != "cursor" and v}
+            following = None
+            if page.next_cursor is not None:
+                following = "?" + urlencode({**given, "cursor": page.next_cursor})
+            bulk = "?" + urlencode(chosen) if any(chosen.values()) else None
+            return {
+                "page": page,
+                "given": given,
+                "states": list(State),
+                "next": following,
+                "bulk": bulk,
+            }
+
+        return await d.page(request, "rows.html", body)
+
+    async def row(request: Request) -> Response:
+        async def body(user: str) -> dict[str, Any]:
+            found = await d.app.get(request.path_params["id"])
+            if found is None:
+                raise Refused(404, f"no scheduled function {request.path_params['id']!r}")
+            why = await d.app.explain(found.id) if found.state is State.PENDING else None
+            return {"row": found, "explain": why}
+
+        return await d.page(request, "row.html", body)
+
+    async def cancel(request: Request) -> Response:
+        async def act(user: str, form: Any) -> tuple[str, str]:
+            id = await _existing(d, request)
+            result = await d.app.cancel(id)
+            d.record(user, f"cancel {id}", int(result.canceled))
+            back = str(request.url_for("row", id=id))
+            if result.canceled:
+                return f"canceled (it was {result.previous_state.value})", back
+            return f"not canceled: it had ended ({result.previous_state.value})", back
+
+        return await d.act(request, act)
+
+    async def retry(request: Request) -> Response:
+        async def act(user: str, form: Any) -> tuple[str, str]:
+            id = await _existing(d, request)
+            moved = await d.app.retry([id])
+            d.record(user, f"retry {id}", len(moved))
+            back = str(request.url_for("row", id=id))
+            return ("retried" if moved else "not Failed: nothing to retry"), back
+
+        return await d.act(request, act)
+
+    async def cancel_matching(request: Request) -> Response:
+        if request.method == "GET":
+
+            async def body(user: str) -> dict[str, Any]:
+                chosen = _text_filters(request.query_params)
+                _require_filter(chosen)
+                count = await d.app.count(state=State.PENDING, **chosen)
+                shown = {k: v for k, v in chosen.items() if v}
+                return {"filters": shown, "count": count}
+
+            return await d.page(request, "confirm.html", body)
+
+        async def act(user: str, form: Any) -> tuple[str, str]:
+            chosen = _text_filters(form)
+            _require_filter(chosen)
+            # In batches of 1,000 rows, each its own transaction (``cancel_where``): a
+            # million rows never hold one transaction.
+            count = await d.app.cancel_where(**chosen)
+            shown = ", ".join(f"{k}={v}" for k, v in chosen.items() if v)
+            d.record(user, f"cancel every Pending row where {shown}", count)
+            back = str(request.url_for("rows")) + "?" + urlencode({**chosen, "state": "Canceled"})
+            return f"canceled {count} Pending rows where {shown}", back
+
+        return await d.act(request, act)
+
+    return [
+        Route("/rows", rows),
+        Route("/rows/cancel-matching", cancel_matching, methods=["GET", "POST"]),
+        Route("/rows/{id}", row),
+        Route("/rows/{id}/cancel", cancel, methods=["POST"]),
+        Route("/rows/{id}/retry", retry, methods=["POST"]),
+    ]
+
+
+def _state(value: str | None) -> State | None:
+    if value is None:
+        return None
+    if value not in {s.value for s in State}:
+        known = ", ".join(s.value for s in State)
+        raise Refused(400, f"unknown state {value!r}: one of {known}")
+    return State(value)
+
+
+def _text_filters(source: Any) -> dict[str, Any]:
+    return {k: (str(source.get(k)) if source.get(k) else None) for k in TEXT_FILTERS}
+
+
+def _require_filter(chosen: dict[str, Any]) -> None:
+    if not any(chosen.values()):
+        raise Refused(400, "a bulk cancel needs a filter (name, queue, key or flag)")
+
+
+async def _existing(d: Pages, request: Request) -> str:
+    id = str(request.path_params["id"])
+    if await d.app.get(id) is None:
+        raise Refused(404, f"no scheduled function {id!r}")
+    return id

@@ -1,0 +1,94 @@
+"""The seams of the dashboard: what it asks of a ``durafn.App`` (``App``: the methods the
+command line calls, and nothing else: no query of its own, no second copy of a filter or
+an action), and what its parts (``rows``, ``operations``) ask of its core (``Pages``)."""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime
+from typing import Any, Protocol
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from .._clock import Clock
+from .._explain import Explanation, FlowKeyInfo
+from .._kinds import ScheduledFunctionId, State
+from .._types import CancelResult, CronInfo, Page, QueueInfo, ScheduledFunction, Stats, WorkerInfo
+
+
+class App(Protocol):
+    @property
+    def clock(self) -> Clock: ...
+    async def stats(self) -> Stats: ...
+    async def queues(self) -> builtins.list[QueueInfo]: ...
+    async def flow_keys(self, *, limit: int = 100) -> builtins.list[FlowKeyInfo]: ...
+    async def workers(self) -> builtins.list[WorkerInfo]: ...
+    async def crons(self, *, enabled: bool | None = None) -> builtins.list[CronInfo]: ...
+    async def list(
+        self,
+        *,
+        state: State | None = None,
+        name: str | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+        newest_first: bool = False,
+        queue: str | None = None,
+        key: str | None = None,
+        flag: str | None = None,
+    ) -> Page: ...
+    async def count(
+        self,
+        *,
+        state: State | None = None,
+        name: str | None = None,
+        queue: str | None = None,
+        key: str | None = None,
+        flag: str | None = None,
+    ) -> int: ...
+    async def get(self, id: ScheduledFunctionId | str) -> ScheduledFunction | None: ...
+    async def explain(self, id: ScheduledFunctionId | str) -> Explanation: ...
+    async def cancel(self, id: ScheduledFunctionId | str) -> CancelResult: ...
+    async def cancel_where(
+        self,
+        *,
+        name: str | None = None,
+        queue: str | None = None,
+        key: str | None = None,
+        flag: str | None = None,
+    ) -> int: ...
+    async def retry(
+        self, ids: Sequence[ScheduledFunctionId | str], *, run_at: datetime | None = None
+    ) -> builtins.list[ScheduledFunctionId]: ...
+    async def enable_cron(self, name: str) -> None: ...
+    async def disable_cron(self, name: str) -> None: ...
+    async def trigger_cron(self, name: str) -> ScheduledFunctionId: ...
+    async def remove_cron(self, name: str) -> bool: ...
+    async def pause_queue(self, *names: str) -> int: ...
+    async def resume_queue(self, *names: str) -> int: ...
+
+
+class Refused(Exception):
+    """A request the dashboard answers with a message and a 4xx, never a traceback."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+Body = Callable[[str], Awaitable[dict[str, Any]]]
+"""A page's content for a visitor (their name): the template's context."""
+Act = Callable[[str, Any], Awaitable[tuple[str, str]]]
+"""An action for a visitor, given the form: what it did (said on the page it returns to)
+and that page's URL."""
+
+
+class Pages(Protocol):
+    """The dashboard's core, as its parts see it (``server.Dashboard``)."""
+
+    @property
+    def app(self) -> App: ...
+    async def page(self, request: Request, template: str, body: Body) -> Response: ...
+    async def act(self, request: Request, act: Act) -> Response: ...
+    def record(self, user: str, what: str, rows: int) -> None: ...
