@@ -34,7 +34,8 @@ def routes(d: Pages) -> list[Route]:
             following = None
             if page.next_cursor is not None:
                 following = "?" + urlencode({**given, "cursor": page.next_cursor})
-            bulk = "?" + urlencode(chosen) if any(chosen.values()) else None
+            given_text = {k: v for k, v in chosen.items() if v}
+            bulk = "?" + urlencode(given_text) if given_text else None
             return {
                 "page": page,
                 "given": given,
@@ -97,7 +98,12 @@ def routes(d: Pages) -> list[Route]:
             count = await d.app.cancel_where(**chosen)
             shown = ", ".join(f"{k}={v}" for k, v in chosen.items() if v)
             d.record(user, f"cancel every Pending row where {shown}", count)
-            back = str(request.url_for("rows")) + "?" + urlencode({**chosen, "state": "Canceled"})
+            shown_filters = {k: v for k, v in chosen.items() if v}
+            back = (
+                str(request.url_for("rows"))
+                + "?"
+                + urlencode({**shown_filters, "state": "Canceled"})
+            )
             return f"canceled {count} Pending rows where {shown}", back
 
         return await d.act(request, act)

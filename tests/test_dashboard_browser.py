@@ -1,0 +1,212 @@
+"""The dashboard in a real browser (Playwright driving Debian's Chromium) against
+``durafn dashboard`` in a process of its own, on both engines: the flows an operator
+follows, the refusals, and text that must stay text. Each page's screenshot is written to
+the test's folder (and to ``$DURAFN_SCREENSHOTS``, if set: how the docs' pictures are
+made)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from durafn import App, State
+from durafn.testing import FakeClock
+
+from . import dashboard_app
+from .helpers import wait_until
+from .processes import Owner, owned
+
+pytestmark = pytest.mark.anyio
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+XSS = "<script>window.hacked = 1</script>"
+TOKEN = "correct horse battery staple"
+ROOT = str(Path(__file__).resolve().parent.parent)
+
+try:
+    from playwright.async_api import Browser, Page, async_playwright
+except ModuleNotFoundError:  # pragma: no cover - dev installs carry it
+    async_playwright = None  # type: ignore[assignment]
+
+
+@dataclass
+class Served:
+    url: str
+    seeded: dict[str, str]
+    pictures: Path
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def _answers(url: str) -> bool:
+    import httpx2
+
+    try:
+        async with httpx2.AsyncClient() as client:
+            await client.get(url + "/login")
+        return True
+    except httpx2.TransportError:
+        return False
+
+
+async def _serve(owner: Owner, db_url: str, *extra: str, token: str | None = None) -> str:
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DURAFN_")}
+    if token is not None:
+        env["DURAFN_DASHBOARD_TOKEN"] = token
+    env["PYTHONPATH"] = ROOT
+    command = [sys.executable, "-m", "_durafn_cli", "dashboard", "--app", "tests.dashboard_app"]
+    await owner.start([*command, "--url", db_url, "--port", str(port), *extra], env=env)
+    url = f"http://127.0.0.1:{port}"
+    await wait_until(lambda: _answers(url), "the dashboard answers")
+    return url
+
+
+@pytest.fixture
+async def browser() -> AsyncIterator[Browser]:
+    if async_playwright is None or CHROMIUM is None:
+        if os.environ.get("CI"):
+            pytest.fail("Chromium and Playwright are needed (.ci/run installs them)")
+        pytest.skip("no Chromium here (apt-get install chromium) or no Playwright")
+    async with async_playwright() as p:
+        launched = await p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            yield launched
+        finally:
+            await launched.close()
+
+
+@pytest.fixture
+async def seeded(db_url: str, tmp_path: Path) -> AsyncIterator[tuple[str, dict[str, str]]]:
+    """Rows on the test's database: Pending (its argument a script), Failed (its error
+    the same script), Success; and 12 Pending digests in a queue."""
+    app: App = dashboard_app.app.using(db_url, clock=FakeClock())
+    try:
+        await app.migrate()
+        sched = app.scheduler()
+        pending = await sched.run_after(3600, dashboard_app.send, XSS)
+        failed = await sched.run_after(0, dashboard_app.broken, XSS)
+        done = await sched.run_after(0, dashboard_app.send, "ann")
+        digests = dashboard_app.send.options(queue="digests")
+        await sched.run_many([digests.call(f"user{n}").after(60) for n in range(12)])
+        await app.executor().run_until_idle()  # and the cron reaches the registry
+        yield db_url, {"pending": pending, "failed": failed, "done": done}
+    finally:
+        await app.aclose()
+
+
+async def _shot(page: Page, folder: Path, name: str) -> None:
+    await page.screenshot(path=folder / f"{name}.png", full_page=True)
+    if target := os.environ.get("DURAFN_SCREENSHOTS"):  # a folder that exists
+        await page.screenshot(path=Path(target) / f"dashboard-{name}.png", full_page=True)
+
+
+async def test_an_operator_filters_opens_cancels_retries_and_steers(
+    browser: Browser, seeded: tuple[str, dict[str, str]], tmp_path: Path
+) -> None:
+    db_url, rows = seeded
+    async with owned() as owner:
+        url = await _serve(owner, db_url)
+        page = await browser.new_page()
+        page.on("dialog", lambda dialog: pytest.fail(f"a script ran: {dialog.message}"))
+        await page.goto(url + "/")
+        await _shot(page, tmp_path, "overview")
+        # Filter, open the Failed row: its argument and error show the script as text.
+        await page.click("text=Scheduled functions")
+        await page.select_option("select[name=state]", "Failed")
+        await page.click("text=Filter")
+        await _shot(page, tmp_path, "rows")
+        await page.click(f"a[href$='/rows/{rows['failed']}']")
+        assert XSS in (await page.text_content("#args") or "")
+        assert f"ValueError: cannot reach {XSS}" in (await page.text_content("#error") or "")
+        assert await page.evaluate("window.hacked") is None
+        await _shot(page, tmp_path, "row")
+        await page.click("#retry")
+        assert await page.text_content("#done") == "retried"
+        # Cancel the Pending row from its page.
+        await page.goto(f"{url}/rows/{rows['pending']}")
+        await page.click("#cancel")
+        assert "canceled (it was Pending)" in (await page.text_content("#done") or "")
+        # Every Pending row of a queue, after the confirmation that counts them.
+        await page.goto(f"{url}/rows?queue=digests")
+        await page.click("#cancel-matching")
+        assert "12" in (await page.text_content("#count") or "")
+        await _shot(page, tmp_path, "confirm")
+        await page.click("#confirm")
+        assert "canceled 12 Pending rows" in (await page.text_content("#done") or "")
+        # A cron: disabled, then triggered; a queue paused.
+        await page.goto(url + "/crons")
+        await _shot(page, tmp_path, "crons")
+        await page.click("#cron-nightly button.disable")
+        assert "cron nightly disabled" in (await page.text_content("#done") or "")
+        await page.click("#cron-nightly button.trigger")
+        assert "cron nightly triggered" in (await page.text_content("#done") or "")
+        await page.goto(url + "/queues")
+        await page.click("#queues button")
+        assert "queue digests paused" in (await page.text_content("#done") or "")
+        await _shot(page, tmp_path, "queues")
+        await page.goto(url + "/workers")
+        await _shot(page, tmp_path, "workers")
+        await page.goto(url + "/")
+        audit = await page.text_content("main") or ""  # goto waits for the page's load
+    for done in ("retry", "cancel", "cancel every Pending row", "disable cron", "pause queue"):
+        assert done in audit
+    check: App = dashboard_app.app.using(db_url)
+    try:
+        states = {str(r.id): r.state for r in (await check.list(limit=100)).items}
+        assert states[rows["failed"]] is State.PENDING
+        assert states[rows["pending"]] is State.CANCELED
+        assert await check.count(state=State.CANCELED, queue="digests") == 12
+        assert [c.enabled for c in await check.crons()] == [False]
+    finally:
+        await check.aclose()
+
+
+async def test_a_token_is_asked_for_and_read_only_refuses(
+    browser: Browser, seeded: tuple[str, dict[str, str]], tmp_path: Path
+) -> None:
+    db_url, rows = seeded
+    async with owned() as owner:
+        url = await _serve(owner, db_url, "--read-only", token=TOKEN)
+        page = await browser.new_page()
+        await page.goto(url + "/rows")
+        assert page.url.endswith("/login")
+        await _shot(page, tmp_path, "login")
+        await page.fill("input[name=token]", "wrong")
+        await page.click("#login")
+        assert await page.text_content("#login-error") == "wrong token"
+        await page.fill("input[name=token]", TOKEN)
+        async with page.expect_navigation():
+            await page.click("#login")
+        await page.goto(f"{url}/rows/{rows['failed']}")
+        assert "(read-only)" in (await page.text_content("nav") or "")
+        assert await page.query_selector("#retry") is None
+        # A POST all the same (a form of another page, say) is refused: read-only, and
+        # without this page's CSRF token.
+        status = await page.evaluate(
+            """async (id) => (await fetch(`/rows/${id}/cancel`, {method: "POST",
+                body: new URLSearchParams({csrf: "x"})})).status""",
+            rows["pending"],
+        )
+        assert status == 403
+        # Another browser, no token: the login page, and nothing else.
+        other = await (await browser.new_context()).new_page()
+        await other.goto(f"{url}/rows/{rows['pending']}")
+        assert other.url.endswith("/login")
+    check: App = dashboard_app.app.using(db_url)
+    try:
+        pending = await check.get(rows["pending"])
+        assert pending is not None and pending.state is State.PENDING
+    finally:
+        await check.aclose()
