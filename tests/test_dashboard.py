@@ -66,7 +66,7 @@ async def test_the_pages_show_rows_with_their_text_escaped(
     async with _client(app.dashboard()) as web:
         overview = await web.get("/")
         assert overview.status_code == 200
-        assert ">Pending</a></td><td>1<" in overview.text
+        assert '>Pending</a></td><td id="count-Pending">1<' in overview.text
         listing = await web.get("/rows", params={"state": "Failed"})
         assert listing.status_code == 200 and rows["failed"] in listing.text
         assert rows["pending"] not in listing.text
@@ -309,3 +309,19 @@ async def test_every_pending_row_a_filter_matches_is_cancelled_after_a_confirmat
     assert (await app.get(rows["pending"])).state is State.PENDING  # type: ignore[union-attr]
     for refused in (unfiltered, no_filter):
         assert refused.status_code == 400 and "needs a filter" in refused.text
+
+
+async def test_a_row_streams_its_state_until_it_has_ended(
+    app: durafn.App, rows: dict[str, str]
+) -> None:
+    """An ended row's stream says so and ends (a live one, and the overview's counts, are
+    followed by the browser tests: this transport gives a body only once it has ended)."""
+    async with _client(app.dashboard()) as web:
+        ended = await web.get(f"/rows/{rows['done']}/events")
+        gone = await web.get("/rows/0191d3a8-0000-7000-8000-000000000000/events")
+    assert ended.headers["content-type"].startswith("text/event-stream")
+    assert ended.text == "event: state\ndata: Success\n\n"
+    assert gone.text == "event: state\ndata: Gone\n\n"
+    async with _client(app.dashboard(token="t")) as web:
+        assert (await web.get(f"/rows/{rows['done']}/events")).status_code == 403
+        assert (await web.get("/events/counts")).status_code == 403

@@ -88,9 +88,10 @@ async def browser() -> AsyncIterator[Browser]:
 
 
 @pytest.fixture
-async def seeded(db_url: str, tmp_path: Path) -> AsyncIterator[tuple[str, dict[str, str]]]:
+async def seeded(db_url: str, tmp_path: Path) -> AsyncIterator[tuple[str, dict[str, str], App]]:
     """Rows on the test's database: Pending (its argument a script), Failed (its error
-    the same script), Success; and 12 Pending digests in a queue."""
+    the same script), Success; 12 Pending digests in a queue; and one due now, not run
+    yet ("live"). With the app (on a fake clock) that wrote them."""
     app: App = dashboard_app.app.using(db_url, clock=FakeClock())
     try:
         await app.migrate()
@@ -101,7 +102,8 @@ async def seeded(db_url: str, tmp_path: Path) -> AsyncIterator[tuple[str, dict[s
         digests = dashboard_app.send.options(queue="digests")
         await sched.run_many([digests.call(f"user{n}").after(60) for n in range(12)])
         await app.executor().run_until_idle()  # and the cron reaches the registry
-        yield db_url, {"pending": pending, "failed": failed, "done": done}
+        live = await sched.run_after(0, dashboard_app.send, "live")
+        yield db_url, {"pending": pending, "failed": failed, "done": done, "live": live}, app
     finally:
         await app.aclose()
 
@@ -113,13 +115,26 @@ async def _shot(page: Page, folder: Path, name: str) -> None:
 
 
 async def test_an_operator_filters_opens_cancels_retries_and_steers(
-    browser: Browser, seeded: tuple[str, dict[str, str]], tmp_path: Path
+    browser: Browser, seeded: tuple[str, dict[str, str], App], tmp_path: Path
 ) -> None:
-    db_url, rows = seeded
+    db_url, rows, app = seeded
     async with owned() as owner:
         url = await _serve(owner, db_url)
         page = await browser.new_page()
         page.on("dialog", lambda dialog: pytest.fail(f"a script ran: {dialog.message}"))
+        # A row's page follows it live: Pending, then (its executor runs) Success; and
+        # the overview's counts follow the table.
+        overview = await browser.new_page()
+        await overview.goto(url + "/")
+        assert await overview.text_content("#count-Success") == "1"
+        await page.goto(f"{url}/rows/{rows['live']}")
+        assert await page.text_content("#state") == "Pending"
+        assert await app.executor().run_until_idle() == 1
+        await page.wait_for_function("document.getElementById('state').textContent === 'Success'")
+        assert "sent live" in (await page.text_content("#result") or "")
+        await overview.wait_for_function(
+            "document.getElementById('count-Success').textContent === '2'"
+        )
         await page.goto(url + "/")
         await _shot(page, tmp_path, "overview")
         # Filter, open the Failed row: its argument and error show the script as text.
@@ -174,9 +189,9 @@ async def test_an_operator_filters_opens_cancels_retries_and_steers(
 
 
 async def test_a_token_is_asked_for_and_read_only_refuses(
-    browser: Browser, seeded: tuple[str, dict[str, str]], tmp_path: Path
+    browser: Browser, seeded: tuple[str, dict[str, str], App], tmp_path: Path
 ) -> None:
-    db_url, rows = seeded
+    db_url, rows, _ = seeded
     async with owned() as owner:
         url = await _serve(owner, db_url, "--read-only", token=TOKEN)
         page = await browser.new_page()

@@ -22,7 +22,7 @@ from starlette.routing import Route
 
 from .._clock import to_datetime
 from .._errors import DurafnError
-from . import operations, rows
+from . import live, operations, rows
 from .access import SESSION_COOKIE, Access, Auth
 from .audit import AuditLog
 from .surface import Act, App, Body, Refused
@@ -51,6 +51,7 @@ class Dashboard:
                 Route("/", self.overview),
                 *rows.routes(self),
                 *operations.routes(self),
+                *live.routes(self),
                 Route("/login", self.login, methods=["GET", "POST"]),
                 Route("/logout", self.logout, methods=["POST"]),
             ]
@@ -88,6 +89,10 @@ class Dashboard:
         return done
 
     # -- what every page and action shares -----------------------------------------------
+
+    async def visitor(self, request: Request) -> str | None:
+        """Who this request is from, or None if it may not see the dashboard."""
+        return await self.access.user(request)
 
     async def page(self, request: Request, template: str, body: Body) -> Response:
         user = await self.access.user(request)
