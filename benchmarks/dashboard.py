@@ -1,0 +1,121 @@
+"""The dashboard's page times with 10⁶ rows in ``_scheduled_functions``, on each engine.
+
+The rows are written by one ``INSERT ... SELECT`` (90% Success, 5% Failed, 4% Pending,
+1% Canceled; 20 function names; a tenth in 50 queues). Each page is then loaded
+``--loads`` times through the dashboard's ASGI app in this process (no network: what is
+measured is the page's own work, its queries first) and its median and p95 reported.
+Run: ``python -m benchmarks.dashboard [--rows 1000000] [--loads 50]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from typing import Any
+
+import anyio
+import httpx2
+from sqlalchemy import text
+
+import durafn
+
+from . import throughput
+
+T0 = 1_900_000_000.0
+
+_STATE = (
+    "CASE WHEN {g} % 100 < 90 THEN 'Success' WHEN {g} % 100 < 95 THEN 'Failed' "
+    "WHEN {g} % 100 < 99 THEN 'Pending' ELSE 'Canceled' END"
+)
+_ENDED = "CASE WHEN {g} % 100 < 95 OR {g} % 100 = 99 THEN {t0} + {g} + 1 END"
+_QUEUE = "CASE WHEN {g} % 10 = 0 THEN 'q' || ({g} % 50) END"
+_COLUMNS = (
+    "id, name, kind, args, state, scheduled_time, available_at, completed_time, attempts, "
+    "priority, queue_name"
+)
+
+POSTGRES_FILL = f"""
+INSERT INTO _scheduled_functions ({_COLUMNS})
+SELECT gen_random_uuid(), 'bench:f' || (g % 20), 'mutation', '{{"n": ' || g || '}}',
+       {_STATE.format(g="g")}, {T0} + g, {T0} + g + 3600, {_ENDED.format(g="g", t0=T0)},
+       1, 0, {_QUEUE.format(g="g")}
+FROM generate_series(1, :n) AS g
+"""
+
+SQLITE_FILL = f"""
+WITH RECURSIVE g(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM g WHERE x < :n)
+INSERT INTO _scheduled_functions ({_COLUMNS}, seq)
+SELECT lower(substr(h, 1, 8) || '-' || substr(h, 9, 4) || '-7' || substr(h, 14, 3) || '-8'
+             || substr(h, 18, 3) || '-' || substr(h, 21, 12)),
+       'bench:f' || (x % 20), 'mutation', '{{"n": ' || x || '}}',
+       {_STATE.format(g="x")}, {T0} + x, {T0} + x + 3600, {_ENDED.format(g="x", t0=T0)},
+       1, 0, {_QUEUE.format(g="x")}, x
+FROM (SELECT x, hex(randomblob(16)) AS h FROM g)
+"""
+
+PAGES = [
+    "/",
+    "/rows",
+    "/rows?state=Failed",
+    "/rows?name=bench:f7",
+    "/rows?queue=q30",
+    "/rows?state=Pending&queue=q10",
+    "{row}",
+    "/crons",
+    "/queues",
+    "/workers",
+]
+
+
+async def measure(engine: str, rows: int, loads: int) -> dict[str, tuple[float, float]]:
+    """Page -> (median, p95) in ms."""
+    with tempfile.TemporaryDirectory() as tmp:
+        url = await throughput.fresh_url(engine, tmp, "dashboard")
+        app = durafn.App(url)
+        await app.migrate()
+        started = time.perf_counter()
+        async with app.engine.begin() as conn:
+            fill = POSTGRES_FILL if engine != "sqlite" else SQLITE_FILL
+            await conn.execute(text(fill), {"n": rows})
+        async with app.engine.begin() as conn:
+            await conn.execute(text("ANALYZE"))
+        print(f"{engine}: {rows:,} rows written in {time.perf_counter() - started:.1f} s")
+        some = (await app.list(limit=1, state=durafn.State.FAILED)).items[0]
+        transport = httpx2.ASGITransport(app=app.dashboard())
+        out: dict[str, tuple[float, float]] = {}
+        async with httpx2.AsyncClient(transport=transport, base_url="http://bench") as web:
+            for page in PAGES:
+                path = f"/rows/{some.id}" if page == "{row}" else page
+                times: list[float] = []
+                for _ in range(loads):
+                    t = time.perf_counter()
+                    answer = await web.get(path)
+                    times.append((time.perf_counter() - t) * 1000)
+                    assert answer.status_code == 200, (path, answer.status_code)
+                times.sort()
+                p95 = times[max(0, int(len(times) * 0.95) - 1)]
+                out[page] = (statistics.median(times), p95)
+                print(f"  {page:32} median {out[page][0]:7.1f} ms  p95 {p95:7.1f} ms")
+        await app.aclose()
+    return out
+
+
+async def main(engines: list[str], rows: int, loads: int) -> None:
+    results: dict[str, Any] = {}
+    for engine in engines:
+        results[engine] = await measure(engine, rows, loads)
+
+
+def cli() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--engines", default="sqlite,postgres")
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--loads", type=int, default=50)
+    args = parser.parse_args()
+    anyio.run(main, args.engines.split(","), args.rows, args.loads)
+
+
+if __name__ == "__main__":
+    cli()
