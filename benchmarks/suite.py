@@ -29,6 +29,7 @@ from . import (
     cancels,
     charts,
     crons,
+    dashboard,
     flow,
     options,
     peers,
@@ -210,6 +211,14 @@ async def run(sizes: Sizes, engines: list[str]) -> dict[str, Any]:
                 )
 
             r["flow"] = await step(f"{engine}: flow keys, a rate, fairness", 1, _flow)
+
+            async def _dashboard(_: Any, engine: str = engine) -> Any:
+                rows = sizes.backlogs[-1]
+                return await dashboard.measure(engine, rows, 10 if sizes.quick else 50)
+
+            r["dashboard"] = await step(
+                f"{engine}: dashboard pages, {sizes.backlogs[-1]:,} rows", 1, _dashboard
+            )
             results[engine] = r
         if "postgres" in engines:
             procs: dict[str, dict[str, float]] = {}
