@@ -75,10 +75,14 @@ async def test_the_pages_show_rows_with_their_text_escaped(
         assert page.status_code == 200
         assert XSS not in page.text
         assert "ValueError: cannot reach &lt;script&gt;" in page.text
+        assert "<title>durafn: mail:broken</title>" in page.text
         assert 'id="retry"' in page.text and 'id="cancel"' not in page.text
+        assert "EventSource" not in page.text  # an ended row is not followed
         assert f"durafn retry {rows['failed']}" in page.text
         pending = await web.get(f"/rows/{rows['pending']}")
         assert 'id="cancel"' in pending.text and 'id="explain"' in pending.text
+        assert "<title>durafn: mail:send</title>" in pending.text
+        assert pending.text.count("EventSource") == 1
         by_name = await web.get("/rows", params={"name": "mail:send"})
         assert rows["done"] in by_name.text and rows["failed"] not in by_name.text
 
