@@ -11,6 +11,8 @@ to a page that says what was done, and goes into the audit log.
 from __future__ import annotations
 
 import json
+import secrets
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +40,10 @@ _templates.filters["as_json"] = lambda value, indent=None: json.dumps(
 )
 
 
+SAID_KEPT = 1000
+"""Messages of actions kept for the page their redirect shows (the oldest go first)."""
+
+
 class Dashboard:
     """One app's dashboard (``App.dashboard``)."""
 
@@ -46,6 +52,7 @@ class Dashboard:
         self.access = access
         self.hide_args = hide_args
         self.audit = AuditLog()
+        self._said: OrderedDict[str, str] = OrderedDict()
         self.asgi = Starlette(
             routes=[
                 Route("/", self.overview),
@@ -121,8 +128,14 @@ class Dashboard:
             return self.refusal(request, exc.status, str(exc))
         except DurafnError as exc:
             return self.refusal(request, 400, str(exc))
+        # What was done is kept here and named in the URL by a random key: a message in
+        # the URL itself would let any link show any text on the dashboard's page.
+        key = secrets.token_urlsafe(12)
+        self._said[key] = said
+        while len(self._said) > SAID_KEPT:
+            self._said.popitem(last=False)
         separator = "&" if "?" in back else "?"
-        return RedirectResponse(f"{back}{separator}done={_quote(said)}", status_code=303)
+        return RedirectResponse(f"{back}{separator}done={key}", status_code=303)
 
     def record(self, user: str, what: str, rows: int) -> None:
         self.audit.record(to_datetime(self.app.clock.now()), user, what, rows)
@@ -132,6 +145,7 @@ class Dashboard:
     ) -> HTMLResponse:
         html = _templates.get_template(template).render(
             request=request,
+            done=self._said.get(request.query_params.get("done", "")),
             csrf=self.access.csrf_token(request),
             read_only=self.access.read_only,
             hide_args=self.hide_args,
@@ -147,12 +161,6 @@ class Dashboard:
         if self.access.login_required:
             return RedirectResponse(str(request.url_for("login")), status_code=303)
         return self.refusal(request, 403, "not allowed (the host application's auth refused)")
-
-
-def _quote(text: str) -> str:
-    from urllib.parse import quote_plus
-
-    return quote_plus(text)
 
 
 def create(
