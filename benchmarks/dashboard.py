@@ -1,16 +1,26 @@
-"""The dashboard's page times with 10⁶ rows in ``_scheduled_functions``, on each engine.
+"""The dashboard's page times with 10⁶ rows in ``_scheduled_functions``, on each engine;
+and an executor's drain with the dashboard open, against without it (``--drain``).
 
 The rows are written by one ``INSERT ... SELECT`` (90% Success, 5% Failed, 4% Pending,
 1% Canceled; 20 function names; a tenth in 50 queues). Each page is then loaded
 ``--loads`` times through the dashboard's ASGI app in this process (no network: what is
 measured is the page's own work, its queries first) and its median and p95 reported.
 Run: ``python -m benchmarks.dashboard [--rows 1000000] [--loads 50]``.
+
+``--drain N``: ``durafn dashboard`` in a process of its own, with a browser's load
+simulated (the overview's live counts streamed, and the overview itself loaded once a
+second), while one executor drains N no-op mutations; drains with and without it
+alternate ``--rounds`` times, and the ratio of the medians is reported.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import socket
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from typing import Any
@@ -102,10 +112,79 @@ async def measure(engine: str, rows: int, loads: int) -> dict[str, tuple[float, 
     return out
 
 
-async def main(engines: list[str], rows: int, loads: int) -> None:
+async def drain_with_page(engine: str, n: int, rounds: int) -> float:
+    """The median drain rate with the dashboard open, over the median without it."""
+    rates: dict[bool, list[float]] = {False: [], True: []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(rounds):
+            for open_page in (False, True):
+                url = await throughput.fresh_url(engine, tmp, f"drain-{i}-{open_page}")
+                app = durafn.App(url)
+                await app.migrate()
+                await app.aclose()
+                server = _serve(url) if open_page else None
+                try:
+                    async with anyio.create_task_group() as tg:
+                        if server is not None:
+                            watching = anyio.Event()
+                            tg.start_soon(_look, server[1], watching)
+                            await watching.wait()  # the page is open before the drain
+                        result = await throughput.drain(url, n)
+                        tg.cancel_scope.cancel()
+                finally:
+                    if server is not None:
+                        server[0].kill()
+                        server[0].wait()
+                rates[open_page].append(float(result["drained_per_s"] or 0.0))
+    ratio = statistics.median(rates[True]) / statistics.median(rates[False])
+    print(
+        f"{engine}: drain with the dashboard open {ratio:.2f}x of without "
+        f"(rows/s, open: {[round(r) for r in rates[True]]}, closed: "
+        f"{[round(r) for r in rates[False]]})"
+    )
+    return ratio
+
+
+def _serve(url: str) -> tuple[subprocess.Popen[bytes], str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    command = [sys.executable, "-m", "_durafn_cli", "dashboard", "--url", url]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DURAFN_")}
+    proc = subprocess.Popen([*command, "--port", str(port)], env=env)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+async def _look(base: str, watching: anyio.Event) -> None:
+    """A browser on the overview: its live counts streamed, the page loaded each second
+    (``watching`` is set at the stream's first event)."""
+    async with httpx2.AsyncClient(base_url=base, timeout=None) as web:
+        while True:  # until the server answers
+            try:
+                await web.get("/login")
+                break
+            except httpx2.TransportError:
+                await anyio.sleep(0.05)
+
+        async def stream() -> None:
+            async with web.stream("GET", "/events/counts") as events:
+                async for _ in events.aiter_lines():
+                    watching.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(stream)
+            while True:
+                await web.get("/")
+                await anyio.sleep(1.0)
+
+
+async def main(engines: list[str], rows: int, loads: int, drain: int | None, rounds: int) -> None:
     results: dict[str, Any] = {}
     for engine in engines:
-        results[engine] = await measure(engine, rows, loads)
+        if drain:
+            results[engine] = await drain_with_page(engine, drain, rounds)
+        else:
+            results[engine] = await measure(engine, rows, loads)
 
 
 def cli() -> None:
@@ -113,8 +192,13 @@ def cli() -> None:
     parser.add_argument("--engines", default="sqlite,postgres")
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--loads", type=int, default=50)
+    parser.add_argument(
+        "--drain", type=int, default=None, help="rows per drain (see above; 100000 is ~3 s)"
+    )
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    anyio.run(main, args.engines.split(","), args.rows, args.loads)
+    engines = args.engines.split(",")
+    anyio.run(main, engines, args.rows, args.loads, args.drain, args.rounds)
 
 
 if __name__ == "__main__":
