@@ -382,11 +382,13 @@ class App(Operations, CronDeclarations, CronRegistry):
         queue: str | None = None,
         key: str | None = None,
         flag: str | None = None,
+        parent: ScheduledFunctionId | str | None = None,
     ) -> Page:
         """Rows in ``scheduled_time`` order (``newest_first``: latest first), filtered
-        (by state, function name, time, queue, job key, flag) and paginated: pass
-        ``next_cursor`` back as ``cursor`` for the next page."""
+        (by state, function name, time, queue, job key, flag, the row that scheduled
+        them) and paginated: pass ``next_cursor`` back as ``cursor`` for the next page."""
         return await SystemTable(self._rt, None).list(
+            parent=parent,
             state=state,
             name=name,
             scheduled_after=scheduled_after,

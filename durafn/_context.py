@@ -76,10 +76,12 @@ class SystemTable:
         queue: str | None = None,
         key: str | None = None,
         flag: str | None = None,
+        parent: ScheduledFunctionId | str | None = None,
     ) -> Page:
-        """Rows in ``scheduled_time`` order (``newest_first``: latest first), filtered;
-        follow ``next_cursor`` for more."""
+        """Rows in ``scheduled_time`` order (``newest_first``: latest first), filtered
+        (``parent``: the rows that row scheduled); follow ``next_cursor`` for more."""
         where = row_filter(
+            parent=parent,
             state=state,
             name=name,
             scheduled_after=scheduled_after,
@@ -330,9 +332,16 @@ def row_filter(
     queue: str | None = None,
     key: str | None = None,
     flag: str | None = None,
+    parent: ScheduledFunctionId | str | None = None,
 ) -> RowFilter:
     """A ``RowFilter`` from the public keyword arguments, each checked."""
+    parent_id = None
+    if parent is not None:
+        parent_id = scheduled_id(parent)
+        if parent_id is None:
+            raise ArgumentError(f"parent must be a scheduled function's id, not {parent!r}")
     return RowFilter(
+        parent=parent_id,
         states=None if state is None else state_list("state", state),
         name=optional(text, "name", name),
         queue=optional(text, "queue", queue),

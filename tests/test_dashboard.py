@@ -337,3 +337,24 @@ async def test_a_row_streams_its_state_until_it_has_ended(
     async with _client(app.dashboard(token="t")) as web:
         assert (await web.get(f"/rows/{rows['done']}/events")).status_code == 403
         assert (await web.get("/events/counts")).status_code == 403
+
+
+async def test_a_row_shows_what_it_scheduled(app: durafn.App) -> None:
+    @app.mutation(name="tree:leaf")
+    async def leaf(ctx: MutationCtx, n: int) -> None:
+        pass
+
+    @app.mutation(name="tree:root")
+    async def root(ctx: MutationCtx) -> None:
+        await ctx.scheduler.run_many([leaf.call(n).after(60) for n in range(25)])
+
+    top = await app.scheduler().run_after(0, root)
+    await app.executor().run_until_idle()
+    async with _client(app.dashboard()) as web:
+        page = await web.get(f"/rows/{top}")
+        everything = await web.get("/rows", params={"parent": top})
+        bad = await web.get("/rows", params={"parent": "nope"})
+    assert page.text.count('href="http://dash.test/rows/') >= 20
+    assert f'/rows?parent={top}">All of them</a>' in page.text
+    assert everything.text.count(">tree:leaf<") == 25
+    assert bad.status_code == 400 and "parent must be" in bad.text

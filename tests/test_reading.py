@@ -3,12 +3,17 @@ through a caller's own connection."""
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
+import anyio
+import anyio.to_thread
 import pytest
+from click.testing import CliRunner
 
 import durafn
 from durafn import ActionCtx, MutationCtx, State
+from durafn.cli import main
 from durafn.testing import FakeClock, all_rows
 
 pytestmark = pytest.mark.anyio
@@ -125,3 +130,32 @@ async def test_a_mutation_row_says_when_it_started(app: durafn.App, clock: FakeC
         assert row.started_time is not None and row.completed_time is not None
         assert row.started_time.timestamp() == clock.now()  # the fake clock stood still
         assert row.scheduled_time <= row.started_time <= row.completed_time
+
+
+async def test_list_finds_the_rows_a_row_scheduled(app: durafn.App) -> None:
+    """``parent=``: the scheduling tree one level down, from the API, the command line
+    and the dashboard alike (one filter)."""
+
+    @app.mutation(name="tree:leaf")
+    async def leaf(ctx: MutationCtx, n: int) -> None:
+        pass
+
+    @app.mutation(name="tree:root")
+    async def root(ctx: MutationCtx) -> None:
+        await ctx.scheduler.run_many([leaf.call(n).after(60) for n in range(3)])
+
+    top = await app.scheduler().run_after(0, root)
+    other = await app.scheduler().run_after(0, leaf, 99)
+    await app.executor().run_until_idle()
+    children = (await app.list(parent=top)).items
+    assert sorted(c.args["n"] for c in children) == [0, 1, 2]
+    assert {c.parent_id for c in children} == {top}
+    assert (await app.list(parent=other)).items == []
+    with pytest.raises(durafn.ArgumentError, match="parent must be a scheduled function's id"):
+        await app.list(parent="not-an-id")
+    url = app._rt.driver.url.render_as_string(hide_password=False)
+    command = ["ls", "--url", url, "--parent", top, "--json"]
+    # The command runs its own event loop: in a thread of its own, as from a shell.
+    listed = await anyio.to_thread.run_sync(lambda: CliRunner().invoke(main, command))
+    assert listed.exit_code == 0, listed.output
+    assert sorted(r["args"]["n"] for r in json.loads(listed.output)["items"]) == [0, 1, 2]

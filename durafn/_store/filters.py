@@ -31,6 +31,8 @@ class RowFilter:
     before: float | None = None
     """``scheduled_time < before``."""
     ids: Sequence[str] | None = None
+    parent: str | None = None
+    """Rows this row scheduled (ix_scheduled_functions_parent)."""
 
     def where(self) -> list[ColumnElement[bool]]:
         terms: list[ColumnElement[bool]] = []
@@ -48,6 +50,8 @@ class RowFilter:
             terms.append(sf.c.scheduled_time >= self.after)
         if self.before is not None:
             terms.append(sf.c.scheduled_time < self.before)
+        if self.parent is not None:
+            terms.append(sf.c.parent_id == self.parent)
         if self.ids is not None:
             terms.append(sf.c.id.in_(list(self.ids)))
         return terms

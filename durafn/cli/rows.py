@@ -58,6 +58,7 @@ if TYPE_CHECKING:
 @click.option("--queue", help="Only rows of this named queue.")
 @click.option("--key", help="Only rows scheduled with this job key.")
 @click.option("--flag", help="Only rows carrying this flag.")
+@click.option("--parent", help="Only rows the row with this id scheduled.")
 @click.option(
     "--after",
     callback=to_datetime_option,
@@ -86,6 +87,7 @@ def list_rows(
     queue: str | None,
     key: str | None,
     flag: str | None,
+    parent: str | None,
     after: datetime | None,
     before: datetime | None,
     limit: int,
@@ -121,6 +123,7 @@ def list_rows(
             queue=queue,
             key=key,
             flag=flag,
+            parent=parent,
         ),
         verbose=verbose,
     )

@@ -15,6 +15,8 @@ from .._kinds import State
 from .surface import Pages, Refused
 
 PAGE_SIZE = 50
+CHILDREN_SHOWN = 20
+"""A row's page lists the first rows it scheduled; the rest are a link away."""
 TEXT_FILTERS = ("name", "queue", "key", "flag")
 
 
@@ -28,6 +30,7 @@ def routes(d: Pages) -> list[Route]:
                 limit=PAGE_SIZE,
                 cursor=request.query_params.get("cursor") or None,
                 newest_first=True,
+                parent=request.query_params.get("parent") or None,
                 **chosen,
             )
             given = {k: v for k, v in request.query_params.items() if k != "cursor" and v}
@@ -52,7 +55,8 @@ def routes(d: Pages) -> list[Route]:
             if found is None:
                 raise Refused(404, f"no scheduled function {request.path_params['id']!r}")
             why = await d.app.explain(found.id) if found.state is State.PENDING else None
-            return {"row": found, "explain": why}
+            children = await d.app.list(parent=found.id, limit=CHILDREN_SHOWN)
+            return {"row": found, "explain": why, "children": children}
 
         return await d.page(request, "row.html", body)
 

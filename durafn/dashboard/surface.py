@@ -37,6 +37,7 @@ class App(Protocol):
         queue: str | None = None,
         key: str | None = None,
         flag: str | None = None,
+        parent: ScheduledFunctionId | str | None = None,
     ) -> Page: ...
     async def count(
         self,
