@@ -7,12 +7,12 @@ write lock) for long.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from ._checks import aware_time, integer, scheduled_id, state_list
+from ._checks import aware_time, integer, positive_seconds, scheduled_id, state_list
 from ._context import row_filter
 from ._errors import ArgumentError, NotFoundError
 from ._explain import Explanation, FlowKeyInfo, explain, key_info
@@ -21,7 +21,7 @@ from ._options import check_name, check_priority
 from ._retries import MAX_ATTEMPTS
 from ._runtime import Runtime
 from ._store import RowFilter
-from ._types import QueueInfo
+from ._types import QueueInfo, ScheduledFunction
 
 KINDS = (FunctionKind.MUTATION, FunctionKind.ACTION)
 
@@ -84,6 +84,25 @@ class Operations:
             return [key_info(c, now) for c in found]
 
         return await self._rt.transaction(_read, read_only=True, doing="listing flow keys")
+
+    # -- recent activity ---------------------------------------------------------------
+
+    async def finished(
+        self, *, within: float | timedelta = 3600.0, limit: int = 5000
+    ) -> list[ScheduledFunction]:
+        """The rows that ended in the last ``within`` (seconds or a ``timedelta``), the
+        latest first, at most ``limit`` of them: what ran lately, its failures and its
+        start lag, at a cost bounded by ``limit`` however large the table (the dashboard's
+        overview reads it)."""
+        seconds = within.total_seconds() if isinstance(within, timedelta) else within
+        seconds = positive_seconds("within", seconds)
+        limit = integer("limit", limit, high=100_000)
+        since = self._rt.clock.now() - seconds
+
+        async def _read(conn: AsyncConnection) -> list[ScheduledFunction]:
+            return await self._rt.driver.finished_since(conn, since, limit)
+
+        return await self._rt.transaction(_read, read_only=True, doing="reading recent runs")
 
     # -- queues ------------------------------------------------------------------------
 

@@ -67,6 +67,10 @@ async def test_the_pages_show_rows_with_their_text_escaped(
         overview = await web.get("/")
         assert overview.status_code == 200
         assert '>Pending</a></td><td id="count-Pending">1<' in overview.text
+        # The last hour: a bar for the two rows that ended this minute, the failure.
+        assert 'height="60.0" fill="#3e7cb1"><title>2 rows ended in minute -1' in overview.text
+        assert ">mail:broken</a></td><td>1<" in overview.text
+        assert "From the 2 rows that ended last." in overview.text
         listing = await web.get("/rows", params={"state": "Failed"})
         assert listing.status_code == 200 and rows["failed"] in listing.text
         assert rows["pending"] not in listing.text

@@ -159,3 +159,23 @@ async def test_list_finds_the_rows_a_row_scheduled(app: durafn.App) -> None:
     listed = await anyio.to_thread.run_sync(lambda: CliRunner().invoke(main, command))
     assert listed.exit_code == 0, listed.output
     assert sorted(r["args"]["n"] for r in json.loads(listed.output)["items"]) == [0, 1, 2]
+
+
+async def test_finished_reads_the_rows_that_ended_lately(app: durafn.App, clock: FakeClock) -> None:
+    @app.mutation(name="recent:job")
+    async def job(ctx: MutationCtx, n: int) -> None:
+        pass
+
+    sched = app.scheduler()
+    await sched.run_many([job.call(n) for n in range(3)])
+    await app.executor().run_until_idle()
+    clock.advance(7200)
+    await sched.run_many([job.call(n) for n in range(3, 7)])
+    await sched.run_after(60, job, 99)  # not ended: never among them
+    await app.executor().run_until_idle()
+    lately = await app.finished(within=timedelta(hours=1))
+    assert sorted(r.args["n"] for r in lately) == [3, 4, 5, 6]
+    assert len(await app.finished(within=3 * 3600)) == 7
+    assert len(await app.finished(within=3 * 3600, limit=2)) == 2
+    with pytest.raises(durafn.ArgumentError):
+        await app.finished(within=0)

@@ -24,7 +24,7 @@ from starlette.routing import Route
 
 from .._clock import to_datetime
 from .._errors import DurafnError
-from . import live, operations, rows
+from . import activity, live, operations, rows
 from .access import SESSION_COOKIE, Access, Auth
 from .audit import AuditLog
 from .surface import Act, App, Body, Refused
@@ -66,7 +66,9 @@ class Dashboard:
 
     async def overview(self, request: Request) -> Response:
         async def body(user: str) -> dict[str, Any]:
+            recent = await self.app.finished(within=activity.WINDOW, limit=activity.SAMPLE)
             return {
+                "activity": activity.summarize(recent, self.app.clock.now()),
                 "stats": await self.app.stats(),
                 "queues": await self.app.queues(),
                 "workers": await self.app.workers(),

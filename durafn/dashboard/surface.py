@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import builtins
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from starlette.requests import Request
@@ -25,6 +25,9 @@ class App(Protocol):
     async def queues(self) -> builtins.list[QueueInfo]: ...
     async def flow_keys(self, *, limit: int = 100) -> builtins.list[FlowKeyInfo]: ...
     async def workers(self) -> builtins.list[WorkerInfo]: ...
+    async def finished(
+        self, *, within: float | timedelta = 3600.0, limit: int = 5000
+    ) -> builtins.list[ScheduledFunction]: ...
     async def crons(self, *, enabled: bool | None = None) -> builtins.list[CronInfo]: ...
     async def list(
         self,

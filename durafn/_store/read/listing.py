@@ -58,6 +58,19 @@ class ReadStatements:
             next_cursor = encode_cursor(last.scheduled_time, last.id, newest_first)
         return Page(items=items, next_cursor=next_cursor)
 
+    async def finished_since(
+        self, conn: AsyncConnection, since: float, limit: int
+    ) -> builtins.list[ScheduledFunction]:
+        """Rows that ended at ``since`` or later, the latest first, at most ``limit``: a
+        range of ix_scheduled_functions_completed, however many rows the table holds."""
+        stmt = (
+            select(sf)
+            .where(sf.c.completed_time >= since)
+            .order_by(sf.c.completed_time.desc())
+            .limit(limit)
+        )
+        return [to_model(r) for r in await conn.execute(stmt)]
+
     async def list_workers(self, conn: AsyncConnection) -> builtins.list[WorkerInfo]:
         """Registered workers, with how many actions each has InProgress."""
         running = (
