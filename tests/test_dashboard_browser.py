@@ -10,6 +10,7 @@ import os
 import shutil
 import socket
 import sys
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,7 +93,9 @@ async def seeded(db_url: str, tmp_path: Path) -> AsyncIterator[tuple[str, dict[s
     """Rows on the test's database: Pending (its argument a script), Failed (its error
     the same script), Success; 12 Pending digests in a queue; and one due now, not run
     yet ("live"). With the app (on a fake clock) that wrote them."""
-    app: App = dashboard_app.app.using(db_url, clock=FakeClock())
+    # The fake clock starts at the real time: the dashboard's process reads the real one,
+    # and its last hour is the rows' last hour then.
+    app: App = dashboard_app.app.using(db_url, clock=FakeClock(time.time()))
     try:
         await app.migrate()
         sched = app.scheduler()
