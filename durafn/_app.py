@@ -383,11 +383,14 @@ class App(Operations, CronDeclarations, CronRegistry):
         key: str | None = None,
         flag: str | None = None,
         parent: ScheduledFunctionId | str | None = None,
+        args: Mapping[str, str | int | float | bool] | None = None,
     ) -> Page:
         """Rows in ``scheduled_time`` order (``newest_first``: latest first), filtered
         (by state, function name, time, queue, job key, flag, the row that scheduled
-        them) and paginated: pass ``next_cursor`` back as ``cursor`` for the next page."""
+        them, argument values: ``args={"user_id": 42}``) and paginated: pass
+        ``next_cursor`` back as ``cursor`` for the next page."""
         return await SystemTable(self._rt, None).list(
+            args=args,
             parent=parent,
             state=state,
             name=name,

@@ -8,6 +8,7 @@ raw ``TypeError``, ``OverflowError`` or driver error from deep inside. The prope
 
 from __future__ import annotations
 
+import json
 import math
 import uuid
 from collections.abc import Collection
@@ -139,3 +140,19 @@ def scheduled_id(value: object) -> ScheduledFunctionId | None:
 def optional(check: Any, name: str, value: object, **kwargs: Any) -> Any:
     """``check`` unless ``value`` is None."""
     return None if value is None else check(name, value, **kwargs)
+
+
+def argument_filter(text: str) -> tuple[str, str | int | float | bool]:
+    """``PATH=VALUE`` as the command line and the dashboard take it: the value read as
+    JSON where it is a number, true, false or a quoted string, else as the text given
+    (``user_id=42``, ``city=Oslo``, ``code="42"``)."""
+    path, sep, raw = text.partition("=")
+    if not sep:
+        raise ArgumentError(f"an argument filter is PATH=VALUE (user_id=42), not {text!r}")
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = raw
+    if not isinstance(value, str | int | float | bool):
+        value = raw  # an object or a list: the text as given
+    return path.strip(), value

@@ -9,7 +9,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+import re
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
 from functools import cached_property
 from typing import Any, NoReturn, ParamSpec, Protocol, TypeVar
@@ -77,10 +78,13 @@ class SystemTable:
         key: str | None = None,
         flag: str | None = None,
         parent: ScheduledFunctionId | str | None = None,
+        args: Mapping[str, str | int | float | bool] | None = None,
     ) -> Page:
         """Rows in ``scheduled_time`` order (``newest_first``: latest first), filtered
-        (``parent``: the rows that row scheduled); follow ``next_cursor`` for more."""
+        (``parent``: the rows that row scheduled; ``args``: whose arguments hold these
+        values, ``{"user_id": 42}``); follow ``next_cursor`` for more."""
         where = row_filter(
+            args=args,
             parent=parent,
             state=state,
             name=name,
@@ -333,6 +337,7 @@ def row_filter(
     key: str | None = None,
     flag: str | None = None,
     parent: ScheduledFunctionId | str | None = None,
+    args: Mapping[str, str | int | float | bool] | None = None,
 ) -> RowFilter:
     """A ``RowFilter`` from the public keyword arguments, each checked."""
     parent_id = None
@@ -341,6 +346,7 @@ def row_filter(
         if parent_id is None:
             raise ArgumentError(f"parent must be a scheduled function's id, not {parent!r}")
     return RowFilter(
+        args=_argument_terms(args),
         parent=parent_id,
         states=None if state is None else state_list("state", state),
         name=optional(text, "name", name),
@@ -350,6 +356,33 @@ def row_filter(
         after=optional(aware_time, "scheduled_after", scheduled_after),
         before=optional(aware_time, "scheduled_before", scheduled_before),
     )
+
+
+_PATH = re.compile(r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*")
+
+
+def _argument_terms(
+    args: Mapping[str, str | int | float | bool] | None,
+) -> tuple[tuple[str, str | int | float | bool], ...]:
+    """``args={"user_id": 42, "address.city": "Oslo"}``: paths of letters, digits and
+    underscores joined by dots, each equal to a JSON scalar."""
+    if args is None:
+        return ()
+    if not isinstance(args, Mapping):
+        raise ArgumentError(f"args must map argument paths to values, not {args!r}")
+    terms = []
+    for path, value in sorted(args.items()):
+        if not isinstance(path, str) or not _PATH.fullmatch(path):
+            raise ArgumentError(
+                f"args: {path!r} is not an argument path (names of letters, digits and "
+                "underscores, joined by dots: 'user_id', 'address.city')"
+            )
+        if not isinstance(value, str | int | float | bool):
+            raise ArgumentError(
+                f"args: {path!r} must equal a string, number or boolean, not {value!r}"
+            )
+        terms.append((path, value))
+    return tuple(terms)
 
 
 publish(globals())

@@ -362,3 +362,14 @@ async def test_a_row_shows_what_it_scheduled(app: durafn.App) -> None:
     assert f'/rows?parent={top}">All of them</a>' in page.text
     assert everything.text.count(">tree:leaf<") == 25
     assert bad.status_code == 400 and "parent must be" in bad.text
+
+
+async def test_rows_filter_on_an_argument_and_then_offer_no_bulk_cancel(
+    app: durafn.App, rows: dict[str, str]
+) -> None:
+    async with _client(app.dashboard()) as web:
+        by_arg = await web.get("/rows", params={"arg": "to=ann", "name": "mail:send"})
+        bad = await web.get("/rows", params={"arg": "to"})
+    assert rows["done"] in by_arg.text and rows["pending"] not in by_arg.text
+    assert 'id="cancel-matching"' not in by_arg.text  # it would cancel more than listed
+    assert bad.status_code == 400 and "PATH=VALUE" in bad.text

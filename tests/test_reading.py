@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from datetime import timedelta
+from typing import Any
 
 import anyio
 import anyio.to_thread
@@ -179,3 +180,44 @@ async def test_finished_reads_the_rows_that_ended_lately(app: durafn.App, clock:
     assert len(await app.finished(within=3 * 3600, limit=2)) == 2
     with pytest.raises(durafn.ArgumentError):
         await app.finished(within=0)
+
+
+async def test_list_filters_on_argument_values(app: durafn.App) -> None:
+    """``args=``: equal JSON values at a path, the same on both engines (42 is not "42",
+    true is not 1), from the API and from the command line (``--arg PATH=VALUE``)."""
+
+    @app.mutation(name="args:job")
+    async def job(ctx: MutationCtx, user_id: Any, address: dict[str, Any], vip: bool) -> None:
+        pass
+
+    sched = app.scheduler()
+    ids = {
+        "oslo": await sched.run_after(60, job, 42, {"city": "Oslo", "zip": 150}, True),
+        "text": await sched.run_after(60, job, "42", {"city": "Bergen", "zip": 5003}, False),
+        "other": await sched.run_after(60, job, 7, {"city": "Oslo", "zip": 151}, False),
+    }
+
+    async def found(args: dict[str, Any]) -> set[str]:
+        mine = {v: k for k, v in ids.items()}
+        return {mine[r.id] for r in (await app.list(args=args)).items}
+
+    assert await found({"user_id": 42}) == {"oslo"}
+    assert await found({"user_id": "42"}) == {"text"}
+    assert await found({"address.city": "Oslo"}) == {"oslo", "other"}
+    assert await found({"address.city": "Oslo", "address.zip": 151}) == {"other"}
+    assert await found({"vip": True}) == {"oslo"}
+    assert await found({"vip": False}) == {"text", "other"}
+    assert await found({"nowhere.at.all": 1}) == set()
+    bads: list[Any] = [{"user id": 1}, {"a..b": 1}, {"user_id": [1]}, {"user_id": None}]
+    for bad in bads:  # the last two are type errors too; at run time, typed errors
+        with pytest.raises(durafn.ArgumentError, match="args: "):
+            await app.list(args=bad)
+    url = app._rt.driver.url.render_as_string(hide_password=False)
+    command = ["ls", "--url", url, "--arg", "address.city=Oslo", "--arg", "user_id=7", "--json"]
+    listed = await anyio.to_thread.run_sync(lambda: CliRunner().invoke(main, command))
+    assert listed.exit_code == 0, listed.output
+    assert [r["id"] for r in json.loads(listed.output)["items"]] == [ids["other"]]
+    wrong = await anyio.to_thread.run_sync(
+        lambda: CliRunner().invoke(main, ["ls", "--url", url, "--arg", "user_id"])
+    )
+    assert wrong.exit_code == 1 and "PATH=VALUE" in wrong.output

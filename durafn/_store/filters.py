@@ -13,7 +13,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from .._kinds import State
 from .schema.tables import sf
-from .sql import carries
+from .sql import argument_is, carries
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +33,9 @@ class RowFilter:
     ids: Sequence[str] | None = None
     parent: str | None = None
     """Rows this row scheduled (ix_scheduled_functions_parent)."""
+    args: tuple[tuple[str, str | int | float | bool], ...] = ()
+    """(dotted path, JSON scalar): rows whose argument there equals it (no index: a
+    filter of the rows the other terms and the order read)."""
 
     def where(self) -> list[ColumnElement[bool]]:
         terms: list[ColumnElement[bool]] = []
@@ -50,6 +53,8 @@ class RowFilter:
             terms.append(sf.c.scheduled_time >= self.after)
         if self.before is not None:
             terms.append(sf.c.scheduled_time < self.before)
+        for path, value in self.args:
+            terms.append(argument_is(path, value))
         if self.parent is not None:
             terms.append(sf.c.parent_id == self.parent)
         if self.ids is not None:

@@ -4,6 +4,7 @@ claim's partial indexes name (``PENDING``, ``RUNNING``)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from sqlalchemy import (
@@ -84,3 +85,32 @@ def next_seq(offset: int = 1) -> ColumnElement[int]:
 def carries(flag: str) -> ColumnElement[bool]:
     """The row carries ``flag`` (``flags`` is stored ``,a,b,``: one substring test)."""
     return _Within(literal(f",{flag},", Text), sf.c.flags)
+
+
+class _ArgEquals(FunctionElement[bool]):
+    """The row's argument at a dotted ``path`` equals a JSON scalar (given as JSON text).
+    PostgreSQL compares ``jsonb`` values (so 42 and "42" differ); SQLite compares the SQL
+    values ``json_extract`` gives on both sides (a number, text, 1/0 for true/false)."""
+
+    type = Boolean()
+    name = "arg_equals"
+    inherit_cache = True
+
+
+@compiles(_ArgEquals)
+def _jsonb_path(element: _ArgEquals, compiler: SQLCompiler, **kw: Any) -> str:
+    args, path, value = (compiler.process(c, **kw) for c in element.clauses)
+    found = f"CAST({args} AS JSONB) #> string_to_array({path}, '.')"
+    return f"({found} = CAST({value} AS JSONB))"
+
+
+@compiles(_ArgEquals, "sqlite")
+def _json_extract(element: _ArgEquals, compiler: SQLCompiler, **kw: Any) -> str:
+    args, path, value = (compiler.process(c, **kw) for c in element.clauses)
+    return f"(json_extract({args}, '$.' || {path}) = json_extract({value}, '$'))"
+
+
+def argument_is(path: str, value: str | int | float | bool) -> ColumnElement[bool]:
+    """The row's argument at ``path`` (keys joined by dots, checked by the caller: letters,
+    digits and underscores) equals ``value``."""
+    return _ArgEquals(sf.c.args, literal(path, Text), literal(json.dumps(value), Text))

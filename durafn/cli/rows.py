@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import click
 from rich.table import Column
 
-from .._checks import scheduled_id
+from .._checks import argument_filter, scheduled_id
 from .._clock import to_datetime
 from .._errors import ArgumentError, NotFoundError
 from .._kinds import FINISHED_STATES, State
@@ -60,6 +60,13 @@ if TYPE_CHECKING:
 @click.option("--flag", help="Only rows carrying this flag.")
 @click.option("--parent", help="Only rows the row with this id scheduled.")
 @click.option(
+    "--arg",
+    "arg_filters",
+    multiple=True,
+    metavar="PATH=VALUE",
+    help="Only rows whose argument at PATH (a.b for nested) equals VALUE (JSON or text).",
+)
+@click.option(
     "--after",
     callback=to_datetime_option,
     metavar="DATETIME",
@@ -88,6 +95,7 @@ def list_rows(
     key: str | None,
     flag: str | None,
     parent: str | None,
+    arg_filters: tuple[str, ...],
     after: datetime | None,
     before: datetime | None,
     limit: int,
@@ -124,6 +132,7 @@ def list_rows(
             key=key,
             flag=flag,
             parent=parent,
+            args=dict(argument_filter(a) for a in arg_filters) or None,
         ),
         verbose=verbose,
     )

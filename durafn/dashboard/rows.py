@@ -11,6 +11,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from .._checks import argument_filter
 from .._kinds import State
 from .surface import Pages, Refused
 
@@ -25,12 +26,16 @@ def routes(d: Pages) -> list[Route]:
         async def body(user: str) -> dict[str, Any]:
             state = _state(request.query_params.get("state") or None)
             chosen = _text_filters(request.query_params)
+            arg = request.query_params.get("arg")
             page = await d.app.list(
                 state=state,
                 limit=PAGE_SIZE,
                 cursor=request.query_params.get("cursor") or None,
                 newest_first=True,
                 parent=request.query_params.get("parent") or None,
+                args=dict([argument_filter(arg)])
+                if (arg := request.query_params.get("arg"))
+                else None,
                 **chosen,
             )
             given = {k: v for k, v in request.query_params.items() if k != "cursor" and v}
@@ -38,7 +43,10 @@ def routes(d: Pages) -> list[Route]:
             if page.next_cursor is not None:
                 following = "?" + urlencode({**given, "cursor": page.next_cursor})
             given_text = {k: v for k, v in chosen.items() if v}
-            bulk = "?" + urlencode(given_text) if given_text else None
+            # Offered only where the bulk cancel selects what the page lists: it takes
+            # name, queue, key and flag (``cancel_where``), not a parent or an argument.
+            narrower = request.query_params.get("parent") or request.query_params.get("arg")
+            bulk = "?" + urlencode(given_text) if given_text and not narrower else None
             return {
                 "page": page,
                 "given": given,

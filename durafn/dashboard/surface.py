@@ -5,7 +5,7 @@ an action), and what its parts (``rows``, ``operations``) ask of its core (``Pag
 from __future__ import annotations
 
 import builtins
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
@@ -41,6 +41,7 @@ class App(Protocol):
         key: str | None = None,
         flag: str | None = None,
         parent: ScheduledFunctionId | str | None = None,
+        args: Mapping[str, str | int | float | bool] | None = None,
     ) -> Page: ...
     async def count(
         self,
