@@ -211,6 +211,61 @@ class Operations:
             rt.wake(KINDS)
         return moved
 
+    async def retry_where(
+        self,
+        *,
+        name: str | None = None,
+        queue: str | None = None,
+        key: str | None = None,
+        flag: str | None = None,
+        scheduled_after: datetime | None = None,
+        scheduled_before: datetime | None = None,
+        run_at: datetime | None = None,
+        batch_size: int = 1000,
+    ) -> int:
+        """``retry`` every Failed row matching the filters (at least one), in batches of
+        ``batch_size``, each its own transaction; returns how many went back to Pending."""
+        where = row_filter(
+            state=State.FAILED,
+            name=name,
+            queue=queue,
+            key=key,
+            flag=flag,
+            scheduled_after=scheduled_after,
+            scheduled_before=scheduled_before,
+        )
+        if where == RowFilter(states=[State.FAILED]):
+            raise ArgumentError(
+                "retry_where needs a filter (name, queue, key, flag or a time window); "
+                "it would retry every Failed row"
+            )
+        batch_size = integer("batch_size", batch_size, high=100_000)
+        rt = self._rt
+        when = None if run_at is None else aware_time("run_at", run_at)
+        after: str | None = None
+        total = 0
+        while True:
+
+            async def _batch(
+                conn: AsyncConnection, start: str | None = after
+            ) -> tuple[list[ScheduledFunctionId], int]:
+                ids = await rt.driver.matching_batch(conn, where, start, batch_size)
+                if not ids:
+                    return ids, 0
+                moved = await rt.driver.retry_failed(conn, ids, when or rt.clock.now())
+                if moved:
+                    await rt.driver.notify(conn, KINDS)
+                return ids, len(moved)
+
+            # Counted once committed: a batch run again after a fault counts once.
+            ids, moved = await rt.transaction(_batch, doing="retrying failed rows")
+            total += moved
+            if moved:
+                rt.wake(KINDS)
+            if len(ids) < batch_size:
+                return total
+            after = ids[-1]
+
     async def cancel_where(
         self,
         *,
@@ -299,7 +354,7 @@ class Operations:
                 conn: AsyncConnection, start: str | None = after
             ) -> tuple[int, str | None]:
                 now = rt.clock.now()
-                ids = await rt.driver.pending_batch(conn, where, start, batch_size)
+                ids = await rt.driver.matching_batch(conn, where, start, batch_size)
                 if not ids:
                     return 0, None
                 changed = await rt.driver.change_pending(conn, ids, values, now)

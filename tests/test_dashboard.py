@@ -311,7 +311,7 @@ async def test_every_pending_row_a_filter_matches_is_cancelled_after_a_confirmat
         assert link is not None and link.group(1).endswith("/rows/cancel-matching?queue=digests")
         confirm = await web.get(link.group(1).replace("&amp;", "&"))
         assert confirm.status_code == 200
-        assert "This cancels <strong>30</strong> Pending rows" in confirm.text
+        assert "This changes <strong>30</strong> Pending rows" in confirm.text
         assert await app.count(state=State.CANCELED) == 0  # nothing before the POST
         done = await web.post(
             "/rows/cancel-matching", data={"csrf": _csrf(confirm), "queue": "digests"}
@@ -373,3 +373,32 @@ async def test_rows_filter_on_an_argument_and_then_offer_no_bulk_cancel(
     assert rows["done"] in by_arg.text and rows["pending"] not in by_arg.text
     assert 'id="cancel-matching"' not in by_arg.text  # it would cancel more than listed
     assert bad.status_code == 400 and "PATH=VALUE" in bad.text
+
+
+async def test_every_failed_row_a_filter_matches_is_retried_after_a_confirmation(
+    app: durafn.App, rows: dict[str, str]
+) -> None:
+    @app.action(name="mail:bounce")
+    async def bounce(ctx: ActionCtx, n: int) -> None:
+        raise ValueError("bounced")
+
+    await app.scheduler().run_many([bounce.call(n) for n in range(5)])
+    await app.executor().run_until_idle()
+    assert await app.count(state=State.FAILED, name="mail:bounce") == 5
+    with pytest.raises(durafn.ArgumentError, match="retry_where needs a filter"):
+        await app.retry_where()
+    async with _client(app.dashboard()) as web:
+        listing = await web.get("/rows", params={"name": "mail:bounce"})
+        link = re.search(r'id="retry-matching" href="([^"]+)"', listing.text)
+        assert link is not None
+        confirm = await web.get(link.group(1).replace("&amp;", "&"))
+        assert "This changes <strong>5</strong> Failed rows" in confirm.text
+        done = await web.post(
+            "/rows/retry-matching", data={"csrf": _csrf(confirm), "name": "mail:bounce"}
+        )
+        said = await web.get(done.headers["location"])
+        unknown = await web.get("/rows/explode-matching", params={"name": "x"})
+    assert "put back to Pending: 5 Failed rows where name=mail:bounce" in said.text
+    assert await app.count(state=State.PENDING, name="mail:bounce") == 5
+    assert (await app.get(rows["failed"])).state is State.FAILED  # type: ignore[union-attr]
+    assert unknown.status_code == 404 and "no bulk action" in unknown.text

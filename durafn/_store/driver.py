@@ -95,11 +95,12 @@ class Driver(
         each. ``running``: rows this transaction has claimed and is running."""
         return await write_debounced(conn, self.dialect_insert, rows, running)
 
-    async def pending_batch(
+    async def matching_batch(
         self, conn: AsyncConnection, where: RowFilter, after: str | None, limit: int
     ) -> builtins.list[ScheduledFunctionId]:
-        """Up to ``limit`` ids of Pending rows matching ``where``, in id order after
-        ``after`` (keyset: a rescheduled row still matches and must not be seen twice)."""
+        """Up to ``limit`` ids of rows matching ``where`` (Pending ones for a cancel or a
+        reschedule, Failed ones for a retry), in id order after ``after`` (keyset: a
+        rescheduled row still matches and must not be seen twice)."""
         stmt = select(sf.c.id).where(*where.where()).order_by(sf.c.id).limit(limit)
         if after is not None:
             stmt = stmt.where(sf.c.id > after)

@@ -4,6 +4,7 @@ that says how many)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
 
@@ -16,6 +17,23 @@ from .._kinds import State
 from .surface import Pages, Refused
 
 PAGE_SIZE = 50
+
+
+@dataclass(frozen=True)
+class Bulk:
+    """An action on every row a filter matches."""
+
+    state: State
+    """The rows it changes (the others it leaves alone)."""
+    after: State
+    """Their state after it (where the page it returns to lists them)."""
+    done: str
+
+
+BULK = {
+    "cancel": Bulk(State.PENDING, State.CANCELED, "canceled"),
+    "retry": Bulk(State.FAILED, State.PENDING, "put back to Pending:"),
+}
 CHILDREN_SHOWN = 20
 """A row's page lists the first rows it scheduled; the rest are a link away."""
 TEXT_FILTERS = ("name", "queue", "key", "flag")
@@ -90,39 +108,41 @@ def routes(d: Pages) -> list[Route]:
 
         return await d.act(request, act)
 
-    async def cancel_matching(request: Request) -> Response:
+    async def act_on_matching(request: Request) -> Response:
+        verb = str(request.path_params["verb"])
+        if verb not in BULK:
+            return await d.page(request, "confirm.html", _unknown_bulk(verb))
+        bulk = BULK[verb]
         if request.method == "GET":
 
             async def body(user: str) -> dict[str, Any]:
                 chosen = _text_filters(request.query_params)
                 _require_filter(chosen)
-                count = await d.app.count(state=State.PENDING, **chosen)
+                count = await d.app.count(state=bulk.state, **chosen)
                 shown = {k: v for k, v in chosen.items() if v}
-                return {"filters": shown, "count": count}
+                return {"filters": shown, "count": count, "bulk": bulk, "verb": verb}
 
             return await d.page(request, "confirm.html", body)
 
         async def act(user: str, form: Any) -> tuple[str, str]:
             chosen = _text_filters(form)
             _require_filter(chosen)
-            # In batches of 1,000 rows, each its own transaction (``cancel_where``): a
-            # million rows never hold one transaction.
-            count = await d.app.cancel_where(**chosen)
-            shown = ", ".join(f"{k}={v}" for k, v in chosen.items() if v)
-            d.record(user, f"cancel every Pending row where {shown}", count)
+            # In batches of 1,000 rows, each its own transaction (``cancel_where``,
+            # ``retry_where``): a million rows never hold one transaction.
+            change = d.app.cancel_where if verb == "cancel" else d.app.retry_where
+            count = await change(**chosen)
             shown_filters = {k: v for k, v in chosen.items() if v}
-            back = (
-                str(request.url_for("rows"))
-                + "?"
-                + urlencode({**shown_filters, "state": "Canceled"})
-            )
-            return f"canceled {count} Pending rows where {shown}", back
+            shown = ", ".join(f"{k}={v}" for k, v in shown_filters.items())
+            d.record(user, f"{verb} every {bulk.state.value} row where {shown}", count)
+            query = urlencode({**shown_filters, "state": bulk.after.value})
+            back = str(request.url_for("rows")) + "?" + query
+            return f"{bulk.done} {count} {bulk.state.value} rows where {shown}", back
 
         return await d.act(request, act)
 
     return [
         Route("/rows", rows),
-        Route("/rows/cancel-matching", cancel_matching, methods=["GET", "POST"]),
+        Route("/rows/{verb}-matching", act_on_matching, methods=["GET", "POST"]),
         Route("/rows/{id}", row),
         Route("/rows/{id}/cancel", cancel, methods=["POST"]),
         Route("/rows/{id}/retry", retry, methods=["POST"]),
@@ -144,7 +164,14 @@ def _text_filters(source: Any) -> dict[str, Any]:
 
 def _require_filter(chosen: dict[str, Any]) -> None:
     if not any(chosen.values()):
-        raise Refused(400, "a bulk cancel needs a filter (name, queue, key or flag)")
+        raise Refused(400, "a bulk change needs a filter (name, queue, key or flag)")
+
+
+def _unknown_bulk(verb: str) -> Any:
+    async def refuse(user: str) -> dict[str, Any]:
+        raise Refused(404, f"no bulk action {verb!r}: {' or '.join(BULK)}")
+
+    return refuse
 
 
 async def _existing(d: Pages, request: Request) -> str:
