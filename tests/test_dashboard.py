@@ -82,6 +82,9 @@ async def test_the_pages_show_rows_with_their_text_escaped(
         assert "<title>durafn: mail:broken</title>" in page.text
         assert 'id="retry"' in page.text and 'id="cancel"' not in page.text
         assert "EventSource" not in page.text  # an ended row is not followed
+        attempts = re.search(r'<table id="attempts">(.*?)</table>', page.text, re.DOTALL)
+        assert attempts is not None and "not tried again" in attempts.group(1)
+        assert "ValueError: cannot reach &lt;script&gt;" in attempts.group(1)
         assert f"durafn retry {rows['failed']}" in page.text
         pending = await web.get(f"/rows/{rows['pending']}")
         assert 'id="cancel"' in pending.text and 'id="explain"' in pending.text
@@ -402,3 +405,27 @@ async def test_every_failed_row_a_filter_matches_is_retried_after_a_confirmation
     assert await app.count(state=State.PENDING, name="mail:bounce") == 5
     assert (await app.get(rows["failed"])).state is State.FAILED  # type: ignore[union-attr]
     assert unknown.status_code == 404 and "no bulk action" in unknown.text
+
+
+async def test_a_rows_attempts_read_as_a_timeline(app: durafn.App, clock: FakeClock) -> None:
+    calls = 0
+
+    @app.action(name="hook:flaky", retry=durafn.Retry(3, backoff=durafn.Fixed(5)))
+    async def flaky(ctx: ActionCtx) -> str:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise ConnectionError("refused")
+        return "ok"
+
+    id = await app.scheduler().run_after(0, flaky)
+    await app.executor().run_until_idle()
+    clock.advance(5)
+    await app.executor().run_until_idle()
+    async with _client(app.dashboard()) as web:
+        page = await web.get(f"/rows/{id}")
+    attempts = re.search(r'<table id="attempts">(.*?)</table>', page.text, re.DOTALL)
+    assert attempts is not None
+    rows = attempts.group(1).split("</tr>")
+    assert "ConnectionError: refused" in rows[1] and "tried again at 2030-01-01T00:00:05" in rows[1]
+    assert 'class="state-Success">Success at 2030-01-01T00:00:05' in rows[2]
