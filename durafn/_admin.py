@@ -6,13 +6,14 @@ write lock) for long.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ._checks import aware_time, integer, positive_seconds, scheduled_id, state_list
+from ._clock import to_datetime
 from ._context import row_filter
 from ._errors import ArgumentError, NotFoundError
 from ._explain import Explanation, FlowKeyInfo, explain, key_info
@@ -21,9 +22,20 @@ from ._options import check_name, check_priority
 from ._retries import MAX_ATTEMPTS
 from ._runtime import Runtime
 from ._store import RowFilter
-from ._types import QueueInfo, ScheduledFunction
+from ._types import QueueInfo, ScheduledFunction, Stats, WorkerInfo
 
 KINDS = (FunctionKind.MUTATION, FunctionKind.ACTION)
+
+
+Change = Callable[[AsyncConnection, list[ScheduledFunctionId], float], Awaitable[int]]
+"""A bulk change of a batch of rows (their ids, now): how many it changed."""
+
+
+def _require_filter(where: RowFilter, state: State, call: str, would: str) -> None:
+    if where == RowFilter(states=[state]):
+        raise ArgumentError(
+            f"{call} needs a filter (name, queue, key, flag or a time window); it would {would}"
+        )
 
 
 class Operations:
@@ -84,6 +96,33 @@ class Operations:
             return [key_info(c, now) for c in found]
 
         return await self._rt.transaction(_read, read_only=True, doing="listing flow keys")
+
+    # -- workers and statistics ----------------------------------------------------------
+
+    async def workers(self) -> list[WorkerInfo]:
+        """The executors registered on this database (each renews a heartbeat row)."""
+
+        async def _read(conn: AsyncConnection) -> list[WorkerInfo]:
+            return await self._rt.driver.list_workers(conn)
+
+        return await self._rt.transaction(_read, read_only=True, doing="listing workers")
+
+    async def stats(self) -> Stats:
+        """Rows by state, how long the oldest due row has waited, when the next is due."""
+        now = self._rt.clock.now()
+
+        async def _read(conn: AsyncConnection) -> Stats:
+            counts = await self._rt.driver.count_by_state(conn)
+            oldest, upcoming = await self._rt.driver.backlog(conn, now)
+            return Stats(
+                at=to_datetime(now),
+                counts=counts,
+                oldest_due=None if oldest is None else to_datetime(oldest),
+                lag=0.0 if oldest is None else now - oldest,
+                next_due=None if upcoming is None else to_datetime(upcoming),
+            )
+
+        return await self._rt.transaction(_read, read_only=True, doing="reading statistics")
 
     # -- recent activity ---------------------------------------------------------------
 
@@ -176,7 +215,12 @@ class Operations:
                 "reschedule needs run_at, priority and/or max_attempts: what to change"
             )
         where = self._selection(ids, name, queue, key, flag, scheduled_after, scheduled_before)
-        return await self._in_batches(where, batch_size, values, "rescheduling rows")
+        rt = self._rt
+
+        async def _change(conn: AsyncConnection, ids: list[ScheduledFunctionId], now: float) -> int:
+            return await rt.driver.change_pending(conn, ids, values, now)
+
+        return await self._in_batches(where, batch_size, _change, "rescheduling rows")
 
     async def retry(
         self,
@@ -225,46 +269,17 @@ class Operations:
     ) -> int:
         """``retry`` every Failed row matching the filters (at least one), in batches of
         ``batch_size``, each its own transaction; returns how many went back to Pending."""
-        where = row_filter(
-            state=State.FAILED,
-            name=name,
-            queue=queue,
-            key=key,
-            flag=flag,
-            scheduled_after=scheduled_after,
-            scheduled_before=scheduled_before,
-        )
-        if where == RowFilter(states=[State.FAILED]):
-            raise ArgumentError(
-                "retry_where needs a filter (name, queue, key, flag or a time window); "
-                "it would retry every Failed row"
-            )
-        batch_size = integer("batch_size", batch_size, high=100_000)
-        rt = self._rt
         when = None if run_at is None else aware_time("run_at", run_at)
-        after: str | None = None
-        total = 0
-        while True:
+        where = self._selection(
+            None, name, queue, key, flag, scheduled_after, scheduled_before, State.FAILED
+        )
+        _require_filter(where, State.FAILED, "retry_where", "retry every Failed row")
+        rt = self._rt
 
-            async def _batch(
-                conn: AsyncConnection, start: str | None = after
-            ) -> tuple[list[ScheduledFunctionId], int]:
-                ids = await rt.driver.matching_batch(conn, where, start, batch_size)
-                if not ids:
-                    return ids, 0
-                moved = await rt.driver.retry_failed(conn, ids, when or rt.clock.now())
-                if moved:
-                    await rt.driver.notify(conn, KINDS)
-                return ids, len(moved)
+        async def _retry(conn: AsyncConnection, ids: list[ScheduledFunctionId], now: float) -> int:
+            return len(await rt.driver.retry_failed(conn, ids, when or now))
 
-            # Counted once committed: a batch run again after a fault counts once.
-            ids, moved = await rt.transaction(_batch, doing="retrying failed rows")
-            total += moved
-            if moved:
-                rt.wake(KINDS)
-            if len(ids) < batch_size:
-                return total
-            after = ids[-1]
+        return await self._in_batches(where, batch_size, _retry, "retrying failed rows")
 
     async def cancel_where(
         self,
@@ -280,12 +295,13 @@ class Operations:
         """Cancel every Pending row matching the filters (at least one); returns how many.
         Running actions are left to ``cancel(id)``, which also cancels what they spawned."""
         where = self._selection(None, name, queue, key, flag, scheduled_after, scheduled_before)
-        if where == RowFilter(states=[State.PENDING]):
-            raise ArgumentError(
-                "cancel_where needs a filter (name, queue, key, flag or a time window); "
-                "it would cancel every Pending row"
-            )
-        return await self._in_batches(where, batch_size, None, "cancelling rows")
+        _require_filter(where, State.PENDING, "cancel_where", "cancel every Pending row")
+        rt = self._rt
+
+        async def _cancel(conn: AsyncConnection, ids: list[ScheduledFunctionId], now: float) -> int:
+            return await rt.driver.change_pending(conn, ids, None, now)
+
+        return await self._in_batches(where, batch_size, _cancel, "cancelling rows", wakes=False)
 
     async def count(
         self,
@@ -324,9 +340,10 @@ class Operations:
         flag: str | None,
         after: datetime | None,
         before: datetime | None,
+        state: State = State.PENDING,
     ) -> RowFilter:
         where = row_filter(
-            state=State.PENDING,
+            state=state,
             name=name,
             queue=queue,
             key=key,
@@ -340,10 +357,11 @@ class Operations:
         return where
 
     async def _in_batches(
-        self, where: RowFilter, batch_size: int, values: dict[str, Any] | None, doing: str
+        self, where: RowFilter, batch_size: int, change: Change, doing: str, wakes: bool = True
     ) -> int:
-        """Reschedule (``values``) or cancel (None) the matching Pending rows, ``batch_size``
-        at a time in id order, one transaction each."""
+        """``change`` the matching rows ``batch_size`` at a time in id order, one
+        transaction each (a million rows never hold one); ``wakes``: rows it changed may
+        be due now, so the executors are told (a cancel's need not be)."""
         batch_size = integer("batch_size", batch_size, high=100_000)
         rt = self._rt
         after: str | None = None
@@ -353,18 +371,18 @@ class Operations:
             async def _batch(
                 conn: AsyncConnection, start: str | None = after
             ) -> tuple[int, str | None]:
-                now = rt.clock.now()
                 ids = await rt.driver.matching_batch(conn, where, start, batch_size)
                 if not ids:
                     return 0, None
-                changed = await rt.driver.change_pending(conn, ids, values, now)
-                if values is not None:  # earlier rows may be due now: wake the executors
+                changed = await change(conn, ids, rt.clock.now())
+                if wakes and changed:
                     await rt.driver.notify(conn, KINDS)
                 return changed, ids[-1] if len(ids) == batch_size else None
 
+            # Counted once committed: a batch run again after a fault counts once.
             changed, after = await rt.transaction(_batch, doing=doing)
             total += changed
-            if values is not None and changed:
+            if wakes and changed:
                 rt.wake(KINDS)
             if after is None:
                 return total

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import builtins
 import dataclasses
 import os
 import sys
@@ -16,7 +15,7 @@ from typing_extensions import Unpack
 from ._admin import Operations
 from ._cancels import CANCEL_MODES, CancelMode
 from ._checks import flag, integer, optional, positive_seconds, text
-from ._clock import Clock, SystemClock, to_datetime
+from ._clock import Clock, SystemClock
 from ._context import ActionCtx, MutationCtx, QueryCtx, SystemTable
 from ._cron_registry import CronRegistry
 from ._crons import CronDeclarations
@@ -33,7 +32,7 @@ from ._retries import Retry, check_retry
 from ._runtime import Backoff, Health, Limits, Runtime
 from ._scheduler import Scheduler
 from ._store import driver_for_url
-from ._types import CancelResult, Page, ScheduledFunction, Stats, WorkerInfo
+from ._types import CancelResult, Page, ScheduledFunction
 from ._writers import DirectWriter, JoinedWriter
 
 P = ParamSpec("P")
@@ -403,31 +402,6 @@ class App(Operations, CronDeclarations, CronRegistry):
             key=key,
             flag=flag,
         )
-
-    async def workers(self) -> builtins.list[WorkerInfo]:
-        """The executors registered on this database (each renews a heartbeat row)."""
-
-        async def _read(conn: AsyncConnection) -> builtins.list[WorkerInfo]:
-            return await self._rt.driver.list_workers(conn)
-
-        return await self._rt.transaction(_read, read_only=True, doing="listing workers")
-
-    async def stats(self) -> Stats:
-        """Rows by state, how long the oldest due row has waited, when the next is due."""
-        now = self._rt.clock.now()
-
-        async def _read(conn: AsyncConnection) -> Stats:
-            counts = await self._rt.driver.count_by_state(conn)
-            oldest, upcoming = await self._rt.driver.backlog(conn, now)
-            return Stats(
-                at=to_datetime(now),
-                counts=counts,
-                oldest_due=None if oldest is None else to_datetime(oldest),
-                lag=0.0 if oldest is None else now - oldest,
-                next_due=None if upcoming is None else to_datetime(upcoming),
-            )
-
-        return await self._rt.transaction(_read, read_only=True, doing="reading statistics")
 
     # -- executor and lifecycle --------------------------------------------------------
 

@@ -21,7 +21,7 @@ from durafn import App, State
 from durafn.testing import FakeClock
 
 from . import dashboard_app
-from .helpers import wait_until
+from .helpers import CEILING, wait_until
 from .processes import Owner, owned
 
 pytestmark = pytest.mark.anyio
@@ -111,6 +111,14 @@ async def seeded(db_url: str, tmp_path: Path) -> AsyncIterator[tuple[str, dict[s
         await app.aclose()
 
 
+async def _new_page(browser: Browser) -> Page:
+    """A page whose waits (an element, a navigation) end only at the suite's ceiling: on
+    a loaded machine a live update may take seconds, and only a hang should fail."""
+    page = await browser.new_page()
+    page.set_default_timeout(CEILING * 1000)
+    return page
+
+
 async def _shot(page: Page, folder: Path, name: str) -> None:
     await page.screenshot(path=folder / f"{name}.png", full_page=True)
     if target := os.environ.get("DURAFN_SCREENSHOTS"):  # a folder that exists
@@ -123,11 +131,11 @@ async def test_an_operator_filters_opens_cancels_retries_and_steers(
     db_url, rows, app = seeded
     async with owned() as owner:
         url = await _serve(owner, db_url)
-        page = await browser.new_page()
+        page = await _new_page(browser)
         page.on("dialog", lambda dialog: pytest.fail(f"a script ran: {dialog.message}"))
         # A row's page follows it live: Pending, then (its executor runs) Success; and
         # the overview's counts follow the table.
-        overview = await browser.new_page()
+        overview = await _new_page(browser)
         await overview.goto(url + "/")
         assert await overview.text_content("#count-Success") == "1"
         await page.goto(f"{url}/rows/{rows['live']}")
@@ -197,7 +205,7 @@ async def test_a_token_is_asked_for_and_read_only_refuses(
     db_url, rows, _ = seeded
     async with owned() as owner:
         url = await _serve(owner, db_url, "--read-only", token=TOKEN)
-        page = await browser.new_page()
+        page = await _new_page(browser)
         await page.goto(url + "/rows")
         assert page.url.endswith("/login")
         await _shot(page, tmp_path, "login")
@@ -220,6 +228,7 @@ async def test_a_token_is_asked_for_and_read_only_refuses(
         assert status == 403
         # Another browser, no token: the login page, and nothing else.
         other = await (await browser.new_context()).new_page()
+        other.set_default_timeout(CEILING * 1000)
         await other.goto(f"{url}/rows/{rows['pending']}")
         assert other.url.endswith("/login")
     check: App = dashboard_app.app.using(db_url)

@@ -4,18 +4,19 @@ through a caller's own connection."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from datetime import timedelta
 from typing import Any
 
-import anyio
-import anyio.to_thread
 import pytest
-from click.testing import CliRunner
 
 import durafn
 from durafn import ActionCtx, MutationCtx, State
-from durafn.cli import main
 from durafn.testing import FakeClock, all_rows
+
+from .processes import owned
 
 pytestmark = pytest.mark.anyio
 
@@ -155,11 +156,9 @@ async def test_list_finds_the_rows_a_row_scheduled(app: durafn.App) -> None:
     with pytest.raises(durafn.ArgumentError, match="parent must be a scheduled function's id"):
         await app.list(parent="not-an-id")
     url = app._rt.driver.url.render_as_string(hide_password=False)
-    command = ["ls", "--url", url, "--parent", top, "--json"]
-    # The command runs its own event loop: in a thread of its own, as from a shell.
-    listed = await anyio.to_thread.run_sync(lambda: CliRunner().invoke(main, command))
-    assert listed.exit_code == 0, listed.output
-    assert sorted(r["args"]["n"] for r in json.loads(listed.output)["items"]) == [0, 1, 2]
+    listed = await _durafn("ls", "--url", url, "--parent", top, "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert sorted(r["args"]["n"] for r in json.loads(listed.stdout)["items"]) == [0, 1, 2]
 
 
 async def test_finished_reads_the_rows_that_ended_lately(app: durafn.App, clock: FakeClock) -> None:
@@ -213,11 +212,20 @@ async def test_list_filters_on_argument_values(app: durafn.App) -> None:
         with pytest.raises(durafn.ArgumentError, match="args: "):
             await app.list(args=bad)
     url = app._rt.driver.url.render_as_string(hide_password=False)
-    command = ["ls", "--url", url, "--arg", "address.city=Oslo", "--arg", "user_id=7", "--json"]
-    listed = await anyio.to_thread.run_sync(lambda: CliRunner().invoke(main, command))
-    assert listed.exit_code == 0, listed.output
-    assert [r["id"] for r in json.loads(listed.output)["items"]] == [ids["other"]]
-    wrong = await anyio.to_thread.run_sync(
-        lambda: CliRunner().invoke(main, ["ls", "--url", url, "--arg", "user_id"])
+    listed = await _durafn(
+        "ls", "--url", url, "--arg", "address.city=Oslo", "--arg", "user_id=7", "--json"
     )
-    assert wrong.exit_code == 1 and "PATH=VALUE" in wrong.output
+    assert listed.returncode == 0, listed.stderr
+    assert [r["id"] for r in json.loads(listed.stdout)["items"]] == [ids["other"]]
+    wrong = await _durafn("ls", "--url", url, "--arg", "user_id")
+    assert wrong.returncode == 1 and "PATH=VALUE" in wrong.stderr
+
+
+async def _durafn(*args: str) -> subprocess.CompletedProcess[str]:
+    """The ``durafn`` command in a process of its own, as a user runs it from a shell."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DURAFN_")}
+    async with owned() as owner:
+        done = await owner.run([sys.executable, "-m", "_durafn_cli", *args], env=env)
+    return subprocess.CompletedProcess(
+        done.args, done.returncode, done.stdout.decode(), done.stderr.decode()
+    )

@@ -33,12 +33,13 @@ def create(
 ) -> Starlette:
     """The dashboard of ``app`` as an ASGI application (see ``App.dashboard``)."""
     try:
-        from .server import create as build
+        from .access import Access
+        from .server import Dashboard
     except ModuleNotFoundError as exc:
         raise DashboardUnavailable(
             f"the dashboard needs {exc.name!r}: install durafn[dashboard]"
         ) from exc
-    return build(app, token=token, auth=auth, read_only=read_only, hide_args=hide_args)
+    return Dashboard(app, Access(token=token, auth=auth, read_only=read_only), hide_args).asgi
 
 
 class DashboardUnavailable(DurafnError):

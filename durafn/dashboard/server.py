@@ -25,7 +25,7 @@ from starlette.routing import Route
 from .._clock import to_datetime
 from .._errors import DurafnError
 from . import activity, live, operations, rows
-from .access import SESSION_COOKIE, Access, Auth
+from .access import SESSION_COOKIE, Access
 from .audit import AuditLog
 from .surface import Act, App, Body, Refused
 
@@ -163,15 +163,3 @@ class Dashboard:
         if self.access.login_required:
             return RedirectResponse(str(request.url_for("login")), status_code=303)
         return self.refusal(request, 403, "not allowed (the host application's auth refused)")
-
-
-def create(
-    app: App,
-    *,
-    token: str | None = None,
-    auth: Auth | None = None,
-    read_only: bool = False,
-    hide_args: bool = False,
-) -> Starlette:
-    """The dashboard of ``app`` as an ASGI app (``App.dashboard``)."""
-    return Dashboard(app, Access(token=token, auth=auth, read_only=read_only), hide_args).asgi
