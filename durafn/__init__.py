@@ -53,12 +53,14 @@ if _typing.TYPE_CHECKING:  # (mypy knows the condition by this spelling, not an 
         CronTick,
         ErrorInfo,
         FailedAttempt,
+        LostWorker,
         Page,
         QueueInfo,
         ScheduledFunction,
         Stats,
         WorkerInfo,
     )
+    from ._watch import Watch
 
 __version__ = "0.1.0"
 
@@ -102,6 +104,7 @@ __all__ = [
     "GRAPHILE",
     "HookEvent",
     "JobOptions",
+    "LostWorker",
     "MutationCtx",
     "MutationRef",
     "NamedBackoff",
@@ -134,6 +137,7 @@ __all__ = [
     "Throttle",
     "TransactionError",
     "UnknownFunctionError",
+    "Watch",
     "WorkerInfo",
     "WorkerLostError",
     "metadata",

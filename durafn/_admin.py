@@ -7,6 +7,7 @@ write lock) for long.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Collection, Sequence
+from contextlib import AbstractAsyncContextManager
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -22,7 +23,8 @@ from ._options import check_name, check_priority
 from ._retries import MAX_ATTEMPTS
 from ._runtime import Runtime
 from ._store import RowFilter
-from ._types import QueueInfo, ScheduledFunction, Stats, WorkerInfo
+from ._types import LostWorker, QueueInfo, ScheduledFunction, Stats, WorkerInfo
+from ._watch import Watch, watch
 
 KINDS = (FunctionKind.MUTATION, FunctionKind.ACTION)
 
@@ -99,6 +101,16 @@ class Operations:
 
     # -- workers and statistics ----------------------------------------------------------
 
+    def watch(
+        self, *, poll: float = 2.0, settle: float = 0.5
+    ) -> AbstractAsyncContextManager[Watch]:
+        """``async with app.watch() as w: ... await w.changed()``: wait for a reason to
+        read again (a live page, a monitor): on PostgreSQL a NOTIFY from any process (new
+        rows, freed slots, cancels); this process's own writes on both engines; else
+        ``poll`` seconds (real time). Never sooner than ``settle`` seconds after the last
+        wake. On PostgreSQL it holds one connection of its own while open."""
+        return watch(self._rt, poll, settle)
+
     async def workers(self) -> list[WorkerInfo]:
         """The executors registered on this database (each renews a heartbeat row)."""
 
@@ -107,16 +119,40 @@ class Operations:
 
         return await self._rt.transaction(_read, read_only=True, doing="listing workers")
 
-    async def stats(self) -> Stats:
-        """Rows by state, how long the oldest due row has waited, when the next is due."""
+    async def lost_workers(self, *, limit: int = 20) -> list[LostWorker]:
+        """The workers declared lost in the last 7 days (no heartbeat for
+        ``worker_timeout``), the latest first, each with what its rescue did."""
+        limit = integer("limit", limit, high=10_000)
+
+        async def _read(conn: AsyncConnection) -> list[LostWorker]:
+            return await self._rt.driver.list_lost_workers(conn, limit)
+
+        return await self._rt.transaction(_read, read_only=True, doing="listing lost workers")
+
+    async def stats(self, *, bound: int | None = None) -> Stats:
+        """Rows by state, how long the oldest due row has waited, when the next is due.
+
+        ``bound``: stop each count there, at a cost of at most ``bound`` index entries
+        per state however large the table (the dashboard's overview; without it, the
+        counts read the whole table): Pending and InProgress are counted up to
+        ``bound``, the ended states among the ``bound`` rows that ended last, and
+        ``Stats.capped`` names the states whose count stopped at the bound."""
         now = self._rt.clock.now()
+        if bound is not None:
+            bound = integer("bound", bound, high=10_000_000)
 
         async def _read(conn: AsyncConnection) -> Stats:
-            counts = await self._rt.driver.count_by_state(conn)
+            capped: set[State] = set()
+            if bound is None:
+                counts = await self._rt.driver.count_by_state(conn)
+            else:
+                counts, capped = await self._rt.driver.count_by_state_bounded(conn, bound)
             oldest, upcoming = await self._rt.driver.backlog(conn, now)
             return Stats(
                 at=to_datetime(now),
                 counts=counts,
+                bound=bound,
+                capped=sorted(capped, key=list(State).index),
                 oldest_due=None if oldest is None else to_datetime(oldest),
                 lag=0.0 if oldest is None else now - oldest,
                 next_due=None if upcoming is None else to_datetime(upcoming),
@@ -145,12 +181,16 @@ class Operations:
 
     # -- queues ------------------------------------------------------------------------
 
-    async def queues(self) -> list[QueueInfo]:
-        """The named queues, with their rows waiting and running, and whether paused."""
+    async def queues(self, *, bound: int | None = None) -> list[QueueInfo]:
+        """The named queues, with their rows waiting and running, and whether paused;
+        ``bound``: each count stops there (``QueueInfo.capped``), at a cost of at most
+        ``bound`` index entries per count however long a queue's backlog."""
         now = self._rt.clock.now()
+        if bound is not None:
+            bound = integer("bound", bound, high=10_000_000)
 
         async def _read(conn: AsyncConnection) -> list[QueueInfo]:
-            return await self._rt.driver.list_queues(conn, now)
+            return await self._rt.driver.list_queues(conn, now, bound)
 
         return await self._rt.transaction(_read, read_only=True, doing="listing queues")
 

@@ -383,13 +383,18 @@ class App(Operations, CronDeclarations, CronRegistry):
         flag: str | None = None,
         parent: ScheduledFunctionId | str | None = None,
         args: Mapping[str, str | int | float | bool] | None = None,
+        args_contain: Mapping[str, str | int | float | bool] | None = None,
+        scan: int | None = None,
     ) -> Page:
         """Rows in ``scheduled_time`` order (``newest_first``: latest first), filtered
         (by state, function name, time, queue, job key, flag, the row that scheduled
-        them, argument values: ``args={"user_id": 42}``) and paginated: pass
-        ``next_cursor`` back as ``cursor`` for the next page."""
+        them, argument values: ``args={"user_id": 42}``, ``args_contain={"tags": "vip"}``:
+        an array holding it, a string holding it as a part) and paginated: pass
+        ``next_cursor`` back as ``cursor`` for the next page. ``scan`` bounds the rows
+        read for one page (see ``Page.partial``)."""
         return await SystemTable(self._rt, None).list(
             args=args,
+            args_contain=args_contain,
             parent=parent,
             state=state,
             name=name,
@@ -401,6 +406,7 @@ class App(Operations, CronDeclarations, CronRegistry):
             queue=queue,
             key=key,
             flag=flag,
+            scan=scan,
         )
 
     # -- executor and lifecycle --------------------------------------------------------

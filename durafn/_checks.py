@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 import uuid
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from datetime import datetime
 from typing import Any, TypeGuard
 
@@ -142,17 +142,29 @@ def optional(check: Any, name: str, value: object, **kwargs: Any) -> Any:
     return None if value is None else check(name, value, **kwargs)
 
 
-def argument_filter(text: str) -> tuple[str, str | int | float | bool]:
-    """``PATH=VALUE`` as the command line and the dashboard take it: the value read as
-    JSON where it is a number, true, false or a quoted string, else as the text given
-    (``user_id=42``, ``city=Oslo``, ``code="42"``)."""
-    path, sep, raw = text.partition("=")
-    if not sep:
-        raise ArgumentError(f"an argument filter is PATH=VALUE (user_id=42), not {text!r}")
-    try:
-        value = json.loads(raw)
-    except ValueError:
-        value = raw
-    if not isinstance(value, str | int | float | bool):
-        value = raw  # an object or a list: the text as given
-    return path.strip(), value
+Scalar = str | int | float | bool
+
+
+def argument_filters(texts: Iterable[str]) -> tuple[dict[str, Scalar], dict[str, Scalar]]:
+    """``PATH=VALUE`` (equals) and ``PATH~VALUE`` (contains) as the command line and the
+    dashboard take them, split into ``list``'s ``args`` and ``args_contain``. The value is
+    read as JSON where it is a number, true, false or a quoted string, else as the text
+    given (``user_id=42``, ``city=Oslo``, ``code="42"``, ``tags~vip``)."""
+    equal: dict[str, Scalar] = {}
+    contain: dict[str, Scalar] = {}
+    for text in texts:
+        at = min((i for i in (text.find("="), text.find("~")) if i >= 0), default=-1)
+        if at < 0:
+            raise ArgumentError(
+                f"an argument filter is PATH=VALUE (user_id=42) or PATH~VALUE (tags~vip), "
+                f"not {text!r}"
+            )
+        path, raw = text[:at].strip(), text[at + 1 :]
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            value = raw
+        if not isinstance(value, str | int | float | bool):
+            value = raw  # an object or a list: the text as given
+        (equal if text[at] == "=" else contain)[path] = value
+    return equal, contain

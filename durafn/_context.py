@@ -79,12 +79,18 @@ class SystemTable:
         flag: str | None = None,
         parent: ScheduledFunctionId | str | None = None,
         args: Mapping[str, str | int | float | bool] | None = None,
+        args_contain: Mapping[str, str | int | float | bool] | None = None,
+        scan: int | None = None,
     ) -> Page:
         """Rows in ``scheduled_time`` order (``newest_first``: latest first), filtered
         (``parent``: the rows that row scheduled; ``args``: whose arguments hold these
-        values, ``{"user_id": 42}``); follow ``next_cursor`` for more."""
+        values, ``{"user_id": 42}``); follow ``next_cursor`` for more. ``scan``: read at
+        most this many rows of the order for the page (a filter that matches little
+        then costs ``scan`` rows, not the table); a page the bound cut short says so
+        (``Page.partial``) and its ``next_cursor`` goes on from where it stopped."""
         where = row_filter(
             args=args,
+            args_contain=args_contain,
             parent=parent,
             state=state,
             name=name,
@@ -95,6 +101,8 @@ class SystemTable:
             flag=flag,
         )
         limit = integer("limit", limit, high=10_000)
+        if scan is not None:
+            scan = integer("scan", scan, low=1, high=10_000_000)
         optional(text, "cursor", cursor)
         boolean("newest_first", newest_first)
 
@@ -105,14 +113,21 @@ class SystemTable:
                 limit=limit,
                 cursor=cursor,
                 newest_first=newest_first,
+                scan=scan,
             )
 
-        return await self._run(_read)
+        # Two reads with a scan bound (its end, then the page): not one-statement.
+        return await self._run(_read, single_statement=scan is None)
 
-    async def _run(self, read: Callable[[AsyncConnection], Awaitable[R]]) -> R:
+    async def _run(
+        self, read: Callable[[AsyncConnection], Awaitable[R]], *, single_statement: bool = True
+    ) -> R:
         if self._conn is None:
             return await self._rt.transaction(
-                read, read_only=True, single_statement=True, doing="reading _scheduled_functions"
+                read,
+                read_only=True,
+                single_statement=single_statement,
+                doing="reading _scheduled_functions",
             )
         if self._before_read is not None:
             await self._before_read()
@@ -338,6 +353,7 @@ def row_filter(
     flag: str | None = None,
     parent: ScheduledFunctionId | str | None = None,
     args: Mapping[str, str | int | float | bool] | None = None,
+    args_contain: Mapping[str, str | int | float | bool] | None = None,
 ) -> RowFilter:
     """A ``RowFilter`` from the public keyword arguments, each checked."""
     parent_id = None
@@ -346,7 +362,8 @@ def row_filter(
         if parent_id is None:
             raise ArgumentError(f"parent must be a scheduled function's id, not {parent!r}")
     return RowFilter(
-        args=_argument_terms(args),
+        args=_argument_terms(args, "args"),
+        contains=_argument_terms(args_contain, "args_contain"),
         parent=parent_id,
         states=None if state is None else state_list("state", state),
         name=optional(text, "name", name),
@@ -362,24 +379,24 @@ _PATH = re.compile(r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*")
 
 
 def _argument_terms(
-    args: Mapping[str, str | int | float | bool] | None,
+    args: Mapping[str, str | int | float | bool] | None, what: str
 ) -> tuple[tuple[str, str | int | float | bool], ...]:
     """``args={"user_id": 42, "address.city": "Oslo"}``: paths of letters, digits and
-    underscores joined by dots, each equal to a JSON scalar."""
+    underscores joined by dots, each with a JSON scalar (``what``: the parameter)."""
     if args is None:
         return ()
     if not isinstance(args, Mapping):
-        raise ArgumentError(f"args must map argument paths to values, not {args!r}")
+        raise ArgumentError(f"{what} must map argument paths to values, not {args!r}")
     terms = []
     for path, value in sorted(args.items()):
         if not isinstance(path, str) or not _PATH.fullmatch(path):
             raise ArgumentError(
-                f"args: {path!r} is not an argument path (names of letters, digits and "
+                f"{what}: {path!r} is not an argument path (names of letters, digits and "
                 "underscores, joined by dots: 'user_id', 'address.city')"
             )
         if not isinstance(value, str | int | float | bool):
             raise ArgumentError(
-                f"args: {path!r} must equal a string, number or boolean, not {value!r}"
+                f"{what}: {path!r} must be given a string, number or boolean, not {value!r}"
             )
         terms.append((path, value))
     return tuple(terms)

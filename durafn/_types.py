@@ -134,6 +134,10 @@ class Page(BaseModel):
 
     items: list[ScheduledFunction]
     next_cursor: str | None
+    partial: bool = False
+    """The listing's ``scan`` bound was reached before the page filled: rows beyond it
+    were not read, and ``next_cursor`` goes on from there (a page may then be short, even
+    empty, with more rows to come)."""
 
 
 class CancelResult(BaseModel):
@@ -173,12 +177,40 @@ class Stats(BaseModel):
     """The clock reading the snapshot was taken at."""
     counts: dict[State, int]
     """Rows in each state; every state is present, zeros included."""
+    bound: int | None = None
+    """None: exact counts. Else each count stopped at ``bound`` (``app.stats(bound=)``):
+    Pending and InProgress counted up to it, the ended states among the ``bound`` rows
+    that ended last."""
+    capped: list[State] = []
+    """The states whose count stopped at ``bound`` (there may be more of them)."""
     oldest_due: datetime | None
     """When the longest-waiting due Pending row became due; None if nothing is due."""
     lag: float
     """Seconds that row has waited (``at - oldest_due``): 0 when nothing is due."""
     next_due: datetime | None
     """When the next Pending row that is not due yet becomes due; None if there is none."""
+
+
+class LostWorker(BaseModel):
+    """A worker declared lost (no heartbeat for ``worker_timeout``) and what its rescue
+    did (``app.lost_workers()``): kept 7 days."""
+
+    model_config = FROZEN
+
+    id: str
+    hostname: str
+    pid: int
+    started_at: datetime
+    heartbeat_at: datetime
+    """Its last heartbeat."""
+    lost_at: datetime
+    """When another worker's rescue declared it lost."""
+    rescued_by: str
+    """The worker that rescued its actions."""
+    failed: int
+    """Its running actions recorded Failed (``WorkerLostError``) for good."""
+    retried: int
+    """Its running actions put back to Pending by their retry policy."""
 
 
 class QueueInfo(BaseModel):
@@ -196,6 +228,8 @@ class QueueInfo(BaseModel):
     """Pending rows, due now or later."""
     running: int
     """Actions InProgress."""
+    capped: bool = False
+    """A count stopped at the bound it was read with (``app.queues(bound=)``)."""
 
 
 class CronInfo(BaseModel):

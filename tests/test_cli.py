@@ -538,6 +538,26 @@ def test_cancelling_by_filter_says_how_many_and_asks_first(
     assert none_left.stdout == "no Pending row matches; nothing to cancel\n"
 
 
+def test_retrying_by_filter_says_how_many_and_asks_first(
+    rows: Rows, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``durafn retry --name X``: every Failed row of X back to Pending (``retry_where``),
+    after the same question as cancel's; ids and filters together are refused."""
+    monkeypatch.setattr(options, "stdin_is_terminal", lambda: True)
+    declined = invoke("retry", "--name", ADD, "--url", rows.url, input="n\n")
+    assert declined.exit_code == 1 and "Retry 1 Failed row? [y/N]" in declined.stderr
+    assert states_by_id(rows.url)[rows.failed] == "Failed"
+    both = invoke("retry", rows.failed, "--name", ADD, "--url", rows.url)
+    assert both.exit_code == 2 and "give ids or filters, not both" in both.stderr
+    nothing = invoke("retry", "--url", rows.url, "--yes")
+    assert nothing.exit_code == 2 and "ids, or filters" in nothing.stderr
+    accepted = invoke("retry", "--name", ADD, "--url", rows.url, "--yes", "--json")
+    assert accepted.exit_code == 0 and json.loads(accepted.stdout) == {"retried": 1}
+    assert states_by_id(rows.url)[rows.failed] == "Pending"
+    none_left = invoke("retry", "--name", ADD, "--url", rows.url)
+    assert none_left.stdout == "no Failed row matches; nothing to retry\n"
+
+
 def test_clear_without_a_terminal_needs_yes(rows: Rows) -> None:
     result = invoke("clear", "--url", rows.url)
     assert_one_line_error(result.exit_code, result.stderr, "stdin is not a terminal; pass --yes")

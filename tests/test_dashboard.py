@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
+import anyio
 import httpx2
 import pytest
 
@@ -17,7 +18,7 @@ import durafn
 from durafn import ActionCtx, MutationCtx, State
 from durafn.testing import FakeClock
 
-from .helpers import wait_until
+from .helpers import CEILING, wait_until
 
 
 async def has_workers(app: durafn.App) -> bool:
@@ -73,6 +74,7 @@ async def test_the_pages_show_rows_with_their_text_escaped(
         assert "From the 2 rows that ended last." in overview.text
         listing = await web.get("/rows", params={"state": "Failed"})
         assert listing.status_code == 200 and rows["failed"] in listing.text
+        assert '<span id="count-Failed">1</span>' in listing.text  # live counts, bounded
         assert rows["pending"] not in listing.text
         assert XSS not in listing.text and "&lt;script&gt;" in listing.text
         page = await web.get(f"/rows/{rows['failed']}")
@@ -191,6 +193,9 @@ async def test_bad_requests_get_a_message_and_a_4xx_and_write_nothing(
         unknown = await web.get("/rows/not-an-id")
         bad_state = await web.get("/rows", params={"state": "Exploded"})
         bad_cursor = await web.get("/rows", params={"cursor": "garbage"})
+        unfiltered = (await app.list(limit=1, newest_first=True)).next_cursor
+        assert unfiltered is not None
+        other_filter = await web.get("/rows", params={"state": "Failed", "cursor": unfiltered})
         gone = await web.post(
             "/rows/0191d3a8-0000-7000-8000-000000000000/cancel", data={"csrf": csrf}
         )
@@ -204,9 +209,10 @@ async def test_bad_requests_get_a_message_and_a_4xx_and_write_nothing(
     assert "no scheduled function &#39;not-an-id&#39;" in unknown.text  # quotes escaped too
     assert bad_state.status_code == 400 and "unknown state &#39;Exploded&#39;" in bad_state.text
     assert bad_cursor.status_code == 400 and "cursor" in bad_cursor.text
+    assert other_filter.status_code == 400 and "other filters" in other_filter.text
     assert gone.status_code == 404
     assert not_failed.status_code == 303
-    for page in (unknown, bad_state, bad_cursor, gone):
+    for page in (unknown, bad_state, bad_cursor, other_filter, gone):
         assert "Traceback" not in page.text
     assert (await app.get(rows["pending"])).state is State.PENDING  # type: ignore[union-attr]
 
@@ -297,6 +303,30 @@ async def test_queues_pause_and_resume_and_workers_are_listed(
             await wait_until(lambda: has_workers(app), "the worker registered")
             workers = await web.get("/workers")
     assert workers.status_code == 200 and 'id="workers"' in workers.text
+    assert "No worker lost in the last 7 days." in workers.text
+
+
+async def test_the_workers_page_shows_the_lost_ones_and_their_rescue(
+    app: durafn.App, clock: FakeClock
+) -> None:
+    """A worker's loss as the rescue records it (the driver's own statement, on the real
+    database; test_heartbeats and test_workers make real ones), its host name escaped."""
+    rt = app._rt
+    now = clock.now()
+
+    async def lose(conn: Any) -> int:
+        await rt.driver.register_worker(conn, "far:1:gone", XSS, 1, 4, now - 100)
+        return await rt.driver.remove_lost_workers(
+            conn, now, now - 10, "rescuer:2:x", {"far:1:gone": (2, 1)}
+        )
+
+    assert await rt.transaction(lose) == 1
+    async with _client(app.dashboard()) as web:
+        page = await web.get("/workers")
+    assert page.status_code == 200 and 'id="lost"' in page.text
+    assert "<td>far:1:gone</td>" in page.text and "<td>rescuer:2:x</td>" in page.text
+    assert 'state=Failed">2</a></td><td>1</td>' in page.text
+    assert XSS not in page.text and "&lt;script&gt;" in page.text
 
 
 async def test_every_pending_row_a_filter_matches_is_cancelled_after_a_confirmation(
@@ -372,8 +402,11 @@ async def test_rows_filter_on_an_argument_and_then_offer_no_bulk_cancel(
 ) -> None:
     async with _client(app.dashboard()) as web:
         by_arg = await web.get("/rows", params={"arg": "to=ann", "name": "mail:send"})
+        containing = await web.get("/rows", params={"arg": "to~<script>"})
         bad = await web.get("/rows", params={"arg": "to"})
     assert rows["done"] in by_arg.text and rows["pending"] not in by_arg.text
+    assert rows["pending"] in containing.text and rows["failed"] in containing.text
+    assert rows["done"] not in containing.text
     assert 'id="cancel-matching"' not in by_arg.text  # it would cancel more than listed
     assert bad.status_code == 400 and "PATH=VALUE" in bad.text
 
@@ -429,3 +462,126 @@ async def test_a_rows_attempts_read_as_a_timeline(app: durafn.App, clock: FakeCl
     rows = attempts.group(1).split("</tr>")
     assert "ConnectionError: refused" in rows[1] and "tried again at 2030-01-01T00:00:05" in rows[1]
     assert 'class="state-Success">Success at 2030-01-01T00:00:05' in rows[2]
+
+
+async def test_a_listing_page_reads_a_bounded_stretch_and_says_so(
+    app: durafn.App, rows: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A page reads at most ``SCAN`` rows of the order (here 1): a filter's matches are
+    found a stretch at a time, each page saying how far it searched, and following the
+    links finds them all."""
+    from durafn.dashboard import rows as listing
+
+    monkeypatch.setattr(listing, "SCAN", 1)
+    found: list[str] = []
+    pages = 0
+    async with _client(app.dashboard()) as web:
+        url: str | None = "/rows?name=mail:send"
+        while url is not None:
+            page = await web.get(url)
+            assert page.status_code == 200
+            pages += 1
+            found += [i for i in rows.values() if f"/rows/{i}" in page.text]
+            older = re.search(r'id="older" href="[^"]*(/rows\?[^"]+)"', page.text)
+            if older is not None:
+                assert 'id="partial">Searched 1 rows' in page.text
+                assert "Search older rows" in page.text
+            url = older.group(1).replace("&amp;", "&") if older else None
+    assert sorted(found) == sorted([rows["pending"], rows["done"]])
+    assert pages == 4  # one row per stretch (three rows), then the end
+
+
+async def test_watch_wakes_at_a_write_and_on_postgresql_at_another_apps(
+    app: durafn.App, app_url: tuple[str, bool], engine_name: str
+) -> None:
+    """``App.watch`` (what the live pages wait on): this process's writes wake it on both
+    engines; on PostgreSQL another app's (another process's) NOTIFY does too. The poll is
+    an hour here, so only a wake-up can end a wait."""
+
+    @app.mutation(name="watch:job")
+    async def job(ctx: MutationCtx) -> None:
+        pass
+
+    async def woken(watch: durafn.Watch, write: Any) -> None:
+        async with anyio.create_task_group() as tg:
+            done = anyio.Event()
+
+            async def wait() -> None:
+                await watch.changed()
+                done.set()
+
+            tg.start_soon(wait)
+            await write()
+            with anyio.fail_after(CEILING):
+                await done.wait()
+
+    async with app.watch(poll=3600, settle=0.001) as watch:
+        assert watch.listening is (engine_name == "postgres")
+        if watch.listening:  # the LISTEN's first wake-up: it is heard from here on
+            with anyio.fail_after(CEILING):
+                await watch.changed()
+        await woken(watch, lambda: app.scheduler().run_after(60, job))
+        if watch.listening:
+            other = durafn.App(app_url[0])
+            other.mutation(name="watch:job")(job.fn)
+            try:
+                await woken(watch, lambda: other.scheduler().run_after(60, "watch:job"))
+            finally:
+                await other.aclose()
+    with pytest.raises(durafn.ArgumentError, match="settle"):
+        async with app.watch(poll=1, settle=2):
+            pass
+
+
+async def test_every_pending_row_a_filter_matches_is_rescheduled_after_a_confirmation(
+    app: durafn.App, clock: FakeClock
+) -> None:
+    @app.mutation(name="mail:later")
+    async def later(ctx: MutationCtx, n: int) -> None:
+        pass
+
+    sched = app.scheduler()
+    ids = await sched.run_many([later.options(queue="later").call(n).after(60) for n in range(3)])
+    other = await sched.run_after(60, later, 9)
+    async with _client(app.dashboard()) as web:
+        listing = await web.get("/rows", params={"queue": "later"})
+        link = re.search(r'id="reschedule-matching" href="([^"]+)"', listing.text)
+        assert link is not None
+        confirm = await web.get(link.group(1).replace("&amp;", "&"))
+        assert confirm.status_code == 200 and 'id="run_at"' in confirm.text
+        assert "This changes <strong>3</strong> Pending rows" in confirm.text
+        csrf = _csrf(confirm)
+        refused = [
+            await web.post("/rows/reschedule-matching", data={"csrf": csrf, "queue": "later"}),
+            await web.post(
+                "/rows/reschedule-matching",
+                data={"csrf": csrf, "queue": "later", "run_at": "next tuesday"},
+            ),
+            await web.post(
+                "/rows/reschedule-matching",
+                data={"csrf": csrf, "queue": "later", "priority": "high"},
+            ),
+        ]
+        assert [r.status_code for r in refused] == [400, 400, 400]
+        assert "needs a new time" in refused[0].text and "ISO 8601" in refused[1].text
+        assert "not an integer" in refused[2].text
+        done = await web.post(
+            "/rows/reschedule-matching",
+            data={
+                "csrf": csrf,
+                "queue": "later",
+                "run_at": "2040-01-02T03:04:05",
+                "priority": "-3",
+            },
+        )
+        assert done.status_code == 303
+        said = await web.get(done.headers["location"])
+    assert "rescheduled 3 Pending rows where queue=later to run at 2040-01-02T03:04:05+00:00" in (
+        said.text
+    )
+    when = datetime(2040, 1, 2, 3, 4, 5, tzinfo=UTC)
+    for id in ids:
+        row = await app.get(id)
+        assert row is not None and (row.scheduled_time, row.priority) == (when, -3)
+    untouched = await app.get(other)
+    assert untouched is not None and untouched.scheduled_time != when

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -61,14 +62,24 @@ async def _answers(url: str) -> bool:
         return False
 
 
-async def _serve(owner: Owner, db_url: str, *extra: str, token: str | None = None) -> str:
+async def _serve(
+    owner: Owner, db_url: str, log: Path, *extra: str, token: str | None = None
+) -> str:
+    """``durafn dashboard`` in a process of its own, its output into ``log``: a pipe
+    nobody reads fills up (uvicorn logs every request) and stops the server mid-test."""
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("DURAFN_")}
     if token is not None:
         env["DURAFN_DASHBOARD_TOKEN"] = token
     env["PYTHONPATH"] = ROOT
     command = [sys.executable, "-m", "_durafn_cli", "dashboard", "--app", "tests.dashboard_app"]
-    await owner.start([*command, "--url", db_url, "--port", str(port), *extra], env=env)
+    with log.open("ab") as out:
+        await owner.start(
+            [*command, "--url", db_url, "--port", str(port), *extra],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     url = f"http://127.0.0.1:{port}"
     await wait_until(lambda: _answers(url), "the dashboard answers")
     return url
@@ -130,7 +141,7 @@ async def test_an_operator_filters_opens_cancels_retries_and_steers(
 ) -> None:
     db_url, rows, app = seeded
     async with owned() as owner:
-        url = await _serve(owner, db_url)
+        url = await _serve(owner, db_url, tmp_path / "dashboard.log")
         page = await _new_page(browser)
         page.on("dialog", lambda dialog: pytest.fail(f"a script ran: {dialog.message}"))
         # A row's page follows it live: Pending, then (its executor runs) Success; and
@@ -164,8 +175,20 @@ async def test_an_operator_filters_opens_cancels_retries_and_steers(
         await page.goto(f"{url}/rows/{rows['pending']}")
         await page.click("#cancel")
         assert "canceled (it was Pending)" in (await page.text_content("#done") or "")
-        # Every Pending row of a queue, after the confirmation that counts them.
+        # A POST without the page's CSRF token (another site's form, say) is refused.
+        status = await page.evaluate(
+            """async (id) => (await fetch(`/rows/${id}/retry`, {method: "POST",
+                body: new URLSearchParams({csrf: "forged"})})).status""",
+            rows["failed"],
+        )
+        assert status == 403
+        # Every Pending row of a queue rescheduled (a new priority), then cancelled, each
+        # after the confirmation that counts them.
         await page.goto(f"{url}/rows?queue=digests")
+        await page.click("#reschedule-matching")
+        await page.fill("#priority", "-2")
+        await page.click("#confirm")
+        assert "rescheduled 12 Pending rows" in (await page.text_content("#done") or "")
         await page.click("#cancel-matching")
         assert "12" in (await page.text_content("#count") or "")
         await _shot(page, tmp_path, "confirm")
@@ -186,7 +209,10 @@ async def test_an_operator_filters_opens_cancels_retries_and_steers(
         await _shot(page, tmp_path, "workers")
         await page.goto(url + "/")
         audit = await page.text_content("main") or ""  # goto waits for the page's load
-    for done in ("retry", "cancel", "cancel every Pending row", "disable cron", "pause queue"):
+    for done in (
+        *("retry", "cancel", "reschedule every Pending row", "cancel every Pending row"),
+        *("disable cron", "pause queue"),
+    ):
         assert done in audit
     check: App = dashboard_app.app.using(db_url)
     try:
@@ -194,6 +220,8 @@ async def test_an_operator_filters_opens_cancels_retries_and_steers(
         assert states[rows["failed"]] is State.PENDING
         assert states[rows["pending"]] is State.CANCELED
         assert await check.count(state=State.CANCELED, queue="digests") == 12
+        digests = (await check.list(queue="digests", limit=100)).items
+        assert [r.priority for r in digests] == [-2] * 12
         assert [c.enabled for c in await check.crons()] == [False]
     finally:
         await check.aclose()
@@ -204,7 +232,7 @@ async def test_a_token_is_asked_for_and_read_only_refuses(
 ) -> None:
     db_url, rows, _ = seeded
     async with owned() as owner:
-        url = await _serve(owner, db_url, "--read-only", token=TOKEN)
+        url = await _serve(owner, db_url, tmp_path / "dashboard.log", "--read-only", token=TOKEN)
         page = await _new_page(browser)
         await page.goto(url + "/rows")
         assert page.url.endswith("/login")

@@ -631,8 +631,26 @@ async def test_rescue_fails_the_running_actions_of_lost_workers_only(store: Stor
         "lost dead: not retried",
     )
     assert row["completed_time"] == T0
-    assert [w.id for w in await store.run(driver.list_workers)] == ["alive"]  # its row is gone
     assert await store.run(lambda conn: driver.rescue_lost(conn, T0, T0 - 30, "{worker}")) == []
+    # The rescue then removes the lost worker's row and records what it did.
+    removed = await store.run(
+        lambda conn: driver.remove_lost_workers(conn, T0, T0 - 30, "alive", {"dead": (1, 0)})
+    )
+    assert removed == 1
+    assert [w.id for w in await store.run(driver.list_workers)] == ["alive"]  # its row is gone
+    [record] = await store.run(lambda conn: driver.list_lost_workers(conn, 10))
+    assert (record.id, record.pid, record.rescued_by, record.failed, record.retried) == (
+        "dead",
+        2,
+        "alive",
+        1,
+        0,
+    )
+    # Kept 7 days: a rescue a week later forgets it (and finds "alive" silent since).
+    week = T0 + 7 * 86400 + 1
+    await store.run(lambda conn: driver.remove_lost_workers(conn, week, week - 30, "x", {}))
+    later = await store.run(lambda conn: driver.list_lost_workers(conn, 10))
+    assert [(w.id, w.rescued_by) for w in later] == [("alive", "x")]
 
 
 # -- scheduling: cancel ---------------------------------------------------------------------

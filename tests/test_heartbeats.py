@@ -102,6 +102,11 @@ async def test_a_silent_worker_s_action_is_recorded_lost(
             await _until(lambda: has_beaten(app, rescuer.worker_id, clock.now()), "a beat")
         await _until(lambda: equals(_state(app, sid), State.FAILED), "the action is rescued")
         assert [w.id for w in await app.workers()] == [rescuer.worker_id]  # its row is gone
+        # ... and its loss recorded, with what the rescue did.
+        (lost,) = await app.lost_workers()
+        assert (lost.id, lost.hostname, lost.pid) == ("elsewhere:4242:dead", "elsewhere", 4242)
+        assert (lost.rescued_by, lost.failed, lost.retried) == (rescuer.worker_id, 1, 0)
+        assert lost.lost_at.timestamp() == lost.heartbeat_at.timestamp() + 6
     row = await app.get(sid)
     assert row is not None and row.error is not None
     assert row.error.type == "durafn.WorkerLostError"

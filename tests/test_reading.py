@@ -221,6 +221,48 @@ async def test_list_filters_on_argument_values(app: durafn.App) -> None:
     assert wrong.returncode == 1 and "PATH=VALUE" in wrong.stderr
 
 
+async def test_list_filters_on_what_an_argument_contains(app: durafn.App) -> None:
+    """``args_contain=``: an array holding the value as an element (of the same JSON
+    type), a string holding it as a part, or an equal scalar; never an object's values.
+    The same on both engines, and from the command line (``--arg PATH~VALUE``)."""
+
+    @app.mutation(name="args:tagged")
+    async def tagged(ctx: MutationCtx, tags: Any, note: Any) -> None:
+        pass
+
+    sched = app.scheduler()
+    ids = {
+        "vip": await sched.run_after(60, tagged, ["vip", "new"], "first order from Oslo"),
+        "numbers": await sched.run_after(60, tagged, [1, 2, 42], {"vip": "vip"}),
+        "text": await sched.run_after(60, tagged, "a vip customer", 42),
+        "truth": await sched.run_after(60, tagged, [True], "Oslo"),
+    }
+
+    async def found(contain: dict[str, Any]) -> set[str]:
+        mine = {v: k for k, v in ids.items()}
+        return {mine[r.id] for r in (await app.list(args_contain=contain)).items}
+
+    assert await found({"tags": "vip"}) == {"vip", "text"}  # element; part of a string
+    assert await found({"tags": 42}) == {"numbers"}  # not the string "42"
+    assert await found({"tags": "42"}) == set()
+    assert await found({"tags": True}) == {"truth"}  # true is not 1
+    assert await found({"tags": 1}) == {"numbers"}
+    assert await found({"note": "Oslo"}) == {"vip", "truth"}
+    assert await found({"note": 42}) == {"text"}  # an equal scalar
+    assert await found({"note": "vip"}) == set()  # an object's values are not looked in
+    assert await found({"note.vip": "vi"}) == {"numbers"}
+    assert await found({"tags": "vip", "note": "Oslo"}) == {"vip"}
+    with pytest.raises(durafn.ArgumentError, match="args_contain: "):
+        await app.list(args_contain={"tags": ["vip"]})  # type: ignore[dict-item]
+    url = app._rt.driver.url.render_as_string(hide_password=False)
+    both = ("--arg", "tags~vip", "--arg", "note~order", "--json")
+    listed = await _durafn("ls", "--url", url, *both)
+    assert listed.returncode == 0, listed.stderr
+    assert [r["id"] for r in json.loads(listed.stdout)["items"]] == [ids["vip"]]
+    listed = await _durafn("ls", "--url", url, "--arg", "tags~vip", "--json")
+    assert {r["id"] for r in json.loads(listed.stdout)["items"]} == {ids["vip"], ids["text"]}
+
+
 async def _durafn(*args: str) -> subprocess.CompletedProcess[str]:
     """The ``durafn`` command in a process of its own, as a user runs it from a shell."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("DURAFN_")}
@@ -229,3 +271,104 @@ async def _durafn(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.CompletedProcess(
         done.args, done.returncode, done.stdout.decode(), done.stderr.decode()
     )
+
+
+async def test_a_scan_bound_stops_a_page_and_the_cursor_goes_on(
+    app: durafn.App, clock: FakeClock
+) -> None:
+    """``scan=``: a page reads at most that many rows of the order; a page the bound cut
+    short says so, and its cursor goes on from where it stopped, so that following the
+    cursors finds every match, in order, at both ends of the range (scan=1, and a bound
+    beyond the table)."""
+
+    @app.mutation(name="scan:job")
+    async def job(ctx: MutationCtx, i: int, match: bool) -> None:
+        pass
+
+    for i in range(12):  # rows 0, 4 and 8 match the filter
+        clock.advance(1)
+        await app.scheduler().run_after(0, job, i, i % 4 == 0)
+
+    async def follow(scan: int, newest_first: bool) -> tuple[list[int], list[bool]]:
+        seen: list[int] = []
+        partial: list[bool] = []
+        cursor = None
+        while True:
+            page = await app.list(
+                args={"match": True}, limit=2, scan=scan, cursor=cursor, newest_first=newest_first
+            )
+            seen.extend(r.args["i"] for r in page.items)
+            partial.append(page.partial)
+            if page.next_cursor is None:
+                return seen, partial
+            cursor = page.next_cursor
+
+    # Rows 0-4 hold 0 and 4 (the page is full, but what follows is unread); rows 5-9
+    # hold 8; rows 10-11, the end, hold none.
+    assert await follow(scan=5, newest_first=False) == ([0, 4, 8], [True, True, False])
+    # One row per page: twelve pages cut short, then the end.
+    assert await follow(scan=1, newest_first=True) == ([8, 4, 0], [True] * 12 + [False])
+    # A bound beyond the table: an ordinary page.
+    assert await follow(scan=1000, newest_first=False) == ([0, 4, 8], [False, False])
+    with pytest.raises(durafn.ArgumentError, match="scan"):
+        await app.list(scan=0)
+
+
+async def test_a_cursor_from_another_filter_is_refused(app: durafn.App) -> None:
+    @app.mutation(name="cursor:job")
+    async def job(ctx: MutationCtx) -> None:
+        pass
+
+    for _ in range(3):
+        await app.scheduler().run_after(60, job)
+    page = await app.list(name="cursor:job", limit=1)
+    assert page.next_cursor is not None
+    following = await app.list(name="cursor:job", limit=1, cursor=page.next_cursor)
+    assert len(following.items) == 1
+    with pytest.raises(durafn.ArgumentError, match="other filters"):
+        await app.list(name="other", limit=1, cursor=page.next_cursor)
+    with pytest.raises(durafn.ArgumentError, match="other filters"):
+        await app.list(limit=1, cursor=page.next_cursor)
+
+
+async def test_bounded_counts_stop_at_the_bound(app: durafn.App, clock: FakeClock) -> None:
+    """``stats(bound=)`` and ``queues(bound=)``: exact below the bound, the bound and
+    ``capped`` at it; the ended states counted among the latest rows that ended."""
+
+    @app.mutation(name="count:job")
+    async def job(ctx: MutationCtx, fail: bool) -> None:
+        if fail:
+            raise ValueError("no")
+
+    sched = app.scheduler()
+    for fail in (False, False, True):
+        await sched.run_after(0, job, fail)
+    await app.executor().run_until_idle()  # Success 2, Failed 1
+    for _ in range(3):
+        await sched.run_after(60, job.options(queue="slow"), False)
+    await sched.run_after(60, job, False)  # Pending: 3 queued, 1 unqueued
+
+    exact = await app.stats()
+    assert exact.bound is None and exact.capped == []
+    roomy = await app.stats(bound=100)
+    assert roomy.counts == exact.counts and roomy.capped == []
+    assert roomy.counts[State.PENDING] == 4 and roomy.counts[State.SUCCESS] == 2
+    tight = await app.stats(bound=2)
+    assert tight.counts[State.PENDING] == 2 and State.PENDING in tight.capped
+    # The two that ended last: the Failed one and the second success (in time order).
+    assert sum(tight.counts[s] for s in (State.SUCCESS, State.FAILED, State.CANCELED)) == 2
+    assert {State.SUCCESS, State.FAILED, State.CANCELED} <= set(tight.capped)
+    at_one = await app.stats(bound=1)
+    assert at_one.counts[State.PENDING] == 1 and at_one.counts[State.IN_PROGRESS] == 0
+
+    (slow,) = await app.queues()
+    assert (slow.pending, slow.due, slow.capped) == (3, 0, False)
+    (slow,) = await app.queues(bound=3)
+    assert (slow.pending, slow.capped) == (3, True)
+    (slow,) = await app.queues(bound=2)
+    assert (slow.pending, slow.capped) == (2, True)
+    clock.advance(61)
+    (slow,) = await app.queues(bound=100)
+    assert (slow.pending, slow.due, slow.capped) == (3, 3, False)
+    with pytest.raises(durafn.ArgumentError, match="bound"):
+        await app.stats(bound=0)

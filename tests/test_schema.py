@@ -225,6 +225,7 @@ async def test_a_version_1_database_is_upgraded_in_place(
         async with app.engine.begin() as conn:  # back to what version 1 created
             await conn.execute(text("DROP INDEX ix_scheduled_functions_running"))
             await conn.execute(text("DROP TABLE _durafn_workers"))
+            await conn.execute(text("DROP TABLE _durafn_lost_workers"))
             await conn.execute(text("ALTER TABLE _scheduled_functions DROP COLUMN error_traceback"))
             for index in (
                 *("claim", "claim_queued", "queued_due", "queue", "key"),
@@ -274,6 +275,7 @@ async def test_a_version_1_database_is_upgraded_in_place(
             "_durafn_leases",
             "_durafn_flow_keys",
             "_durafn_flow_windows",
+            "_durafn_lost_workers",
         } <= tables
         assert "_durafn_failed_attempts" not in tables  # version 5 made it, 10 dropped it
         assert "ix_scheduled_functions_due" not in indexes

@@ -173,9 +173,13 @@ async def test_kill_9_mid_action_is_recorded_lost_and_the_others_carry_on(
         assert row.error.type == "durafn.WorkerLostError"
         assert f":{pid}:" in row.error.message and "sent no heartbeat" in row.error.message
         assert trace_of(trace) == [(1, pid)]  # never re-run
+        # The loss is recorded, with what its rescue (by the other worker) did.
+        survivor = next(p for p in procs if p.pid != pid)
+        (first,) = await app.lost_workers()
+        assert f":{pid}:" in first.id and f":{survivor.pid}:" in first.rescued_by
+        assert (first.pid, first.failed, first.retried) == (pid, 1, 0)
 
         # The survivor carries on with new work.
-        survivor = next(p for p in procs if p.pid != pid)
         done = await app.scheduler().run_after(0, fns.touch, 2, str(trace), 0.0)
         await app.scheduler().run_after(0, fns.apply, 7, 0.0)
         await wait_until(lambda: equals(_row_state(app, done), State.SUCCESS), "new work ran")
@@ -207,6 +211,10 @@ async def test_kill_9_mid_action_is_recorded_lost_and_the_others_carry_on(
             assert await stop([rescuer]) == [0]
         assert sorted(trace_of(trace)[2:7]) == [(n, survivor.pid) for n in (3, 4, 5, 1004, 1005)]
         assert trace_of(trace)[7:] == [(3, rescuer.pid)]
+        lost = {w.pid: w for w in await app.lost_workers()}
+        assert f":{rescuer.pid}:" in lost[survivor.pid].rescued_by
+        assert (lost[survivor.pid].failed, lost[survivor.pid].retried) == (0, 1)
+        assert [w.pid for w in await app.lost_workers(limit=1)] == [survivor.pid]
         for id in (canceled, interrupted):
             assert await _row_state(app, id) is State.CANCELED
         row = await app.get(again)

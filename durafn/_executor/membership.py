@@ -232,6 +232,21 @@ class Membership:
                 await rt.driver.notify(conn, {FunctionKind.ACTION})
             final = [o for o in outcomes if o.retry_at is None]
             await rt.driver.write_completions(conn, now, final)
+            # The lost workers' rows go, each recorded with what was done to its actions.
+            rescued: dict[str | None, tuple[int, int]] = {}
+            for row, outcome in zip(lost, outcomes, strict=True):
+                failed, retried = rescued.get(row.worker_id, (0, 0))
+                again = outcome.retry_at is not None
+                rescued[row.worker_id] = (failed + (not again), retried + again)
+            gone = await rt.driver.remove_lost_workers(
+                conn, now, now - timeout, self.worker_id, rescued
+            )
+            if gone:
+                logger.warning(
+                    "%d worker(s) declared lost (no heartbeat for %gs); their rows removed",
+                    gone,
+                    timeout,
+                )
             return outcomes
 
         lost = await rt.transaction(_rescue, doing="rescuing the actions of lost workers")

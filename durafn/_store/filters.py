@@ -6,14 +6,15 @@ the CLI commands over them) select rows the same way.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sqlalchemy.sql.elements import ColumnElement
 
 from .._kinds import State
 from .schema.tables import sf
-from .sql import argument_is, carries
+from .sql import argument_contains, argument_is, carries
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +37,17 @@ class RowFilter:
     args: tuple[tuple[str, str | int | float | bool], ...] = ()
     """(dotted path, JSON scalar): rows whose argument there equals it (no index: a
     filter of the rows the other terms and the order read)."""
+    contains: tuple[tuple[str, str | int | float | bool], ...] = ()
+    """(dotted path, JSON scalar): rows whose argument there contains it (an array with
+    it as an element, a string with it as a part, or equal)."""
+
+    def digest(self) -> str:
+        """A short fingerprint of these filters, carried by a listing's cursors so that a
+        cursor is refused by a listing with other filters."""
+        states = sorted(self.states or (), key=list(State).index)
+        ids = sorted(self.ids or ())
+        canonical = repr(replace(self, states=tuple(states), ids=tuple(ids)))
+        return hashlib.blake2s(canonical.encode(), digest_size=6).hexdigest()
 
     def where(self) -> list[ColumnElement[bool]]:
         terms: list[ColumnElement[bool]] = []
@@ -55,6 +67,8 @@ class RowFilter:
             terms.append(sf.c.scheduled_time < self.before)
         for path, value in self.args:
             terms.append(argument_is(path, value))
+        for path, value in self.contains:
+            terms.append(argument_contains(path, value))
         if self.parent is not None:
             terms.append(sf.c.parent_id == self.parent)
         if self.ids is not None:

@@ -7,13 +7,14 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping
 from typing import Any, ClassVar
 
-from sqlalchemy import CursorResult, and_, func, literal_column, select, update
+from sqlalchemy import CursorResult, func, literal_column, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.sql.selectable import ScalarSelect
 
 from .._kinds import State
 from .._types import QueueInfo
-from .schema.tables import queues, sf
+from .schema.tables import KEYED, QUEUED, RUNNING_ROWS, queues, sf
 
 
 class QueueStatements:
@@ -71,37 +72,55 @@ class QueueStatements:
         assert isinstance(result, CursorResult)
         return result.rowcount
 
-    async def list_queues(self, conn: AsyncConnection, now: float) -> list[QueueInfo]:
-        """Every queue with its rows Pending (due and later) and InProgress."""
-        pending: ColumnElement[str] = literal_column("'Pending'")
-        counts = (
-            select(
-                sf.c.queue_name,
-                func.count().filter(and_(sf.c.state == pending, sf.c.available_at <= now)),
-                func.count().filter(sf.c.state == pending),
-                func.count().filter(sf.c.state == literal_column("'InProgress'")),
+    async def list_queues(
+        self, conn: AsyncConnection, now: float, bound: int | None = None
+    ) -> list[QueueInfo]:
+        """Every queue with its rows Pending (due and later) and InProgress; ``bound``:
+        each count stops there (``QueueInfo.capped``)."""
+
+        def count(*where: ColumnElement[bool]) -> ScalarSelect[int]:
+            some = (
+                select(literal_column("1"))
+                .where(sf.c.queue_name == queues.c.name, *where)
+                .correlate(queues)
+                .limit(bound)
+                .subquery()
             )
-            # ix_scheduled_functions_queue and the running index; never the finished rows.
-            .where(sf.c.queue_name.is_not(None), sf.c.state.in_(["Pending", "InProgress"]))
-            .group_by(sf.c.queue_name)
-            .subquery()
-        )
+            return select(func.count()).select_from(some).scalar_subquery()
+
+        due = sf.c.available_at <= now
+        # Per queue, each count a range of a partial index: ix_scheduled_functions_queue
+        # (queue_name first) for its unkeyed Pending rows; ix_scheduled_functions_running
+        # for its running ones; its keyed rows (a flow key in an unlimited queue) in the
+        # keyed rows' own indexes. Never the ended rows, however many the table holds.
         rows = await conn.execute(
-            select(queues, *(func.coalesce(c, 0) for c in list(counts.c)[1:]))
-            .outerjoin(counts, counts.c.queue_name == queues.c.name)
-            .order_by(queues.c.name)
+            select(
+                queues,
+                count(QUEUED, due),
+                count(KEYED, due),
+                count(QUEUED),
+                count(KEYED),
+                count(RUNNING_ROWS),
+            ).order_by(queues.c.name)
         )
-        return [
-            QueueInfo(
-                name=r[0],
-                concurrency=r[1],
-                paused=bool(r[2]),
-                due=r[4],
-                pending=r[5],
-                running=r[6],
+        infos = []
+        for r in rows:
+            due_now, pending, running = r[4] + r[5], r[6] + r[7], r[8]
+            capped = bound is not None and max(r[4:9]) >= bound
+            if bound is not None:
+                due_now, pending = min(due_now, bound), min(pending, bound)
+            infos.append(
+                QueueInfo(
+                    name=r[0],
+                    concurrency=r[1],
+                    paused=bool(r[2]),
+                    due=due_now,
+                    pending=pending,
+                    running=running,
+                    capped=capped,
+                )
             )
-            for r in rows
-        ]
+        return infos
 
     async def count_by_queue(self, conn: AsyncConnection) -> dict[str | None, dict[State, int]]:
         """Rows in each state per queue (None: unqueued); a full scan, like the totals."""

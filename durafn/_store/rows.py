@@ -343,24 +343,33 @@ def new_row_model(row: dict[str, Any], id: ScheduledFunctionId) -> ScheduledFunc
     )
 
 
-def encode_cursor(at: float, id: object, newest_first: bool = False) -> str:
-    raw = json.dumps([at, str(id), *(["newest"] if newest_first else [])]).encode()
+def encode_cursor(at: float, id: object, newest_first: bool = False, filters: str = "") -> str:
+    """A listing's position, its order and its filters (``RowFilter.digest``)."""
+    raw = json.dumps([at, str(id), "newest" if newest_first else "oldest", filters]).encode()
     return base64.urlsafe_b64encode(raw).decode()
 
 
-def decode_cursor(cursor: str, newest_first: bool = False) -> tuple[float, str]:
-    """The position a cursor marks, for a listing in the same order as the one that made
-    it (a cursor of a newest-first listing says so)."""
+def decode_cursor(
+    cursor: str, newest_first: bool = False, filters: str | None = None
+) -> tuple[float, str]:
+    """The position a cursor marks, for a listing in the same order, and with the same
+    filters (``filters``; None: not checked), as the one that made it."""
     try:
-        at, last_id, *order = json.loads(base64.urlsafe_b64decode(cursor.encode()))
+        at, last_id, *rest = json.loads(base64.urlsafe_b64decode(cursor.encode()))
         position = float(at), str(uuid.UUID(last_id))
+        order, made_with = [*rest, "oldest", ""][:2] if rest else ("oldest", "")
     except Exception:
         raise ArgumentError(
             f"{cursor!r} is not a cursor printed by a listing (next_cursor)"
         ) from None
-    if (order == ["newest"]) != newest_first:
+    if (order == "newest") != newest_first:
         raise ArgumentError(
             "this cursor continues a listing in the other order; keep newest_first "
             "(--newest) as it was"
+        )
+    if filters is not None and made_with and made_with != filters:
+        raise ArgumentError(
+            "this cursor continues a listing with other filters: keep the filters as they "
+            "were, or leave the cursor out to start from the first page"
         )
     return position

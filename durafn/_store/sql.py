@@ -110,6 +110,48 @@ def _json_extract(element: _ArgEquals, compiler: SQLCompiler, **kw: Any) -> str:
     return f"(json_extract({args}, '$.' || {path}) = json_extract({value}, '$'))"
 
 
+class _ArgContains(FunctionElement[bool]):
+    """The row's argument at a dotted ``path`` contains a JSON scalar: it is an array
+    holding an element equal to it, a string holding it (a string) as a part, or equal
+    to it. Read as ``_ArgEquals`` reads values, engine by engine."""
+
+    type = Boolean()
+    name = "arg_contains"
+    inherit_cache = True
+
+
+@compiles(_ArgContains)
+def _jsonb_contains(element: _ArgContains, compiler: SQLCompiler, **kw: Any) -> str:
+    args, path, value = (compiler.process(c, **kw) for c in element.clauses)
+    found = f"(CAST({args} AS JSONB) #> string_to_array({path}, '.'))"
+    wanted = f"CAST({value} AS JSONB)"
+    return (
+        f"(({found} = {wanted}) "
+        f"OR (jsonb_typeof({found}) = 'array' AND {found} @> jsonb_build_array({wanted})) "
+        f"OR (jsonb_typeof({found}) = 'string' AND jsonb_typeof({wanted}) = 'string' "
+        f"AND strpos({found} #>> '{{}}', {wanted} #>> '{{}}') > 0))"
+    )
+
+
+@compiles(_ArgContains, "sqlite")
+def _json_contains(element: _ArgContains, compiler: SQLCompiler, **kw: Any) -> str:
+    args, path, value = (compiler.process(c, **kw) for c in element.clauses)
+    at = f"'$.' || {path}"
+    wanted = f"json_extract({value}, '$')"
+    return (
+        f"((json_extract({args}, {at}) = {wanted}) "
+        f"OR (json_type({args}, {at}) = 'array' AND EXISTS (SELECT 1 FROM json_each({args}, "
+        f"{at}) AS e WHERE e.value = {wanted} AND e.type = json_type({value}, '$'))) "
+        f"OR (json_type({args}, {at}) = 'text' AND json_type({value}, '$') = 'text' "
+        f"AND instr(json_extract({args}, {at}), {wanted}) > 0))"
+    )
+
+
+def argument_contains(path: str, value: str | int | float | bool) -> ColumnElement[bool]:
+    """The row's argument at ``path`` contains ``value`` (``_ArgContains``)."""
+    return _ArgContains(sf.c.args, literal(path, Text), literal(json.dumps(value), Text))
+
+
 def argument_is(path: str, value: str | int | float | bool) -> ColumnElement[bool]:
     """The row's argument at ``path`` (keys joined by dots, checked by the caller: letters,
     digits and underscores) equals ``value``."""

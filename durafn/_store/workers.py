@@ -4,18 +4,27 @@ actions of workers that stopped beating (a part of ``Driver``)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
 
 from sqlalchemy import CursorResult, delete, func, insert, literal, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from .._clock import to_datetime
 from .._kinds import ScheduledFunctionId, State
+from .._types import LostWorker
 from .claim.take import SERVE_ALL, ClaimFilter
 from .rows import LostAction, RetryState
-from .schema.tables import sf, workers
+from .schema.tables import lost_workers, sf, workers
 from .write.failures import RETRY_COLUMNS
+
+LOST_KEPT = 7 * 86400.0
+"""Seconds a lost worker's record is kept (as long as finished rows are, by default)."""
 
 
 class WorkerStatements:
+    dialect_insert: ClassVar[Callable[..., Any]]
+
     async def register_worker(
         self,
         conn: AsyncConnection,
@@ -106,5 +115,75 @@ class WorkerStatements:
             )
             for i, n, w, m, q, retry, most, failures, callback, key in result
         ]
-        await conn.execute(delete(workers).where(workers.c.heartbeat_at < cutoff))
         return lost
+
+    async def remove_lost_workers(
+        self,
+        conn: AsyncConnection,
+        now: float,
+        cutoff: float,
+        by: str,
+        rescued: Mapping[str | None, tuple[int, int]],
+    ) -> int:
+        """Remove the rows of the workers that sent no heartbeat since ``cutoff`` and
+        record each in ``_durafn_lost_workers`` with what the rescue ``by`` did to its
+        actions (``rescued``: worker id -> (recorded Failed, retried)); forget the lost
+        workers of more than ``LOST_KEPT`` seconds ago. Returns how many were removed."""
+        gone = await conn.execute(
+            delete(workers)
+            .where(workers.c.heartbeat_at < cutoff)
+            .returning(
+                workers.c.id,
+                workers.c.hostname,
+                workers.c.pid,
+                workers.c.started_at,
+                workers.c.heartbeat_at,
+            )
+        )
+        found = [
+            {
+                "id": id,
+                "hostname": host,
+                "pid": pid,
+                "started_at": started,
+                "heartbeat_at": beat,
+                "lost_at": now,
+                "rescued_by": by,
+                "failed": rescued.get(id, (0, 0))[0],
+                "retried": rescued.get(id, (0, 0))[1],
+            }
+            for id, host, pid, started, beat in gone
+        ]
+        if found:
+            # A worker lost, back (it registers again under its id) and lost again: the
+            # latest loss is the one kept.
+            stmt = self.dialect_insert(lost_workers).values(found)
+            await conn.execute(
+                stmt.on_conflict_do_update(
+                    index_elements=[lost_workers.c.id],
+                    set_={c.name: stmt.excluded[c.name] for c in lost_workers.c if c.name != "id"},
+                )
+            )
+        # ix_durafn_lost_workers_lost_at
+        await conn.execute(delete(lost_workers).where(lost_workers.c.lost_at < now - LOST_KEPT))
+        return len(found)
+
+    async def list_lost_workers(self, conn: AsyncConnection, limit: int) -> list[LostWorker]:
+        """The workers declared lost lately, the latest first (ix_durafn_lost_workers_lost_at)."""
+        rows = await conn.execute(
+            select(lost_workers).order_by(lost_workers.c.lost_at.desc()).limit(limit)
+        )
+        return [
+            LostWorker(
+                id=r.id,
+                hostname=r.hostname,
+                pid=r.pid,
+                started_at=to_datetime(r.started_at),
+                heartbeat_at=to_datetime(r.heartbeat_at),
+                lost_at=to_datetime(r.lost_at),
+                rescued_by=r.rescued_by,
+                failed=r.failed,
+                retried=r.retried,
+            )
+            for r in rows
+        ]

@@ -11,7 +11,7 @@ commands (``ls``, ``show``, ``cancel``, ``stats``, ``clear``) create nothing: ne
 system tables nor a SQLite file where a path was mistyped.
 
 One module per command group (``worker``; ``database``: migrate, stats; ``rows``: ls,
-show, cancel, reschedule, retry, clear; ``queues``: queue ls, pause, resume; ``cron``:
+show, clear; ``changes``: cancel, reschedule, retry; ``queues``: queue ls, pause, resume; ``cron``:
 crons, cron check, enable, disable, remove, trigger), each a plain ``click.command`` (or
 group) added to ``main`` here. What they share: ``running`` (the app, the async body,
 errors), ``options`` and ``output``.
@@ -22,12 +22,13 @@ from __future__ import annotations
 import click
 
 from .. import _signals
+from .changes import cancel, reschedule, retry
 from .cron import cron, list_crons
 from .dashboard import dashboard
 from .database import migrate, stats
 from .flow import explain
 from .queues import queue
-from .rows import cancel, clear, list_rows, reschedule, retry, show
+from .rows import clear, list_rows, show
 from .running import CliError, load_app
 from .worker import worker
 

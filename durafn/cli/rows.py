@@ -4,15 +4,14 @@ neither the system tables nor a SQLite file where a path was mistyped."""
 from __future__ import annotations
 
 import functools
-import sys
-from collections.abc import Collection, Sequence
+from collections.abc import Collection
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import click
 from rich.table import Column
 
-from .._checks import argument_filter, scheduled_id
+from .._checks import argument_filters, scheduled_id
 from .._clock import to_datetime
 from .._errors import ArgumentError, NotFoundError
 from .._kinds import FINISHED_STATES, State
@@ -42,7 +41,7 @@ from .running import fail, run_with_app
 
 if TYPE_CHECKING:
     from .._app import App
-    from .._types import CancelResult, ScheduledFunction
+    from .._types import ScheduledFunction
 
 
 @click.command("ls")
@@ -64,7 +63,8 @@ if TYPE_CHECKING:
     "arg_filters",
     multiple=True,
     metavar="PATH=VALUE",
-    help="Only rows whose argument at PATH (a.b for nested) equals VALUE (JSON or text).",
+    help="Only rows whose argument at PATH (a.b for nested) equals VALUE (JSON or text); "
+    "PATH~VALUE: contains it (an array holding it, a string holding it as a part).",
 )
 @click.option(
     "--after",
@@ -117,6 +117,10 @@ def list_rows(
             decode_cursor(cursor, newest)
         except ArgumentError as exc:
             raise click.BadParameter(str(exc), param_hint="--cursor") from None
+    try:
+        equal, contain = argument_filters(arg_filters)
+    except ArgumentError as exc:
+        fail(str(exc))
     page = run_with_app(
         app_ref,
         url,
@@ -132,7 +136,8 @@ def list_rows(
             key=key,
             flag=flag,
             parent=parent,
-            args=dict(argument_filter(a) for a in arg_filters) or None,
+            args=equal or None,
+            args_contain=contain or None,
         ),
         verbose=verbose,
     )
@@ -243,186 +248,6 @@ def filter_options(fn: Any) -> Any:
     ):
         fn = option(fn)
     return fn
-
-
-@click.command()
-@click.argument("function_ids", metavar="[ID...]", nargs=-1)
-@filter_options
-@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation (filters).")
-@app_options
-@output_options
-def cancel(
-    function_ids: tuple[str, ...],
-    name: str | None,
-    queue: str | None,
-    key: str | None,
-    flag: str | None,
-    after: datetime | None,
-    before: datetime | None,
-    yes: bool,
-    app_ref: str | None,
-    url: str | None,
-    as_json: bool,
-    verbose: bool,
-) -> None:
-    """Cancel scheduled functions by id: a Pending one never runs, a running action's
-    result is discarded, a finished one is left as it is; exits 1 if an id was not found.
-    Or, with filters instead of ids, every Pending row they match, in batches, after
-    saying how many and asking (--yes: without asking)."""
-    filtered = any(v is not None for v in (name, queue, key, flag, after, before))
-    if not function_ids:
-        if not filtered:
-            raise click.UsageError("name the rows to cancel: ids, or filters (--queue, ...)")
-        if not yes and not options.stdin_is_terminal():
-            fail("cancel asks before cancelling, but stdin is not a terminal; pass --yes")
-        filters: dict[str, Any] = {
-            "name": name,
-            "queue": queue,
-            "key": key,
-            "flag": flag,
-            "scheduled_after": after,
-            "scheduled_before": before,
-        }
-        if not yes:  # asked between two runs of the event loop, as clear asks
-            pending = run_with_app(
-                app_ref,
-                url,
-                lambda app: app.count(state=State.PENDING, **filters),
-                verbose=verbose,
-            )
-            if not pending:
-                if as_json:
-                    Output(True).json({"canceled": 0})
-                else:
-                    click.echo("no Pending row matches; nothing to cancel")
-                return
-            confirm(f"Cancel {plural(pending, 'Pending row')}?")
-        count = run_with_app(app_ref, url, lambda app: app.cancel_where(**filters), verbose=verbose)
-        if as_json:
-            Output(True).json({"canceled": count})
-        else:
-            click.echo(f"{plural(count, 'Pending row')} canceled")
-        return
-    if filtered:
-        raise click.UsageError("give ids or filters, not both")
-    outcomes = run_with_app(
-        app_ref, url, functools.partial(cancel_each, function_ids), verbose=verbose
-    )
-    results = [o for o in outcomes if not isinstance(o, NotFoundError)]
-    out = Output(as_json)
-    if as_json:
-        out.json([r.model_dump(mode="json") for r in results])
-    for outcome in outcomes:
-        if isinstance(outcome, NotFoundError):
-            click.echo(f"error: {outcome}", err=True)
-        elif not as_json:
-            out.line(describe_cancel(outcome))
-    if len(results) < len(outcomes):
-        sys.exit(1)
-
-
-@click.command()
-@click.argument("function_ids", metavar="[ID...]", nargs=-1)
-@click.option(
-    "--run-at",
-    callback=to_datetime_option,
-    metavar="DATETIME",
-    help="The new time (ISO 8601; UTC if no zone is given).",
-)
-@click.option("--priority", type=int, help="The new priority (lower runs first).")
-@click.option("--max-attempts", type=int, help="The new limit on runs in all (its retry policy's).")
-@filter_options
-@app_options
-@output_options
-def reschedule(
-    function_ids: tuple[str, ...],
-    run_at: datetime | None,
-    priority: int | None,
-    max_attempts: int | None,
-    name: str | None,
-    queue: str | None,
-    key: str | None,
-    flag: str | None,
-    after: datetime | None,
-    before: datetime | None,
-    app_ref: str | None,
-    url: str | None,
-    as_json: bool,
-    verbose: bool,
-) -> None:
-    """Change the time, priority and/or attempts limit of Pending rows: these ids, or
-    every one the filters match (none: every Pending row), in batches."""
-    count = run_with_app(
-        app_ref,
-        url,
-        lambda app: app.reschedule(
-            list(function_ids) or None,
-            run_at=run_at,
-            priority=priority,
-            max_attempts=max_attempts,
-            name=name,
-            queue=queue,
-            key=key,
-            flag=flag,
-            scheduled_after=after,
-            scheduled_before=before,
-        ),
-        verbose=verbose,
-    )
-    if as_json:
-        Output(True).json({"rescheduled": count})
-    else:
-        click.echo(f"{plural(count, 'Pending row')} rescheduled")
-
-
-@click.command()
-@click.argument("function_ids", metavar="ID...", nargs=-1, required=True)
-@click.option(
-    "--run-at",
-    callback=to_datetime_option,
-    metavar="DATETIME",
-    help="When to run them (ISO 8601; UTC if no zone is given). Default: now.",
-)
-@app_options
-@output_options
-def retry(
-    function_ids: tuple[str, ...],
-    run_at: datetime | None,
-    app_ref: str | None,
-    url: str | None,
-    as_json: bool,
-    verbose: bool,
-) -> None:
-    """Put Failed rows back to Pending for a fresh set of attempts (their history kept).
-    Ids of rows that are not Failed are left alone, and named."""
-    moved = run_with_app(
-        app_ref, url, lambda app: app.retry(list(function_ids), run_at=run_at), verbose=verbose
-    )
-    left = [i for i in function_ids if scheduled_id(i) not in set(moved)]
-    if as_json:
-        Output(True).json({"retried": moved, "not_failed": left})
-        return
-    click.echo(f"{plural(len(moved), 'Failed row')} put back to Pending")
-    for id in left:
-        click.echo(f"{id}: not Failed (or no such row); left as it is")
-
-
-async def cancel_each(function_ids: Sequence[str], app: App) -> list[CancelResult | NotFoundError]:
-    # Every id is tried: one unknown id must not leave the others running.
-    outcomes: list[CancelResult | NotFoundError] = []
-    for function_id in function_ids:
-        try:
-            outcomes.append(await app.cancel(function_id))
-        except NotFoundError as exc:
-            outcomes.append(exc)
-    return outcomes
-
-
-def describe_cancel(result: CancelResult) -> str:
-    previous = result.previous_state.value
-    if result.canceled:
-        return f"canceled {result.id} (was {previous})"
-    return f"{result.id} had already finished ({previous}); nothing to cancel"
 
 
 @click.command()

@@ -13,9 +13,10 @@ from starlette.routing import Route
 
 from .._crons import schedule_of
 from .._types import CronInfo
-from .surface import Pages, Refused
+from .surface import COUNT_BOUND, Pages, Refused
 
 NEXT_FIRES = 5
+LOST_SHOWN = 20
 CRON_ACTIONS = ("enable", "disable", "trigger", "remove")
 
 
@@ -55,7 +56,8 @@ def routes(d: Pages) -> list[Route]:
 
     async def queues(request: Request) -> Response:
         async def body(user: str) -> dict[str, Any]:
-            return {"queues": await d.app.queues(), "keys": await d.app.flow_keys()}
+            found = await d.app.queues(bound=COUNT_BOUND)
+            return {"queues": found, "keys": await d.app.flow_keys()}
 
         return await d.page(request, "queues.html", body)
 
@@ -64,7 +66,7 @@ def routes(d: Pages) -> list[Route]:
             name, what = str(request.path_params["name"]), str(request.path_params["action"])
             if what not in ("pause", "resume"):
                 raise Refused(404, f"no queue action {what!r}: pause or resume")
-            if not any(q.name == name for q in await d.app.queues()):
+            if not any(q.name == name for q in await d.app.queues(bound=1)):
                 raise Refused(404, f"no queue {name!r}")
             change = d.app.pause_queue if what == "pause" else d.app.resume_queue
             changed = await change(name)
@@ -77,7 +79,11 @@ def routes(d: Pages) -> list[Route]:
 
     async def workers(request: Request) -> Response:
         async def body(user: str) -> dict[str, Any]:
-            return {"workers": await d.app.workers(), "now": d.app.clock.now()}
+            return {
+                "workers": await d.app.workers(),
+                "lost": await d.app.lost_workers(limit=LOST_SHOWN),
+                "now": d.app.clock.now(),
+            }
 
         return await d.page(request, "workers.html", body)
 

@@ -1,10 +1,11 @@
-"""The scheduled functions: the list (filters, cursor pages), a row, and the actions on
-rows (cancel, retry, and cancel every Pending row a filter matches, after a confirmation
-that says how many)."""
+"""The scheduled functions: the list (filters, cursor pages of a bounded stretch), a row,
+and the actions on rows: cancel and retry one; cancel, retry or reschedule every row a
+filter matches, after a confirmation that says how many."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlencode
 
@@ -12,11 +13,16 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from .._checks import argument_filter
+from .._checks import argument_filters
 from .._kinds import State
-from .surface import Pages, Refused
+from .surface import COUNT_BOUND, Pages, Refused
 
 PAGE_SIZE = 50
+SCAN = 10_000
+"""Rows of the time order a listing page reads at most (``App.list(scan=...)``): a filter
+that matches few rows costs this many index entries per page, not the whole table; the
+page then says how far it searched and links to the next stretch. A filter with an index
+of its own (a parent) reads only its matches and has no bound."""
 
 
 @dataclass(frozen=True)
@@ -33,6 +39,7 @@ class Bulk:
 BULK = {
     "cancel": Bulk(State.PENDING, State.CANCELED, "canceled"),
     "retry": Bulk(State.FAILED, State.PENDING, "put back to Pending:"),
+    "reschedule": Bulk(State.PENDING, State.PENDING, "rescheduled"),
 }
 CHILDREN_SHOWN = 20
 """A row's page lists the first rows it scheduled; the rest are a link away."""
@@ -45,15 +52,16 @@ def routes(d: Pages) -> list[Route]:
             state = _state(request.query_params.get("state") or None)
             chosen = _text_filters(request.query_params)
             arg = request.query_params.get("arg")
+            equal, contain = argument_filters([arg] if arg else [])
             page = await d.app.list(
                 state=state,
                 limit=PAGE_SIZE,
                 cursor=request.query_params.get("cursor") or None,
                 newest_first=True,
-                parent=request.query_params.get("parent") or None,
-                args=dict([argument_filter(arg)])
-                if (arg := request.query_params.get("arg"))
-                else None,
+                parent=(parent := request.query_params.get("parent") or None),
+                scan=None if parent else SCAN,
+                args=equal or None,
+                args_contain=contain or None,
                 **chosen,
             )
             given = {k: v for k, v in request.query_params.items() if k != "cursor" and v}
@@ -71,6 +79,8 @@ def routes(d: Pages) -> list[Route]:
                 "states": list(State),
                 "next": following,
                 "bulk": bulk,
+                "scan": SCAN,
+                "stats": await d.app.stats(bound=COUNT_BOUND),
             }
 
         return await d.page(request, "rows.html", body)
@@ -127,12 +137,18 @@ def routes(d: Pages) -> list[Route]:
         async def act(user: str, form: Any) -> tuple[str, str]:
             chosen = _text_filters(form)
             _require_filter(chosen)
-            # In batches of 1,000 rows, each its own transaction (``cancel_where``,
-            # ``retry_where``): a million rows never hold one transaction.
-            change = d.app.cancel_where if verb == "cancel" else d.app.retry_where
-            count = await change(**chosen)
             shown_filters = {k: v for k, v in chosen.items() if v}
             shown = ", ".join(f"{k}={v}" for k, v in shown_filters.items())
+            # In batches of 1,000 rows, each its own transaction (``cancel_where``,
+            # ``retry_where``, ``reschedule``): a million rows never hold one transaction.
+            if verb == "cancel":
+                count = await d.app.cancel_where(**chosen)
+            elif verb == "retry":
+                count = await d.app.retry_where(**chosen)
+            else:
+                run_at, priority = _new_time_and_priority(form)
+                count = await d.app.reschedule(run_at=run_at, priority=priority, **chosen)
+                shown += f" to {_said_change(run_at, priority)}"
             d.record(user, f"{verb} every {bulk.state.value} row where {shown}", count)
             query = urlencode({**shown_filters, "state": bulk.after.value})
             back = str(request.url_for("rows")) + "?" + query
@@ -165,6 +181,31 @@ def _text_filters(source: Any) -> dict[str, Any]:
 def _require_filter(chosen: dict[str, Any]) -> None:
     if not any(chosen.values()):
         raise Refused(400, "a bulk change needs a filter (name, queue, key or flag)")
+
+
+def _new_time_and_priority(form: Any) -> tuple[datetime | None, int | None]:
+    """A reschedule's new time (``run_at``: ISO 8601, UTC unless it names a zone) and/or
+    priority, from the confirmation's form."""
+    run_at, priority = str(form.get("run_at") or ""), str(form.get("priority") or "")
+    if not run_at and not priority:
+        raise Refused(400, "a reschedule needs a new time (run_at) and/or a new priority")
+    when = None
+    if run_at:
+        try:
+            when = datetime.fromisoformat(run_at)
+        except ValueError:
+            raise Refused(400, f"run_at {run_at!r} is not an ISO 8601 time") from None
+        when = when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+    if priority and not priority.lstrip("-").isdigit():
+        raise Refused(400, f"priority {priority!r} is not an integer")
+    return when, int(priority) if priority else None
+
+
+def _said_change(run_at: datetime | None, priority: int | None) -> str:
+    parts = ([f"run at {run_at.isoformat()}"] if run_at else []) + (
+        [f"priority {priority}"] if priority is not None else []
+    )
+    return " and ".join(parts)
 
 
 def _unknown_bulk(verb: str) -> Any:

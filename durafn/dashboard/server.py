@@ -27,7 +27,7 @@ from .._errors import DurafnError
 from . import activity, live, operations, rows
 from .access import SESSION_COOKIE, Access
 from .audit import AuditLog
-from .surface import Act, App, Body, Refused
+from .surface import COUNT_BOUND, Act, App, Body, Refused
 
 _templates = Environment(
     loader=FileSystemLoader(Path(__file__).parent / "templates"),
@@ -35,6 +35,7 @@ _templates = Environment(
 )
 # Arguments and results as JSON text, then escaped like every other value: Jinja's
 # ``tojson`` writes ``<`` as ``\\u003c``, safe in a script but unreadable on a page.
+_templates.filters["bounded"] = lambda n: f"{n:,}+" if n >= COUNT_BOUND else f"{n:,}"
 _templates.filters["as_json"] = lambda value, indent=None: json.dumps(
     value, indent=indent, ensure_ascii=False, default=str
 )
@@ -69,8 +70,8 @@ class Dashboard:
             recent = await self.app.finished(within=activity.WINDOW, limit=activity.SAMPLE)
             return {
                 "activity": activity.summarize(recent, self.app.clock.now()),
-                "stats": await self.app.stats(),
-                "queues": await self.app.queues(),
+                "stats": await self.app.stats(bound=COUNT_BOUND),
+                "queues": await self.app.queues(bound=COUNT_BOUND),
                 "workers": await self.app.workers(),
                 "audit": self.audit.recent(),
             }
@@ -151,6 +152,7 @@ class Dashboard:
             csrf=self.access.csrf_token(request),
             read_only=self.access.read_only,
             hide_args=self.hide_args,
+            bound=COUNT_BOUND,
             root=str(request.url_for("overview")).rstrip("/"),
             **context,
         )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import builtins
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
@@ -15,16 +16,30 @@ from starlette.responses import Response
 from .._clock import Clock
 from .._explain import Explanation, FlowKeyInfo
 from .._kinds import ScheduledFunctionId, State
-from .._types import CancelResult, CronInfo, Page, QueueInfo, ScheduledFunction, Stats, WorkerInfo
+from .._types import (
+    CancelResult,
+    CronInfo,
+    LostWorker,
+    Page,
+    QueueInfo,
+    ScheduledFunction,
+    Stats,
+    WorkerInfo,
+)
+from .._watch import Watch
 
 
 class App(Protocol):
     @property
     def clock(self) -> Clock: ...
-    async def stats(self) -> Stats: ...
-    async def queues(self) -> builtins.list[QueueInfo]: ...
+    async def stats(self, *, bound: int | None = None) -> Stats: ...
+    async def queues(self, *, bound: int | None = None) -> builtins.list[QueueInfo]: ...
     async def flow_keys(self, *, limit: int = 100) -> builtins.list[FlowKeyInfo]: ...
     async def workers(self) -> builtins.list[WorkerInfo]: ...
+    async def lost_workers(self, *, limit: int = 20) -> builtins.list[LostWorker]: ...
+    def watch(
+        self, *, poll: float = 2.0, settle: float = 0.5
+    ) -> AbstractAsyncContextManager[Watch]: ...
     async def finished(
         self, *, within: float | timedelta = 3600.0, limit: int = 5000
     ) -> builtins.list[ScheduledFunction]: ...
@@ -42,6 +57,8 @@ class App(Protocol):
         flag: str | None = None,
         parent: ScheduledFunctionId | str | None = None,
         args: Mapping[str, str | int | float | bool] | None = None,
+        args_contain: Mapping[str, str | int | float | bool] | None = None,
+        scan: int | None = None,
     ) -> Page: ...
     async def count(
         self,
@@ -74,12 +91,29 @@ class App(Protocol):
         key: str | None = None,
         flag: str | None = None,
     ) -> int: ...
+    async def reschedule(
+        self,
+        ids: Sequence[ScheduledFunctionId | str] | None = None,
+        *,
+        run_at: datetime | None = None,
+        priority: int | None = None,
+        name: str | None = None,
+        queue: str | None = None,
+        key: str | None = None,
+        flag: str | None = None,
+    ) -> int: ...
     async def enable_cron(self, name: str) -> None: ...
     async def disable_cron(self, name: str) -> None: ...
     async def trigger_cron(self, name: str) -> ScheduledFunctionId: ...
     async def remove_cron(self, name: str) -> bool: ...
     async def pause_queue(self, *names: str) -> int: ...
     async def resume_queue(self, *names: str) -> int: ...
+
+
+COUNT_BOUND = 10_000
+"""Where the dashboard's counts stop (``app.stats(bound=)``, ``app.queues(bound=)``): each
+a range of at most this many index entries, so a page's cost does not grow with the table
+(shown as "10,000+")."""
 
 
 class Refused(Exception):

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import builtins
 
-from sqlalchemy import and_, func, or_, select
+from sqlalchemy import func, literal, literal_column, select, tuple_
 from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.sql.elements import ColumnElement, Tuple
+from sqlalchemy.sql.selectable import ScalarSelect
 
 from ..._clock import to_datetime
 from ..._kinds import FunctionKind, State
@@ -14,7 +16,7 @@ from ..._types import Page, ScheduledFunction, WorkerInfo
 from ..claim.take import next_due
 from ..filters import RowFilter
 from ..rows import decode_cursor, encode_cursor, is_id, to_model
-from ..schema.tables import sf, workers
+from ..schema.tables import KEYED, QUEUED, RUNNING_ROWS, UNQUEUED, sf, workers
 
 
 class ReadStatements:
@@ -34,29 +36,35 @@ class ReadStatements:
         limit: int,
         cursor: str | None,
         newest_first: bool = False,
+        scan: int | None = None,
     ) -> Page:
         # ix_scheduled_functions_scheduled (scheduled_time, id), read forwards or backwards.
         columns = (sf.c.scheduled_time, sf.c.id)
         order = [c.desc() for c in columns] if newest_first else list(columns)
-        stmt = select(sf).where(*where.where()).order_by(*order).limit(limit + 1)
+        later: list[ColumnElement[bool]] = []
+        digest = where.digest()
         if cursor is not None:
-            at, last_id = decode_cursor(cursor, newest_first)
-            if newest_first:
-                later = or_(
-                    sf.c.scheduled_time < at, and_(sf.c.scheduled_time == at, sf.c.id < last_id)
-                )
-            else:
-                later = or_(
-                    sf.c.scheduled_time > at, and_(sf.c.scheduled_time == at, sf.c.id > last_id)
-                )
-            stmt = stmt.where(later)
+            later.append(_beyond(*decode_cursor(cursor, newest_first, digest), newest_first))
+        # ``scan``: the page reads at most this many rows of the order. Its last one (the
+        # ``scan``-th entry of the same index range, one probe) bounds the page's read, so
+        # a filter that matches little costs ``scan`` index entries, not the whole table.
+        bound = None
+        if scan is not None:
+            last = select(*columns).where(*later).order_by(*order).offset(scan - 1).limit(1)
+            bound = (await conn.execute(last)).first()
+        stmt = select(sf).where(*where.where(), *later).order_by(*order).limit(limit + 1)
+        if bound is not None:
+            stmt = stmt.where(_up_to(bound[0], bound[1], newest_first))
         rows = list(await conn.execute(stmt))
         items = [to_model(r) for r in rows[:limit]]
-        next_cursor = None
         if len(rows) > limit:
-            last = rows[limit - 1]
-            next_cursor = encode_cursor(last.scheduled_time, last.id, newest_first)
-        return Page(items=items, next_cursor=next_cursor)
+            last_row = rows[limit - 1]
+            next_cursor = encode_cursor(last_row.scheduled_time, last_row.id, newest_first, digest)
+            return Page(items=items, next_cursor=next_cursor)
+        if bound is not None:  # the bound stopped the read: older rows were not looked at
+            next_cursor = encode_cursor(bound[0], bound[1], newest_first, digest)
+            return Page(items=items, next_cursor=next_cursor, partial=True)
+        return Page(items=items, next_cursor=None)
 
     async def finished_since(
         self, conn: AsyncConnection, since: float, limit: int
@@ -105,6 +113,39 @@ class ReadStatements:
         counts.update({State(s): n for s, n in rows})
         return counts
 
+    async def count_by_state_bounded(
+        self, conn: AsyncConnection, bound: int
+    ) -> tuple[dict[State, int], set[State]]:
+        """Rows in each state, each count stopping at ``bound``, and the states whose count
+        stopped there. Pending and InProgress: counted in their partial indexes (a range
+        of at most ``bound`` entries each); the ended states: counted among the ``bound``
+        rows that ended last (a range of ix_scheduled_functions_completed)."""
+
+        def at_most(*where: ColumnElement[bool]) -> ScalarSelect[int]:
+            some = select(literal_column("1")).where(*where).limit(bound).subquery()
+            return select(func.count()).select_from(some).scalar_subquery()
+
+        # The Pending rows' three partial indexes, one predicate each, as written there.
+        active = await conn.execute(
+            select(at_most(UNQUEUED), at_most(QUEUED), at_most(KEYED), at_most(RUNNING_ROWS))
+        )
+        *pending, running = active.one()
+        latest = (
+            select(sf.c.state)
+            .where(sf.c.completed_time.is_not(None))
+            .order_by(sf.c.completed_time.desc())
+            .limit(bound)
+            .subquery()
+        )
+        ended = await conn.execute(select(latest.c.state, func.count()).group_by(latest.c.state))
+        counts = dict.fromkeys(State, 0)
+        counts.update({State(s): n for s, n in ended})
+        capped = {s for s in State if s.finished} if sum(counts.values()) >= bound else set()
+        counts[State.PENDING] = min(sum(pending), bound)
+        counts[State.IN_PROGRESS] = running
+        capped |= {s for s in (State.PENDING, State.IN_PROGRESS) if counts[s] >= bound}
+        return counts, capped
+
     async def backlog(self, conn: AsyncConnection, now: float) -> tuple[float | None, float | None]:
         """(``available_at`` of the longest-waiting due Pending row, the earliest
         ``available_at`` after ``now``): each None when there is no such row.
@@ -122,3 +163,22 @@ class ReadStatements:
             if first is not None:
                 upcoming.append(first)
         return min(oldest, default=None), min(upcoming, default=None)
+
+
+def _beyond(at: float, id: str, newest_first: bool) -> ColumnElement[bool]:
+    """Rows after (``scheduled_time``, ``id``) in the listing's order: a row-value
+    comparison, which both engines read as a range of ix_scheduled_functions_scheduled
+    (SQLite reads ``t < x OR (t = x AND id < y)`` as a filter over the whole index)."""
+    position, mark = tuple_(sf.c.scheduled_time, sf.c.id), _mark(at, id)
+    return position < mark if newest_first else position > mark
+
+
+def _up_to(at: float, id: str, newest_first: bool) -> ColumnElement[bool]:
+    """Rows up to (``scheduled_time``, ``id``) in the listing's order, it included."""
+    position, mark = tuple_(sf.c.scheduled_time, sf.c.id), _mark(at, id)
+    return position >= mark if newest_first else position <= mark
+
+
+def _mark(at: float, id: str) -> Tuple:
+    # Typed as the columns: PostgreSQL compares a uuid with a uuid, not with text.
+    return tuple_(literal(at, sf.c.scheduled_time.type), literal(id, sf.c.id.type))

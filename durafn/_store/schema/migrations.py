@@ -33,6 +33,7 @@ from .tables import (
     flow_windows,
     ix_running,
     leases,
+    lost_workers,
     queues,
     scheduled_functions,
     workers,
@@ -251,6 +252,12 @@ def _step_11(conn: Connection) -> None:
         conn.execute(text("ALTER TABLE _durafn_crons ADD COLUMN operator_enabled BOOLEAN"))
 
 
+def _step_12(conn: Connection) -> None:
+    """Version 12: the workers declared lost, with what their rescue did
+    (``_durafn_lost_workers``): a new table, nothing else read or rewritten."""
+    lost_workers.create(conn, checkfirst=True)
+
+
 MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     2: _step_2,
     3: _step_3,
@@ -262,5 +269,6 @@ MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     9: _step_9,
     10: _step_10,
     11: _step_11,
+    12: _step_12,
 }
 """Steps from version N-1 to N. A fresh database gets the latest tables in one go."""

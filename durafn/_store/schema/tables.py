@@ -26,7 +26,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import JSONB
 
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 """Bump with a new step in ``migrations.MIGRATIONS`` whenever the tables change."""
 
 metadata = MetaData()
@@ -101,9 +101,13 @@ sf = scheduled_functions
 # small as the backlog of unstarted work however many finished rows await retention.
 # Three classes of Pending rows, each with its own indexes: unqueued, queued, and keyed
 # (a flow key: flow control, claimed per key by _store/claim/flow.py).
-UNQUEUED = and_(sf.c.state == "Pending", sf.c.queue_name.is_(None), sf.c.flow_key.is_(None))
-QUEUED = and_(sf.c.state == "Pending", sf.c.queue_name.is_not(None), sf.c.flow_key.is_(None))
-KEYED = and_(sf.c.state == "Pending", sf.c.flow_key.is_not(None))
+# The states are literals, not bound parameters, so that a query written with these same
+# predicates (a bounded count, say) matches the partial index under a generic plan too
+# (see ix_scheduled_functions_key below).
+_PENDING = sf.c.state == literal_column("'Pending'")
+UNQUEUED = and_(_PENDING, sf.c.queue_name.is_(None), sf.c.flow_key.is_(None))
+QUEUED = and_(_PENDING, sf.c.queue_name.is_not(None), sf.c.flow_key.is_(None))
+KEYED = and_(_PENDING, sf.c.flow_key.is_not(None))
 # Priority comes before time (and the order written, ``seq``, after it): a claim reads each
 # priority level present as one range
 # (``priority = p AND available_at <= now``, in order), so neither a future row nor a row
@@ -178,7 +182,8 @@ Index(
     sqlite_where=KEYED,
 )
 # How many rows of a key run: as many entries as keyed actions running anywhere.
-RUNNING_KEYED = and_(sf.c.state == "InProgress", sf.c.flow_key.is_not(None))
+_IN_PROGRESS = sf.c.state == literal_column("'InProgress'")
+RUNNING_KEYED = and_(_IN_PROGRESS, sf.c.flow_key.is_not(None))
 Index(
     "ix_scheduled_functions_key_running",
     sf.c.flow_key,
@@ -217,11 +222,12 @@ Index(
 Index("ix_scheduled_functions_scheduled", sf.c.scheduled_time, sf.c.id)
 # Lost-worker rescue and per-worker counts look only at running actions: as small as the
 # number of actions running across all workers.
+RUNNING_ROWS = _IN_PROGRESS
 ix_running = Index(
     "ix_scheduled_functions_running",
     sf.c.worker_id,
-    postgresql_where=sf.c.state == "InProgress",
-    sqlite_where=sf.c.state == "InProgress",
+    postgresql_where=RUNNING_ROWS,
+    sqlite_where=RUNNING_ROWS,
 )
 
 workers = Table(
@@ -241,6 +247,25 @@ workers = Table(
     Column("forbidden", Text),
     # No index on heartbeat_at: one row per live worker, read by a full scan.
 )
+
+# Version 12: the workers declared lost (no heartbeat for ``worker_timeout``), each with
+# what its rescue did, for operators (``app.lost_workers()``, the dashboard's workers page).
+# Written by the rescue that removed the worker's row, in its transaction; kept 7 days.
+lost_workers = Table(
+    "_durafn_lost_workers",
+    metadata,
+    Column("id", Text, primary_key=True),
+    Column("hostname", Text, nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("started_at", Double, nullable=False),
+    Column("heartbeat_at", Double, nullable=False),  # its last
+    Column("lost_at", Double, nullable=False),  # when the rescue ran
+    Column("rescued_by", Text, nullable=False),  # the worker whose rescue it was
+    Column("failed", Integer, nullable=False),  # its actions recorded Failed for good
+    Column("retried", Integer, nullable=False),  # its actions put back by their retry policy
+)
+# The newest first, and the pruning of the oldest.
+Index("ix_durafn_lost_workers_lost_at", lost_workers.c.lost_at)
 
 queues = Table(
     "_durafn_queues",
