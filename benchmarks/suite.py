@@ -34,6 +34,7 @@ from . import (
     options,
     peers,
     retries,
+    telemetry,
     throughput,
     versus,
     workers,
@@ -219,6 +220,11 @@ async def run(sizes: Sizes, engines: list[str]) -> dict[str, Any]:
             r["dashboard"] = await step(
                 f"{engine}: dashboard pages, {sizes.backlogs[-1]:,} rows", 1, _dashboard
             )
+
+            async def _telemetry(_: Any, engine: str = engine) -> Any:
+                return await telemetry.measure(engine, sizes.drain, sizes.repeats, "mutation", None)
+
+            r["telemetry"] = await step(f"{engine}: traces and metrics on and off", 1, _telemetry)
             results[engine] = r
         if "postgres" in engines:
             procs: dict[str, dict[str, float]] = {}

@@ -46,6 +46,7 @@ if _typing.TYPE_CHECKING:  # (mypy knows the condition by this spelling, not an 
     from ._retries import DELAYED_JOB, GRAPHILE, Exponential, Fixed, NamedBackoff, Retry
     from ._scheduler import Scheduler
     from ._store import SCHEMA_VERSION, metadata, scheduled_functions
+    from ._telemetry.logs import json_log_formatter
     from ._types import (
         CancelResult,
         Completion,
@@ -140,6 +141,7 @@ __all__ = [
     "Watch",
     "WorkerInfo",
     "WorkerLostError",
+    "json_log_formatter",
     "metadata",
     "scheduled_functions",
 ]

@@ -23,6 +23,7 @@ from ._options import check_name, check_priority
 from ._retries import MAX_ATTEMPTS
 from ._runtime import Runtime
 from ._store import RowFilter
+from ._telemetry.endpoint import metrics_asgi
 from ._types import LostWorker, QueueInfo, ScheduledFunction, Stats, WorkerInfo
 from ._watch import Watch, watch
 
@@ -98,6 +99,13 @@ class Operations:
             return [key_info(c, now) for c in found]
 
         return await self._rt.transaction(_read, read_only=True, doing="listing flow keys")
+
+    def metrics_app(self) -> Any:
+        """This process's metrics as Prometheus text, an ASGI app to mount
+        (``durafn[otel]``): its runs' counters and histograms (kept from this call on, or
+        from the start where the process uses OpenTelemetry's metrics API), and the
+        database's gauges (read when scraped, at most every 5 s, each a bounded read)."""
+        return metrics_asgi(self._rt.telemetry.measure())
 
     # -- workers and statistics ----------------------------------------------------------
 

@@ -181,7 +181,12 @@ def tick_rows(
             args = json.dumps(json.loads(args) | {param: given.model_dump(mode="json")})
         id = new_id(tick) if triggered else tick_id(cron["name"], tick)
         function, kind = cron["function"], cron["kind"]
-        rows.append(new_row(id, function, kind, args, tick, None, options, options.flow_key))
+        # Its run is a root span, named for its cron (``_telemetry``); nothing stored
+        # where OpenTelemetry is not installed.
+        marker = json.dumps({"cron": cron["name"]}) if rt.telemetry.tracing else None
+        rows.append(
+            new_row(id, function, kind, args, tick, None, options, options.flow_key, marker)
+        )
     return rows
 
 

@@ -36,6 +36,7 @@ from ._clock import to_datetime
 from ._errors import RegistrationError
 from ._kinds import FunctionKind, ScheduledFunctionId, State
 from ._public import publish
+from ._telemetry import Telemetry
 from ._types import ErrorInfo
 
 logger = logging.getLogger("durafn.hooks")
@@ -128,8 +129,9 @@ FunctionHooks = Callable[[str], Mapping[str, Sequence[Hook]]]
 class Hooks:
     """The app's hooks, and the functions' (``own``: their registered references')."""
 
-    def __init__(self, own: FunctionHooks) -> None:
+    def __init__(self, own: FunctionHooks, telemetry: Telemetry) -> None:
         self._own = own
+        self._telemetry = telemetry
         self._app: dict[str, list[Hook]] = {name: [] for name in HOOK_NAMES}
         self._any = False
 
@@ -138,6 +140,11 @@ class Hooks:
         """Any hook registered at all: without one, no event is even built."""
         return self._any or bool(FUNCTION_HOOKS)
 
+    @property
+    def counting(self) -> bool:
+        """Whether scheduled rows are wanted (``enqueued``): by a hook, or by metrics."""
+        return self.active or self._telemetry.metrics is not None
+
     def add(self, hook: HookName, fn: Hook) -> None:
         if not callable(fn):
             raise RegistrationError(f"a hook must be a function of one HookEvent, not {fn!r}")
@@ -145,6 +152,8 @@ class Hooks:
         self._any = True
 
     async def fire(self, event: HookEvent) -> None:
+        if event.cron is not None and event.hook.startswith("cron."):
+            self._telemetry.tick(event.cron, event.hook.removeprefix("cron."))
         own = self._own(event.name).get(event.hook, ())
         for fn in (*own, *self._app[event.hook]):
             try:
@@ -177,13 +186,21 @@ class Hooks:
     async def enqueued(
         self, rows: Iterable[tuple[ScheduledFunctionId, str, FunctionKind, str | None]]
     ) -> None:
+        if self._telemetry.metrics is not None:
+            rows = list(rows)
+            self._telemetry.scheduled(name for _, name, _, _ in rows)
         if self.active:
             for id, name, kind, key in rows:
                 event = HookEvent("enqueue", id, name, kind, state=State.PENDING, flow_key=key)
                 await self.fire(event)
 
-    async def finished(self, kind: FunctionKind, outcomes: Sequence[Ended]) -> None:
-        """``success``, ``error``, ``failure`` for committed outcomes."""
+    async def finished(
+        self, kind: FunctionKind, outcomes: Sequence[Ended], *, measured: bool = True
+    ) -> None:
+        """``success``, ``error``, ``failure`` for committed outcomes (and their traces and
+        metrics, unless ``measured`` is False: a lost worker's, counted as lost)."""
+        if measured and self._telemetry.on:
+            self._telemetry.ended(kind, outcomes)
         if not self.active:
             return
         for o in outcomes:

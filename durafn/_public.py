@@ -79,6 +79,7 @@ PUBLIC: dict[str, str] = {
     "TransactionError": "_errors",
     "UnknownFunctionError": "_errors",
     "Watch": "_watch",
+    "json_log_formatter": "_telemetry.logs",
     "WorkerInfo": "_types",
     "WorkerLostError": "_errors",
     "metadata": "_store",

@@ -6,6 +6,7 @@ translation of driver errors happen in one place.
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 import time
@@ -27,6 +28,8 @@ from ._registry import Registry
 from ._retries import Retry
 from ._store import AfterCommit, CronRow, Driver, new_row_model, take_notes
 from ._store.sqlite.driver import READ_ONLY_OPTION
+from ._telemetry import Telemetry
+from ._telemetry.reading import read_gauges
 from ._types import ScheduledFunction
 
 T = TypeVar("T")
@@ -123,12 +126,15 @@ class Runtime:
     _wake_listeners: set[Callable[[Collection[FunctionKind]], None]] = field(default_factory=set)
     health: Health = field(init=False)
     hooks: Hooks = field(init=False)
+    telemetry: Telemetry = field(init=False)
+    """Traces and metrics of its runs (``durafn[otel]``; off without it)."""
     cancels: Cancels = field(init=False)
     """The actions running in this process, to tell of their rows' cancels."""
 
     def __post_init__(self) -> None:
         self.health = Health(self.driver)
-        self.hooks = Hooks(self.registry.hooks_of)
+        self.telemetry = Telemetry(functools.partial(read_gauges, self))
+        self.hooks = Hooks(self.registry.hooks_of, self.telemetry)
         self.cancels = Cancels()
 
     def row_options(self, options: JobOptions) -> RowOptions:

@@ -262,6 +262,7 @@ class Scheduler:
             self._parent_id,
             options,
             flow_key,
+            self._rt.telemetry.capture(),
         )
 
     def _limit(self, message: str) -> None:

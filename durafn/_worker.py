@@ -22,18 +22,16 @@ from ._app import App
 from ._executor import ExecutorOptions
 from ._executor.tasks import first_of, single_errors_unwrapped
 from ._signals import SIGNALS
+from ._telemetry.logs import handler
 
 logger = logging.getLogger("durafn.worker")
 
-LOG_FORMAT = "%(asctime)s %(levelname)-7s %(name)s [%(process)d] %(message)s"
 
-
-def configure_logging(level: str, stream: TextIO = sys.stderr) -> None:
-    """One line per record on stderr; durafn itself only ever logs, never prints."""
-    handler = logging.StreamHandler(stream)
-    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+def configure_logging(level: str, stream: TextIO = sys.stderr, *, json: bool = False) -> None:
+    """One line per record on stderr (``json``: one JSON object per line, ``_telemetry.logs``);
+    durafn itself only ever logs, never prints."""
     root = logging.getLogger()
-    root.addHandler(handler)
+    root.addHandler(handler(stream, json))
     root.setLevel(logging.WARNING)  # other libraries: warnings only
     logging.getLogger("durafn").setLevel(level.upper())
 

@@ -116,7 +116,7 @@ class BufferedWriter:
         self, rows: list[dict[str, Any]], ids: list[ScheduledFunctionId], kinds: set[FunctionKind]
     ) -> None:
         self.woken |= kinds
-        if self._rt.hooks.active:
+        if self._rt.hooks.counting:
             self.enqueued += enqueued(rows, ids)
         if self._rt.inline is not None:
             self.inline += self._rt.inline_calls(rows, ids)
@@ -257,7 +257,7 @@ class DirectWriter:
             _body, doing="scheduling a function", single_statement=single
         )
         rt.wake(kinds)
-        await rt.hooks.enqueued(enqueued(rows, ids) if rt.hooks.active else ())
+        await rt.hooks.enqueued(enqueued(rows, ids) if rt.hooks.counting else ())
         if rt.inline is not None:
             await rt.run_inline(rt.inline_calls(rows, ids))
         return ids

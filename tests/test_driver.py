@@ -105,6 +105,7 @@ def new_row(
         "on_complete": None,
         "flow_key": None,
         "flow": None,
+        "trace_context": None,
     }
 
 

@@ -238,7 +238,7 @@ async def test_a_version_1_database_is_upgraded_in_place(
             await conn.execute(text("DROP TABLE _durafn_flow_windows"))
             await conn.execute(text("DROP TABLE _durafn_queues"))
             await conn.execute(text("ALTER TABLE _scheduled_functions DROP COLUMN flags"))
-            for column in ("retry", "failures", "errors", "seq"):
+            for column in ("retry", "failures", "errors", "seq", "trace_context"):
                 await conn.execute(text(f"ALTER TABLE _scheduled_functions DROP COLUMN {column}"))
             await conn.execute(text("ALTER TABLE _durafn_crons DROP COLUMN operator_enabled"))
             await conn.execute(
@@ -268,7 +268,7 @@ async def test_a_version_1_database_is_upgraded_in_place(
             )
         assert "_durafn_workers" in tables and "ix_scheduled_functions_running" in indexes
         assert {"error_traceback", "flags", "retry", "failures", "on_complete", "errors"} <= columns
-        assert {"flow_key", "flow", "flow_until", "seq"} <= columns
+        assert {"flow_key", "flow", "flow_until", "seq", "trace_context"} <= columns
         assert {
             "_durafn_queues",
             "_durafn_crons",

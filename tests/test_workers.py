@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -15,8 +16,10 @@ from pathlib import Path
 import anyio
 import anyio.abc
 import asyncpg
+import httpx2
 import pytest
 from click.testing import CliRunner
+from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import func, select
 
 import durafn
@@ -113,6 +116,12 @@ def trace_of(path: Path) -> list[tuple[int, int]]:
     return [(int(words[i]), int(words[i + 1])) for i in range(0, len(words), 2)]
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 async def live_workers(app: durafn.App) -> int:
     return len(await app.workers())
 
@@ -204,10 +213,23 @@ async def test_kill_9_mid_action_is_recorded_lost_and_the_others_carry_on(
         assert await app.cancel(canceled) and await app.cancel(interrupted)
         await wait_until(lambda: true(len(trace_of(trace)) == 7), "they learnt of the cancels")
         (tmp_path / "more").mkdir()
-        async with worker_processes(db_url, 1, tmp_path / "more", *FAST) as [rescuer]:
+        port = free_port()
+        metrics = ("--metrics-port", str(port))
+        async with worker_processes(db_url, 1, tmp_path / "more", *FAST, *metrics) as [rescuer]:
             os.kill(survivor.pid, signal.SIGKILL)
             await wait_until(lambda: equals(_row_state(app, again), State.SUCCESS), "re-run")
             await wait_until(lambda: equals(_state(app, "Pending"), 0), "the callbacks ran")
+            # The rescuer's own metrics: the run it rescued counts as lost, its re-run as
+            # a success (and the survivor's runs are in no counter of this process).
+            async with httpx2.AsyncClient() as client:
+                page = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
+            runs = {
+                (s.labels["function"], s.labels["outcome"]): s.value
+                for family in text_string_to_metric_families(page)
+                for s in family.samples
+                if s.name == "durafn_runs_total"
+            }
+            assert runs[("w:hang_once", "lost")] == 1 and runs[("w:hang_once", "success")] == 1
             assert await stop([rescuer]) == [0]
         assert sorted(trace_of(trace)[2:7]) == [(n, survivor.pid) for n in (3, 4, 5, 1004, 1005)]
         assert trace_of(trace)[7:] == [(3, rescuer.pid)]

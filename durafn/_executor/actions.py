@@ -15,6 +15,7 @@ import functools
 import time
 from collections import deque
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import Any
 
 import anyio
@@ -265,9 +266,16 @@ class ActionPool:
         self.watch.arm(slot.deadline)
         cancels = self._rt.cancels
         cancel = cancels.start(row.id, slot.interrupt if ref.cancel == "interrupt" else None)
+        telemetry = self._rt.telemetry
+        run = (
+            telemetry.begin(ACTION, row, self._rt.clock.now(), self._claims.worker_id())
+            if telemetry.on
+            else nullcontext()
+        )
         try:
             try:
-                result = await ref.fn(ctx, **values)
+                with run:  # its span current inside the function
+                    result = await ref.fn(ctx, **values)
             finally:
                 cancels.end(row.id)
         except anyio.get_cancelled_exc_class():
@@ -308,6 +316,8 @@ class ActionPool:
         """An action interrupted by its row's cancel: the cancel wrote its end (Canceled),
         so there is no outcome to write."""
         self._claims.written([row.id])
+        if self._rt.telemetry.on:
+            self._rt.telemetry.cancelled([row.id])
 
     async def _after(self, outcome: Outcome) -> None:
         """The ``after`` hooks of an action that returned or raised (one stopped by its
@@ -358,8 +368,15 @@ class ActionPool:
                 cancel = running = cancels.start(
                     row.id, scope.cancel if ref.cancel == "interrupt" else None
                 )
+                telemetry = self._rt.telemetry
+                run = (
+                    telemetry.begin(ACTION, row, self._rt.clock.now(), self._claims.worker_id())
+                    if telemetry.on
+                    else nullcontext()
+                )
                 try:
-                    result = await ref.fn(ctx, **values)
+                    with run:  # its span current inside the function
+                        result = await ref.fn(ctx, **values)
                     finished = True
                 finally:
                     self._scopes.discard(scope)

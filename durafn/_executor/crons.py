@@ -239,8 +239,7 @@ class CronLoop:
                 logger.info("cron %s: tick %s skipped (%s)", event.cron, when, event.reason)
             else:
                 logger.info("cron %s: tick %s written, row %s", event.cron, when, event.id)
-            if self._rt.hooks.active:
-                await self._rt.hooks.fire(event)
+            await self._rt.hooks.fire(event)  # the hooks, and the ticks' metrics
 
     def _plan(self, cron: dict[str, Any], now: float) -> _Plan:
         """What a due cron's ticks are (with ``backfill``, each missed tick in the window;

@@ -21,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from .._errors import ArgumentError, DurafnError, WorkerLostError
 from .._kinds import FunctionKind, State
 from .._runtime import Runtime
-from .._store import Outcome
+from .._store import LostAction, Outcome
 from .config import ExecutorConfig
 from .outcomes import log_fields
 from .retrying import decide
@@ -202,8 +202,11 @@ class Membership:
         )
         rt = self._rt
 
+        rows: list[LostAction] = []
+
         async def _rescue(conn: AsyncConnection) -> list[Outcome]:
             lost = await rt.driver.rescue_lost(conn, now, now - timeout, message)
+            rows[:] = lost
             outcomes = []
             for row in lost:
                 outcome = Outcome(
@@ -266,4 +269,6 @@ class Membership:
             )
         if lost:
             self._progress.fire()
-            await rt.hooks.finished(FunctionKind.ACTION, lost)
+            if rt.telemetry.on:  # counted as lost, not as the Failed row it became
+                rt.telemetry.lost(rows, self.worker_id)
+            await rt.hooks.finished(FunctionKind.ACTION, lost, measured=False)

@@ -303,8 +303,17 @@ class MutationBatch:
             await rt.hooks.before(MUTATION, row)
         self._current, self._timeout = row, timeout
         self._limit_from(self._loop_time() + timeout)
+        telemetry = rt.telemetry
+        run = None
+        if telemetry.on:
+            began = self._began if self._began is not None else rt.clock.now()
+            run = telemetry.begin(MUTATION, row, began, self._worker_id)
         try:
-            result = await ref.fn(MutationCtx(rt, parts, row.id), **values)
+            if run is None:
+                result = await ref.fn(MutationCtx(rt, parts, row.id), **values)
+            else:
+                with run:  # its span current inside the function
+                    result = await ref.fn(MutationCtx(rt, parts, row.id), **values)
             if parts.used_db or savepoint is not None:
                 check_transaction(conn, root, savepoint, session, ref)
                 if session.new or session.dirty or session.deleted:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -117,16 +118,27 @@ def success(row: Claimed, encoded: str | None) -> Outcome:
     )
 
 
-def log_fields(kind: FunctionKind, id: str, name: str, state: State) -> dict[str, str]:
+def log_fields(
+    kind: FunctionKind, id: str, name: str, state: State, run: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """``extra`` for state-change log records, so a structured formatter (JSON logs) gets
-    the row's fields without parsing the message."""
-    return {"durafn_kind": kind, "durafn_id": id, "durafn_function": name, "durafn_state": state}
+    the row's fields without parsing the message; ``run``: its run's (``Telemetry.fields``:
+    attempt, lag, duration, worker, trace and span ids)."""
+    fields: dict[str, Any] = {
+        "durafn_kind": kind,
+        "durafn_id": id,
+        "durafn_function": name,
+        "durafn_state": state,
+    }
+    return fields if run is None else fields | run
 
 
 class Tally:
     """Counts (``stats``) and logs committed outcomes, and signals ``progress``."""
 
-    def __init__(self) -> None:
+    def __init__(self, run_fields: Callable[[str], dict[str, Any]] | None = None) -> None:
+        self._run_fields = run_fields
+        """A run's own fields for its log line (``Telemetry.fields``), if recorded."""
         self.stats: dict[str, int] = {
             "mutations": 0,
             "actions": 0,
@@ -161,7 +173,7 @@ class Tally:
                         to_datetime(o.retry_at).isoformat(timespec="milliseconds"),
                         o.error_type,
                         o.error_message,
-                        extra=log_fields(kind, o.id, o.name, State.PENDING),
+                        extra=log_fields(kind, o.id, o.name, State.PENDING, self._run(o.id)),
                     )
             elif o.state is State.FAILED:
                 failures += 1
@@ -174,7 +186,7 @@ class Tally:
                     o.error_type,
                     o.error_message,
                     f"\n{o.error_traceback.rstrip()}" if o.error_traceback else "",
-                    extra=log_fields(kind, o.id, o.name, o.state),
+                    extra=log_fields(kind, o.id, o.name, o.state, self._run(o.id)),
                 )
             elif debug:
                 logger.debug(
@@ -184,9 +196,12 @@ class Tally:
                     o.name,
                     before,
                     o.state,
-                    extra=log_fields(kind, o.id, o.name, o.state),
+                    extra=log_fields(kind, o.id, o.name, o.state, self._run(o.id)),
                 )
         self.stats["failed"] += failures
         self.stats["retried"] += retried
         self.stats[f"{kind}s"] += len(outcomes) - failures - retried - unwritten
         self.progress.fire()
+
+    def _run(self, id: str) -> dict[str, Any] | None:
+        return self._run_fields(id) if self._run_fields is not None else None

@@ -46,6 +46,7 @@ NEW_ROW_COLUMNS = (
     "on_complete",
     "flow_key",
     "flow",
+    "trace_context",
 )
 """The keys of a row passed to ``Driver.insert_rows``; the other columns take defaults."""
 
@@ -126,6 +127,8 @@ class Claimed(NamedTuple):
     """Its flow key's knobs, as stored (``durafn._flow.Flow.spec``)."""
     seq: int = 0
     """Where it was written among the rows (``schema/tables.py``' ``seq``)."""
+    trace_context: str | None = None
+    """The trace context it was scheduled in (``_telemetry``), as stored."""
 
     @property
     def slot(self) -> str | None:
@@ -206,6 +209,7 @@ class LostAction(NamedTuple):
     retry: RetryState
     on_complete: str | None
     flow_key: str | None
+    trace_context: str | None = None
 
 
 def is_id(id: object) -> bool:
@@ -284,6 +288,7 @@ def new_row(
     parent_id: ScheduledFunctionId | None,
     options: RowOptions,
     flow_key: str | None = None,
+    trace_context: str | None = None,
 ) -> dict[str, Any]:
     """A Pending row to write (its keys ``NEW_ROW_COLUMNS``, the key mode, and its
     debounce or throttle: a row debounced on the trailing edge holds the job key
@@ -313,6 +318,7 @@ def new_row(
         "on_complete": options.on_complete,
         "flow_key": flow_key,
         "flow": options.flow_spec if flow_key is not None else None,
+        "trace_context": trace_context,
         "debounce": debounce,
     }
 

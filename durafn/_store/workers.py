@@ -99,6 +99,7 @@ class WorkerStatements:
                 *RETRY_COLUMNS[1:],
                 sf.c.on_complete,
                 sf.c.flow_key,
+                sf.c.trace_context,
             )
         )
         # The failures returned count this one: the retry's count is of those before it.
@@ -112,8 +113,9 @@ class WorkerStatements:
                 RetryState(n, retry, most, failures - 1),
                 callback,
                 key,
+                trace,
             )
-            for i, n, w, m, q, retry, most, failures, callback, key in result
+            for i, n, w, m, q, retry, most, failures, callback, key, trace in result
         ]
         return lost
 

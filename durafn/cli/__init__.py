@@ -27,6 +27,7 @@ from .cron import cron, list_crons
 from .dashboard import dashboard
 from .database import migrate, stats
 from .flow import explain
+from .metrics import metrics
 from .queues import queue
 from .rows import clear, list_rows, show
 from .running import CliError, load_app
@@ -55,6 +56,7 @@ def main(ctx: click.Context) -> None:
 main.add_command(worker)
 main.add_command(migrate)
 main.add_command(stats)
+main.add_command(metrics)
 main.add_command(list_rows)
 main.add_command(show)
 main.add_command(explain)

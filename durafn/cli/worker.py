@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import sys
 
+import anyio
 import click
 
 from .._errors import ArgumentError, DurafnError
@@ -112,6 +113,23 @@ _DEFAULTS = ExecutorConfig()
     show_default=True,
     help="DEBUG logs one line per state change.",
 )
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="json: one JSON object per line, with each run's fields and trace id.",
+)
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(1, 65535),
+    default=None,
+    help="Serve this worker's metrics as Prometheus text at /metrics on this port "
+    "(durafn[otel]; with --processes, one port per process from this one up).",
+)
+@click.option(
+    "--metrics-host", default="127.0.0.1", show_default=True, help="interface for /metrics"
+)
 @verbose_option
 def worker(
     app_ref: str | None,
@@ -130,12 +148,15 @@ def worker(
     forbidden_flags: tuple[str, ...],
     max_connections: int | None,
     log_level: str,
+    log_format: str,
+    metrics_port: int | None,
+    metrics_host: str,
     verbose: bool,
 ) -> None:
     """Run due scheduled functions until stopped (SIGTERM/SIGINT: graceful; twice: at once)."""
     from .._worker import configure_logging, serve  # the app's imports: not for --help
 
-    configure_logging(log_level)
+    configure_logging(log_level, json=log_format == "json")
     if not app_ref:
         fail(
             "durafn worker needs the app that defines the functions: --app pkg.module:app "
@@ -162,7 +183,8 @@ def worker(
         # Likewise a bad --app or a database that is not ready (not migrated, away): one
         # error line now, the one a single worker gives, not children dying for 18 s.
         run(functools.partial(_check_ready, app_ref, url), verbose=verbose)
-        args = ["--app", app_ref, "--log-level", log_level]
+        args = ["--app", app_ref, "--log-level", log_level, "--log-format", log_format]
+        args += ["--metrics-host", metrics_host]
         for flag, value in (
             ("--url", url),
             ("--concurrency", concurrency),
@@ -180,7 +202,14 @@ def worker(
             args += ["--forbid-flag", forbidden]
         args += ["--exit-on-complete"] if exit_on_complete else []
         args += ["--verbose"] if verbose else []
-        every = [[*args, *child] for child in children]
+        every = [
+            [
+                *args,
+                *child,
+                *([] if metrics_port is None else ["--metrics-port", str(metrics_port + i)]),
+            ]
+            for i, child in enumerate(children)
+        ]
         sys.exit(run(lambda: supervise(every), verbose=verbose))
 
     async def _serve() -> int:
@@ -188,7 +217,16 @@ def worker(
         if max_connections is not None:
             app._limit_connections(max_connections)
         try:
-            return await serve(app, options, exit_on_complete=exit_on_complete)
+            if metrics_port is None:
+                return await serve(app, options, exit_on_complete=exit_on_complete)
+            from .._telemetry.endpoint import serve_metrics
+
+            asgi = app.metrics_app()  # a clear error, before the worker starts, if missing
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(serve_metrics, asgi, metrics_host, metrics_port)
+                status = await serve(app, options, exit_on_complete=exit_on_complete)
+                tg.cancel_scope.cancel()
+            return status
         finally:
             await app.aclose()
 

@@ -65,6 +65,11 @@ class Access:
             return str(found) if found else None
         if self.token is None:
             return "local"
+        # A scraper (Prometheus's ``authorization: {credentials: ...}``) sends the token
+        # as a bearer token: it keeps no cookie.
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() == "bearer" and given:
+            return "bearer" if self.token_matches(given) else None
         cookie = request.cookies.get(SESSION_COOKIE, "")
         return "token" if hmac.compare_digest(cookie, self.session_value()) else None
 

@@ -60,6 +60,7 @@ class Dashboard:
                 *rows.routes(self),
                 *operations.routes(self),
                 *live.routes(self),
+                Route("/metrics", self.metrics),
                 Route("/login", self.login, methods=["GET", "POST"]),
                 Route("/logout", self.logout, methods=["POST"]),
             ]
@@ -77,6 +78,17 @@ class Dashboard:
             }
 
         return await self.page(request, "overview.html", body)
+
+    async def metrics(self, request: Request) -> Response:
+        """The app's metrics as Prometheus text (``app.metrics_app()``), for a visitor:
+        a scraper sends the dashboard's token as a bearer token."""
+        if await self.access.user(request) is None:
+            return Response("not allowed\n", status_code=403, media_type="text/plain")
+        try:
+            asgi = self.app.metrics_app()
+        except DurafnError as exc:
+            return Response(f"{exc}\n", status_code=404, media_type="text/plain")
+        return _Delegate(asgi)
 
     async def login(self, request: Request) -> Response:
         if request.method == "GET" or not self.access.login_required:
@@ -165,3 +177,14 @@ class Dashboard:
         if self.access.login_required:
             return RedirectResponse(str(request.url_for("login")), status_code=303)
         return self.refusal(request, 403, "not allowed (the host application's auth refused)")
+
+
+class _Delegate(Response):
+    """A response made by another ASGI app (the metrics endpoint)."""
+
+    def __init__(self, asgi: Any) -> None:
+        super().__init__()
+        self._asgi = asgi
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await self._asgi(scope, receive, send)

@@ -31,6 +31,7 @@ CLAIM_COLUMNS = (
     sf.c.flow_key,
     sf.c.flow,
     sf.c.seq,
+    sf.c.trace_context,
 )
 
 

@@ -48,7 +48,7 @@ _INSERT_SQL = text(
         INSERT INTO _scheduled_functions
             (id, name, kind, args, state, scheduled_time, available_at, completed_time, parent_id,
              priority, queue_name, job_key, flags, retry, max_attempts, on_complete, flow_key,
-             flow)
+             flow, trace_context)
         SELECT * FROM unnest(
             CAST(:id AS uuid[]), CAST(:name AS text[]), CAST(:kind AS text[]),
             CAST(:args AS text[]), CAST(:state AS text[]), CAST(:scheduled_time AS float8[]),
@@ -56,7 +56,7 @@ _INSERT_SQL = text(
             CAST(:parent_id AS uuid[]), CAST(:priority AS int[]), CAST(:queue_name AS text[]),
             CAST(:job_key AS text[]), CAST(:flags AS text[]), CAST(:retry AS text[]),
             CAST(:max_attempts AS int[]), CAST(:on_complete AS text[]),
-            CAST(:flow_key AS text[]), CAST(:flow AS text[]))
+            CAST(:flow_key AS text[]), CAST(:flow AS text[]), CAST(:trace_context AS text[]))
     )
     SELECT pg_notify(:channel, CAST(:payload AS text)) WHERE CAST(:payload AS text) <> ''
     """

@@ -146,6 +146,20 @@ class ReadStatements:
         capped |= {s for s in (State.PENDING, State.IN_PROGRESS) if counts[s] >= bound}
         return counts, capped
 
+    async def count_due_bounded(
+        self, conn: AsyncConnection, now: float, bound: int
+    ) -> tuple[int, bool]:
+        """Pending rows due by ``now``, counted up to ``bound`` (and whether it stopped
+        there): the three Pending partial indexes, each up to ``bound`` entries."""
+        due = sf.c.available_at <= now
+
+        def at_most(where: ColumnElement[bool]) -> ScalarSelect[int]:
+            some = select(literal_column("1")).where(where, due).limit(bound).subquery()
+            return select(func.count()).select_from(some).scalar_subquery()
+
+        found = sum((await conn.execute(select(*map(at_most, (UNQUEUED, QUEUED, KEYED))))).one())
+        return min(found, bound), found >= bound
+
     async def backlog(self, conn: AsyncConnection, now: float) -> tuple[float | None, float | None]:
         """(``available_at`` of the longest-waiting due Pending row, the earliest
         ``available_at`` after ``now``): each None when there is no such row.

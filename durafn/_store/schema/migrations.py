@@ -258,6 +258,14 @@ def _step_12(conn: Connection) -> None:
     lost_workers.create(conn, checkfirst=True)
 
 
+def _step_13(conn: Connection) -> None:
+    """Version 13: the trace context a row was scheduled in (``trace_context``): a
+    nullable column without a default, a change of the catalogue only."""
+    columns = {c["name"] for c in inspect(conn).get_columns(scheduled_functions.name)}
+    if "trace_context" not in columns:
+        conn.execute(text("ALTER TABLE _scheduled_functions ADD COLUMN trace_context TEXT"))
+
+
 MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     2: _step_2,
     3: _step_3,
@@ -270,5 +278,6 @@ MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     10: _step_10,
     11: _step_11,
     12: _step_12,
+    13: _step_13,
 }
 """Steps from version N-1 to N. A fresh database gets the latest tables in one go."""

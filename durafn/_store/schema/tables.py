@@ -26,7 +26,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import JSONB
 
-SCHEMA_VERSION = 12
+SCHEMA_VERSION = 13
 """Bump with a new step in ``migrations.MIGRATIONS`` whenever the tables change."""
 
 metadata = MetaData()
@@ -89,6 +89,10 @@ scheduled_functions = Table(
     # so two processes' ids within one millisecond sort in no such order. PostgreSQL's
     # identity; on SQLite the row's rowid, written with it (``NEXT_SEQ``).
     Column("seq", BigInteger, Identity(), nullable=False),
+    # Version 13: the W3C trace context of the code that scheduled the row (a JSON object
+    # of ``traceparent``/``tracestate``), or ``{"cron": name}`` for a cron's tick; None
+    # where no trace was active or OpenTelemetry is not installed (``_telemetry``).
+    Column("trace_context", Text),
     CheckConstraint(
         "state IN ('Pending', 'InProgress', 'Success', 'Failed', 'Canceled')",
         name="ck_scheduled_functions_state",

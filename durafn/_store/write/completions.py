@@ -69,6 +69,7 @@ def _completion_row(now: float, outcome: Outcome) -> dict[str, Any]:
         "on_complete": None,
         "flow_key": None,
         "flow": None,
+        "trace_context": None,
         "debounce": None,
         "concurrency": spec["concurrency"],
     }

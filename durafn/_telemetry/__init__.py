@@ -1,0 +1,230 @@
+"""Observability of an app's runs: traces (``tracing``), metrics (``metrics``), JSON logs
+(``logs``), and the Prometheus endpoint (``endpoint``).
+
+``Telemetry`` is what the executor and the writers call, at five points: a row is
+written (``capture`` its trace context; ``scheduled``), a run begins (``begin``: its span
+and start lag) and its function returns (the context manager ``begin`` returns, which
+also makes the run's span current inside the function), its outcome commits (``ended``),
+a running action's row is cancelled (``cancelled``), a lost worker's runs are rescued
+(``lost``). Each part is on where its package is installed (``durafn[otel]``): tracing
+with ``opentelemetry-api``, metrics with ``prometheus-client``; with neither, ``on`` is
+False and the executor skips every call.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Any
+
+from .._kinds import FunctionKind, State
+from . import metrics, tracing
+from .metrics import Metrics, Reading
+from .tracing import Tracing
+
+__all__ = ["Reading", "Telemetry"]
+
+
+class _Run:
+    """A run between its start and its committed outcome."""
+
+    __slots__ = (
+        *("attempt", "context", "ended_at", "kind", "name", "span", "started", "token"),
+        *("tracing", "lag", "worker"),
+    )
+
+    def __init__(
+        self, name: str, kind: FunctionKind, attempt: int, tracing: Tracing | None
+    ) -> None:
+        self.name, self.kind, self.attempt, self.tracing = name, kind, attempt, tracing
+        self.span: Any = None
+        self.context: Any = None
+        self.token: Any = None
+        self.started = time.perf_counter()
+        self.ended_at: float | None = None
+        self.lag = 0.0
+        self.worker: str | None = None
+
+    def __enter__(self) -> None:
+        if self.context is not None and self.tracing is not None:
+            self.token = self.tracing.attach(self.context)
+
+    def __exit__(self, *_: object) -> None:
+        self.ended_at = time.perf_counter()
+        if self.token is not None and self.tracing is not None:
+            self.tracing.detach(self.token)
+            self.token = None
+
+
+class Telemetry:
+    """One app's traces and metrics (``Runtime.telemetry``)."""
+
+    def __init__(self, read_gauges: Callable[[], Awaitable[Reading]]) -> None:
+        self._read_gauges = read_gauges
+        self._tracing: Tracing | None = None
+        self.metrics: Metrics | None = None
+        """Counters, histograms and gauges: kept from the first ``measure()`` on (the
+        Prometheus endpoint asks for it), or from the start where the process uses the
+        OpenTelemetry metrics API."""
+        if "opentelemetry.metrics" in sys.modules:
+            self.measure()
+        self._runs: dict[str, _Run] = {}
+
+    @property
+    def tracing(self) -> Tracing | None:
+        """Spans, once the process uses OpenTelemetry's trace API: a host that never
+        imported it has no span to follow and no provider to export to, and pays nothing
+        (not even the import, ~50 ms a process)."""
+        if self._tracing is None and "opentelemetry.trace" in sys.modules:
+            trace = tracing.load()
+            if trace is not None:
+                self._tracing = Tracing(trace)
+        return self._tracing
+
+    @property
+    def on(self) -> bool:
+        """Whether anything is recorded (else the executor calls nothing here)."""
+        return self.metrics is not None or self.tracing is not None
+
+    def measure(self) -> Metrics | None:
+        """Keep metrics from now on (None: prometheus-client is not installed)."""
+        if self.metrics is None:
+            prometheus = metrics.load()
+            if prometheus is not None:
+                self.metrics = Metrics(prometheus, self._read_gauges)
+        return self.metrics
+
+    # -- scheduling ----------------------------------------------------------------------
+
+    def capture(self) -> str | None:
+        """The current trace context, for a row about to be written."""
+        return self.tracing.capture() if self.tracing is not None else None
+
+    def scheduled(self, names: Iterable[str]) -> None:
+        if self.metrics is not None:
+            self.metrics.scheduled(names)
+
+    # -- runs ----------------------------------------------------------------------------
+
+    def begin(self, kind: FunctionKind, row: Any, now: float, worker: str | None) -> _Run:
+        """A claimed row's run begins (``row``: the store's ``Claimed``); ``with`` the
+        result around the function's call."""
+        attempt = row.attempts if kind is FunctionKind.ACTION else row.attempts + 1
+        tracing = self.tracing
+        run = _Run(row.name, kind, attempt, tracing)
+        stale = self._runs.pop(row.id, None)
+        if stale is not None and stale.span is not None and tracing is not None:
+            tracing.end(stale.span, "rerun", {})  # its batch was run again
+        self._runs[row.id] = run
+        lag = run.lag = now - row.available_at
+        run.worker = worker
+        if self.metrics is not None:
+            self.metrics.started(row.name, kind, lag)
+        if tracing is not None:
+            attributes: dict[str, Any] = {
+                "messaging.system": "durafn",
+                "messaging.operation.type": "process",
+                "messaging.destination.name": row.queue_name or row.name,
+                "messaging.message.id": str(row.id),
+                "durafn.id": str(row.id),
+                "durafn.function": row.name,
+                "durafn.kind": kind.value,
+                "durafn.attempt": attempt,
+                "durafn.priority": row.priority,
+                "durafn.due_time": row.available_at,
+                "durafn.start_lag": lag,
+            }
+            if worker is not None:
+                attributes["durafn.worker"] = worker
+            if row.queue_name is not None:
+                attributes["durafn.queue"] = row.queue_name
+            if row.flow_key is not None:
+                attributes["durafn.flow_key"] = row.flow_key
+            run.span, run.context = tracing.start(
+                kind, row.name, attempt, row.trace_context, attributes
+            )
+        return run
+
+    def fields(self, id: str) -> dict[str, Any]:
+        """A run's fields for its log line (``logs``), while its outcome is being
+        recorded: the same as its span's, the trace's id among them."""
+        run = self._runs.get(id)
+        if run is None:
+            return {}
+        found: dict[str, Any] = {"durafn_attempt": run.attempt, "durafn_lag": run.lag}
+        if run.ended_at is not None:
+            found["durafn_duration"] = run.ended_at - run.started
+        if run.worker is not None:
+            found["durafn_worker"] = run.worker
+        if run.span is not None:
+            context = run.span.get_span_context()
+            if context.is_valid:
+                found["trace_id"] = f"{context.trace_id:032x}"
+                found["span_id"] = f"{context.span_id:016x}"
+        return found
+
+    def ended(self, kind: FunctionKind, outcomes: Sequence[Any]) -> None:
+        """Outcomes committed (the store's ``Outcome``s): count them, end their spans."""
+        for o in outcomes:
+            run = self._runs.pop(o.id, None)
+            if o.unwritten:
+                outcome = "canceled"
+            elif o.state is State.SUCCESS:
+                outcome = "success"
+            elif o.retry_at is not None:
+                outcome = "retried"
+            else:
+                outcome = "failed"
+            duration = None
+            if run is not None and run.ended_at is not None:
+                duration = run.ended_at - run.started
+            if self.metrics is not None:
+                self.metrics.ended(o.name, kind, outcome, duration)
+            if run is not None and run.span is not None:
+                assert self.tracing is not None
+                if outcome == "retried":
+                    self.tracing.event(
+                        run.span,
+                        "durafn.retry",
+                        {"durafn.attempt": run.attempt, "durafn.retry_at": o.retry_at},
+                    )
+                extra: dict[str, Any] = {}
+                if o.error_type is not None:
+                    extra["error.type"] = o.error_type
+                if duration is not None:
+                    extra["durafn.duration"] = duration
+                self.tracing.end(run.span, outcome, extra)
+
+    def cancelled(self, ids: Iterable[str]) -> None:
+        """Running actions whose rows were cancelled (the cancel wrote their end)."""
+        for id in ids:
+            run = self._runs.pop(id, None)
+            if run is None:
+                continue
+            if self.metrics is not None:
+                duration = run.ended_at - run.started if run.ended_at is not None else None
+                self.metrics.ended(run.name, run.kind, "canceled", duration)
+            if run.span is not None:
+                assert self.tracing is not None
+                self.tracing.event(run.span, "durafn.cancel", {})
+                self.tracing.end(run.span, "canceled", {})
+
+    def lost(self, rows: Sequence[Any], worker: str) -> None:
+        """Runs of lost workers, rescued by ``worker`` (the store's ``LostAction``s)."""
+        for row in rows:
+            if self.metrics is not None:
+                self.metrics.ended(row.name, FunctionKind.ACTION, "lost", None)
+            if self.tracing is not None:
+                attributes = {
+                    "durafn.id": str(row.id),
+                    "durafn.function": row.name,
+                    "durafn.kind": FunctionKind.ACTION.value,
+                    "durafn.worker": worker,
+                    "durafn.lost_worker": row.worker_id or "",
+                }
+                self.tracing.rescued(row.name, row.trace_context, attributes)
+
+    def tick(self, cron: str, outcome: str) -> None:
+        if self.metrics is not None:
+            self.metrics.tick(cron, outcome)

@@ -1,0 +1,67 @@
+"""JSON logs: one object per line, with a run's fields under the names its span's
+attributes have, so that a log line and a trace join on ``trace_id``.
+
+Built on python-json-logger's formatter; durafn's records carry their fields as
+``extra`` (``durafn_id``, ``durafn_function``, ``durafn_kind``, ``durafn_state``, and
+for a run ``durafn_attempt``, ``durafn_lag``, ``durafn_duration``, ``durafn_worker``,
+``trace_id``, ``span_id``), renamed here without the prefix. A record logged inside a
+run (the user's own ``logging`` calls) gets the current span's ids.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any, TextIO
+
+from pythonjsonlogger.json import JsonFormatter
+
+_PREFIX = "durafn_"
+FIELDS = ("id", "function", "kind", "state", "attempt", "lag", "duration", "worker")
+
+
+class _Formatter(JsonFormatter):
+    def add_fields(
+        self, log_record: dict[str, Any], record: logging.LogRecord, message_dict: dict[str, Any]
+    ) -> None:
+        super().add_fields(log_record, record, message_dict)
+        for key in list(log_record):
+            if key.startswith(_PREFIX):
+                value = log_record.pop(key)
+                log_record[key.removeprefix(_PREFIX)] = (
+                    str(value) if key == "durafn_kind" else value
+                )
+        if "trace_id" not in log_record:
+            log_record.update(_current_span())
+
+
+def _current_span() -> dict[str, str]:
+    trace = sys.modules.get("opentelemetry.trace")  # never imported here for a log line
+    if trace is None:
+        return {}
+    context = trace.get_current_span().get_span_context()
+    if not context.is_valid:
+        return {}
+    return {"trace_id": f"{context.trace_id:032x}", "span_id": f"{context.span_id:016x}"}
+
+
+def json_log_formatter() -> logging.Formatter:
+    """A formatter writing one JSON object per record: time, level, logger, message,
+    and the run's fields (``FIELDS``, ``trace_id``, ``span_id``) where it has them: put it
+    on your handler (``durafn worker --log-format json`` does)."""
+    return _Formatter(
+        "%(asctime)s %(levelname)s %(name)s %(process)d %(message)s",
+        rename_fields={"asctime": "time", "levelname": "level", "name": "logger"},
+        timestamp=False,
+    )
+
+
+def handler(stream: TextIO, json: bool) -> logging.Handler:
+    """A stream handler, in JSON (``json_formatter``) or one line of text per record."""
+    found = logging.StreamHandler(stream)
+    text = "%(asctime)s %(levelname)-7s %(name)s [%(process)d] %(message)s"
+    found.setFormatter(json_log_formatter() if json else logging.Formatter(text))
+    return found
+
+
+json_log_formatter.__module__ = "durafn"  # as users import it (``_public.publish``)

@@ -1,0 +1,55 @@
+"""The database's gauges in one read-only transaction, each part a bounded read: the
+counts stop at ``GAUGE_BOUND`` (``Driver.count_by_state_bounded``, ``list_queues``), the
+backlog is a few index probes, the workers and crons tables hold a row per worker and
+cron."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from .._clock import Clock
+from .._kinds import State
+from .metrics import GAUGE_BOUND, Reading
+
+
+class _Runtime(Protocol):
+    """What the reading needs of the ``Runtime`` (which builds this module's parts)."""
+
+    clock: Clock
+    driver: Any
+
+    async def transaction(
+        self, body: Callable[[AsyncConnection], Awaitable[Any]], *, read_only: bool, doing: str
+    ) -> Any: ...
+
+
+async def read_gauges(rt: _Runtime) -> Reading:
+    now = rt.clock.now()
+
+    async def _read(conn: AsyncConnection) -> Reading:
+        driver = rt.driver
+        counts, _ = await driver.count_by_state_bounded(conn, GAUGE_BOUND)
+        due, capped = await driver.count_due_bounded(conn, now, GAUGE_BOUND)
+        oldest, _ = await driver.backlog(conn, now)
+        queues = await driver.list_queues(conn, now, GAUGE_BOUND)
+        workers = await driver.list_workers(conn)
+        crons = await driver.stored_crons(conn)
+        return Reading(
+            at=0.0,
+            due=due,
+            due_capped=capped,
+            oldest_due_age=0.0 if oldest is None else max(0.0, now - oldest),
+            running=counts[State.IN_PROGRESS],
+            workers=len(workers),
+            queues=[(q.name, q.due, q.pending, q.paused) for q in queues],
+            crons=[
+                (c["name"], None if c["last_run_at"] is None else now - c["last_run_at"])
+                for c in crons
+            ],
+        )
+
+    found: Reading = await rt.transaction(_read, read_only=True, doing="reading the gauges")
+    return found

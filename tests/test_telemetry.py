@@ -1,0 +1,433 @@
+"""Traces, metrics and JSON logs, on both engines: a request's trace followed through
+the mutation and the action it led to, retries as links, a cron's tick as a root span;
+counters and histograms that move by exactly the runs made, gauges that match a direct
+count, the Prometheus text parsed by prometheus-client's own parser; and, without the
+``otel`` extra, nothing imported and nothing stored."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import httpx2
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy import text
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse
+from starlette.routing import Route
+
+import durafn
+from durafn import ActionCtx, MutationCtx
+from durafn.testing import FakeClock
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import ReadableSpan
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+pytestmark = pytest.mark.anyio
+ROOT = str(Path(__file__).resolve().parent.parent)
+
+
+@dataclass
+class Otel:
+    """The process's OpenTelemetry SDK, set up once (OpenTelemetry sets a provider once):
+    spans recorded in memory while a test of this module runs, and dropped otherwise, so
+    that the tests that run after these in the same process pay next to nothing."""
+
+    spans: InMemorySpanExporter
+    tracer: Any
+    recording: list[bool]
+    metrics: Any
+    """The SDK's in-memory metric reader."""
+
+
+_OTEL: Otel | None = None
+
+
+def _otel() -> Otel:
+    global _OTEL
+    if _OTEL is None:
+        from opentelemetry import trace
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+        from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
+            InMemorySpanExporter,
+        )
+        from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
+
+        recording = [False]
+
+        class Switch(Sampler):
+            def should_sample(self, *args: Any, **kwargs: Any) -> SamplingResult:
+                if not recording[0]:
+                    return SamplingResult(Decision.DROP)
+                attributes = kwargs.get("attributes", args[4] if len(args) > 4 else None)
+                return SamplingResult(Decision.RECORD_AND_SAMPLE, attributes)
+
+            def get_description(self) -> str:
+                return "durafn tests"
+
+        from opentelemetry import metrics
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+        exporter = InMemorySpanExporter()
+        provider = TracerProvider(sampler=Switch())
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        trace.set_tracer_provider(provider)
+        reader = InMemoryMetricReader()
+        metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+        _OTEL = Otel(exporter, trace.get_tracer("tests"), recording, reader)
+    return _OTEL
+
+
+@pytest.fixture
+def otel() -> Iterator[Otel]:
+    found = _otel()
+    found.spans.clear()
+    found.recording[0] = True
+    try:
+        yield found
+    finally:
+        found.recording[0] = False
+        found.spans.clear()
+
+
+def _named(found: tuple[ReadableSpan, ...], name: str) -> list[ReadableSpan]:
+    return [s for s in found if s.name == name]
+
+
+async def test_a_requests_trace_goes_on_through_the_mutation_and_the_action(
+    app: durafn.App, clock: FakeClock, otel: Otel
+) -> None:
+    """POST /order (a Starlette handler's span) schedules a mutation, which schedules an
+    action: both runs are in the request's trace, each a child of what scheduled it, and
+    the action's own span is a child of its run. Its retry is a trace of its own, linked
+    to the mutation's span with the attempt number."""
+    from opentelemetry.trace import SpanKind
+
+    SERVER, CONSUMER = SpanKind.SERVER, SpanKind.CONSUMER
+    tries: list[int] = []
+
+    @app.action(name="orders:email", retry=durafn.Retry(2, backoff=durafn.Fixed(1)))
+    async def email(ctx: ActionCtx, n: int) -> None:
+        with otel.tracer.start_as_current_span("smtp.send"):
+            tries.append(n)
+            if len(tries) == 1:
+                raise ConnectionError("smtp away")
+
+    @app.mutation(name="orders:place")
+    async def place(ctx: MutationCtx, n: int) -> None:
+        await ctx.scheduler.run_after(0, email, n)
+
+    async def order(request: Request) -> PlainTextResponse:
+        with otel.tracer.start_as_current_span("POST /order", kind=SERVER):
+            await app.scheduler().run_after(0, place, 7)
+        return PlainTextResponse("ok")
+
+    web = Starlette(routes=[Route("/order", order, methods=["POST"])])
+    transport = httpx2.ASGITransport(app=web)
+    async with httpx2.AsyncClient(transport=transport, base_url="http://shop") as client:
+        assert (await client.post("/order")).status_code == 200
+    executor = app.executor()
+    await executor.run_until_idle()  # the mutation, then the action's first try
+    clock.advance(1)
+    await executor.run_until_idle()  # its retry
+    assert tries == [7, 7]
+    found = otel.spans.get_finished_spans()
+    [request] = _named(found, "POST /order")
+    [mutation] = _named(found, "durafn.run orders:place")
+    first, second = sorted(
+        _named(found, "durafn.run orders:email"), key=lambda s: s.start_time or 0
+    )
+    smtp = sorted(_named(found, "smtp.send"), key=lambda s: s.start_time or 0)
+    trace_id = request.context.trace_id
+    assert mutation.context.trace_id == trace_id == first.context.trace_id
+    assert mutation.parent is not None and mutation.parent.span_id == request.context.span_id
+    assert first.parent is not None and first.parent.span_id == mutation.context.span_id
+    assert smtp[0].parent is not None and smtp[0].parent.span_id == first.context.span_id
+    assert mutation.kind is CONSUMER
+    assert (mutation.attributes or {})["durafn.outcome"] == "success"
+    assert (mutation.attributes or {})["durafn.kind"] == "mutation"
+    first_attributes = first.attributes or {}
+    assert (first_attributes["durafn.attempt"], first_attributes["durafn.outcome"]) == (
+        1,
+        "retried",
+    )
+    assert [e.name for e in first.events] == ["durafn.retry"]
+    # The retry: a root of its own trace, linked to the span that scheduled the row.
+    assert second.parent is None and second.context.trace_id != trace_id
+    [link] = second.links
+    assert link.context.span_id == mutation.context.span_id
+    assert (link.attributes or {})["durafn.attempt"] == 2
+    assert (second.attributes or {})["durafn.outcome"] == "success"
+    assert smtp[1].parent is not None and smtp[1].parent.span_id == second.context.span_id
+
+
+async def test_a_crons_tick_runs_as_a_root_span(
+    app: durafn.App, clock: FakeClock, otel: Otel
+) -> None:
+    @app.mutation(name="nightly:report")
+    async def report(ctx: MutationCtx) -> None:
+        pass
+
+    app.cron("nightly", "0 3 * * *", report.call())
+    executor = app.executor()
+    with otel.tracer.start_as_current_span("an unrelated span"):  # not the tick's parent
+        await executor.run_until_idle()  # registers it
+        clock.advance(86400)
+        await executor.run_until_idle()  # the tick, and its run
+    [run] = _named(otel.spans.get_finished_spans(), "durafn.run nightly:report")
+    assert run.parent is None and not run.links
+    assert (run.attributes or {})["durafn.cron"] == "nightly"
+
+
+def _samples(page: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of a Prometheus text page, parsed by prometheus-client's parser."""
+    out = {}
+    for family in text_string_to_metric_families(page):
+        for sample in family.samples:
+            out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return out
+
+
+async def _scrape(asgi: Any) -> str:
+    transport = httpx2.ASGITransport(app=asgi)
+    async with httpx2.AsyncClient(transport=transport, base_url="http://metrics") as client:
+        answer = await client.get("/metrics")
+    assert answer.status_code == 200, answer.text
+    return answer.text
+
+
+async def test_counters_and_histograms_move_by_the_runs_and_gauges_match_the_table(
+    app: durafn.App, clock: FakeClock
+) -> None:
+    @app.mutation(name="m:ok")
+    async def ok(ctx: MutationCtx) -> None:
+        pass
+
+    @app.mutation(name="m:bad")
+    async def bad(ctx: MutationCtx) -> None:
+        raise ValueError("no")
+
+    asgi = app.metrics_app()  # counting from here on, as a worker with --metrics-port does
+    sched = app.scheduler()
+    for _ in range(3):
+        await sched.run_after(0, ok)
+    await sched.run_after(0, bad)
+    await app.executor().run_until_idle()
+    await sched.run_many([ok.options(queue="later").call().after(60) for _ in range(2)])
+    await sched.run_after(0, ok.options(queue="now"))
+    clock.advance(1)
+    samples = _samples(await _scrape(asgi))
+
+    def runs(function: str, outcome: str) -> float:
+        labels = (("function", function), ("kind", "mutation"), ("outcome", outcome))
+        return samples[("durafn_runs_total", labels)]
+
+    assert (runs("m:ok", "success"), runs("m:bad", "failed")) == (3, 1)
+    by = (("function", "m:ok"), ("kind", "mutation"))
+    assert samples[("durafn_run_duration_seconds_count", by)] == 3
+    assert samples[("durafn_start_lag_seconds_count", by)] == 3
+    assert samples[("durafn_scheduled_total", (("function", "m:ok"),))] == 6
+    # The gauges, against a count of the table.
+    async with app.engine.connect() as conn:
+        due = (
+            await conn.execute(
+                text(
+                    "SELECT count(*) FROM _scheduled_functions "
+                    "WHERE state = 'Pending' AND available_at <= :now"
+                ),
+                {"now": clock.now()},
+            )
+        ).scalar_one()
+    assert samples[("durafn_due_rows", ())] == due == 1
+    assert samples[("durafn_queue_pending_rows", (("queue", "later"),))] == 2
+    assert samples[("durafn_queue_due_rows", (("queue", "now"),))] == 1
+    assert samples[("durafn_running_rows", ())] == 0
+    assert samples[("durafn_workers_alive", ())] == 0
+    assert samples[("durafn_oldest_due_age_seconds", ())] == pytest.approx(1.0)
+    # Labels: function names, kinds, outcomes, queues, crons; never an id.
+    for (_, labels), _value in samples.items():
+        assert {k for k, _ in labels} <= {"function", "kind", "outcome", "queue", "cron", "le"}
+
+
+async def test_the_dashboard_serves_the_metrics_to_a_scraper_with_the_token(
+    app: durafn.App,
+) -> None:
+    asgi = app.dashboard(token="s3cret")
+    transport = httpx2.ASGITransport(app=asgi)
+    async with httpx2.AsyncClient(transport=transport, base_url="http://dash") as client:
+        refused = await client.get("/metrics")
+        wrong = await client.get("/metrics", headers={"authorization": "Bearer nope"})
+        served = await client.get("/metrics", headers={"authorization": "Bearer s3cret"})
+    assert (refused.status_code, wrong.status_code, served.status_code) == (403, 403, 200)
+    assert ("durafn_workers_alive", ()) in _samples(served.text)
+
+
+async def test_json_logs_carry_a_runs_fields_and_its_trace_id(app: durafn.App, otel: Otel) -> None:
+    @app.mutation(name="logged:fails")
+    async def fails(ctx: MutationCtx) -> None:
+        logging.getLogger("user.code").warning("inside the run")
+        raise ValueError("boom")
+
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(durafn.json_log_formatter())
+    loggers = [logging.getLogger("durafn"), logging.getLogger("user.code")]
+    for logger in loggers:
+        logger.addHandler(handler)
+    try:
+        sid = await app.scheduler().run_after(0, fails)
+        executor = app.executor()
+        await executor.run_until_idle()
+    finally:
+        for logger in loggers:
+            logger.removeHandler(handler)
+    lines = [json.loads(line) for line in stream.getvalue().splitlines()]  # each parses
+    [inside] = [r for r in lines if r["message"] == "inside the run"]
+    [ended] = [r for r in lines if r.get("id") == sid]
+    assert (ended["function"], ended["kind"], ended["state"]) == (
+        "logged:fails",
+        "mutation",
+        "Failed",
+    )
+    assert ended["attempt"] == 1 and ended["level"] == "WARNING"
+    assert ended["worker"] == executor.worker_id and ended["duration"] >= 0 and "lag" in ended
+    [span] = _named(otel.spans.get_finished_spans(), "durafn.run logged:fails")
+    assert ended["trace_id"] == inside["trace_id"] == f"{span.context.trace_id:032x}"
+    assert inside["span_id"] == f"{span.context.span_id:016x}"
+
+
+def test_without_the_extra_nothing_is_imported_nor_stored(tmp_path: Path) -> None:
+    """A process where neither opentelemetry nor prometheus_client can be imported:
+    rows are scheduled and run, their trace context is NULL, and asking for metrics
+    says what to install."""
+    script = textwrap.dedent(
+        f"""
+        import sys
+        sys.modules["opentelemetry"] = None  # as if not installed
+        sys.modules["prometheus_client"] = None
+        import anyio, durafn
+
+        app = durafn.App("sqlite+aiosqlite:///{tmp_path}/plain.db")
+
+        @app.mutation(name="plain")
+        async def plain(ctx) -> None:
+            pass
+
+        async def main() -> None:
+            await app.migrate()
+            sid = await app.scheduler().run_after(0, plain)
+            await app.executor().run_until_idle()
+            async with app.engine.connect() as conn:
+                found = (await conn.exec_driver_sql(
+                    "SELECT state, trace_context FROM _scheduled_functions")).one()
+            try:
+                app.metrics_app()
+            except durafn.ArgumentError as exc:
+                print(exc)
+            print(tuple(found))
+            print(sorted(m for m in sys.modules if m.startswith(("opentelemetry", "prometheus"))
+                         and sys.modules[m] is not None))
+            await app.aclose()
+
+        anyio.run(main)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    said, row, imported = done.stdout.splitlines()
+    assert "pip install 'durafn[otel]'" in said
+    assert row == "('Success', None)" and imported == "[]"
+
+
+def test_the_shipped_rules_and_dashboard_name_only_metrics_that_exist() -> None:
+    """ops/: the Prometheus alert rules parse, and every metric they and the Grafana
+    dashboard's queries name is one durafn exposes."""
+    import re
+
+    import yaml
+
+    from durafn._telemetry.metrics import Metrics
+
+    async def _reading() -> Any:
+        raise AssertionError("not read")
+
+    import prometheus_client
+
+    exposed: set[str] = set()
+    for family in Metrics(prometheus_client, _reading).registry.collect():
+        kind = family.type
+        if kind == "counter":
+            exposed.add(family.name + "_total")
+        elif kind == "histogram":
+            exposed |= {family.name + s for s in ("_bucket", "_count", "_sum")}
+        else:
+            exposed.add(family.name)
+    from durafn._telemetry import metrics as module
+
+    source = Path(module.__file__).read_text()
+    exposed |= set(re.findall(r'gauge\(\s*"(durafn_[a-z_]+)"', source))
+    ops = Path(ROOT) / "ops"
+    rules = yaml.safe_load((ops / "prometheus" / "durafn-alerts.yml").read_text())
+    exprs = [r["expr"] for g in rules["groups"] for r in g["rules"]]
+    assert {r["alert"] for g in rules["groups"] for r in g["rules"]} >= {
+        "DurafnBacklogGrowing",
+        "DurafnStartLagHigh",
+        "DurafnNoWorkers",
+        "DurafnCronTickMissed",
+        "DurafnFailureRateHigh",
+    }
+    board = json.loads((ops / "grafana" / "durafn-dashboard.json").read_text())
+    exprs += [t["expr"] for p in board["panels"] for t in p.get("targets", [])]
+    named = {n for e in exprs for n in re.findall(r"\bdurafn_[a-z_]+", e)}
+    assert named and named <= exposed, sorted(named - exposed)
+
+
+async def test_the_counters_and_gauges_reach_the_opentelemetry_metrics_api(
+    otel: Otel, tmp_path: Path
+) -> None:
+    """Where the host uses OpenTelemetry's metrics API, an app built then keeps metrics
+    from the start, and the host's SDK reads the counters (and gauges) when it collects."""
+    import uuid
+
+    app = durafn.App(f"sqlite+aiosqlite:///{tmp_path}/otel.db")
+    name = f"otel:{uuid.uuid4().hex[:8]}"  # the provider is the process's: a name of its own
+
+    @app.mutation(name=name)
+    async def noted(ctx: MutationCtx) -> None:
+        pass
+
+    try:
+        await app.migrate()
+        for _ in range(2):
+            await app.scheduler().run_after(0, noted)
+        await app.executor().run_until_idle()
+        await _scrape(app.metrics_app())  # reads the gauges (the SDK's callbacks read them)
+        data = otel.metrics.get_metrics_data()
+        points = {
+            (m.name, tuple(sorted(p.attributes.items()))): p.value
+            for rm in data.resource_metrics
+            for sm in rm.scope_metrics
+            for m in sm.metrics
+            for p in m.data.data_points
+        }
+    finally:
+        await app.aclose()
+    labels = (("durafn.function", name), ("durafn.kind", "mutation"))
+    assert points[("durafn.runs", (*labels, ("durafn.outcome", "success")))] == 2, points
+    assert points[("durafn.scheduled", (("durafn.function", name),))] == 2
+    assert ("durafn.workers_alive", ()) in points
