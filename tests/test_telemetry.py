@@ -132,7 +132,7 @@ async def test_a_requests_trace_goes_on_through_the_mutation_and_the_action(
 
     async def order(request: Request) -> PlainTextResponse:
         with otel.tracer.start_as_current_span("POST /order", kind=SERVER):
-            await app.scheduler().run_after(0, place, 7)
+            await app.scheduler().run_after(0, place.options(key="order-7"), 7)
         return PlainTextResponse("ok")
 
     web = Starlette(routes=[Route("/order", order, methods=["POST"])])
@@ -159,6 +159,7 @@ async def test_a_requests_trace_goes_on_through_the_mutation_and_the_action(
     assert mutation.kind is CONSUMER
     assert (mutation.attributes or {})["durafn.outcome"] == "success"
     assert (mutation.attributes or {})["durafn.kind"] == "mutation"
+    assert (mutation.attributes or {})["durafn.job_key"] == "order-7"
     first_attributes = first.attributes or {}
     assert (first_attributes["durafn.attempt"], first_attributes["durafn.outcome"]) == (
         1,
@@ -431,3 +432,43 @@ async def test_the_counters_and_gauges_reach_the_opentelemetry_metrics_api(
     assert points[("durafn.runs", (*labels, ("durafn.outcome", "success")))] == 2, points
     assert points[("durafn.scheduled", (("durafn.function", name),))] == 2
     assert ("durafn.workers_alive", ()) in points
+
+
+async def test_the_metrics_command_serves_the_gauges(app: durafn.App, db_url: str) -> None:
+    """``durafn metrics`` in a process of its own: the database's gauges, as Prometheus
+    text, equal to what the table holds."""
+    import socket
+    import sys
+
+    from .helpers import wait_until
+    from .processes import owned
+
+    @app.mutation(name="gauged")
+    async def gauged(ctx: MutationCtx) -> None:
+        pass
+
+    from datetime import UTC, datetime
+
+    past = datetime(2000, 1, 1, tzinfo=UTC)  # due in the test's fake time and in real time
+    for _ in range(3):
+        await app.scheduler().run_at(past, gauged)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/metrics"
+
+    async def answers() -> bool:
+        try:
+            async with httpx2.AsyncClient() as client:
+                return (await client.get(url)).status_code == 200
+        except httpx2.TransportError:
+            return False
+
+    command = [sys.executable, "-m", "_durafn_cli", "metrics", "--url", db_url]
+    async with owned() as owner:
+        await owner.start([*command, "--port", str(port)], cwd=ROOT)
+        await wait_until(answers, "the metrics answer")
+        async with httpx2.AsyncClient() as client:
+            samples = _samples((await client.get(url)).text)
+    assert samples[("durafn_due_rows", ())] == 3
+    assert samples[("durafn_workers_alive", ())] == 0

@@ -4,6 +4,7 @@ point is that time passes (a long action must stay alive across many worker time
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -334,7 +335,9 @@ async def test_exit_on_complete_runs_what_is_due_and_exits_0(
     wapp: tuple[durafn.App, Functions], db_url: str, tmp_path: Path
 ) -> None:
     """Under the supervisor (``-n 2``), whose children are plain ``--exit-on-complete``
-    workers: both paths at the cost of one; each within two database connections."""
+    workers: both paths at the cost of one; each within two database connections, each
+    logging JSON (``--log-format json``, passed on to the children): a line per record,
+    a run's with its fields."""
     app, fns = wapp
     trace = tmp_path / "trace.txt"
     await app.run_mutation(fns.fan_out, 0, 300, 0.0)
@@ -344,9 +347,14 @@ async def test_exit_on_complete_runs_what_is_due_and_exits_0(
     command = durafn_command(
         "worker", "--app", "tests.worker_app:app", "--url", db_url, "--exit-on-complete"
     )
+    logs = ["--log-format", "json", "--log-level", "DEBUG"]
     async with owned() as owner:
-        result = await owner.run([*command, "-n", "2", "--max-connections", "2"], cwd=ROOT)
+        result = await owner.run([*command, "-n", "2", "--max-connections", "2", *logs], cwd=ROOT)
     assert result.returncode == 0, result.stderr.decode()
+    lines = [json.loads(line) for line in result.stderr.decode().splitlines()]
+    runs = [r for r in lines if r.get("function") == "w:touch" and r.get("state") == "Success"]
+    assert len(runs) == 20
+    assert all({"id", "kind", "attempt", "lag", "duration", "worker"} <= set(r) for r in runs)
     # Each child took the supervisor's --max-connections, and drained within it.
     assert result.stderr.decode().count("at most 2 database connections") == 2
     assert await state_counts(app) == {"Success": 320, "Pending": 1}

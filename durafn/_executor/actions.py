@@ -15,7 +15,6 @@ import functools
 import time
 from collections import deque
 from collections.abc import Callable
-from contextlib import nullcontext
 from typing import Any
 
 import anyio
@@ -266,12 +265,8 @@ class ActionPool:
         self.watch.arm(slot.deadline)
         cancels = self._rt.cancels
         cancel = cancels.start(row.id, slot.interrupt if ref.cancel == "interrupt" else None)
-        telemetry = self._rt.telemetry
-        run = (
-            telemetry.begin(ACTION, row, self._rt.clock.now(), self._claims.worker_id())
-            if telemetry.on
-            else nullcontext()
-        )
+        now, worker = self._rt.clock.now(), self._claims.worker_id()
+        run = self._rt.telemetry.running(ACTION, row, now, worker)
         try:
             try:
                 with run:  # its span current inside the function
@@ -368,12 +363,8 @@ class ActionPool:
                 cancel = running = cancels.start(
                     row.id, scope.cancel if ref.cancel == "interrupt" else None
                 )
-                telemetry = self._rt.telemetry
-                run = (
-                    telemetry.begin(ACTION, row, self._rt.clock.now(), self._claims.worker_id())
-                    if telemetry.on
-                    else nullcontext()
-                )
+                now = self._rt.clock.now()
+                run = self._rt.telemetry.running(ACTION, row, now, self._claims.worker_id())
                 try:
                     with run:  # its span current inside the function
                         result = await ref.fn(ctx, **values)

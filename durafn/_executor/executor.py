@@ -53,7 +53,7 @@ class Executor:
         self._lanes = config.mutation_lanes or min(config.concurrency, driver.max_mutation_lanes)
         poll = config.poll_interval
         self._wakeups = Wakeups(runtime, driver.default_poll_interval if poll is None else poll)
-        self._tally = Tally(runtime.telemetry.fields if runtime.telemetry.on else None)
+        self._tally = Tally(runtime.telemetry.fields)
         self.stats = self._tally.stats
         """Rows this executor finished ("mutations", "actions", "failed") and internal
         retries of mutation batches ("retries")."""

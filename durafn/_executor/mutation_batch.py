@@ -303,17 +303,9 @@ class MutationBatch:
             await rt.hooks.before(MUTATION, row)
         self._current, self._timeout = row, timeout
         self._limit_from(self._loop_time() + timeout)
-        telemetry = rt.telemetry
-        run = None
-        if telemetry.on:
-            began = self._began if self._began is not None else rt.clock.now()
-            run = telemetry.begin(MUTATION, row, began, self._worker_id)
         try:
-            if run is None:
-                result = await ref.fn(MutationCtx(rt, parts, row.id), **values)
-            else:
-                with run:  # its span current inside the function
-                    result = await ref.fn(MutationCtx(rt, parts, row.id), **values)
+            with rt.telemetry.running(MUTATION, row, self._began, self._worker_id):
+                result = await ref.fn(MutationCtx(rt, parts, row.id), **values)  # its span current
             if parts.used_db or savepoint is not None:
                 check_transaction(conn, root, savepoint, session, ref)
                 if session.new or session.dirty or session.deleted:

@@ -129,6 +129,7 @@ class Claimed(NamedTuple):
     """Where it was written among the rows (``schema/tables.py``' ``seq``)."""
     trace_context: str | None = None
     """The trace context it was scheduled in (``_telemetry``), as stored."""
+    job_key: str | None = None
 
     @property
     def slot(self) -> str | None:

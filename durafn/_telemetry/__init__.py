@@ -16,14 +16,18 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from .._kinds import FunctionKind, State
-from . import metrics, tracing
+from . import logs, metrics, tracing
 from .metrics import Metrics, Reading
 from .tracing import Tracing
 
 __all__ = ["Reading", "Telemetry"]
+
+
+_NOTHING = nullcontext()
 
 
 class _Run:
@@ -84,8 +88,9 @@ class Telemetry:
 
     @property
     def on(self) -> bool:
-        """Whether anything is recorded (else the executor calls nothing here)."""
-        return self.metrics is not None or self.tracing is not None
+        """Whether anything is recorded (else the executor calls nothing here): metrics,
+        spans, or the runs' fields for JSON log lines."""
+        return self.metrics is not None or logs.in_use or self.tracing is not None
 
     def measure(self) -> Metrics | None:
         """Keep metrics from now on (None: prometheus-client is not installed)."""
@@ -107,9 +112,18 @@ class Telemetry:
 
     # -- runs ----------------------------------------------------------------------------
 
-    def begin(self, kind: FunctionKind, row: Any, now: float, worker: str | None) -> _Run:
-        """A claimed row's run begins (``row``: the store's ``Claimed``); ``with`` the
-        result around the function's call."""
+    def running(
+        self, kind: FunctionKind, row: Any, now: float | None, worker: str | None
+    ) -> AbstractContextManager[None]:
+        """``with`` it around a claimed row's function call (``row``: the store's
+        ``Claimed``; ``now``: when its run started): ``begin`` where anything is
+        recorded, else a context that does nothing."""
+        if not self.on:
+            return _NOTHING
+        return self.begin(kind, row, now, worker)
+
+    def begin(self, kind: FunctionKind, row: Any, now: float | None, worker: str | None) -> _Run:
+        """A claimed row's run begins; ``with`` the result around the function's call."""
         attempt = row.attempts if kind is FunctionKind.ACTION else row.attempts + 1
         tracing = self.tracing
         run = _Run(row.name, kind, attempt, tracing)
@@ -117,7 +131,7 @@ class Telemetry:
         if stale is not None and stale.span is not None and tracing is not None:
             tracing.end(stale.span, "rerun", {})  # its batch was run again
         self._runs[row.id] = run
-        lag = run.lag = now - row.available_at
+        lag = run.lag = 0.0 if now is None else now - row.available_at
         run.worker = worker
         if self.metrics is not None:
             self.metrics.started(row.name, kind, lag)
@@ -141,6 +155,8 @@ class Telemetry:
                 attributes["durafn.queue"] = row.queue_name
             if row.flow_key is not None:
                 attributes["durafn.flow_key"] = row.flow_key
+            if row.job_key is not None:
+                attributes["durafn.job_key"] = row.job_key
             run.span, run.context = tracing.start(
                 kind, row.name, attempt, row.trace_context, attributes
             )

@@ -17,6 +17,9 @@ from typing import Any, TextIO
 from pythonjsonlogger.json import JsonFormatter
 
 _PREFIX = "durafn_"
+in_use = False
+"""Whether a JSON formatter of durafn's was made: the executor then keeps each run's
+fields for its log line (``Telemetry.on``), whether or not traces or metrics are on."""
 FIELDS = ("id", "function", "kind", "state", "attempt", "lag", "duration", "worker")
 
 
@@ -49,6 +52,8 @@ def json_log_formatter() -> logging.Formatter:
     """A formatter writing one JSON object per record: time, level, logger, message,
     and the run's fields (``FIELDS``, ``trace_id``, ``span_id``) where it has them: put it
     on your handler (``durafn worker --log-format json`` does)."""
+    global in_use
+    in_use = True
     return _Formatter(
         "%(asctime)s %(levelname)s %(name)s %(process)d %(message)s",
         rename_fields={"asctime": "time", "levelname": "level", "name": "logger"},

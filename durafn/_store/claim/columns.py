@@ -32,6 +32,7 @@ CLAIM_COLUMNS = (
     sf.c.flow,
     sf.c.seq,
     sf.c.trace_context,
+    sf.c.job_key,
 )
 
 
