@@ -255,12 +255,10 @@ async def test_list_filters_on_what_an_argument_contains(app: durafn.App) -> Non
     with pytest.raises(durafn.ArgumentError, match="args_contain: "):
         await app.list(args_contain={"tags": ["vip"]})  # type: ignore[dict-item]
     url = app._rt.driver.url.render_as_string(hide_password=False)
-    both = ("--arg", "tags~vip", "--arg", "note~order", "--json")
+    both = ("--arg", "tags~vip", "--arg", "note~order", "--json")  # one process: ~1 s
     listed = await _durafn("ls", "--url", url, *both)
     assert listed.returncode == 0, listed.stderr
     assert [r["id"] for r in json.loads(listed.stdout)["items"]] == [ids["vip"]]
-    listed = await _durafn("ls", "--url", url, "--arg", "tags~vip", "--json")
-    assert {r["id"] for r in json.loads(listed.stdout)["items"]} == {ids["vip"], ids["text"]}
 
 
 async def _durafn(*args: str) -> subprocess.CompletedProcess[str]:
