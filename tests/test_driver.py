@@ -38,6 +38,7 @@ from durafn._store import (
     driver_for_url,
     new_id,
 )
+from durafn._store.claim.queues import queue_heads
 from durafn._store.schema.tables import sf
 from durafn._store.write.failures import FailureStatements, failures_of
 
@@ -242,6 +243,35 @@ async def test_a_claim_takes_the_heads_of_many_queues_in_claim_order(store: Stor
     assert sorted(taken) == sorted(
         [ids["d", MUTATION, -1]] + [ids["c", MUTATION, n] for n in range(3)]
     )
+
+
+async def test_a_mutation_claim_finds_every_queue_full_and_takes_nothing(store: Store) -> None:
+    """Two serial queues, each running an action, each with a mutation due next: a
+    mutation claim takes nothing, and raises nothing. Between a claim's look at which
+    queues have room and its lock on them, another process's action may fill them: the
+    heads' read then has no queue left to take from (PostgreSQL's statement for many
+    queues divided the batch by their number, and the worker stopped on the error)."""
+    driver = store.driver
+    rows = [
+        new_row(kind, at=T0 - 100 + i, queue=queue)
+        for queue in ("a", "b")
+        for i, kind in enumerate([ACTION, MUTATION])
+    ]
+    await store.insert(*rows)
+    await store.run(lambda conn: driver.ensure_queues(conn, {"a": 1, "b": 1}, T0))
+    running = await store.claim_actions("w1", T0, 10)
+    assert len(running) == 2  # both queues' heads: their single slots are taken
+
+    async def mutations(conn: AsyncConnection) -> list[Claimed]:
+        return await driver.claim_mutations(conn, T0, 10)
+
+    assert await store.run(mutations) == []
+    lateral = driver.name == "PostgreSQL"  # its form for many queues (SQLite: a union)
+
+    async def heads(conn: AsyncConnection) -> tuple[list[Claimed], bool]:
+        return await queue_heads(conn, MUTATION, T0, ["a", "b"], 10, frozenset(), lateral)
+
+    assert await store.run(heads) == ([], False)
 
 
 @pytest.mark.postgres_only  # SKIP LOCKED: SQLite's BEGIN IMMEDIATE makes claims take turns

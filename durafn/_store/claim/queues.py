@@ -152,6 +152,8 @@ async def queue_heads(
         if free_slots > 0:
             # A mutation batch runs its rows of a queue one after another: one slot for all.
             limits[name] = room if kind is FunctionKind.MUTATION else min(free_slots, room)
+    if not limits:  # every queue held here is full (a serial queue's action is running)
+        return [], skipped
     taken: list[Claimed] = []
     if kind is FunctionKind.MUTATION and not lateral:
         # One queue at a time, each as many rows as the batch has room for: one writer
