@@ -356,6 +356,10 @@ async def test_bounded_counts_stop_at_the_bound(app: durafn.App, clock: FakeCloc
     # The two that ended last: the Failed one and the second success (in time order).
     assert sum(tight.counts[s] for s in (State.SUCCESS, State.FAILED, State.CANCELED)) == 2
     assert {State.SUCCESS, State.FAILED, State.CANCELED} <= set(tight.capped)
+    for _ in range(7):  # one long-lived app: PostgreSQL's generic plans from the sixth run
+        again = await app.stats(bound=2)
+        assert (again.counts, again.capped) == (tight.counts, tight.capped)
+        assert [q.pending for q in await app.queues(bound=2)] == [2]
     at_one = await app.stats(bound=1)
     assert at_one.counts[State.PENDING] == 1 and at_one.counts[State.IN_PROGRESS] == 0
 

@@ -399,13 +399,15 @@ def test_the_shipped_rules_and_dashboard_name_only_metrics_that_exist() -> None:
 
 
 async def test_the_counters_and_gauges_reach_the_opentelemetry_metrics_api(
-    otel: Otel, tmp_path: Path
+    otel: Otel, app_url: tuple[str, bool]
 ) -> None:
     """Where the host uses OpenTelemetry's metrics API, an app built then keeps metrics
-    from the start, and the host's SDK reads the counters (and gauges) when it collects."""
+    from the start, and the host's SDK reads the counters (and gauges) when it collects.
+    (Its own app, on the test's database: built after the SDK, as a host builds it.)"""
     import uuid
 
-    app = durafn.App(f"sqlite+aiosqlite:///{tmp_path}/otel.db")
+    url, ready = app_url
+    app = durafn.App(url)
     name = f"otel:{uuid.uuid4().hex[:8]}"  # the provider is the process's: a name of its own
 
     @app.mutation(name=name)
@@ -413,7 +415,8 @@ async def test_the_counters_and_gauges_reach_the_opentelemetry_metrics_api(
         pass
 
     try:
-        await app.migrate()
+        if not ready:
+            await app.migrate()
         for _ in range(2):
             await app.scheduler().run_after(0, noted)
         await app.executor().run_until_idle()

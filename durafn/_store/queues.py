@@ -7,13 +7,14 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping
 from typing import Any, ClassVar
 
-from sqlalchemy import CursorResult, func, literal_column, select, update
+from sqlalchemy import CursorResult, func, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.selectable import ScalarSelect
 
 from .._kinds import State
 from .._types import QueueInfo
+from .read.listing import at_most
 from .schema.tables import KEYED, QUEUED, RUNNING_ROWS, queues, sf
 
 
@@ -79,14 +80,9 @@ class QueueStatements:
         each count stops there (``QueueInfo.capped``)."""
 
         def count(*where: ColumnElement[bool]) -> ScalarSelect[int]:
-            some = (
-                select(literal_column("1"))
-                .where(sf.c.queue_name == queues.c.name, *where)
-                .correlate(queues)
-                .limit(bound)
-                .subquery()
-            )
-            return select(func.count()).select_from(some).scalar_subquery()
+            # Correlated: the queue of the outer row (a range of its partial index).
+            in_queue = sf.c.queue_name == queues.c.name
+            return at_most(bound, in_queue, *where, outer=queues)
 
         due = sf.c.available_at <= now
         # Per queue, each count a range of a partial index: ix_scheduled_functions_queue

@@ -4,11 +4,12 @@ the workers, counts by state, the backlog (a part of ``Driver``)."""
 from __future__ import annotations
 
 import builtins
+from typing import Any
 
 from sqlalchemy import func, literal, literal_column, select, tuple_
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import ColumnElement, Tuple
-from sqlalchemy.sql.selectable import ScalarSelect
+from sqlalchemy.sql.selectable import FromClause, ScalarSelect, Select
 
 from ..._clock import to_datetime
 from ..._kinds import FunctionKind, State
@@ -121,14 +122,9 @@ class ReadStatements:
         of at most ``bound`` entries each); the ended states: counted among the ``bound``
         rows that ended last (a range of ix_scheduled_functions_completed)."""
 
-        def at_most(*where: ColumnElement[bool]) -> ScalarSelect[int]:
-            some = select(literal_column("1")).where(*where).limit(bound).subquery()
-            return select(func.count()).select_from(some).scalar_subquery()
-
         # The Pending rows' three partial indexes, one predicate each, as written there.
-        active = await conn.execute(
-            select(at_most(UNQUEUED), at_most(QUEUED), at_most(KEYED), at_most(RUNNING_ROWS))
-        )
+        arms = (UNQUEUED, QUEUED, KEYED, RUNNING_ROWS)
+        active = await conn.execute(select(*(at_most(bound, arm) for arm in arms)))
         *pending, running = active.one()
         latest = (
             select(sf.c.state)
@@ -152,12 +148,8 @@ class ReadStatements:
         """Pending rows due by ``now``, counted up to ``bound`` (and whether it stopped
         there): the three Pending partial indexes, each up to ``bound`` entries."""
         due = sf.c.available_at <= now
-
-        def at_most(where: ColumnElement[bool]) -> ScalarSelect[int]:
-            some = select(literal_column("1")).where(where, due).limit(bound).subquery()
-            return select(func.count()).select_from(some).scalar_subquery()
-
-        found = sum((await conn.execute(select(*map(at_most, (UNQUEUED, QUEUED, KEYED))))).one())
+        arms = (at_most(bound, arm, due) for arm in (UNQUEUED, QUEUED, KEYED))
+        found = sum((await conn.execute(select(*arms))).one())
         return min(found, bound), found >= bound
 
     async def backlog(self, conn: AsyncConnection, now: float) -> tuple[float | None, float | None]:
@@ -196,3 +188,17 @@ def _up_to(at: float, id: str, newest_first: bool) -> ColumnElement[bool]:
 def _mark(at: float, id: str) -> Tuple:
     # Typed as the columns: PostgreSQL compares a uuid with a uuid, not with text.
     return tuple_(literal(at, sf.c.scheduled_time.type), literal(id, sf.c.id.type))
+
+
+def at_most(
+    bound: int | None, *where: ColumnElement[bool], outer: FromClause | None = None
+) -> ScalarSelect[int]:
+    """How many rows match ``where``, counted up to ``bound`` (None: all): a range of
+    the index ``where`` names, of at most ``bound`` entries (the bounded counts of
+    ``stats``, the gauges and the queues). ``outer``: a table of the enclosing query
+    that ``where`` refers to (a per-row count)."""
+    rows: Select[Any] = select(literal_column("1")).where(*where)
+    if outer is not None:
+        rows = rows.correlate(outer)
+    some = rows.limit(bound).subquery()
+    return select(func.count()).select_from(some).scalar_subquery()
