@@ -7,7 +7,10 @@ each in a process of its own, interleaved round by round:
 * ``on``: an OpenTelemetry SDK with an in-memory span exporter (every span recorded) and
   an in-memory metric reader, and durafn's Prometheus metrics kept;
 * ``sampled``: the same with a sampler that keeps one trace in ten
-  (``ParentBased(TraceIdRatioBased(0.1))``, a common production setting).
+  (``ParentBased(TraceIdRatioBased(0.1))``, a common production setting);
+* ``api``: the OpenTelemetry API imported, no SDK set (durafn records nothing);
+* ``metrics``: an OpenTelemetry metrics SDK and no tracer provider: durafn's counters
+  and histograms kept, no spans (a Prometheus-only deployment).
 
 Reports each setting's median rows/s and the ratios ``on / unused`` (target ≥ 0.90) and
 ``unused / absent`` (target ≥ 0.98). ``--baseline PATH``: also a checkout of durafn
@@ -28,7 +31,7 @@ from pathlib import Path
 import anyio
 
 HERE = Path(__file__).resolve().parent.parent
-SETTINGS = ("absent", "unused", "on", "sampled")
+SETTINGS = ("absent", "unused", "on", "sampled", "api", "metrics")
 
 _BLOCK = """
 import sys
@@ -53,6 +56,15 @@ _SAMPLED = _SDK.replace(
     "from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased\n"
     "provider = TracerProvider(sampler=ParentBased(TraceIdRatioBased(0.1)))",
 )
+_API = """
+from opentelemetry import trace
+"""
+_METRICS = """
+from opentelemetry import metrics
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+metrics.set_meter_provider(MeterProvider(metric_readers=[InMemoryMetricReader()]))
+"""
 _DRAIN = """
 import anyio
 from benchmarks import throughput
@@ -64,9 +76,15 @@ anyio.run(main)
 
 
 def _child(setting: str, url: str, rows: int, kind: str, baseline: Path | None) -> float:
-    prelude = {"absent": _BLOCK, "unused": "", "on": _SDK, "sampled": _SAMPLED, "baseline": ""}[
-        setting
-    ]
+    prelude = {
+        "absent": _BLOCK,
+        "unused": "",
+        "on": _SDK,
+        "sampled": _SAMPLED,
+        "api": _API,
+        "metrics": _METRICS,
+        "baseline": "",
+    }[setting]
     code = prelude + _DRAIN.format(url=url, rows=rows, kind=kind)
     root = baseline if setting == "baseline" and baseline is not None else HERE
     env = {k: v for k, v in os.environ.items() if not k.startswith("DURAFN_")}
@@ -98,6 +116,8 @@ async def measure(
     on, unused, absent = medians["on"], medians["unused"], medians["absent"]
     print(f"  on / unused     {on / unused:.3f}  (target >= 0.90)")
     print(f"  sampled / unused {medians['sampled'] / unused:.3f}")
+    print(f"  api / unused    {medians['api'] / unused:.3f}")
+    print(f"  metrics / unused {medians['metrics'] / unused:.3f}")
     print(f"  unused / absent {unused / absent:.3f}  (target >= 0.98)")
     if baseline is not None:
         print(f"  absent / before {absent / medians['baseline']:.3f}")

@@ -31,6 +31,7 @@ if _typing.TYPE_CHECKING:  # (mypy knows the condition by this spelling, not an 
         SchedulingError,
         SchedulingLimitError,
         SchemaError,
+        SnoozeLimitError,
         TransactionError,
         UnknownFunctionError,
         WorkerLostError,
@@ -43,7 +44,15 @@ if _typing.TYPE_CHECKING:  # (mypy knows the condition by this spelling, not an 
     from ._options import JobOptions, OptionError, Queue
     from ._registry import ActionRef, Call, FunctionRef, MutationRef, QueryRef, SchedulableRef
     from ._retention import Retention
-    from ._retries import DELAYED_JOB, GRAPHILE, Exponential, Fixed, NamedBackoff, Retry
+    from ._retries import (
+        DELAYED_JOB,
+        GRAPHILE,
+        Exponential,
+        Fixed,
+        NamedBackoff,
+        Retry,
+        Snooze,
+    )
     from ._scheduler import Scheduler
     from ._store import SCHEMA_VERSION, metadata, scheduled_functions
     from ._telemetry.logs import json_log_formatter
@@ -131,6 +140,8 @@ __all__ = [
     "SchedulingError",
     "SchedulingLimitError",
     "SchemaError",
+    "Snooze",
+    "SnoozeLimitError",
     "State",
     "Stats",
     "SystemClock",

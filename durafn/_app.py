@@ -28,7 +28,7 @@ from ._options import JobOptions, Queue, check_name
 from ._public import publish
 from ._registry import ActionRef, FunctionRef, JobOptionArgs, MutationRef, QueryRef, Registry
 from ._retention import Retention, check_retention
-from ._retries import Retry, check_retry
+from ._retries import MAX_SNOOZES, SNOOZE_LIMIT, Retry, check_retry
 from ._runtime import Backoff, Health, Limits, Runtime
 from ._scheduler import Scheduler
 from ._store import driver_for_url
@@ -214,6 +214,7 @@ class App(Operations, CronDeclarations, CronRegistry):
         name: str | None = None,
         timeout: float | None = None,
         retention: Retention | None = None,
+        snooze_limit: int = SNOOZE_LIMIT,
         **options: Unpack[JobOptionArgs],
     ) -> Callable[[Callable[Concatenate[MutationCtx, P], Awaitable[R]]], MutationRef[P, R]]: ...
 
@@ -224,6 +225,7 @@ class App(Operations, CronDeclarations, CronRegistry):
         name: str | None = None,
         timeout: float | None = None,
         retention: Retention | None = None,
+        snooze_limit: int = SNOOZE_LIMIT,
         **options: Unpack[JobOptionArgs],
     ) -> Any:
         """Register a transactional function: ``async def f(ctx: MutationCtx, ...)``.
@@ -234,8 +236,11 @@ class App(Operations, CronDeclarations, CronRegistry):
         them per call. With ``retry``, a run that raises is rolled back and tried again
         later, its effects committed once, by the run that succeeds. ``retention``: how
         long its finished rows are kept, per state (``durafn.Retention``).
+        ``snooze_limit``: how many times one row may ``raise durafn.Snooze(...)``.
         """
-        return self._register(MutationRef, (MutationCtx,), fn, name, timeout, options, retention)
+        return self._register(
+            MutationRef, (MutationCtx,), fn, name, timeout, options, retention, snooze_limit
+        )
 
     @overload
     def action(self, fn: Callable[Concatenate[ActionCtx, P], Awaitable[R]]) -> ActionRef[P, R]: ...
@@ -248,6 +253,7 @@ class App(Operations, CronDeclarations, CronRegistry):
         timeout: float | None = None,
         retention: Retention | None = None,
         cancel: CancelMode = "cooperative",
+        snooze_limit: int = SNOOZE_LIMIT,
         **options: Unpack[JobOptionArgs],
     ) -> Callable[[Callable[Concatenate[ActionCtx, P], Awaitable[R]]], ActionRef[P, R]]: ...
 
@@ -259,6 +265,7 @@ class App(Operations, CronDeclarations, CronRegistry):
         timeout: float | None = None,
         retention: Retention | None = None,
         cancel: CancelMode = "cooperative",
+        snooze_limit: int = SNOOZE_LIMIT,
         **options: Unpack[JobOptionArgs],
     ) -> Any:
         """Register a side-effecting function: ``async def f(ctx: ActionCtx, ...)``.
@@ -268,14 +275,15 @@ class App(Operations, CronDeclarations, CronRegistry):
         attempts (a failure, its time limit, its worker lost, a stop's grace period).
         ``cancel``: how a run learns that its row was cancelled: ``"cooperative"`` sets
         ``ctx.cancel_requested`` (and ends ``ctx.wait_for_cancel()``), ``"interrupt"``
-        also cancels it at its next ``await``. Job options as for ``mutation``.
+        also cancels it at its next ``await``. Job options and ``snooze_limit`` as for
+        ``mutation``.
         """
         if cancel not in CANCEL_MODES:
             raise RegistrationError(
                 f"cancel must be one of {', '.join(CANCEL_MODES)}, not {cancel!r}"
             )
         return self._register(
-            ActionRef, (ActionCtx,), fn, name, timeout, options, retention, cancel=cancel
+            ActionRef, (ActionCtx,), fn, name, timeout, options, retention, snooze_limit, cancel
         )
 
     def on(self, hook: HookName) -> Callable[[HookT], HookT]:
@@ -300,16 +308,19 @@ class App(Operations, CronDeclarations, CronRegistry):
         timeout: float | None,
         options: JobOptionArgs | None = None,
         retention: Retention | None = None,
+        snooze_limit: int = SNOOZE_LIMIT,
         cancel: CancelMode | None = None,
     ) -> Any:
         # Checked before decorating, so a bad option names the decorator's line.
         defaults = JobOptions.checked(error=RegistrationError, **(options or {}))
         optional(check_retention, "retention", retention, error=RegistrationError)
+        integer("snooze_limit", snooze_limit, low=0, high=MAX_SNOOZES, error=RegistrationError)
 
         def decorate(f: Callable[..., Awaitable[Any]]) -> FunctionRef[Any, Any]:
             ref = cls(f, name=name, timeout=timeout, ctx_types=ctx_types)
             ref.job_options = defaults
             ref.retention = retention
+            ref.snooze_limit = snooze_limit
             if isinstance(ref, ActionRef) and cancel is not None:
                 ref.cancel = cancel
             self._rt.registry.add(ref)

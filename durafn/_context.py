@@ -25,6 +25,7 @@ from ._clock import to_datetime
 from ._errors import ArgumentError, ReadOnlyError
 from ._kinds import ScheduledFunctionId, State
 from ._options import check_flag
+from ._progress import Progress, checked
 from ._public import publish
 from ._registry import ActionRef, MutationRef, QueryRef
 from ._runtime import Runtime
@@ -286,6 +287,7 @@ class ActionCtx(_BaseCtx):
     ) -> None:
         super().__init__(runtime, run_id)
         self._runner = runner
+        self._progress: Progress | None = None
 
     # Built on first use: most actions never schedule, and building both for every run
     # was a fifth of a no-op action's time in the worker (py-spy, PostgreSQL drain).
@@ -308,6 +310,19 @@ class ActionCtx(_BaseCtx):
         False when the action was called directly (``app.run_action``)."""
         cancellation = self._rt.cancels.get(self.run_id)
         return cancellation is not None and cancellation.requested
+
+    async def progress(self, fraction: float, message: str | None = None) -> None:
+        """Report how far this run has got: ``fraction`` from 0 to 1 and a short message
+        (at most 1,000 characters), stored on its row (``get``, ``durafn show``, ``ls``)
+        at most once a second (``_progress``: a report within a second of the last one
+        written is skipped). A bad value raises ``ArgumentError``. Nothing is stored for
+        a direct call (``app.run_action``), which has no row."""
+        fraction, message = checked(fraction, message)
+        if self.run_id is None:
+            return
+        if self._progress is None:
+            self._progress = Progress(self._rt, self.run_id)
+        await self._progress.report(fraction, message)
 
     async def wait_for_cancel(self) -> None:
         """Return once this run's row is cancelled (never, for a direct call): race it

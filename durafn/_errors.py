@@ -124,6 +124,11 @@ class NonRetryableError(DurafnError):
     whatever attempts its retry policy has left."""
 
 
+class SnoozeLimitError(DurafnError):
+    """A run raised ``durafn.Snooze`` once more than its function's ``snooze_limit``
+    allows: recorded as a failure (its retry policy decides what follows)."""
+
+
 class WorkerLostError(DurafnError):
     """The worker running an action stopped heartbeating (killed, crashed, or cut off from
     the database); another worker recorded the action Failed. It is never re-run."""

@@ -71,6 +71,8 @@ PUBLIC: dict[str, str] = {
     "SchedulingError": "_errors",
     "SchedulingLimitError": "_errors",
     "SchemaError": "_errors",
+    "Snooze": "_retries",
+    "SnoozeLimitError": "_errors",
     "State": "_kinds",
     "Stats": "_types",
     "SystemClock": "_clock",

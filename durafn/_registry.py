@@ -38,7 +38,7 @@ from ._kinds import FunctionKind
 from ._options import JobOptions, KeyMode, OptionError
 from ._public import publish
 from ._retention import Retention
-from ._retries import Retry
+from ._retries import SNOOZE_LIMIT, Retry
 from ._signatures import describe, parse_signature, problems, refuse_non_finite
 from ._types import Completion
 
@@ -104,6 +104,8 @@ class FunctionRef(Generic[P, R]):
         self.registered: FunctionRef[Any, Any] = self
         """The reference the app registered (``options()`` returns copies of it)."""
         self.retention: Retention | None = None
+        self.snooze_limit = SNOOZE_LIMIT
+        """How many times one row may snooze (the decorator's ``snooze_limit``)."""
         """How long its finished rows are kept, per state (its decorator's)."""
         self.hooks: dict[str, list[Hook]] = {}
         """This function's lifecycle hooks (``on``), by hook name."""

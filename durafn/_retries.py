@@ -29,11 +29,15 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ._checks import Error
-from ._errors import NonRetryableError, SchedulingError
+from ._errors import ArgumentError, DurafnError, NonRetryableError, SchedulingError
 from ._public import publish
 
 MAX_ATTEMPTS = 10_000
 MAX_DELAY = 366 * 24 * 3600.0
+SNOOZE_LIMIT = 1_000
+"""How many times a row may snooze unless its function says otherwise
+(``snooze_limit=``): a minute's snooze a thousand times is about 17 hours."""
+MAX_SNOOZES = 1_000_000
 
 BackoffFunction = Callable[[int, BaseException], float]
 
@@ -251,11 +255,29 @@ def check_retry(name: str, value: object, *, error: Error = SchedulingError) -> 
     return value
 
 
+class Snooze(DurafnError):  # a request, as Oban's {:snooze, n}; raised as NonRetryableError is
+    """Raise it from a mutation or an action: "not now, run me again in ``seconds``".
+
+    The row goes back to Pending, due then, in the transaction that records the run; it
+    is not a failure: no attempt of its retry policy is used up, nothing is added to its
+    history of errors, and no error hook fires. A mutation's writes are rolled back, as
+    for a failure. A row may snooze ``snooze_limit`` times (the decorator's, default
+    ``SNOOZE_LIMIT``); the next snooze fails the run with ``SnoozeLimitError``, which its
+    retry policy treats as any failure."""
+
+    def __init__(self, seconds: float) -> None:
+        _seconds_or(ArgumentError, "Snooze(seconds)", seconds)
+        super().__init__(f"snoozed for {seconds:g}s")
+        self.seconds = float(seconds)
+
+
 def _seconds(name: str, value: object) -> None:
+    _seconds_or(SchedulingError, name, value)
+
+
+def _seconds_or(error: Error, name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= MAX_DELAY:
-        raise SchedulingError(
-            f"{name} must be a number of seconds from 0 to {MAX_DELAY:g}, not {value!r}"
-        )
+        raise error(f"{name} must be a number of seconds from 0 to {MAX_DELAY:g}, not {value!r}")
 
 
 publish(globals())

@@ -105,6 +105,13 @@ class ScheduledFunction(BaseModel):
     """Each failed run, oldest first (the row's ``errors``)."""
     on_complete: str | None = None
     """The name of the mutation scheduled when it finishes for good (``on_complete``)."""
+    snoozes: int = 0
+    """How many of its runs raised ``durafn.Snooze`` (each put it back to Pending)."""
+    progress: float | None = None
+    """The fraction done its running action last reported (``ctx.progress``), 0 to 1;
+    kept after it ends. None: never reported."""
+    progress_message: str | None = None
+    """The message reported with it."""
 
 
 class Completion(BaseModel):

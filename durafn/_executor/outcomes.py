@@ -145,6 +145,7 @@ class Tally:
             "failed": 0,
             "retried": 0,
             "retries": 0,
+            "snoozed": 0,
         }
         self.progress = Signal()
         """Fired whenever rows finished: by this executor, or by its rescue of lost ones."""
@@ -154,10 +155,22 @@ class Tally:
         before = State.PENDING if kind is FunctionKind.MUTATION else State.IN_PROGRESS
         debug = logger.isEnabledFor(logging.DEBUG)
         info = logger.isEnabledFor(logging.INFO)
-        failures = retried = unwritten = 0
+        failures = retried = unwritten = snoozed = 0
         for o in outcomes:
             if o.unwritten:  # its row had moved on (cancelled, recorded lost): not ours
                 unwritten += 1
+            elif o.snoozed:
+                snoozed += 1
+                if info:
+                    logger.info(
+                        "%s %s (%s) %s -> Pending, snoozed until %s",
+                        kind,
+                        o.id,
+                        o.name,
+                        before,
+                        to_datetime(o.retry_at or 0).isoformat(timespec="milliseconds"),
+                        extra=log_fields(kind, o.id, o.name, State.PENDING, self._run(o.id)),
+                    )
             elif o.retry_at is not None:
                 retried += 1
                 # INFO: a failure its policy retries is expected; the last one is a warning.
@@ -200,7 +213,8 @@ class Tally:
                 )
         self.stats["failed"] += failures
         self.stats["retried"] += retried
-        self.stats[f"{kind}s"] += len(outcomes) - failures - retried - unwritten
+        self.stats["snoozed"] += snoozed
+        self.stats[f"{kind}s"] += len(outcomes) - failures - retried - unwritten - snoozed
         self.progress.fire()
 
     def _run(self, id: str) -> dict[str, Any] | None:

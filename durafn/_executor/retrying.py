@@ -18,12 +18,13 @@ from collections.abc import Sequence
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from .._errors import SnoozeLimitError
 from .._kinds import FunctionKind, State
-from .._retries import Retry, Rule
+from .._retries import SNOOZE_LIMIT, Retry, Rule, Snooze
 from .._runtime import Runtime
 from .._store import Outcome
 from .._store.rows import RetryState
-from .outcomes import forget_frames, traceback_text
+from .outcomes import error_fields, forget_frames, traceback_text
 
 
 def rule_for(rt: Runtime, state: RetryState) -> Rule | None:
@@ -62,6 +63,9 @@ def keep_trace(rt: Runtime, outcome: Outcome) -> Outcome:
     of 20,000 no-op mutations failing once (PostgreSQL), 423 collections against 363,
     and 2.2 us of CPU more per row drained."""
     exc, state = outcome.error, outcome.retry_state
+    if isinstance(exc, Snooze):  # not a failure: no traceback to keep
+        forget_frames(exc)
+        return outcome
     # Not a BaseException that is not an Exception (a cancellation, KeyboardInterrupt):
     # those are raised on after they are recorded, and keep their frames.
     if not isinstance(exc, Exception) or exc.__traceback__ is None or state is None:
@@ -78,6 +82,8 @@ def will_retry(rt: Runtime, outcome: Outcome) -> bool:
     row's retry state was read with its claim; if not, False)."""
     exc, state = outcome.error, outcome.retry_state
     if outcome.state is not State.FAILED or exc is None or state is None:
+        return False
+    if isinstance(exc, Snooze):
         return False
     rule = rule_for(rt, state)
     return rule is not None and not rule.gives_up(state.failures + 1, exc, state.max_attempts)
@@ -96,6 +102,11 @@ async def settle(
     which began at ``started``; actions, InProgress), failed ones as their policies say,
     and notify other processes of rows retried (the caller wakes its own executor once
     this commits: ``retried``); returns how many rows were written."""
+    snoozing = [o for o in outcomes if isinstance(o.error, Snooze)]
+    snoozed = 0
+    if snoozing:
+        snoozed = await _snooze(rt, conn, now, snoozing, kind)
+        outcomes = [o for o in outcomes if not (o.snoozed or o.unwritten)]
     failed = [o for o in outcomes if o.state is State.FAILED or o.retry_at is not None]
     for outcome in failed:  # decided in a transaction that was rolled back: decide again
         outcome.state, outcome.retry_at, outcome.unwritten = State.FAILED, None, False
@@ -111,11 +122,45 @@ async def settle(
     # The finish also writes each failed run into its row's history and notifies other
     # processes of the rows retried.
     if kind is FunctionKind.MUTATION:
-        return await rt.driver.finish_pending(conn, now, outcomes, worker_id, started or now)
-    return await rt.driver.finish_in_progress(conn, now, outcomes, worker_id)
+        written = await rt.driver.finish_pending(conn, now, outcomes, worker_id, started or now)
+    else:
+        written = await rt.driver.finish_in_progress(conn, now, outcomes, worker_id)
+    return written + snoozed
+
+
+async def _snooze(
+    rt: Runtime, conn: AsyncConnection, now: float, outcomes: Sequence[Outcome], kind: FunctionKind
+) -> int:
+    """Runs that raised ``Snooze``: their rows back to Pending, due after the snooze,
+    where under their function's ``snooze_limit``; a run over it becomes a failure
+    (``SnoozeLimitError``) for its policy to decide on. Returns how many rows moved."""
+    limits = []
+    for o in outcomes:
+        assert isinstance(o.error, Snooze)
+        o.state, o.snoozed, o.unwritten = State.PENDING, False, False  # again after a fault
+        o.retry_at = now + o.error.seconds
+        o.error_type = o.error_message = None
+        ref = rt.registry.find(o.name)
+        limits.append(ref.snooze_limit if ref is not None else SNOOZE_LIMIT)
+    expected = State.PENDING if kind is FunctionKind.MUTATION else State.IN_PROGRESS
+    counted = 1 if kind is FunctionKind.MUTATION else 0
+    moved, limited = await rt.driver.snooze_rows(conn, outcomes, expected, counted, limits)
+    for o, limit in zip(outcomes, limits, strict=True):
+        if o.id in moved:
+            o.snoozed = True
+        elif o.id in limited:
+            exc = SnoozeLimitError(
+                f"{o.name} snoozed {limit} times, its limit; raise it with "
+                f"@app.{kind}(snooze_limit=...) or stop snoozing"
+            )
+            o.error, o.state, o.retry_at = exc, State.FAILED, None
+            o.error_type, o.error_message = error_fields(exc)
+        else:
+            o.unwritten = True  # cancelled meanwhile
+    return len(moved)
 
 
 def retried(outcomes: Sequence[Outcome]) -> bool:
-    """Whether any of these went back to Pending (executors must hear of it: a retry due
-    now would otherwise wait for their poll)."""
+    """Whether any of these went back to Pending, retried or snoozed (executors must hear
+    of it: a retry due now would otherwise wait for their poll)."""
     return any(o.retry_at is not None for o in outcomes)

@@ -39,6 +39,7 @@ from .write.debounce import write_debounced
 from .write.failures import FailureStatements
 from .write.finish import FinishStatements
 from .write.keys import insert_keyed
+from .write.progress import ProgressStatements
 
 
 class Driver(
@@ -47,6 +48,7 @@ class Driver(
     ReadStatements,
     QueueStatements,
     FailureStatements,
+    ProgressStatements,
     CancelStatements,
     InlineStatements,
     CronStatements,

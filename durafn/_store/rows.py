@@ -185,6 +185,9 @@ class Outcome:
     transaction, if this outcome finishes the row for good."""
     retry_state: RetryState | None = None
     """Its row's retry policy and failures so far, when known (read with the claim)."""
+    snoozed: bool = False
+    """Set (with state Pending, due ``retry_at``) when its run raised ``durafn.Snooze``
+    and the row went back to Pending: not a failure (``_executor/retrying.py``)."""
     unwritten: bool = False
     """Set by the finish when its guard found the row moved on (cancelled, or recorded
     lost, meanwhile): nothing was written for this run (known for failed runs and rows
@@ -273,6 +276,9 @@ def to_model(row: Row[Any]) -> ScheduledFunction:
         on_complete=json.loads(m["on_complete"])["name"] if m["on_complete"] else None,
         history=history(m["errors"]),
         flow_key=m["flow_key"],
+        snoozes=m["snoozes"],
+        progress=m["progress"],
+        progress_message=m["progress_message"],
     )
 
 

@@ -77,14 +77,18 @@ class Telemetry:
 
     @property
     def tracing(self) -> Tracing | None:
-        """Spans, once the process uses OpenTelemetry's trace API: a host that never
-        imported it has no span to follow and no provider to export to, and pays nothing
-        (not even the import, ~50 ms a process)."""
-        if self._tracing is None and "opentelemetry.trace" in sys.modules:
+        """Spans, once the process uses OpenTelemetry's trace API and has set a tracer
+        provider (an SDK): a host that never imported the API has no span to follow and
+        pays nothing, not even the import (~50 ms a process); one with the API's default
+        provider would only make non-recording spans, 12 us a run for nothing."""
+        if self._tracing is None:
+            if "opentelemetry.trace" not in sys.modules:
+                return None
             trace = tracing.load()
-            if trace is not None:
-                self._tracing = Tracing(trace)
-        return self._tracing
+            if trace is None:
+                return None
+            self._tracing = Tracing(trace)
+        return self._tracing if self._tracing.provided() else None
 
     @property
     def on(self) -> bool:
@@ -104,7 +108,8 @@ class Telemetry:
 
     def capture(self) -> str | None:
         """The current trace context, for a row about to be written."""
-        return self.tracing.capture() if self.tracing is not None else None
+        tracing = self.tracing
+        return tracing.capture() if tracing is not None else None
 
     def scheduled(self, names: Iterable[str]) -> None:
         if self.metrics is not None:
@@ -118,14 +123,22 @@ class Telemetry:
         """``with`` it around a claimed row's function call (``row``: the store's
         ``Claimed``; ``now``: when its run started): ``begin`` where anything is
         recorded, else a context that does nothing."""
-        if not self.on:
-            return _NOTHING
-        return self.begin(kind, row, now, worker)
-
-    def begin(self, kind: FunctionKind, row: Any, now: float | None, worker: str | None) -> _Run:
-        """A claimed row's run begins; ``with`` the result around the function's call."""
-        attempt = row.attempts if kind is FunctionKind.ACTION else row.attempts + 1
         tracing = self.tracing
+        if tracing is None and self.metrics is None and not logs.in_use:
+            return _NOTHING
+        return self.begin(kind, row, now, worker, tracing)
+
+    def begin(
+        self,
+        kind: FunctionKind,
+        row: Any,
+        now: float | None,
+        worker: str | None,
+        tracing: Tracing | None,
+    ) -> _Run:
+        """A claimed row's run begins; ``with`` the result around the function's call
+        (``tracing``: ``self.tracing``, asked once by the caller)."""
+        attempt = row.attempts if kind is FunctionKind.ACTION else row.attempts + 1
         run = _Run(row.name, kind, attempt, tracing)
         stale = self._runs.pop(row.id, None)
         if stale is not None and stale.span is not None and tracing is not None:
@@ -136,30 +149,28 @@ class Telemetry:
         if self.metrics is not None:
             self.metrics.started(row.name, kind, lag)
         if tracing is not None:
-            attributes: dict[str, Any] = {
-                "messaging.system": "durafn",
-                "messaging.operation.type": "process",
-                "messaging.destination.name": row.queue_name or row.name,
-                "messaging.message.id": str(row.id),
-                "durafn.id": str(row.id),
-                "durafn.function": row.name,
-                "durafn.kind": kind.value,
-                "durafn.attempt": attempt,
-                "durafn.priority": row.priority,
-                "durafn.due_time": row.available_at,
-                "durafn.start_lag": lag,
-            }
-            if worker is not None:
-                attributes["durafn.worker"] = worker
-            if row.queue_name is not None:
-                attributes["durafn.queue"] = row.queue_name
-            if row.flow_key is not None:
-                attributes["durafn.flow_key"] = row.flow_key
-            if row.job_key is not None:
-                attributes["durafn.job_key"] = row.job_key
             run.span, run.context = tracing.start(
-                kind, row.name, attempt, row.trace_context, attributes
+                kind, row.name, attempt, row.trace_context, row.queue_name or row.name
             )
+            if run.span.is_recording():  # a sampled-out run builds none of these
+                attributes: dict[str, Any] = {
+                    "messaging.message.id": str(row.id),  # the row's id
+                    "durafn.function": row.name,
+                    "durafn.kind": kind.value,
+                    "durafn.attempt": attempt,
+                    "durafn.priority": row.priority,
+                    "durafn.due_time": row.available_at,
+                    "durafn.start_lag": lag,
+                }
+                if worker is not None:
+                    attributes["durafn.worker"] = worker
+                if row.queue_name is not None:
+                    attributes["durafn.queue"] = row.queue_name
+                if row.flow_key is not None:
+                    attributes["durafn.flow_key"] = row.flow_key
+                if row.job_key is not None:
+                    attributes["durafn.job_key"] = row.job_key
+                run.span.set_attributes(attributes)
         return run
 
     def fields(self, id: str) -> dict[str, Any]:
@@ -186,6 +197,8 @@ class Telemetry:
             run = self._runs.pop(o.id, None)
             if o.unwritten:
                 outcome = "canceled"
+            elif o.snoozed:
+                outcome = "snoozed"
             elif o.state is State.SUCCESS:
                 outcome = "success"
             elif o.retry_at is not None:
@@ -198,9 +211,10 @@ class Telemetry:
             if self.metrics is not None:
                 self.metrics.ended(o.name, kind, outcome, duration)
             if run is not None and run.span is not None:
-                assert self.tracing is not None
+                tracing = run.tracing
+                assert tracing is not None
                 if outcome == "retried":
-                    self.tracing.event(
+                    tracing.event(
                         run.span,
                         "durafn.retry",
                         {"durafn.attempt": run.attempt, "durafn.retry_at": o.retry_at},
@@ -210,7 +224,7 @@ class Telemetry:
                     extra["error.type"] = o.error_type
                 if duration is not None:
                     extra["durafn.duration"] = duration
-                self.tracing.end(run.span, outcome, extra)
+                tracing.end(run.span, outcome, extra)
 
     def cancelled(self, ids: Iterable[str]) -> None:
         """Running actions whose rows were cancelled (the cancel wrote their end)."""
@@ -221,25 +235,25 @@ class Telemetry:
             if self.metrics is not None:
                 duration = run.ended_at - run.started if run.ended_at is not None else None
                 self.metrics.ended(run.name, run.kind, "canceled", duration)
-            if run.span is not None:
-                assert self.tracing is not None
-                self.tracing.event(run.span, "durafn.cancel", {})
-                self.tracing.end(run.span, "canceled", {})
+            if run.span is not None and run.tracing is not None:
+                run.tracing.event(run.span, "durafn.cancel", {})
+                run.tracing.end(run.span, "canceled", {})
 
     def lost(self, rows: Sequence[Any], worker: str) -> None:
         """Runs of lost workers, rescued by ``worker`` (the store's ``LostAction``s)."""
+        tracing = self.tracing
         for row in rows:
             if self.metrics is not None:
                 self.metrics.ended(row.name, FunctionKind.ACTION, "lost", None)
-            if self.tracing is not None:
+            if tracing is not None:
                 attributes = {
-                    "durafn.id": str(row.id),
+                    "messaging.message.id": str(row.id),
                     "durafn.function": row.name,
                     "durafn.kind": FunctionKind.ACTION.value,
                     "durafn.worker": worker,
                     "durafn.lost_worker": row.worker_id or "",
                 }
-                self.tracing.rescued(row.name, row.trace_context, attributes)
+                tracing.rescued(row.name, row.trace_context, attributes)
 
     def tick(self, cron: str, outcome: str) -> None:
         if self.metrics is not None:

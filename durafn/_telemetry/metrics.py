@@ -14,6 +14,8 @@ cron's name. Never an id, a key or an argument.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import sys
 import time
 import weakref
@@ -31,7 +33,7 @@ GAUGE_BOUND = 10_000
 SECONDS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800)
 """Histogram buckets (seconds) for run durations and start lags: a no-op mutation's 1 ms
 to a half-hour action."""
-OUTCOMES = ("success", "failed", "retried", "canceled", "lost")
+OUTCOMES = ("success", "failed", "retried", "snoozed", "canceled", "lost")
 
 
 def load() -> Any:
@@ -64,66 +66,106 @@ class Metrics:
 
     def __init__(self, prometheus: Any, read: Callable[[], Any]) -> None:
         registry = self.registry = prometheus.CollectorRegistry(auto_describe=True)
-        self._runs = prometheus.Counter(
+        self._runs = Counter(
             "durafn_runs",
             "Runs that ended, by function, kind and outcome (success, failed, retried, "
-            "canceled, lost).",
+            "snoozed, canceled, lost).",
             ("function", "kind", "outcome"),
-            registry=registry,
         )
-        self._scheduled = prometheus.Counter(
+        self._scheduled = Counter(
             "durafn_scheduled",
             "Rows scheduled by this process's own transactions, by function.",
             ("function",),
-            registry=registry,
         )
-        self._duration = prometheus.Histogram(
+        self._duration = Histogram(
             "durafn_run_duration_seconds",
             "How long a run took, from its call to its end.",
             ("function", "kind"),
-            buckets=SECONDS,
-            registry=registry,
         )
-        self._lag = prometheus.Histogram(
+        self._lag = Histogram(
             "durafn_start_lag_seconds",
             "From when a row was due to when its run started.",
             ("function", "kind"),
-            buckets=SECONDS,
-            registry=registry,
         )
-        self._ticks = prometheus.Counter(
+        self._ticks = Counter(
             "durafn_cron_ticks",
             "A cron's ticks written or skipped by the cron leader in this process.",
             ("cron", "outcome"),
-            registry=registry,
         )
-        self._children: dict[tuple[Any, ...], Any] = {}
+        for instrument in (self._runs, self._scheduled, self._duration, self._lag, self._ticks):
+            registry.register(instrument)
         self.gauges = Gauges(prometheus, read)
         registry.register(self.gauges)
         _Mirror.load(self)
 
-    def _child(self, metric: Any, *labels: str) -> Any:
-        # ``labels()`` takes a lock and hashes each time: ~1 us a call, kept per label set.
-        key = (id(metric), *labels)
-        found = self._children.get(key)
-        if found is None:
-            found = self._children[key] = metric.labels(*labels)
-        return found
-
     def ended(self, name: str, kind: FunctionKind, outcome: str, duration: float | None) -> None:
-        self._child(self._runs, name, kind, outcome).inc()
+        self._runs.inc((name, kind, outcome))  # kind: a StrEnum, its own label value
         if duration is not None:
-            self._child(self._duration, name, kind).observe(duration)
+            self._duration.observe((name, kind), duration)
 
     def started(self, name: str, kind: FunctionKind, lag: float) -> None:
-        self._child(self._lag, name, kind).observe(max(0.0, lag))
+        self._lag.observe((name, kind), lag)
 
     def scheduled(self, names: Iterable[str]) -> None:
         for name in names:
-            self._child(self._scheduled, name).inc()
+            self._scheduled.inc((name,))
 
     def tick(self, cron: str, outcome: str) -> None:
-        self._child(self._ticks, cron, outcome).inc()
+        self._ticks.inc((cron, outcome))
+
+
+class Counter:
+    """A counter family kept as plain numbers per label set, collected by prometheus-client
+    (a custom collector: its documented extension point), which writes the exposition.
+
+    Not prometheus-client's own ``Counter`` and ``Histogram``: each of their increments
+    takes a lock and each ``labels()`` another, and a run made five of them, 10 us of a
+    no-op mutation's 65 (``python -m benchmarks.telemetry``). These are written only from
+    the event loop's thread; a scrape from another thread reads a copy."""
+
+    def __init__(self, name: str, documentation: str, labels: Sequence[str]) -> None:
+        self.name, self.documentation, self.labels = name, documentation, list(labels)
+        self.values: dict[tuple[str, ...], float] = {}
+
+    def inc(self, labels: tuple[str, ...], by: float = 1) -> None:
+        self.values[labels] = self.values.get(labels, 0) + by
+
+    def collect(self) -> Iterable[Any]:
+        from prometheus_client.core import CounterMetricFamily
+
+        family = CounterMetricFamily(self.name, self.documentation, labels=self.labels)
+        for labels, value in list(self.values.items()):
+            family.add_metric(labels, value)
+        yield family
+
+
+class Histogram:
+    """A histogram family with the ``SECONDS`` buckets, kept as ``Counter`` keeps its
+    values: per label set, each bucket's own count (not cumulative), then the sum."""
+
+    def __init__(self, name: str, documentation: str, labels: Sequence[str]) -> None:
+        self.name, self.documentation, self.labels = name, documentation, list(labels)
+        self.series: dict[tuple[str, ...], list[float]] = {}
+
+    def observe(self, labels: tuple[str, ...], value: float) -> None:
+        counts = self.series.get(labels)
+        if counts is None:
+            counts = self.series[labels] = [0] * (len(SECONDS) + 2)
+        value = max(0.0, value)
+        counts[bisect.bisect_left(SECONDS, value)] += 1  # the first bucket with value <= le
+        counts[-1] += value
+
+    def collect(self) -> Iterable[Any]:
+        from prometheus_client.core import HistogramMetricFamily
+        from prometheus_client.utils import floatToGoString
+
+        bounds = [*map(floatToGoString, SECONDS), "+Inf"]
+        family = HistogramMetricFamily(self.name, self.documentation, labels=self.labels)
+        for labels, counts in list(self.series.items()):
+            counts = counts[:]  # one moment's copy
+            cumulative = list(itertools.accumulate(counts[:-1]))
+            family.add_metric(labels, list(zip(bounds, cumulative, strict=True)), counts[-1])
+        yield family
 
 
 class Gauges:

@@ -169,6 +169,8 @@ def field_value(name: str, value: Any) -> RenderableType:
         return cell(value.value)
     if name == "history":
         return cell("\n".join(history_line(attempt) for attempt in value) or "-")
+    if name == "progress" and value is not None:
+        return cell(f"{value:.0%}")
     return cell(value)
 
 

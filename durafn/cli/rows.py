@@ -182,7 +182,15 @@ def narrow_columns() -> list[str | Column]:
 def narrow_row(row: ScheduledFunction) -> list[Any]:
     """Completed rows show when they completed; the others when they are due."""
     when = row.completed_time if row.completed_time is not None else row.scheduled_time
-    return [row.id, row.name, state_text(row.state), short_time(when)]
+    return [row.id, row.name, state_cell(row), short_time(when)]
+
+
+def state_cell(row: ScheduledFunction) -> Any:
+    """Its state; a running row's with the progress it reported (``ctx.progress``)."""
+    cell = state_text(row.state)
+    if row.state is State.IN_PROGRESS and row.progress is not None:
+        cell.append(f" {row.progress:.0%}")
+    return cell
 
 
 def list_row(row: ScheduledFunction) -> list[Any]:
@@ -190,7 +198,7 @@ def list_row(row: ScheduledFunction) -> list[Any]:
         row.id,
         row.name,
         row.kind.value,
-        state_text(row.state),
+        state_cell(row),
         iso(row.scheduled_time),
         iso(row.started_time),
         iso(row.completed_time),

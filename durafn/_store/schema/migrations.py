@@ -266,6 +266,21 @@ def _step_13(conn: Connection) -> None:
         conn.execute(text("ALTER TABLE _scheduled_functions ADD COLUMN trace_context TEXT"))
 
 
+def _step_14(conn: Connection) -> None:
+    """Version 14: a row's snoozes (``snoozes``, 0 for every row written before) and
+    its progress (``progress``, ``progress_message``): a catalogue change only on both
+    engines (PostgreSQL 11+ keeps a constant default without rewriting the table)."""
+    columns = {c["name"] for c in inspect(conn).get_columns(scheduled_functions.name)}
+    added = {
+        "snoozes": "INTEGER NOT NULL DEFAULT 0",
+        "progress": "DOUBLE PRECISION",
+        "progress_message": "TEXT",
+    }
+    for name, ddl in added.items():
+        if name not in columns:
+            conn.execute(text(f"ALTER TABLE _scheduled_functions ADD COLUMN {name} {ddl}"))
+
+
 MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     2: _step_2,
     3: _step_3,
@@ -279,5 +294,6 @@ MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     11: _step_11,
     12: _step_12,
     13: _step_13,
+    14: _step_14,
 }
 """Steps from version N-1 to N. A fresh database gets the latest tables in one go."""

@@ -26,7 +26,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import JSONB
 
-SCHEMA_VERSION = 13
+SCHEMA_VERSION = 14
 """Bump with a new step in ``migrations.MIGRATIONS`` whenever the tables change."""
 
 metadata = MetaData()
@@ -93,6 +93,12 @@ scheduled_functions = Table(
     # of ``traceparent``/``tracestate``), or ``{"cron": name}`` for a cron's tick; None
     # where no trace was active or OpenTelemetry is not installed (``_telemetry``).
     Column("trace_context", Text),
+    # Version 14: how many times the row snoozed (``durafn.Snooze``: back to Pending, not
+    # a failure), and a running row's progress (``ctx.progress``): a fraction from 0 to 1
+    # and a message, kept after it ends.
+    Column("snoozes", Integer, nullable=False, server_default="0"),
+    Column("progress", Double),
+    Column("progress_message", Text),
     CheckConstraint(
         "state IN ('Pending', 'InProgress', 'Success', 'Failed', 'Canceled')",
         name="ck_scheduled_functions_state",

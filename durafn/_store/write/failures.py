@@ -166,6 +166,48 @@ class FailureStatements:
             await conn.execute(RETRY_ONE, params)
         return moved
 
+    async def snooze_rows(
+        self,
+        conn: AsyncConnection,
+        outcomes: Sequence[Outcome],
+        expected: State,
+        counted: int,
+        limits: Sequence[int],
+    ) -> tuple[set[str], set[str]]:
+        """Rows in ``expected`` back to Pending, each due at its ``retry_at``, one more
+        snooze counted (and ``counted`` runs), where the row has snoozed fewer than its
+        limit (``limits``, in order). Nothing goes into the row's history: a snooze is
+        not a failure. Returns the ids moved, and those left in ``expected`` because
+        they reached their limit (the rest had moved on: cancelled meanwhile).
+
+        One guarded UPDATE a row (its RETURNING says whether it moved): snoozes are
+        rare next to plain finishes, and a row's limit is its own."""
+        moved: set[str] = set()
+        for o, limit in zip(outcomes, limits, strict=True):
+            result = await conn.execute(
+                update(sf)
+                .where(
+                    sf.c.id == o.id,
+                    sf.c.state == expected.value,
+                    sf.c.snoozes < limit,
+                )
+                .values(
+                    state=State.PENDING.value,
+                    available_at=o.retry_at,
+                    started_time=None,
+                    completed_time=None,
+                    worker_id=None,
+                    attempts=sf.c.attempts + counted,
+                    snoozes=sf.c.snoozes + 1,
+                )
+                .returning(sf.c.id)
+            )
+            if result.first() is not None:
+                moved.add(o.id)
+        rest = [o.id for o in outcomes if o.id not in moved]
+        limited = await in_state(conn, rest, expected) if rest else set()
+        return moved, limited
+
     async def retry_states(
         self, conn: AsyncConnection, ids: Sequence[ScheduledFunctionId]
     ) -> dict[ScheduledFunctionId, RetryState]:
