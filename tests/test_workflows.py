@@ -117,7 +117,7 @@ async def test_the_snooze_limit_s_ends_and_a_snooze_past_the_range(
     with pytest.raises(durafn.RegistrationError, match="snooze_limit must be an integer"):
         app.action(snooze_limit=-1)
     with pytest.raises(durafn.RegistrationError, match="snooze_limit must be an integer"):
-        app.mutation(snooze_limit=True)  # type: ignore[call-overload]
+        app.mutation(snooze_limit=True)  # a bool is not a count
     big = app.action(name="big", snooze_limit=1_000_000)(never.fn)
     assert big.snooze_limit == 1_000_000
 
@@ -188,9 +188,9 @@ async def test_bad_progress_is_a_typed_error_and_a_direct_call_stores_none(
 
     @app.action
     async def reports(ctx: ActionCtx) -> None:
-        for fraction, message in ((1.5, None), (-0.1, None), (math.nan, None), (True, None)):
+        for fraction in (1.5, -0.1, math.nan, True):
             with pytest.raises(durafn.ArgumentError, match="progress must be a number from 0"):
-                await ctx.progress(fraction, message)
+                await ctx.progress(fraction)
         for message in ("x" * 1001, "nul\x00"):
             with pytest.raises(durafn.ArgumentError) as caught:
                 await ctx.progress(0.5, message)
