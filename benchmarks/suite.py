@@ -38,6 +38,7 @@ from . import (
     throughput,
     versus,
     workers,
+    workflows,
 )
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -225,6 +226,17 @@ async def run(sizes: Sizes, engines: list[str]) -> dict[str, Any]:
                 return await telemetry.measure(engine, sizes.drain, sizes.repeats, "mutation", None)
 
             r["telemetry"] = await step(f"{engine}: traces and metrics on and off", 1, _telemetry)
+
+            async def _workflows(_: Any, engine: str = engine) -> Any:
+                return await workflows.measure(
+                    lambda name: url_for(engine, name),
+                    engine,
+                    sizes.drain // 2,
+                    100,
+                    sizes.repeats,
+                )
+
+            r["workflows"] = await step(f"{engine}: a fan-in against a plain drain", 1, _workflows)
             results[engine] = r
         if "postgres" in engines:
             procs: dict[str, dict[str, float]] = {}

@@ -313,6 +313,10 @@ class App(Operations, CronDeclarations, CronRegistry):
     ) -> Any:
         # Checked before decorating, so a bad option names the decorator's line.
         defaults = JobOptions.checked(error=RegistrationError, **(options or {}))
+        if defaults.after is not None:
+            raise RegistrationError(
+                "after= names rows, so it is given per call: ref.options(after=[id, ...])"
+            )
         optional(check_retention, "retention", retention, error=RegistrationError)
         integer("snooze_limit", snooze_limit, low=0, high=MAX_SNOOZES, error=RegistrationError)
 

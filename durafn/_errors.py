@@ -124,6 +124,11 @@ class NonRetryableError(DurafnError):
     whatever attempts its retry policy has left."""
 
 
+class DependencyFailedError(NonRetryableError):
+    """A row scheduled ``after=`` others, with ``after_policy="fail"``: one of them ended
+    Failed or Canceled, so it was recorded Failed without running (never retried)."""
+
+
 class SnoozeLimitError(DurafnError):
     """A run raised ``durafn.Snooze`` once more than its function's ``snooze_limit``
     allows: recorded as a failure (its retry policy decides what follows)."""

@@ -19,13 +19,14 @@ from ._flow import Limits, allowance, next_slot
 from ._kinds import ScheduledFunctionId, State
 from ._options import read_flags
 from ._public import publish
-from ._store.read.explain import Facts, KeyCounts
+from ._store.read.explain import HELD_SHOWN, Facts, KeyCounts
 from ._store.rows import DEBOUNCE_KEY
 from ._types import FROZEN
 
 Reason = Literal[
     "finished",
     "running",
+    "awaiting",
     "not_due",
     "debounced",
     "throttled",
@@ -113,7 +114,19 @@ def _ended(row: Any) -> str:
 def _holding(facts: Facts, now: float) -> list[_Held]:
     """Everything that holds a Pending row back, in the claim's order."""
     row, found = facts.row, []
-    if row.available_at > now:
+    if facts.awaited:
+        shown = ", ".join(facts.awaited[:HELD_SHOWN])
+        more = (
+            f" and {len(facts.awaited) - HELD_SHOWN} more"
+            if len(facts.awaited) > HELD_SHOWN
+            else ""
+        )
+        message = (
+            f"it waits for {len(facts.awaited)} row(s) it was scheduled after to finish: "
+            f"{shown}{more}"
+        )
+        found.append(_Held("awaiting", message, None, facts.awaited[:HELD_SHOWN]))
+    elif row.available_at > now:
         at = to_datetime(row.available_at)
         if row.flow_until is not None and row.job_key is None:  # Throttle's later run
             message = (

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any, Literal, Protocol, get_args
 
-from ._checks import Error, integer, is_integer, optional, text
+from ._checks import Error, integer, is_integer, optional, scheduled_id, text
 from ._completions import CompletionCallback, check_on_complete
 from ._errors import SchedulingError
 from ._flow import Flow, FlowError, check_flow
@@ -41,6 +41,15 @@ never holds its key (Graphile deletes a completed job); it keeps it only to be l
 """
 
 KEY_MODES: tuple[str, ...] = get_args(KeyMode)
+
+AfterPolicy = Literal["run", "cancel", "fail"]
+"""What a row scheduled ``after=`` its dependencies does when one of them ends Failed or
+Canceled: ``run`` anyway once all have finished (the default: a completion-style join),
+``cancel`` itself, or ``fail`` with ``DependencyFailedError``."""
+
+AFTER_POLICIES: tuple[str, ...] = get_args(AfterPolicy)
+MAX_AFTER = 10_000
+"""Rows one row may wait for."""
 
 PRIORITY_RANGE = (-(2**31), 2**31 - 1)
 """The stored column is a 32-bit integer on both engines."""
@@ -112,6 +121,10 @@ class JobOptions:
     retry: Retry | None = None
     on_complete: Callback | None = None
     flow: Flow | None = None
+    after: tuple[str, ...] | None = None
+    """Ids of rows already written (this transaction's or earlier) that must all finish
+    for good before the row may run (``write/dependencies.py``); per call only."""
+    after_policy: AfterPolicy | None = None
 
     @classmethod
     def checked(cls, error: Error = OptionError, **values: Any) -> JobOptions:
@@ -136,6 +149,10 @@ class JobOptions:
                 check_on_complete, "on_complete", values.get("on_complete"), error=error
             ),
             flow=optional(check_flow, "flow", values.get("flow"), error=error),
+            after=optional(check_after, "after", values.get("after"), error=error),
+            after_policy=optional(
+                check_after_policy, "after_policy", values.get("after_policy"), error=error
+            ),
         )
 
     def over(self, base: JobOptions) -> JobOptions:
@@ -169,6 +186,8 @@ class RowOptions:
     flow_key: str | None = None
     """A flow key fixed in advance, for a cron's ticks (their arguments never change; the
     key function itself is not stored)."""
+    after_policy: AfterPolicy = "run"
+    """What the row does if a row it waits for fails (used where it has ``after``)."""
 
 
 def resolve(
@@ -202,6 +221,7 @@ def resolve(
         on_complete=_callback(options.on_complete, queues, retry),
         flow=flow,
         flow_spec=flow.spec() if flow is not None else None,
+        after_policy=options.after_policy or "run",
     )
 
 
@@ -260,6 +280,29 @@ def check_key(name: str, value: object, *, error: Error = OptionError) -> str:
     if not value or len(value) > MAX_KEY:
         raise error(f"{name} must be a non-empty string of at most {MAX_KEY} characters")
     return value
+
+
+def check_after(name: str, value: object, *, error: Error = OptionError) -> tuple[str, ...]:
+    """Row ids, each once, in their order (a lone string is refused: read letter by
+    letter it would be 36 ids)."""
+    if isinstance(value, str) or not isinstance(value, Iterable):
+        raise error(f"{name} must be a list of row ids, not {value!r}")
+    found: list[str] = []
+    for item in value:
+        id = scheduled_id(item)
+        if id is None:
+            raise error(f"{name}: {item!r} is not a row id (ids are UUIDs: run_after returns them)")
+        found.append(id)
+    ids = tuple(dict.fromkeys(found))
+    if not ids or len(ids) > MAX_AFTER:
+        raise error(f"{name} must name 1 to {MAX_AFTER} rows, not {len(ids)}")
+    return ids
+
+
+def check_after_policy(name: str, value: object, *, error: Error = OptionError) -> AfterPolicy:
+    if value not in AFTER_POLICIES:
+        raise error(f"{name} must be one of {', '.join(AFTER_POLICIES)}, not {value!r}")
+    return value  # type: ignore[return-value]
 
 
 def check_flag(name: str, value: object, *, error: Error = OptionError) -> str:

@@ -24,6 +24,7 @@ PUBLIC: dict[str, str] = {
     "DEFAULT_URL": "_app",
     "DELAYED_JOB": "_retries",
     "DatabaseError": "_errors",
+    "DependencyFailedError": "_errors",
     "Debounce": "_flow",
     "DurableNameWarning": "_errors",
     "DurafnError": "_errors",

@@ -35,7 +35,7 @@ from ._errors import (
 from ._flow import Flow
 from ._hooks import FUNCTION_HOOKS, Hook, HookName, HookT, check_hook
 from ._kinds import FunctionKind
-from ._options import JobOptions, KeyMode, OptionError
+from ._options import AfterPolicy, JobOptions, KeyMode, OptionError
 from ._public import publish
 from ._retention import Retention
 from ._retries import SNOOZE_LIMIT, Retry
@@ -298,6 +298,8 @@ class SchedulableRef(FunctionRef[P, R]):
         retry: Retry | None = None,
         on_complete: MutationRef[[Completion], Any] | None = None,
         flow: Flow | None = None,
+        after: Iterable[str] | None = None,
+        after_policy: AfterPolicy | None = None,
     ) -> Self:
         """This function with job options for the calls scheduled through the result
         (which has the same parameters, so mypy still checks the arguments).
@@ -313,7 +315,10 @@ class SchedulableRef(FunctionRef[P, R]):
         mutation taking a ``durafn.Completion``, scheduled in the same transaction as the
         row's final Success, Failed or Canceled (never lost, never twice). ``flow``: a
         ``durafn.Flow`` (flow key, concurrency, rate, fairness weight, debounce), in place
-        of the decorator's. Options not given keep the decorator's.
+        of the decorator's. ``after``: ids of rows already written (this transaction's or
+        earlier) that must all finish for good first; ``after_policy``: what the row does
+        if one of them ends Failed or Canceled (``"run"`` anyway, ``"cancel"``,
+        ``"fail"``). Options not given keep the decorator's.
         """
         chosen = JobOptions.checked(
             priority=priority,
@@ -324,6 +329,8 @@ class SchedulableRef(FunctionRef[P, R]):
             retry=retry,
             on_complete=on_complete,
             flow=flow,
+            after=after,
+            after_policy=after_policy,
         )
         if chosen.retry is not None and chosen.retry.to_json() is None:
             raise OptionError(
@@ -354,6 +361,8 @@ class JobOptionArgs(TypedDict, total=False):
     retry: Retry | None
     on_complete: MutationRef[[Completion], Any] | None
     flow: Flow | None
+    after: Iterable[str] | None
+    after_policy: AfterPolicy | None
 
 
 class ActionRef(SchedulableRef[P, R]):

@@ -6,6 +6,7 @@ translation of driver errors happen in one place.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import random
@@ -136,10 +137,16 @@ class Runtime:
         self.telemetry = Telemetry(functools.partial(read_gauges, self))
         self.hooks = Hooks(self.registry.hooks_of, self.telemetry)
         self.cancels = Cancels()
+        self.dependencies_in_use = False
+        """Rows scheduled ``after=`` others were written or claimed in this process: its
+        finishes may release some, so they wake its executor's loops (other processes
+        hear of it by the trigger's NOTIFY on PostgreSQL, by their poll on SQLite)."""
 
     def row_options(self, options: JobOptions) -> RowOptions:
         """The options a row is written with (``_options.resolve``), cached: most calls
         share a handful of option sets, and resolving cost ~2 us per scheduled row."""
+        if options.after is not None:  # ids per call: never a key of the cache
+            options = dataclasses.replace(options, after=None)
         found = self._resolved.get(options)
         if found is None:
             found = self._resolved[options] = resolve(options, self.queues, self.retry)
@@ -208,8 +215,9 @@ class Runtime:
         self, rows: list[dict[str, Any]], ids: list[ScheduledFunctionId]
     ) -> list[Inline]:
         """The Pending rows written (``ids``: the one that runs for each) that inline mode
-        runs at once: those its predicate accepts, in no named queue and with no flow key
-        (their limits are the claim's to keep)."""
+        runs at once: those its predicate accepts, in no named queue, with no flow key
+        (their limits are the claim's to keep) and no dependencies (``after=``: a worker
+        runs them once those have finished)."""
         accepts = self.inline
         if accepts is None:
             return []
@@ -219,6 +227,7 @@ class Runtime:
             if row["state"] == State.PENDING.value
             and row["queue_name"] is None
             and row["flow_key"] is None
+            and not row.get("after")
             and accepts(new_row_model(row, id))
         ]
 

@@ -251,6 +251,13 @@ class Scheduler:
                 f"arguments; this call would bring it to {self._bytes + size}"
             )
         flow_key = options.flow.key_of(ref.name, values) if options.flow is not None else None
+        after = ref.job_options.after
+        if after is not None and (options.key is not None or options.flow is not None):
+            raise OptionError(
+                "after= cannot be combined with a job key or flow control: a keyed or "
+                "debounced call may join a row that exists already, which its dependencies "
+                "would then hold back"
+            )
         self._count += 1
         self._bytes += size
         return new_row(
@@ -263,6 +270,7 @@ class Scheduler:
             options,
             flow_key,
             self._rt.telemetry.capture(),
+            after,
         )
 
     def _limit(self, message: str) -> None:

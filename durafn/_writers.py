@@ -75,10 +75,11 @@ class BufferedWriter:
         """Rows written that inline mode runs once committed."""
 
     async def add(self, rows: list[dict[str, Any]]) -> list[ScheduledFunctionId]:
-        if not all(map(_plain, rows)):
+        if not all(_plain(row) and not row.get("after") for row in rows):
             # The id of a keyed, debounced or throttled row is the one that runs for it,
-            # known only once written: write now (after the rows buffered before it, to
-            # keep their order).
+            # known only once written; a row's dependencies must exist (this batch's
+            # buffered rows among them): write now (after the rows buffered before it,
+            # to keep their order).
             await self.flush()
             with self._own_statements("scheduling a function"):
                 kinds, ids = await write(
@@ -181,9 +182,14 @@ async def write(
             ]
             await driver.write_completions(conn, now, born)
     new = _pending_kinds(rows) - set(notified)
-    if all(row["queue_name"] is None and _plain(row) for row in rows):
+    if all(row["queue_name"] is None and _plain(row) and not row.get("after") for row in rows):
         await driver.insert_rows(conn, _in_claim_order(rows), new)  # the common case
         return new, [row["id"] for row in rows]
+    waiting = [row for row in rows if row.get("after") and row["state"] == State.PENDING.value]
+    links: list[dict[str, Any]] = []
+    if waiting:
+        rt.dependencies_in_use = True
+        links = await driver.prepare_waiting(conn, waiting)
     names = {row["queue_name"] for row in rows if row["queue_name"] is not None}
     if names:
         await driver.ensure_queues(conn, {n: rt.concurrency_of(n) for n in names}, rt.clock.now())
@@ -200,6 +206,8 @@ async def write(
         written = await driver.write_debounced(conn, debounced, running)
         for row, id in zip(debounced, written, strict=True):
             ids[row["id"]] = id
+    if links:
+        await driver.link_waiting(conn, links)
     if new and not plain:
         await driver.notify(conn, new)
     return new, [ids[row["id"]] for row in rows]

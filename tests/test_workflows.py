@@ -226,3 +226,127 @@ def test_ls_shows_a_running_row_s_progress() -> None:
     assert str(narrow_row(row)[2]) == "InProgress 40%"
     ended = row.model_copy(update={"state": State.SUCCESS})
     assert str(narrow_row(ended)[2]) == "Success"
+
+
+# -- dependencies (after=) ---------------------------------------------------------------
+
+
+async def test_a_fan_in_runs_once_after_the_last_of_its_rows(
+    app: durafn.App, clock: FakeClock
+) -> None:
+    order: list[str] = []
+
+    @app.mutation
+    async def part(ctx: MutationCtx, n: int) -> None:
+        order.append(f"part {n}")
+
+    @app.action
+    async def join(ctx: ActionCtx) -> None:
+        order.append("join")
+
+    @app.mutation
+    async def plan(ctx: MutationCtx) -> durafn.ScheduledFunctionId:
+        ids = [await ctx.scheduler.run_after(0, part, n=n) for n in range(1000, 1010)]
+        # The join is written in the same transaction as the rows it waits for.
+        return await ctx.scheduler.run_after(0, join.options(after=ids))
+
+    sched = app.scheduler()
+    parts = await sched.run_many([part.call(n=n) for n in range(1000)])
+    join_id = await sched.run_after(0, join.options(after=parts))
+    row = await row_of(app, join_id)
+    assert (row.state, row.awaiting, row.due_time) == (State.PENDING, 1000, None)
+    explained = await app.explain(join_id)
+    assert explained.reason == "awaiting" and "waits for 1000 row(s)" in explained.message
+    assert len(explained.held_by) == 10
+    await app.executor().run_until_idle()
+    assert order[-1] == "join" and order.count("join") == 1 and len(order) == 1001
+    row = await row_of(app, join_id)
+    assert (row.state, row.awaiting) == (State.SUCCESS, 0)
+    order.clear()
+    join_id = await app.run_mutation(plan)
+    assert (await row_of(app, join_id)).awaiting == 10
+    await app.executor().run_until_idle()
+    assert order[-1] == "join" and len(order) == 11
+
+
+async def test_a_failed_dependency_under_each_policy(app: durafn.App, clock: FakeClock) -> None:
+    runs: list[str] = []
+
+    @app.action
+    async def breaks(ctx: ActionCtx) -> None:
+        raise RuntimeError("broken")
+
+    @app.action
+    async def slow(ctx: ActionCtx) -> None:
+        runs.append("slow")
+
+    @app.mutation
+    async def after_them(ctx: MutationCtx, policy: str) -> None:
+        runs.append(policy)
+
+    sched = app.scheduler()
+    broken = await sched.run_after(0, breaks)
+    later = await sched.run_after(60, slow)  # still Pending when the other fails
+    ids = {}
+    for policy in ("run", "cancel", "fail"):
+        ref = after_them.options(after=[broken, later], after_policy=policy)
+        ids[policy] = await sched.run_after(0, ref, policy=policy)
+    await app.executor().run_until_idle()
+    # cancel and fail act as soon as one dependency fails; run waits for the other.
+    assert (await row_of(app, ids["cancel"])).state is State.CANCELED
+    failed = await row_of(app, ids["fail"])
+    assert failed.state is State.FAILED and failed.error is not None
+    assert failed.error.type == "durafn.DependencyFailedError" and failed.failures == 1
+    waiting = await row_of(app, ids["run"])
+    assert (waiting.state, waiting.awaiting) == (State.PENDING, 1)
+    assert runs == []
+    clock.advance(60)
+    await app.executor().run_until_idle()
+    assert runs == ["slow", "run"]
+
+
+async def test_a_cancel_propagates_to_the_rows_that_say_so(
+    app: durafn.App, clock: FakeClock
+) -> None:
+    @app.action
+    async def step(ctx: ActionCtx, n: int) -> None: ...
+
+    sched = app.scheduler()
+    first = await sched.run_after(60, step, n=1)
+    second = await sched.run_after(0, step.options(after=[first], after_policy="cancel"), n=2)
+    third = await sched.run_after(0, step.options(after=[second], after_policy="cancel"), n=3)
+    keeps = await sched.run_after(0, step.options(after=[first]), n=4)
+    await app.cancel(first)
+    await app.executor().run_until_idle()
+    states = [(await row_of(app, i)).state for i in (second, third, keeps)]
+    assert states == [State.CANCELED, State.CANCELED, State.SUCCESS]
+
+
+async def test_after_names_only_rows_that_exist_and_nothing_is_written_otherwise(
+    app: durafn.App, clock: FakeClock
+) -> None:
+    @app.action
+    async def step(ctx: ActionCtx) -> None: ...
+
+    sched = app.scheduler()
+    done = await sched.run_after(0, step)
+    await app.executor().run_until_idle()
+    missing = "01900000-0000-7000-8000-000000000000"
+    with pytest.raises(durafn.SchedulingError, match=f"does not exist: {missing}"):
+        await sched.run_after(0, step.options(after=[done, missing]))
+    assert len((await app.list(limit=10)).items) == 1  # nothing was written
+    for bad, message in (
+        (["not-an-id"], "is not a row id"),
+        ([], "must name 1 to 10000 rows, not 0"),
+        (done, "must be a list of row ids"),
+    ):
+        with pytest.raises(durafn.OptionError, match=message):
+            step.options(after=bad)
+    with pytest.raises(durafn.OptionError, match="after_policy must be one of run, cancel"):
+        step.options(after=[done], after_policy="skip")  # type: ignore[arg-type]
+    with pytest.raises(durafn.RegistrationError, match="given per call"):
+        app.action(after=[done])
+    # A row after one that already succeeded is due at once; the same id twice is once.
+    at_once = await sched.run_after(0, step.options(after=[done, done.upper()]))
+    row = await row_of(app, at_once)
+    assert row.awaiting == 0 and row.due_time is not None

@@ -33,7 +33,7 @@ from .action_claims import ActionClaims
 from .config import ExecutorConfig
 from .deadlines import DeadlineWatch, Slot
 from .finisher import Finisher
-from .outcomes import failed, stopped, succeeded
+from .outcomes import failed, held_back, stopped, succeeded
 from .tasks import Pace, Signal, first_of
 from .wakeups import Wakeups
 
@@ -251,6 +251,11 @@ class ActionPool:
             self._unstarted.append(row)
             return
         record = self._record
+        if row.after_policy is not None:
+            self._rt.dependencies_in_use = True
+            if row.after_failed and (instead := held_back(row)) is not None:
+                record(instead)  # a row it waited for failed: its after_policy, not a run
+                return
         try:
             ref, values, ctx, timeout = self._prepare(row)
         except Exception as exc:
@@ -352,6 +357,11 @@ class ActionPool:
             await anyio.lowlevel.checkpoint_if_cancelled()
             if self._aborting:
                 raise anyio.get_cancelled_exc_class()()
+            if row.after_policy is not None:
+                self._rt.dependencies_in_use = True
+                if row.after_failed and (instead := held_back(row)) is not None:
+                    record(instead)
+                    return
             ref, values, ctx, timeout = self._prepare(row)
             await self._rt.hooks.before(ACTION, row)
             # One scope for both ways an action is stopped: its time limit (the deadline)

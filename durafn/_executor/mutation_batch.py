@@ -50,7 +50,7 @@ from .._store import (
     take_notes,
 )
 from .._writers import BufferedWriter, Enqueued
-from .outcomes import failed, success
+from .outcomes import failed, held_back, success
 from .retrying import keep_trace, retried, settle
 from .tasks import Pace
 from .wakeups import KINDS
@@ -284,6 +284,10 @@ class MutationBatch:
         row: Claimed,
     ) -> Outcome:
         rt = self._rt
+        if row.after_policy is not None:
+            rt.dependencies_in_use = True
+            if row.after_failed and (instead := held_back(row)) is not None:
+                return instead  # a row it waited for failed: its after_policy, not a run
         try:
             ref = rt.registry.get_kind(row.name, MutationRef)
             values = ref.decode_args(row.args)
@@ -386,6 +390,8 @@ class MutationBatch:
         written = await settle(self._rt, conn, now, pending, MUTATION, self._worker_id, self._began)
         if retried(pending):
             self.woken.add(MUTATION)
+        if self._rt.dependencies_in_use:  # a finish may have released rows waiting for it
+            self.woken.update(KINDS)
         if written != len(pending):  # pragma: no cover - the rows are locked by this batch
             raise DatabaseError(
                 f"{len(pending) - written} claimed mutations changed state under the executor"

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .._clock import to_datetime
-from .._errors import ExecutorShutdownError
+from .._errors import DependencyFailedError, ExecutorShutdownError
 from .._kinds import FunctionKind, State
 from .._registry import ActionRef
 from .._retries import type_name
@@ -82,6 +82,29 @@ def failed(row: Claimed | Outcome, exc: BaseException) -> Outcome:
         error=exc,
         on_complete=row.on_complete,
         retry_state=row.retry_state() if isinstance(row, Claimed) else row.retry_state,
+    )
+
+
+def held_back(row: Claimed) -> Outcome | None:
+    """What a row scheduled ``after=`` others records instead of running when one of
+    them ended Failed or Canceled and its ``after_policy`` says so; None: it runs."""
+    if not row.after_failed or row.after_policy not in ("cancel", "fail"):
+        return None
+    if row.after_policy == "fail":
+        return failed(
+            row,
+            DependencyFailedError(
+                f"{row.after_failed} of the rows it was scheduled after ended Failed or "
+                "Canceled (after_policy='fail'); it did not run"
+            ),
+        )
+    return Outcome(
+        row.id,
+        State.CANCELED,
+        name=row.name,
+        queue=row.slot,
+        flow_key=row.flow_key,
+        on_complete=row.on_complete,
     )
 
 

@@ -36,6 +36,7 @@ from .workers import WorkerStatements
 from .write.cancels import CANCEL, CANCELED_COLUMNS, CancelStatements
 from .write.completions import canceled
 from .write.debounce import write_debounced
+from .write.dependencies import DependencyStatements
 from .write.failures import FailureStatements
 from .write.finish import FinishStatements
 from .write.keys import insert_keyed
@@ -49,6 +50,7 @@ class Driver(
     QueueStatements,
     FailureStatements,
     ProgressStatements,
+    DependencyStatements,
     CancelStatements,
     InlineStatements,
     CronStatements,

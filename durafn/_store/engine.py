@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from .._errors import DatabaseError, SchemaError
 from .._kinds import FunctionKind
+from .schema.dependencies import create_release_trigger
 from .schema.migrations import MIGRATIONS
 from .schema.tables import SCHEMA_VERSION, metadata, schema_version, sf
 
@@ -202,6 +203,7 @@ def _create_all(conn: Connection) -> None:
     for table in metadata.tables.values():
         for index in table.indexes:
             index.create(conn, checkfirst=True)
+    create_release_trigger(conn)
 
 
 def _too_new(version: int) -> SchemaError:

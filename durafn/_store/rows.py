@@ -14,7 +14,7 @@ import operator
 import os
 import random
 import uuid
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -26,6 +26,7 @@ from .._flow import Debounce
 from .._kinds import FunctionKind, ScheduledFunctionId, State
 from .._options import RowOptions, read_flags
 from .._types import ErrorInfo, FailedAttempt, ScheduledFunction
+from .schema.dependencies import WAITING
 
 NEW_ROW_COLUMNS = (
     "id",
@@ -130,6 +131,10 @@ class Claimed(NamedTuple):
     trace_context: str | None = None
     """The trace context it was scheduled in (``_telemetry``), as stored."""
     job_key: str | None = None
+    after_failed: int = 0
+    """How many rows it waited for (``after=``) ended Failed or Canceled."""
+    after_policy: str | None = None
+    """What it does then (``run``, ``cancel``, ``fail``), or None: it waited for none."""
 
     @property
     def slot(self) -> str | None:
@@ -258,7 +263,10 @@ def to_model(row: Row[Any]) -> ScheduledFunction:
         args=json.loads(m["args"]),
         state=State(m["state"]),
         scheduled_time=to_datetime(m["scheduled_time"]),
-        due_time=to_datetime(m["available_at"]) if m["state"] == State.PENDING.value else None,
+        # A row that awaits its dependencies is due when they have finished, not before.
+        due_time=to_datetime(m["available_at"])
+        if m["state"] == State.PENDING.value and m["available_at"] < WAITING
+        else None,
         started_time=to_datetime(m["started_time"]) if m["started_time"] is not None else None,
         completed_time=to_datetime(m["completed_time"])
         if m["completed_time"] is not None
@@ -279,6 +287,7 @@ def to_model(row: Row[Any]) -> ScheduledFunction:
         snoozes=m["snoozes"],
         progress=m["progress"],
         progress_message=m["progress_message"],
+        awaiting=m["awaiting"],
     )
 
 
@@ -296,6 +305,7 @@ def new_row(
     options: RowOptions,
     flow_key: str | None = None,
     trace_context: str | None = None,
+    after: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """A Pending row to write (its keys ``NEW_ROW_COLUMNS``, the key mode, and its
     debounce or throttle: a row debounced on the trailing edge holds the job key
@@ -327,6 +337,8 @@ def new_row(
         "flow": options.flow_spec if flow_key is not None else None,
         "trace_context": trace_context,
         "debounce": debounce,
+        "after": after,
+        "after_policy": options.after_policy,
     }
 
 

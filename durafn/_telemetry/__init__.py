@@ -195,7 +195,7 @@ class Telemetry:
         """Outcomes committed (the store's ``Outcome``s): count them, end their spans."""
         for o in outcomes:
             run = self._runs.pop(o.id, None)
-            if o.unwritten:
+            if o.unwritten or o.state is State.CANCELED:
                 outcome = "canceled"
             elif o.snoozed:
                 outcome = "snoozed"

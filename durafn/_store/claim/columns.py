@@ -33,6 +33,9 @@ CLAIM_COLUMNS = (
     sf.c.seq,
     sf.c.trace_context,
     sf.c.job_key,
+    # Whether a row it waited for ended other than Success, and what it does then.
+    sf.c.after_failed,
+    sf.c.after_policy,
 )
 
 

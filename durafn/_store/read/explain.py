@@ -20,6 +20,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from ..._kinds import ScheduledFunctionId
 from ..schema.tables import KEYED, RUNNING_KEYED, flow_keys, queues, sf, workers
 from ..sql import PENDING, RUNNING
+from ..write.dependencies import awaited
 
 HELD_SHOWN = 10
 """Running rows named per queue or key (the count is exact)."""
@@ -45,6 +46,8 @@ class Facts:
     key_running_count: int
     key_tat: float | None
     workers: list[WorkerServes]
+    awaited: list[ScheduledFunctionId]
+    """The rows it was scheduled ``after=`` that have not finished for good."""
 
 
 _ROW = select(
@@ -67,6 +70,7 @@ _ROW = select(
     sf.c.attempts,
     sf.c.error_type,
     sf.c.error_message,
+    sf.c.awaiting,
 )
 
 
@@ -125,8 +129,11 @@ class ExplainStatements:
             )
             for w in await conn.execute(select(workers.c.serves, workers.c.forbidden))
         ]
+        waits = await awaited(conn, id) if row.awaiting else []
         return Facts(
-            row, concurrency, paused, q_running, q_count, ahead, k_running, k_count, tat, serving
+            row,
+            *(concurrency, paused, q_running, q_count, ahead),
+            *(k_running, k_count, tat, serving, waits),
         )
 
 

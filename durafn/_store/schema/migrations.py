@@ -25,10 +25,12 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Connection
 
+from .dependencies import create_release_trigger
 from .tables import (
     ERROR_KEYS,
     ID_TYPE,
     crons,
+    dependencies,
     flow_keys,
     flow_windows,
     ix_running,
@@ -281,6 +283,26 @@ def _step_14(conn: Connection) -> None:
             conn.execute(text(f"ALTER TABLE _scheduled_functions ADD COLUMN {name} {ddl}"))
 
 
+def _step_15(conn: Connection) -> None:
+    """Version 15: dependencies (``after=``): the table of edges, four columns with
+    constant defaults (a catalogue change on both engines), and the trigger that
+    releases a finished row's dependents (``dependencies.py``)."""
+    dependencies.create(conn, checkfirst=True)
+    for index in dependencies.indexes:
+        index.create(conn, checkfirst=True)
+    columns = {c["name"] for c in inspect(conn).get_columns(scheduled_functions.name)}
+    added = {
+        "awaiting": "INTEGER NOT NULL DEFAULT 0",
+        "after_failed": "INTEGER NOT NULL DEFAULT 0",
+        "after_policy": "VARCHAR(16)",
+        "dependents": "INTEGER NOT NULL DEFAULT 0",
+    }
+    for name, ddl in added.items():
+        if name not in columns:
+            conn.execute(text(f"ALTER TABLE _scheduled_functions ADD COLUMN {name} {ddl}"))
+    create_release_trigger(conn)
+
+
 MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     2: _step_2,
     3: _step_3,
@@ -295,5 +317,6 @@ MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     12: _step_12,
     13: _step_13,
     14: _step_14,
+    15: _step_15,
 }
 """Steps from version N-1 to N. A fresh database gets the latest tables in one go."""

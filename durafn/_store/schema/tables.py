@@ -26,7 +26,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import JSONB
 
-SCHEMA_VERSION = 14
+SCHEMA_VERSION = 15
 """Bump with a new step in ``migrations.MIGRATIONS`` whenever the tables change."""
 
 metadata = MetaData()
@@ -99,6 +99,15 @@ scheduled_functions = Table(
     Column("snoozes", Integer, nullable=False, server_default="0"),
     Column("progress", Double),
     Column("progress_message", Text),
+    # Version 15, dependencies (``after=``, ``write/dependencies.py``): how many of the
+    # rows it waits for have not finished for good, how many of them ended other than
+    # Success, what it does then (``after_policy``: run, cancel, fail; None: no
+    # dependencies), and whether rows wait for it (``dependents``: its finish releases
+    # them, in the trigger of ``schema/dependencies.py``).
+    Column("awaiting", Integer, nullable=False, server_default="0"),
+    Column("after_failed", Integer, nullable=False, server_default="0"),
+    Column("after_policy", String(16)),
+    Column("dependents", Integer, nullable=False, server_default="0"),
     CheckConstraint(
         "state IN ('Pending', 'InProgress', 'Success', 'Failed', 'Canceled')",
         name="ck_scheduled_functions_state",
@@ -276,6 +285,18 @@ lost_workers = Table(
 )
 # The newest first, and the pruning of the oldest.
 Index("ix_durafn_lost_workers_lost_at", lost_workers.c.lost_at)
+
+dependencies = Table(
+    "_durafn_dependencies",
+    metadata,
+    # One row per dependency not yet finished for good: ``row_id`` waits for ``dep_id``.
+    # The trigger that releases a finished row's dependents deletes its rows here, so
+    # what is left is what each row still awaits (``explain``).
+    Column("dep_id", ID_TYPE, primary_key=True),
+    Column("row_id", ID_TYPE, primary_key=True),
+)
+# What a row still awaits (``explain``); the primary key serves the release, by dep_id.
+Index("ix_durafn_dependencies_row", dependencies.c.row_id)
 
 queues = Table(
     "_durafn_queues",

@@ -199,7 +199,7 @@ class FinishStatements(FailureStatements, CompletionStatements, EngineDriver):
         for o in outcomes:
             if o.retry_at is not None:
                 retried.append(o)
-            elif o.state is State.FAILED or o.on_complete is not None:
+            elif o.state is not State.SUCCESS or o.on_complete is not None:
                 exact.append(o)
             elif o.result is None:
                 plain.append(o.id)
