@@ -40,6 +40,7 @@ if _typing.TYPE_CHECKING:  # (mypy knows the condition by this spelling, not an 
     from ._executor import Executor, ExecutorConfig, ExecutorOptions, RunawayError
     from ._explain import Explanation, FlowKeyInfo
     from ._flow import Debounce, Flow, FlowError, Rate, Throttle
+    from ._groups import GroupCompletion
     from ._hooks import HookEvent
     from ._kinds import FunctionKind, ScheduledFunctionId, State
     from ._options import JobOptions, OptionError, Queue
@@ -114,6 +115,7 @@ __all__ = [
     "FunctionRef",
     "FunctionTimeoutError",
     "GRAPHILE",
+    "GroupCompletion",
     "HookEvent",
     "JobOptions",
     "LostWorker",

@@ -44,6 +44,7 @@ PUBLIC: dict[str, str] = {
     "FunctionRef": "_registry",
     "FunctionTimeoutError": "_errors",
     "GRAPHILE": "_retries",
+    "GroupCompletion": "_groups",
     "HookEvent": "_hooks",
     "JobOptions": "_options",
     "MutationCtx": "_context",

@@ -104,9 +104,9 @@ class FunctionRef(Generic[P, R]):
         self.registered: FunctionRef[Any, Any] = self
         """The reference the app registered (``options()`` returns copies of it)."""
         self.retention: Retention | None = None
+        """How long its finished rows are kept, per state (its decorator's)."""
         self.snooze_limit = SNOOZE_LIMIT
         """How many times one row may snooze (the decorator's ``snooze_limit``)."""
-        """How long its finished rows are kept, per state (its decorator's)."""
         self.hooks: dict[str, list[Hook]] = {}
         """This function's lifecycle hooks (``on``), by hook name."""
         self.origin: str | None = None
@@ -430,7 +430,8 @@ class Registry:
         return {n: r.retention for n, r in self._by_name.items() if r.retention is not None}
 
     def names(self) -> list[str]:
-        return sorted(self._by_name)
+        """The durable names registered, without durafn's own (``durafn:...``)."""
+        return sorted(n for n in self._by_name if not n.startswith("durafn:"))
 
 
 _PACKAGE = os.path.dirname(os.path.abspath(__file__))

@@ -20,10 +20,11 @@ from ._errors import (
     SchedulingError,
     SchedulingLimitError,
 )
+from ._groups import GROUP_COMPLETE, GroupCompletion, check_group_callback, group_ids
 from ._kinds import ScheduledFunctionId, State
 from ._options import OptionError
 from ._public import publish
-from ._registry import Call, SchedulableRef
+from ._registry import Call, MutationRef, SchedulableRef
 from ._runtime import Limits, Runtime
 from ._store import new_id, new_row
 from ._types import CancelResult
@@ -127,6 +128,26 @@ class Scheduler:
         """
         now = self._rt.clock.now()
         return await self._schedule(_when_seconds(when, now), now, fn, args, kwargs)
+
+    async def group(
+        self,
+        ids: Iterable[ScheduledFunctionId | str],
+        /,
+        *,
+        on_complete: MutationRef[[GroupCompletion], Any],
+    ) -> ScheduledFunctionId:
+        """Call ``on_complete`` once, with a ``GroupCompletion`` (the counts by final
+        state), when every row of ``ids`` (written already, in this transaction or
+        earlier; 0 to 10,000) has finished for good: Success, Failed after its last
+        attempt, or Canceled. Never lost, never twice (``_groups``). Returns the id of the
+        row that completes the group (``durafn:group_complete``)."""
+        check_group_callback("on_complete", on_complete, error=SchedulingError)
+        rows = group_ids(ids)
+        ref = self._rt.registry.get(GROUP_COMPLETE)
+        assert isinstance(ref, SchedulableRef)
+        if rows:
+            ref = ref.options(after=rows)
+        return await self.run_after(0, ref, callback=on_complete.name, ids=rows)
 
     async def cancel(self, id: ScheduledFunctionId | str) -> CancelResult:
         """Cancel a scheduled function.

@@ -1,7 +1,8 @@
 """The app the crash test runs in a real subprocess (``python -m tests.crash_app URL``).
 
 Each mutation inserts a unique row and bumps a counter; a run applied twice would either
-violate the unique key or push the counter past the number of rows.
+violate the unique key or push the counter past the number of rows. A group's callback
+inserts a row named for the group: once, or the unique key refuses it.
 """
 
 from __future__ import annotations
@@ -41,6 +42,11 @@ def build(url: str) -> tuple[durafn.App, durafn.MutationRef[[int], None]]:
         await ctx.db.flush()
         # Stretch each run so that a kill lands inside an open batch transaction.
         await anyio.sleep(0.003)
+
+    @app.mutation(name="crash:group_done")
+    async def group_done(ctx: MutationCtx, group: durafn.GroupCompletion) -> None:
+        # Once per group: a second callback would violate the unique key.
+        ctx.db.add(Effect(key=f"group {group.ids[0]} {group.succeeded}/{group.size}"))
 
     return app, apply
 

@@ -28,6 +28,10 @@ pytestmark = pytest.mark.anyio
 ROOT = Path(__file__).resolve().parent.parent
 TOTAL = 200
 KILLS = 4
+GROUPS = 4
+"""Groups of the 200 rows (50 each): each adds two rows, durafn:group_complete and the
+callback it schedules, both mutations run in the batches the kills land in."""
+ALL = TOTAL + 2 * GROUPS
 
 
 async def _done(app: durafn.App) -> int:
@@ -47,8 +51,11 @@ async def test_exactly_once_under_kill_9(db_url: str, tmp_path: Path) -> None:
         await conn.run_sync(Base.metadata.create_all)
         await conn.execute(insert(Counter).values(name="c", value=0))
     sched = app.scheduler()
-    for n in range(TOTAL):
-        await sched.run_after(0, apply, n)
+    ids = [await sched.run_after(0, apply, n) for n in range(TOTAL)]
+    done_ref = app._rt.registry.get("crash:group_done")
+    size = TOTAL // GROUPS
+    for g in range(GROUPS):
+        await sched.group(ids[g * size : (g + 1) * size], on_complete=done_ref)  # type: ignore[arg-type]
 
     rng = random.Random(20261123)
     kills = lost = 0
@@ -67,7 +74,7 @@ async def test_exactly_once_under_kill_9(db_url: str, tmp_path: Path) -> None:
                 try:
                     before = await _done(app)
                     last_round = kills >= KILLS
-                    target = TOTAL if last_round else min(TOTAL - 1, before + rng.randint(5, 40))
+                    target = ALL if last_round else min(ALL - 1, before + rng.randint(5, 40))
                     with anyio.fail_after(CEILING):
                         # Progress is only visible in the database: poll it (5 ms) for the target.
                         while await _done(app) < target:
@@ -77,7 +84,7 @@ async def test_exactly_once_under_kill_9(db_url: str, tmp_path: Path) -> None:
                         # first) that were not committed when the count was read after it.
                         while not last_round:
                             begun, done = _began(starts), await _done(app)
-                            if begun > done + lost or done == TOTAL:
+                            if begun > done + lost or done >= TOTAL:
                                 break
                             await anyio.sleep(0.001)
                 finally:
@@ -89,10 +96,13 @@ async def test_exactly_once_under_kill_9(db_url: str, tmp_path: Path) -> None:
                 lost = _began(starts) - await _done(app)  # runs begun and lost with the kill
 
     rows = await all_rows(app)
-    assert len(rows) == TOTAL
+    assert len(rows) == ALL
     assert {r.state for r in rows} == {State.SUCCESS}
     assert await counter(app) == TOTAL
-    assert await count(app, Effect) == TOTAL
+    assert await count(app, Effect) == TOTAL + GROUPS
+    async with app.engine.connect() as conn:
+        keys = (await conn.execute(select(Effect.key).where(Effect.key.like("group %")))).scalars()
+        assert sorted(keys) == sorted(f"group {ids[g * size]} {size}/{size}" for g in range(GROUPS))
     # The kills did land inside open batches: some runs began, were lost with their
     # uncommitted batch, and began again; their effects still count once.
     began = Tally(int(line) for line in starts.read_text().split())

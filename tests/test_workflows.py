@@ -350,3 +350,76 @@ async def test_after_names_only_rows_that_exist_and_nothing_is_written_otherwise
     at_once = await sched.run_after(0, step.options(after=[done, done.upper()]))
     row = await row_of(app, at_once)
     assert row.awaiting == 0 and row.due_time is not None
+
+
+# -- groups -------------------------------------------------------------------------------
+
+
+async def test_a_group_s_callback_runs_once_after_its_last_row_with_the_counts(
+    app: durafn.App, clock: FakeClock
+) -> None:
+    seen: list[durafn.GroupCompletion] = []
+
+    @app.mutation
+    async def summarize(ctx: MutationCtx, group: durafn.GroupCompletion) -> None:
+        seen.append(group)
+
+    @app.action
+    async def step(ctx: ActionCtx, n: int) -> None:
+        if n == 1:
+            raise RuntimeError("one fails")
+
+    @app.mutation
+    async def start(ctx: MutationCtx) -> durafn.ScheduledFunctionId:
+        ids = [await ctx.scheduler.run_after(0, step, n=n) for n in range(3)]
+        ids.append(await ctx.scheduler.run_after(60, step, n=3))  # cancelled below
+        ids.append(await ctx.scheduler.run_after(30, step, n=4))  # the last to finish
+        rows[:] = ids
+        return await ctx.scheduler.group(ids, on_complete=summarize)
+
+    rows: list[durafn.ScheduledFunctionId] = []
+
+    group_row = await app.run_mutation(start)
+    assert app.functions() == sorted(f.name for f in (summarize, step, start))
+    executor = app.executor()
+    await executor.run_until_idle()
+    page = await app.list(limit=10)
+    waiting = [r for r in page.items if r.state is State.PENDING and r.awaiting]
+    assert [r.id for r in waiting] == [group_row] and seen == []
+    await app.cancel(rows[3])
+    assert seen == []
+    clock.advance(30)
+    await executor.run_until_idle()
+    assert len(seen) == 1
+    group = seen[0]
+    assert (group.size, group.succeeded, group.failed, group.canceled) == (5, 3, 1, 1)
+    clock.advance(3600)
+    await executor.run_until_idle()
+    assert len(seen) == 1  # never twice
+
+
+async def test_an_empty_group_completes_at_once_and_bad_callbacks_are_refused(
+    app: durafn.App, clock: FakeClock
+) -> None:
+    seen: list[int] = []
+
+    @app.mutation
+    async def summarize(ctx: MutationCtx, group: durafn.GroupCompletion) -> None:
+        seen.append(group.size)
+
+    @app.mutation
+    async def two(ctx: MutationCtx, a: int, b: int) -> None: ...
+
+    @app.action
+    async def an_action(ctx: ActionCtx, group: durafn.GroupCompletion) -> None: ...
+
+    sched = app.scheduler()
+    await sched.group([], on_complete=summarize)
+    await app.executor().run_until_idle()
+    assert seen == [0]
+    with pytest.raises(durafn.SchedulingError, match="takes 2 parameters besides ctx"):
+        await sched.group([], on_complete=two)  # type: ignore[arg-type]
+    with pytest.raises(durafn.SchedulingError, match="must be a mutation"):
+        await sched.group([], on_complete=an_action)  # type: ignore[arg-type]
+    with pytest.raises(durafn.SchedulingError, match="does not exist"):
+        await sched.group(["01900000-0000-7000-8000-000000000000"], on_complete=summarize)
