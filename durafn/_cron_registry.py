@@ -23,7 +23,15 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from typing_extensions import Unpack
 
 from ._clock import to_datetime
-from ._crons import CronSettings, changes, declare, first_run, schedule_of, tick_rows
+from ._crons import (
+    CronLimits,
+    CronSettings,
+    changes,
+    declare,
+    first_run,
+    schedule_of,
+    tick_rows,
+)
 from ._errors import ArgumentError, CronSyntaxError, RegistrationError, SchedulingError
 from ._hooks import HookEvent
 from ._kinds import FunctionKind, ScheduledFunctionId, State
@@ -122,6 +130,8 @@ class CronRegistry:
                     "operator_enabled": None if enabled == row["enabled"] else enabled,
                     "next_run_at": following.timestamp() if following is not None else None,
                     "updated_at": now,
+                    # Resumed: its failed ticks count again from none (``pause_after``).
+                    **({"failed_ticks": 0} if enabled else {}),
                 },
             )
             return True
@@ -129,6 +139,41 @@ class CronRegistry:
         # The leader sees it at its next look (every third of its lease at most).
         if not await rt.transaction(_write, doing="enabling or disabling a cron"):
             raise ArgumentError(f"no cron named {name!r} (app.crons() and durafn crons list them)")
+
+    async def skip_next_tick(self, name: str) -> datetime:
+        """Skip the cron's next tick (Temporal's and Oban Web's "skip next run"): its next
+        run becomes the one after, and the skip is recorded (``last_skip_reason``
+        ``skipped_by_operator``). Returns the tick skipped. ``ArgumentError`` for an unknown
+        cron, or one with no next tick (disabled, or its course run)."""
+        rt = self._rt
+
+        async def _write(conn: AsyncConnection) -> float:
+            row = await rt.driver.stored_cron(conn, name, lock=True)
+            if row is None:
+                raise ArgumentError(
+                    f"no cron named {name!r} (app.crons() and durafn crons list them)"
+                )
+            skipped = row["next_run_at"]
+            if skipped is None:
+                raise ArgumentError(
+                    f"cron {name!r} has no next tick to skip (it is disabled, or has run its "
+                    "course: until / max_runs)"
+                )
+            schedule = schedule_of(row["schedule"], row["timezone"], row["source"])
+            following = schedule.next_after(to_datetime(float(skipped)))
+            await rt.driver.set_cron(
+                conn,
+                name,
+                {
+                    "next_run_at": following.timestamp() if following is not None else None,
+                    "last_skip_at": skipped,
+                    "last_skip_reason": "skipped_by_operator",
+                    "updated_at": rt.clock.now(),
+                },
+            )
+            return float(skipped)
+
+        return to_datetime(await rt.transaction(_write, doing="skipping a cron's next tick"))
 
     async def remove_cron(self, name: str) -> bool:
         """Remove a cron from the registry (rows it wrote stay); False if there was none.
@@ -214,6 +259,7 @@ def _info(row: dict[str, Any]) -> CronInfo:
         return to_datetime(value) if value is not None else None
 
     switched = row["operator_enabled"]
+    limits = CronLimits.of(row["limits"])
     return CronInfo(
         name=row["name"],
         schedule=row["schedule"],
@@ -236,4 +282,9 @@ def _info(row: dict[str, Any]) -> CronInfo:
         last_row_id=row["last_row_id"],
         last_skip_at=at(row["last_skip_at"]),
         last_skip_reason=row["last_skip_reason"],
+        jitter=limits.jitter,
+        max_runs=limits.max_runs,
+        until=at(limits.until),
+        pause_after=limits.pause_after,
+        failed_ticks=row["failed_ticks"],
     )

@@ -16,6 +16,7 @@ import dataclasses
 import functools
 import itertools
 import json
+import random
 import re
 import typing
 from collections.abc import Sequence
@@ -25,6 +26,7 @@ from typing import Any, Literal, TypedDict, get_args
 
 from typing_extensions import Unpack
 
+from ._checks import aware_time, integer, optional
 from ._clock import to_datetime
 from ._errors import CronSyntaxError, DurafnError, RegistrationError
 from ._options import RowOptions
@@ -56,6 +58,69 @@ class CronSettings(TypedDict, total=False):
     enabled: bool
     description: str | None
     backfill: timedelta | None
+    jitter: float | None
+    max_runs: int | None
+    until: datetime | None
+    pause_after: int | None
+
+
+MAX_JITTER = 86_400.0
+"""Seconds a tick's row may be spread over (``jitter``): a day."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CronLimits:
+    """A cron's extras (Temporal's, Convex's, Oban Web's), stored as JSON on its row.
+
+    ``jitter``: each tick's row is due at a random offset of 0 to ``jitter`` seconds
+    after its tick (its id is still the tick's: written once); ``max_runs``: the cron
+    stops after that many runs; ``until``: it stops after that time (epoch seconds);
+    ``pause_after``: it is disabled after that many consecutive ticks whose rows ended
+    Failed (``enable_cron`` resumes it)."""
+
+    jitter: float | None = None
+    max_runs: int | None = None
+    until: float | None = None
+    pause_after: int | None = None
+
+    def stored(self) -> str | None:
+        values = {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+        return json.dumps(values, separators=(",", ":"), sort_keys=True) if values else None
+
+    @classmethod
+    def of(cls, stored: str | None) -> CronLimits:
+        return cls(**json.loads(stored)) if stored else _NO_LIMITS
+
+    def runs_left(self, run_count: int) -> int | None:
+        return None if self.max_runs is None else max(0, self.max_runs - run_count)
+
+
+_NO_LIMITS = CronLimits()
+
+
+def _limits(
+    name: str,
+    jitter: float | None,
+    max_runs: int | None,
+    until: datetime | None,
+    pause_after: int | None,
+) -> CronLimits:
+    """The extras, each checked (``RegistrationError`` names the bad one)."""
+    if jitter is not None and (
+        isinstance(jitter, bool)
+        or not isinstance(jitter, int | float)
+        or not 0 < jitter <= MAX_JITTER
+    ):
+        raise RegistrationError(
+            f"cron {name!r}: jitter must be seconds, more than 0 and at most {MAX_JITTER:g}, "
+            f"not {jitter!r}"
+        )
+    optional(integer, f"cron {name!r}: max_runs", max_runs, high=10**9, error=RegistrationError)
+    optional(
+        integer, f"cron {name!r}: pause_after", pause_after, high=10_000, error=RegistrationError
+    )
+    stop = optional(aware_time, f"cron {name!r}: until", until, error=RegistrationError)
+    return CronLimits(float(jitter) if jitter is not None else None, max_runs, stop, pause_after)
 
 
 OVERLAPS: tuple[str, ...] = get_args(Overlap)
@@ -86,7 +151,10 @@ class CronDeclarations:
         ``"cancel_previous"`` or ``"enqueue"`` (see ``Overlap``);
         ``catch_up``: after downtime, ``"latest"`` runs the latest missed tick once,
         ``"none"`` none; ``backfill=timedelta(...)``: every missed tick of that last span
-        instead, oldest first (a ``CronTick`` parameter says ``backfilled``). Name: 1-255
+        instead, oldest first (a ``CronTick`` parameter says ``backfilled``). The
+        operator's extras (``CronLimits``): ``jitter`` (seconds: each tick's row due at a
+        random offset up to it), ``max_runs``, ``until`` (an aware datetime), and
+        ``pause_after`` (consecutive failed ticks; ``enable_cron`` resumes). Name: 1-255
         characters of a-z, 0-9, '-' and '.'."""
         declare(self._rt, name, schedule, call, **settings)
 
@@ -171,6 +239,7 @@ def tick_rows(
     the tick (``tick_id``: a second writer of it writes nothing); a triggered run's is new.
     """
     options = RowOptions(**json.loads(cron["options"]))
+    jitter = CronLimits.of(cron.get("limits")).jitter
     ref = rt.registry.find(cron["function"])
     param = tick_parameter(ref) if isinstance(ref, SchedulableRef) else None
     rows = []
@@ -184,9 +253,10 @@ def tick_rows(
         # Its run is a root span, named for its cron (``_telemetry``); nothing stored
         # where OpenTelemetry is not installed.
         marker = json.dumps({"cron": cron["name"]}) if rt.telemetry.tracing else None
-        rows.append(
-            new_row(id, function, kind, args, tick, None, options, options.flow_key, marker)
-        )
+        row = new_row(id, function, kind, args, tick, None, options, options.flow_key, marker)
+        if jitter:  # due a little later; the tick (and so the id) stays the tick's
+            row["available_at"] = tick + random.Random(id).uniform(0, jitter)
+        rows.append(row)
     return rows
 
 
@@ -257,6 +327,10 @@ def declare(
     enabled: bool = True,
     description: str | None = None,
     backfill: timedelta | None = None,
+    jitter: float | None = None,
+    max_runs: int | None = None,
+    until: datetime | None = None,
+    pause_after: int | None = None,
     keep: bool = True,
 ) -> CronRow:
     """A cron as data, every part checked (``RegistrationError`` names the bad one);
@@ -291,6 +365,7 @@ def declare(
     stored_catch_up = catch_up if backfill is None else f"fill:{int(seconds)}"
     if not isinstance(enabled, bool):
         raise RegistrationError(f"enabled must be True or False, not {enabled!r}")
+    limits = _limits(name, jitter, max_runs, until, pause_after)
     if description is not None and not isinstance(description, str):
         raise RegistrationError(f"description must be a string, not {description!r}")
     if isinstance(call, SchedulableRef):
@@ -341,6 +416,7 @@ def declare(
         enabled=enabled,
         description=description,
         source=source,
+        limits=limits.stored(),
     )
     if source != "api" and keep:
         rt.crons[name] = row

@@ -276,7 +276,17 @@ class CronInfo(BaseModel):
     last_row_id: ScheduledFunctionId | None
     last_skip_at: datetime | None
     last_skip_reason: str | None
-    """``overlap_skip``, ``missed``, ``dst_skip`` or ``error: ...`` (then disabled)."""
+    """``overlap_skip``, ``missed``, ``dst_skip``, ``paused`` (``pause_after`` reached:
+    disabled), ``until`` or ``max_runs`` (its course run: no next run),
+    ``skipped_by_operator`` (``skip_next_tick``) or ``error: ...`` (then disabled)."""
+    jitter: float | None = None
+    """Seconds each tick's row may be due after its tick, at random."""
+    max_runs: int | None = None
+    until: datetime | None = None
+    pause_after: int | None = None
+    """Consecutive failed ticks after which it is disabled."""
+    failed_ticks: int = 0
+    """Its consecutive ticks whose rows ended Failed, as counted for ``pause_after``."""
 
 
 class CronTick(BaseModel):

@@ -31,7 +31,7 @@ import anyio
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from .._clock import to_datetime
-from .._crons import MAX_FILL, changes, first_run, schedule_of, tick_rows
+from .._crons import MAX_FILL, CronLimits, changes, first_run, schedule_of, tick_rows
 from .._errors import DatabaseError
 from .._hooks import HookEvent, HookName
 from .._kinds import FunctionKind, ScheduledFunctionId, State
@@ -65,6 +65,8 @@ class _Plan:
     """Ticks daylight saving skipped since the last one (their wall times, as instants)."""
     now: float = 0.0
     """When the leader evaluated it (the events' ``actual_at``)."""
+    ended: str | None = None
+    """Why it has no tick to write and no next run: ``until`` or ``max_runs`` reached."""
 
     def event(self, hook: HookName, id: str, **more: Any) -> HookEvent:
         more.setdefault("scheduled_at", self.latest)
@@ -273,6 +275,20 @@ class CronLoop:
                     ticks[-1] = latest
                     break
                 ticks.append(t.timestamp())
+        # The operator's limits: no tick past ``until`` nor beyond ``max_runs``, and no next
+        # run once either is reached (the cron has run its course: next_run_at None).
+        limits = CronLimits.of(cron["limits"])
+        following_at, ended = _stamp(following), None
+        if limits.until is not None:
+            ticks = [t for t in ticks if t <= limits.until]
+            if following_at is not None and following_at > limits.until:
+                following_at, ended = None, "until"
+        left = limits.runs_left(cron["run_count"])
+        if left is not None:
+            ticks = ticks[:left]
+            if left - len(ticks) <= 0:
+                following_at, ended = None, "max_runs"
+        latest = ticks[-1] if ticks else latest
         rows = tick_rows(self._rt, cron, ticks, latest)
         # Fixed wall times daylight saving skipped since the last tick (or registration),
         # reported rather than silent (OJS's dst_skip).
@@ -281,7 +297,7 @@ class CronLoop:
             wall.replace(tzinfo=schedule.zone).astimezone(UTC).timestamp()
             for wall in schedule.skipped(to_datetime(float(since)), to_datetime(latest))
         ]
-        return _Plan(cron, expected, latest, _stamp(following), rows, gaps, now)
+        return _Plan(cron, expected, latest, following_at, rows, gaps, now, ended)
 
     async def _write_all(
         self, plans: list[_Plan], now: float, conn: AsyncConnection
@@ -293,7 +309,11 @@ class CronLoop:
         judged = [
             p.cron["last_row_id"]
             for p in plans
-            if p.rows and p.cron["overlap"] in ("skip", "cancel_previous") and p.cron["last_row_id"]
+            if p.cron["last_row_id"]
+            and (
+                (p.rows and p.cron["overlap"] in ("skip", "cancel_previous"))
+                or CronLimits.of(p.cron["limits"]).pause_after
+            )
         ]
         ids = [row["id"] for p in plans for row in p.rows]
         states = await rt.driver.row_states(conn, judged + ids)
@@ -304,7 +324,9 @@ class CronLoop:
                 events.append(plan.event("cron.skipped", "", scheduled_at=gap, reason="dst_skip"))
             previous = states.get(cron["last_row_id"]) if cron["last_row_id"] else None
             busy = previous in (State.PENDING, State.IN_PROGRESS)
-            skip = "missed" if not plan.rows else None
+            skip = (plan.ended or "missed") if not plan.rows else None
+            if await self._failed_too_often(conn, cron, previous, now):
+                skip, plan.following = "paused", None
             if skip is None and busy and cron["overlap"] == "skip":
                 skip = "overlap_skip"
             elif skip is None and busy and cron["overlap"] == "cancel_previous":
@@ -367,6 +389,32 @@ class CronLoop:
                         waiting,
                     )
         return events
+
+    async def _failed_too_often(
+        self, conn: AsyncConnection, cron: dict[str, Any], previous: State | None, now: float
+    ) -> bool:
+        """Count the cron's previous row (once) among its consecutive failed ticks, where
+        it has ``pause_after``; True when they reach it: the cron is disabled (as by
+        ``disable_cron``, until ``enable_cron``) and this tick skipped, reason ``paused``."""
+        limit = CronLimits.of(cron["limits"]).pause_after
+        row = cron["last_row_id"]
+        if not limit or row is None or row == cron["failed_row"] or previous is None:
+            return False
+        if previous in (State.PENDING, State.IN_PROGRESS):
+            return False  # not finished: judged at a later tick
+        failed = cron["failed_ticks"] + 1 if previous is State.FAILED else 0
+        values: dict[str, Any] = {"failed_ticks": failed, "failed_row": row}
+        if failed >= limit:
+            values |= {"enabled": cron["enabled"], "operator_enabled": False}
+            logger.warning(
+                "cron %s paused: its last %d ticks failed (pause_after=%d); "
+                "enable_cron / durafn cron enable resumes it",
+                cron["name"],
+                failed,
+                limit,
+            )
+        await self._rt.driver.set_cron(conn, cron["name"], values)
+        return failed >= limit
 
     async def loop(self, stopping: anyio.Event) -> None:
         """Lead when possible, write ticks, sleep until the next one; until stopped. With

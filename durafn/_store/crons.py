@@ -46,6 +46,9 @@ class CronRow:
     source: str = "code"
     """``code`` (``app.cron``), ``crontab`` (``app.crontab``: Graphile's day rule) or
     ``api``."""
+    limits: str | None = None
+    """The operator's extras, as JSON (``_crons.CronLimits``): ``jitter``, ``max_runs``,
+    ``until``, ``pause_after``; None: none."""
 
     def differs(self, stored: dict[str, Any]) -> bool:
         return any(stored[k] != v for k, v in asdict(self).items())

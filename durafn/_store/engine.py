@@ -18,8 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from .._errors import DatabaseError, SchemaError
 from .._kinds import FunctionKind
-from .schema.dependencies import create_release_trigger
-from .schema.migrations import MIGRATIONS
+from .schema.migrations import MIGRATIONS, create_sql_functions
 from .schema.tables import SCHEMA_VERSION, metadata, schema_version, sf
 
 
@@ -203,7 +202,7 @@ def _create_all(conn: Connection) -> None:
     for table in metadata.tables.values():
         for index in table.indexes:
             index.create(conn, checkfirst=True)
-    create_release_trigger(conn)
+    create_sql_functions(conn)
 
 
 def _too_new(version: int) -> SchemaError:

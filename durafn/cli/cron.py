@@ -1,10 +1,11 @@
 """``durafn cron``: check a cron expression; ``durafn crons`` and ``durafn cron
-enable|disable|remove|trigger NAME``: the app's registry of crons."""
+enable|disable|skip|remove|trigger NAME``: the app's registry of crons."""
 
 from __future__ import annotations
 
 import itertools
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
 
 import click
 from rich.table import Column
@@ -14,6 +15,9 @@ from .options import app_options, output_options, to_datetime_option, verbose_op
 from .output import Output
 from .running import fail, run_with_app
 
+if TYPE_CHECKING:
+    from .._types import CronInfo
+
 
 @click.group()
 def cron() -> None:
@@ -21,14 +25,34 @@ def cron() -> None:
 
 
 @click.command("crons")
+@click.option(
+    "--next",
+    "count",
+    type=click.IntRange(1, 100),
+    default=None,
+    help="Also each cron's next N fire times, in its zone, with daylight saving marked.",
+)
 @app_options
 @output_options
-def list_crons(app_ref: str | None, url: str | None, as_json: bool, verbose: bool) -> None:
+def list_crons(
+    count: int | None, app_ref: str | None, url: str | None, as_json: bool, verbose: bool
+) -> None:
     """The registry's crons: schedule, next run (in the cron's zone and here), runs."""
     found = run_with_app(app_ref, url, lambda app: app.crons(), verbose=verbose)
     out = Output(as_json)
     if as_json:
-        out.json([c.model_dump(mode="json") for c in found])
+        out.json(
+            [
+                c.model_dump(mode="json") | ({"next": fire_times(c, count)} if count else {})
+                for c in found
+            ]
+        )
+        return
+    if count:
+        for c in found:
+            out.line(f"{c.name}: {c.schedule} ({c.timezone})")
+            for line in fire_times(c, count) or ["  no next fire time (disabled, or finished)"]:
+                out.line(f"  {line}")
         return
     if not found:
         out.line(
@@ -55,6 +79,34 @@ def list_crons(app_ref: str | None, url: str | None, as_json: bool, verbose: boo
             for c in found
         ],
     )
+
+
+def fire_times(c: CronInfo, count: int) -> list[str]:
+    """The cron's next ``count`` fire times from its next run, in its zone, each marked
+    where daylight saving shapes it: a wall time the spring-forward gap skipped before it
+    (OJS's dst_skip), or one the autumn fold repeats (which of the two it is)."""
+    from .._crons import schedule_of
+
+    if c.next_run_at is None:
+        return []
+    schedule = schedule_of(c.schedule, c.timezone, c.source)
+    zone = schedule.zone
+    times = [c.next_run_at, *itertools.islice(schedule.iter_after(c.next_run_at), count - 1)]
+    lines: list[str] = []
+    before = c.next_run_at - timedelta(seconds=1)
+    for at in times:
+        local = at.astimezone(zone)
+        line = local.isoformat(timespec="seconds")
+        other = local.replace(fold=1 - local.fold)
+        if other.utcoffset() != local.utcoffset():
+            which = "first" if local.fold == 0 else "second"
+            line += f"  (DST fold: the {which} {local:%H:%M})"
+        gaps = schedule.skipped(before, at)
+        if gaps:
+            line += f"  (DST gap: {', '.join(f'{g:%H:%M}' for g in gaps)} skipped before it)"
+        lines.append(line)
+        before = at
+    return lines
 
 
 def _switch(enabled: bool, by_hand: bool) -> str:
@@ -118,6 +170,20 @@ def disable(name: str, app_ref: str | None, url: str | None, as_json: bool, verb
 def remove(name: str, app_ref: str | None, url: str | None, as_json: bool, verbose: bool) -> None:
     """Remove cron NAME from the registry (one declared in code returns on the next deploy)."""
     _change(name, app_ref, url, as_json, verbose, "removed")
+
+
+@cron.command()
+@click.argument("name")
+@app_options
+@output_options
+def skip(name: str, app_ref: str | None, url: str | None, as_json: bool, verbose: bool) -> None:
+    """Skip cron NAME's next tick: it runs next at the one after."""
+    skipped = run_with_app(app_ref, url, lambda app: app.skip_next_tick(name), verbose=verbose)
+    out = Output(as_json)
+    if as_json:
+        out.json({"cron": name, "skipped": skipped.isoformat()})
+    else:
+        out.line(f"cron {name}: the tick at {skipped.isoformat()} will be skipped")
 
 
 @cron.command()

@@ -303,6 +303,32 @@ def _step_15(conn: Connection) -> None:
     create_release_trigger(conn)
 
 
+def _step_16(conn: Connection) -> None:
+    """Version 16: the SQL schedule function ``durafn.schedule`` (PostgreSQL only:
+    ``postgres/schedule_function.py``), and the crons' extras (``limits``, and the
+    count of consecutive failed ticks): three columns, a catalogue change."""
+    columns = {c["name"] for c in inspect(conn).get_columns(crons.name)}
+    added = {
+        "limits": "TEXT",
+        "failed_ticks": "INTEGER NOT NULL DEFAULT 0",
+        "failed_row": "TEXT",
+    }
+    for name, ddl in added.items():
+        if name not in columns:
+            conn.execute(text(f"ALTER TABLE _durafn_crons ADD COLUMN {name} {ddl}"))
+    create_sql_functions(conn)
+
+
+def create_sql_functions(conn: Connection) -> None:
+    """What the migrations install besides tables: the release trigger (both engines)
+    and, on PostgreSQL, ``durafn.schedule``."""
+    create_release_trigger(conn)
+    if conn.dialect.name == "postgresql":
+        from ..postgres.schedule_function import create_schedule_function
+
+        create_schedule_function(conn)
+
+
 MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     2: _step_2,
     3: _step_3,
@@ -318,5 +344,6 @@ MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     13: _step_13,
     14: _step_14,
     15: _step_15,
+    16: _step_16,
 }
 """Steps from version N-1 to N. A fresh database gets the latest tables in one go."""

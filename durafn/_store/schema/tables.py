@@ -26,7 +26,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import JSONB
 
-SCHEMA_VERSION = 15
+SCHEMA_VERSION = 16
 """Bump with a new step in ``migrations.MIGRATIONS`` whenever the tables change."""
 
 metadata = MetaData()
@@ -348,6 +348,12 @@ crons = Table(
     # (the declaration's); it wins until the declaration's ``enabled`` changes. None: as
     # declared.
     Column("operator_enabled", Boolean),
+    # Version 16, the operator's extras: jitter, max_runs, until, pause_after (JSON, as
+    # declared), and the consecutive failed ticks counted for pause_after, with the last
+    # row counted (each row once).
+    Column("limits", Text),
+    Column("failed_ticks", Integer, nullable=False, server_default="0"),
+    Column("failed_row", Text),
 )
 # The cron loop's one query: the enabled crons due by now, and the earliest next one.
 Index(

@@ -1,0 +1,128 @@
+"""``durafn.schedule(...)``, the SQL schedule function (PostgreSQL only: SQLite has no
+stored procedures; see the workflows guide): a trigger schedules in the user's own
+transaction, validation errors are typed and write nothing, and the worker runs what
+the function wrote like any row."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from sqlalchemy import text
+
+import durafn
+from durafn import ActionCtx, MutationCtx, State
+from durafn.testing import FakeClock
+
+from .helpers import row_of
+
+# PostgreSQL only: SQLite has no stored procedures (the workflows guide says what to do).
+pytestmark = [pytest.mark.anyio, pytest.mark.postgres_only]
+
+_TRIGGER = [
+    "CREATE TABLE orders (id serial PRIMARY KEY, email text NOT NULL)",
+    """
+CREATE FUNCTION orders_scheduled() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM durafn.schedule(
+        'orders:confirm',
+        jsonb_build_object('order_id', NEW.id, 'email', NEW.email),
+        NULL,
+        '{"kind": "action", "priority": -5, "queue": "mail", "flags": ["smtp", "eu"]}'
+    );
+    RETURN NEW;
+END
+$$""",
+    """
+CREATE TRIGGER orders_scheduled AFTER INSERT ON orders
+    FOR EACH ROW EXECUTE FUNCTION orders_scheduled()""",
+]
+
+
+async def test_a_trigger_schedules_in_the_user_s_transaction(
+    postgres_url: str, clock: FakeClock
+) -> None:
+    app = durafn.App(postgres_url, clock=clock)
+    await app.migrate()
+    sent: list[tuple[int, str]] = []
+
+    @app.action(name="orders:confirm")
+    async def confirm(ctx: ActionCtx, order_id: int, email: str) -> None:
+        sent.append((order_id, email))
+
+    try:
+        async with app.engine.begin() as conn:
+            for statement in _TRIGGER:
+                await conn.execute(text(statement))
+        # Rolled back: nothing is scheduled.
+        async with app.engine.connect() as conn, conn.begin() as tx:
+            await conn.execute(text("INSERT INTO orders (email) VALUES ('lost@example.com')"))
+            await tx.rollback()
+        assert (await app.list(limit=10)).items == []
+        async with app.engine.begin() as conn:
+            await conn.execute(text("INSERT INTO orders (email) VALUES ('ada@example.com')"))
+        [row] = (await app.list(limit=10)).items
+        assert (row.name, row.kind, row.state, row.args) == (
+            "orders:confirm",
+            durafn.FunctionKind.ACTION,
+            State.PENDING,
+            {"order_id": 2, "email": "ada@example.com"},
+        )
+        assert (row.priority, row.queue, row.flags) == (-5, "mail", ["eu", "smtp"])
+        assert uuid.UUID(row.id).version == 7
+        await app.executor().run_until_idle()
+        assert sent == [(2, "ada@example.com")]
+        assert (await row_of(app, row.id)).state is State.SUCCESS
+    finally:
+        async with app.engine.begin() as conn:
+            await conn.execute(text("DROP TABLE IF EXISTS orders"))
+            await conn.execute(text("DROP FUNCTION IF EXISTS orders_scheduled()"))
+        await app.aclose()
+
+
+async def test_bad_input_is_a_typed_sql_error_and_writes_nothing(
+    postgres_url: str, clock: FakeClock
+) -> None:
+    app = durafn.App(postgres_url, clock=clock)
+    await app.migrate()
+
+    @app.mutation(name="jobs:tally")
+    async def tally(ctx: MutationCtx, n: int = 1) -> int:
+        return n
+
+    import asyncpg
+
+    conn = await asyncpg.connect(postgres_url.replace("+asyncpg", ""))
+    try:
+        cases = [
+            ("''", "'{}'", "name must be a function's durable name"),
+            ("'x'", "'[1]'", "args must be a JSON object"),
+            ("'x'", "'{}', NULL, '{\"key\": \"k\"}'", r"unsupported option\(s\) key"),
+            ("'x'", "'{}', NULL, '{\"kind\": \"query\"}'", 'kind must be "action" or "mutation"'),
+            ("'x'", "'{}', NULL, '{\"priority\": 2147483648}'", "priority must be an integer"),
+            ("'x'", "'{}', NULL, '{\"priority\": 1.5}'", "priority must be an integer"),
+            ("'x'", "'{}', NULL, '{\"priority\": \"1\"}'", "priority must be an integer"),
+            ("'x'", "'{}', NULL, '{\"queue\": \"\"}'", "queue must be a non-empty name"),
+            ("'x'", "'{}', NULL, '{\"flags\": \"a\"}'", "flags must be an array"),
+            ("'x'", "'{}', NULL, '{\"flags\": [\"a b\"]}'", "is not a flag"),
+        ]
+        for name, rest, message in cases:
+            with pytest.raises(asyncpg.InvalidParameterValueError, match=message):
+                await conn.execute(f"SELECT durafn.schedule({name}, {rest})")
+        # Both ends of the priority range; an unknown name is written (the worker fails it).
+        low = await conn.fetchval(
+            "SELECT durafn.schedule('jobs:tally', '{\"n\": 3}', NULL, "
+            '\'{"kind": "mutation", "priority": -2147483648}\')'
+        )
+        await conn.fetchval(
+            "SELECT durafn.schedule('jobs:nobody', '{}', now() + interval '1 hour', "
+            "'{\"priority\": 2147483647}')"
+        )
+    finally:
+        await conn.close()
+    rows = (await app.list(limit=10)).items
+    assert sorted(r.priority for r in rows) == [-(2**31), 2**31 - 1]
+    await app.executor().run_until_idle()
+    done = await row_of(app, str(low))
+    assert (done.state, done.result) == (State.SUCCESS, 3)
+    await app.aclose()
