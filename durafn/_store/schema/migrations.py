@@ -305,7 +305,7 @@ def _step_15(conn: Connection) -> None:
 
 def _step_16(conn: Connection) -> None:
     """Version 16: the SQL schedule function ``durafn.schedule`` (PostgreSQL only:
-    ``postgres/schedule_function.py``), and the crons' extras (``limits``, and the
+    ``schedule_function.py``), and the crons' extras (``limits``, and the
     count of consecutive failed ticks): three columns, a catalogue change."""
     columns = {c["name"] for c in inspect(conn).get_columns(crons.name)}
     added = {
@@ -324,7 +324,7 @@ def create_sql_functions(conn: Connection) -> None:
     and, on PostgreSQL, ``durafn.schedule``."""
     create_release_trigger(conn)
     if conn.dialect.name == "postgresql":
-        from ..postgres.schedule_function import create_schedule_function
+        from .schedule_function import create_schedule_function
 
         create_schedule_function(conn)
 

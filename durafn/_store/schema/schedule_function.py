@@ -27,7 +27,9 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
 from ..._options import MAX_FLAG, MAX_FLAGS, MAX_NAME, PRIORITY_RANGE
-from .batches import CHANNEL
+
+CHANNEL = "durafn_wakeup"
+"""The executors' NOTIFY channel (``postgres/batches.py``'s; a test keeps them one)."""
 
 _LOW, _HIGH = PRIORITY_RANGE
 
