@@ -21,7 +21,6 @@ from ._cron_registry import CronRegistry
 from ._crons import CronDeclarations
 from ._errors import ArgumentError, RegistrationError
 from ._executor import Executor, ExecutorOptions, make_config
-from ._groups import GROUP_COMPLETE, complete_group
 from ._hooks import HookName, HookT, check_hook
 from ._invoke import Invoker, Timeouts
 from ._kinds import FunctionKind, ScheduledFunctionId, State
@@ -121,10 +120,6 @@ class App(Operations, CronDeclarations, CronRegistry):
             max_connections=max_connections,
         )
         self._invoker = Invoker(self._rt, timeouts)
-        # durafn's own mutation that completes a group (``_groups``): every worker runs it.
-        self._rt.registry.add(
-            MutationRef(complete_group, name=GROUP_COMPLETE, timeout=None, ctx_types=(MutationCtx,))
-        )
         if inline is not False:
             # A fresh executor per commit: callers (and the runs they nest) never share one.
             self._rt.inline_runner = lambda calls: self.executor().run_inline(calls)

@@ -33,6 +33,7 @@ from ._errors import (
     UnknownFunctionError,
 )
 from ._flow import Flow
+from ._groups import GROUP_COMPLETE, complete_group
 from ._hooks import FUNCTION_HOOKS, Hook, HookName, HookT, check_hook
 from ._kinds import FunctionKind
 from ._options import AfterPolicy, JobOptions, KeyMode, OptionError
@@ -383,6 +384,8 @@ class Registry:
         self._by_name: dict[str, FunctionRef[Any, Any]] = {}
         self.origin = origin
         """Where its app was made (``file:line``): errors name the app a function is on."""
+        # durafn's own mutation that completes a group (``_groups``): every worker runs it.
+        self.add(MutationRef(complete_group, name=GROUP_COMPLETE, timeout=None, ctx_types=()))
 
     def add(self, ref: FunctionRef[Any, Any]) -> None:
         existing = self._by_name.get(ref.name)

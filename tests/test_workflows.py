@@ -423,3 +423,29 @@ async def test_an_empty_group_completes_at_once_and_bad_callbacks_are_refused(
         await sched.group([], on_complete=an_action)  # type: ignore[arg-type]
     with pytest.raises(durafn.SchedulingError, match="does not exist"):
         await sched.group(["01900000-0000-7000-8000-000000000000"], on_complete=summarize)
+
+
+async def test_a_rescheduled_waiting_row_still_waits_and_runs_at_its_new_time(
+    app: durafn.App, clock: FakeClock
+) -> None:
+    start = clock.now()
+
+    @app.action
+    async def step(ctx: ActionCtx, n: int) -> None: ...
+
+    sched = app.scheduler()
+    first = await sched.run_after(60, step, n=1)
+    then = await sched.run_after(0, step.options(after=[first]), n=2)
+    moved = await app.reschedule([then], run_at=datetime.fromtimestamp(start + 120, UTC))
+    assert moved == 1
+    row = await row_of(app, then)
+    assert (row.awaiting, row.due_time) == (1, None)  # still parked
+    assert row.scheduled_time.timestamp() == start + 120
+    clock.advance(60)
+    await app.executor().run_until_idle()
+    row = await row_of(app, then)
+    assert (row.state, row.awaiting) == (State.PENDING, 0)
+    assert row.due_time is not None and row.due_time.timestamp() == start + 120
+    clock.advance(60)
+    await app.executor().run_until_idle()
+    assert (await row_of(app, then)).state is State.SUCCESS
