@@ -273,11 +273,13 @@ class Scheduler:
             )
         flow_key = options.flow.key_of(ref.name, values) if options.flow is not None else None
         after = ref.job_options.after
-        if after is not None and (options.key is not None or options.flow is not None):
+        if after is not None and (
+            options.key is not None or options.flow is not None or options.queue is not None
+        ):
             raise OptionError(
-                "after= cannot be combined with a job key or flow control: a keyed or "
-                "debounced call may join a row that exists already, which its dependencies "
-                "would then hold back"
+                "after= cannot be combined with a job key, flow control or a named queue: a "
+                "keyed or debounced call may join a row that exists already, and a row "
+                "waiting at the head of a queue would hold back the rows behind it"
             )
         self._count += 1
         self._bytes += size

@@ -112,9 +112,6 @@ class ScheduledFunction(BaseModel):
     kept after it ends. None: never reported."""
     progress_message: str | None = None
     """The message reported with it."""
-    awaiting: int = 0
-    """How many of the rows it was scheduled ``after=`` have not finished for good (it
-    is not due while any has not: ``explain`` names them)."""
 
 
 class Completion(BaseModel):

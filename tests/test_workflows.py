@@ -254,17 +254,18 @@ async def test_a_fan_in_runs_once_after_the_last_of_its_rows(
     parts = await sched.run_many([part.call(n=n) for n in range(1000)])
     join_id = await sched.run_after(0, join.options(after=parts))
     row = await row_of(app, join_id)
-    assert (row.state, row.awaiting, row.due_time) == (State.PENDING, 1000, None)
+    assert row.state is State.PENDING
     explained = await app.explain(join_id)
     assert explained.reason == "awaiting" and "waits for 1000 row(s)" in explained.message
     assert len(explained.held_by) == 10
     await app.executor().run_until_idle()
     assert order[-1] == "join" and order.count("join") == 1 and len(order) == 1001
     row = await row_of(app, join_id)
-    assert (row.state, row.awaiting) == (State.SUCCESS, 0)
+    assert row.state is State.SUCCESS
+    assert (await app.explain(join_id)).reason == "finished"
     order.clear()
     join_id = await app.run_mutation(plan)
-    assert (await row_of(app, join_id)).awaiting == 10
+    assert "waits for 10 row(s)" in (await app.explain(join_id)).message
     await app.executor().run_until_idle()
     assert order[-1] == "join" and len(order) == 11
 
@@ -298,7 +299,8 @@ async def test_a_failed_dependency_under_each_policy(app: durafn.App, clock: Fak
     assert failed.state is State.FAILED and failed.error is not None
     assert failed.error.type == "durafn.DependencyFailedError" and failed.failures == 1
     waiting = await row_of(app, ids["run"])
-    assert (waiting.state, waiting.awaiting) == (State.PENDING, 1)
+    assert waiting.state is State.PENDING
+    assert (await app.explain(ids["run"])).held_by == [later]
     assert runs == []
     clock.advance(60)
     await app.executor().run_until_idle()
@@ -348,8 +350,7 @@ async def test_after_names_only_rows_that_exist_and_nothing_is_written_otherwise
         app.action(after=[done])
     # A row after one that already succeeded is due at once; the same id twice is once.
     at_once = await sched.run_after(0, step.options(after=[done, done.upper()]))
-    row = await row_of(app, at_once)
-    assert row.awaiting == 0 and row.due_time is not None
+    assert (await app.explain(at_once)).reason == "no_worker"  # due, awaiting nothing
 
 
 # -- groups -------------------------------------------------------------------------------
@@ -384,8 +385,9 @@ async def test_a_group_s_callback_runs_once_after_its_last_row_with_the_counts(
     executor = app.executor()
     await executor.run_until_idle()
     page = await app.list(limit=10)
-    waiting = [r for r in page.items if r.state is State.PENDING and r.awaiting]
-    assert [r.id for r in waiting] == [group_row] and seen == []
+    pending = [r.id for r in page.items if r.state is State.PENDING]
+    assert group_row in pending and seen == []
+    assert (await app.explain(group_row)).reason == "awaiting"
     await app.cancel(rows[3])
     assert seen == []
     clock.advance(30)
@@ -425,7 +427,7 @@ async def test_an_empty_group_completes_at_once_and_bad_callbacks_are_refused(
         await sched.group(["01900000-0000-7000-8000-000000000000"], on_complete=summarize)
 
 
-async def test_a_rescheduled_waiting_row_still_waits_and_runs_at_its_new_time(
+async def test_a_rescheduled_waiting_row_waits_for_both_its_dependency_and_its_time(
     app: durafn.App, clock: FakeClock
 ) -> None:
     start = clock.now()
@@ -439,13 +441,13 @@ async def test_a_rescheduled_waiting_row_still_waits_and_runs_at_its_new_time(
     moved = await app.reschedule([then], run_at=datetime.fromtimestamp(start + 120, UTC))
     assert moved == 1
     row = await row_of(app, then)
-    assert (row.awaiting, row.due_time) == (1, None)  # still parked
-    assert row.scheduled_time.timestamp() == start + 120
+    assert row.due_time is not None and row.due_time.timestamp() == start + 120
+    assert (await app.explain(then)).held_by == [first]  # it still waits
     clock.advance(60)
     await app.executor().run_until_idle()
     row = await row_of(app, then)
-    assert (row.state, row.awaiting) == (State.PENDING, 0)
-    assert row.due_time is not None and row.due_time.timestamp() == start + 120
+    assert row.state is State.PENDING  # free of its dependency, not yet due
+    assert (await app.explain(then)).reason == "not_due"
     clock.advance(60)
     await app.executor().run_until_idle()
     assert (await row_of(app, then)).state is State.SUCCESS

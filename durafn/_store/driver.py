@@ -17,7 +17,7 @@ import builtins
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from sqlalchemy import CursorResult, and_, case, delete, func, select, update
+from sqlalchemy import CursorResult, and_, delete, func, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import ColumnElement
 
@@ -120,14 +120,6 @@ class Driver(
         """Set ``values`` on these rows, or cancel them (None), where still Pending."""
         stmt = update(sf).where(sf.c.id.in_(ids), sf.c.state == State.PENDING.value)
         if values is not None:
-            if "available_at" in values:
-                # A row awaiting its dependencies stays parked: its new scheduled time is
-                # when it runs once they have finished (``schema/dependencies.py``).
-                values = values | {
-                    "available_at": case(
-                        (sf.c.awaiting > 0, sf.c.available_at), else_=values["available_at"]
-                    )
-                }
             result = await conn.execute(stmt.values(**values))
             assert isinstance(result, CursorResult)
             return result.rowcount

@@ -26,7 +26,6 @@ from .._flow import Debounce
 from .._kinds import FunctionKind, ScheduledFunctionId, State
 from .._options import RowOptions, read_flags
 from .._types import ErrorInfo, FailedAttempt, ScheduledFunction
-from .schema.dependencies import WAITING
 
 NEW_ROW_COLUMNS = (
     "id",
@@ -263,10 +262,7 @@ def to_model(row: Row[Any]) -> ScheduledFunction:
         args=json.loads(m["args"]),
         state=State(m["state"]),
         scheduled_time=to_datetime(m["scheduled_time"]),
-        # A row that awaits its dependencies is due when they have finished, not before.
-        due_time=to_datetime(m["available_at"])
-        if m["state"] == State.PENDING.value and m["available_at"] < WAITING
-        else None,
+        due_time=to_datetime(m["available_at"]) if m["state"] == State.PENDING.value else None,
         started_time=to_datetime(m["started_time"]) if m["started_time"] is not None else None,
         completed_time=to_datetime(m["completed_time"])
         if m["completed_time"] is not None
@@ -287,7 +283,6 @@ def to_model(row: Row[Any]) -> ScheduledFunction:
         snoozes=m["snoozes"],
         progress=m["progress"],
         progress_message=m["progress_message"],
-        awaiting=m["awaiting"],
     )
 
 

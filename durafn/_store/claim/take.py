@@ -54,6 +54,7 @@ from sqlalchemy import (
     Text,
     and_,
     bindparam,
+    exists,
     func,
     literal,
     or_,
@@ -67,7 +68,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from ..._kinds import FunctionKind
 from ..rows import CLAIM_ORDER, Claimed
-from ..schema.tables import queues, sf
+from ..schema.tables import dependencies, queues, sf
 from ..sql import PENDING, carries
 from .columns import CLAIM_COLUMNS, STARTED, claimed
 from .flow import FlowCursor, FlowStatements, fair_order, flow_heads, flow_statements, keyed
@@ -89,13 +90,26 @@ SERVE_ALL = ClaimFilter()
 
 
 def _pending(queued: bool) -> tuple[ColumnElement[bool], ...]:
-    """Pending rows of ``:kind`` in one of the two claim indexes (their predicates)."""
+    """Pending rows of ``:kind`` in one of the two claim indexes (their predicates); an
+    unqueued one also ``ready`` (rows ``after=`` others are unqueued, unkeyed)."""
     return (
         sf.c.state == PENDING,
         sf.c.kind == bindparam("b_kind", type_=Text),
         sf.c.queue_name.is_not(None) if queued else sf.c.queue_name.is_(None),
         sf.c.flow_key.is_(None),
+        *(() if queued else (READY,)),
     )
+
+
+READY = or_(
+    sf.c.awaiting == 0,
+    ~exists().where(dependencies.c.row_id == sf.c.id),
+    and_(sf.c.after_failed > 0, sf.c.after_policy.in_(("cancel", "fail"))),
+)
+"""A row the claim may take: it waits for nothing (``awaiting = 0``, every row not
+scheduled ``after=``: the test stops there), or no edge of it is left
+(``ix_durafn_dependencies_row``), or a dependency failed and its policy acts on that
+(``schema/dependencies.py``)."""
 
 
 def _levels_cte(queued: bool) -> Any:

@@ -5,8 +5,9 @@ marked ``dependents = 1`` by an UPDATE that returns their states (PostgreSQL loc
 so a finish running at the same moment either commits first, and its state is read here,
 or waits, and its trigger then finds this transaction's edges); an id not found is an
 error and nothing is written. A row waits for those not finished for good: ``awaiting``
-counts them, its edges go into ``_durafn_dependencies``, and it is parked at
-``WAITING``. One that ended other than Success is counted in ``after_failed``.
+counts them and its edges go into ``_durafn_dependencies`` (the claim takes it once none
+is left: ``claim/take.py``'s ``READY``). One that ended other than Success is counted in
+``after_failed``.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ..._errors import SchedulingError
 from ..._kinds import FINISHED_STATES, ScheduledFunctionId, State
-from ..schema.dependencies import WAITING
 from ..schema.tables import dependencies, sf
 
 _LINK = (
@@ -72,8 +72,6 @@ class DependencyStatements:
             live = [id for id in row["after"] if states[id] not in FINISHED_STATES]
             failed = sum(states[id] in (State.FAILED, State.CANCELED) for id in row["after"])
             policy = row["after_policy"]
-            if live and not (failed and policy != "run"):
-                row["available_at"] = WAITING
             links.append(
                 {
                     "b_id": row["id"],
