@@ -272,34 +272,43 @@ def _step_14(conn: Connection) -> None:
     """Version 14: a row's snoozes (``snoozes``, 0 for every row written before) and
     its progress (``progress``, ``progress_message``): a catalogue change only on both
     engines (PostgreSQL 11+ keeps a constant default without rewriting the table)."""
-    columns = {c["name"] for c in inspect(conn).get_columns(scheduled_functions.name)}
-    added = {
-        "snoozes": "INTEGER NOT NULL DEFAULT 0",
-        "progress": "DOUBLE PRECISION",
-        "progress_message": "TEXT",
-    }
+    _add_columns(
+        conn,
+        scheduled_functions.name,
+        {
+            "snoozes": "INTEGER NOT NULL DEFAULT 0",
+            "progress": "DOUBLE PRECISION",
+            "progress_message": "TEXT",
+        },
+    )
+
+
+def _add_columns(conn: Connection, table: str, added: dict[str, str]) -> None:
+    """Add these columns (name: DDL) to ``table``, those it lacks: a step run again
+    after a crash part-way adds only the rest."""
+    columns = {c["name"] for c in inspect(conn).get_columns(table)}
     for name, ddl in added.items():
         if name not in columns:
-            conn.execute(text(f"ALTER TABLE _scheduled_functions ADD COLUMN {name} {ddl}"))
+            conn.execute(text(f"ALTER TABLE {table} ADD COLUMN {name} {ddl}"))
 
 
 def _step_15(conn: Connection) -> None:
     """Version 15: dependencies (``after=``): the table of edges, four columns with
-    constant defaults (a catalogue change on both engines), and the trigger that
-    releases a finished row's dependents (``dependencies.py``)."""
+    constant defaults (a catalogue change on both engines), and the trigger that deletes
+    a finished row's edges (``dependencies.py``)."""
     dependencies.create(conn, checkfirst=True)
     for index in dependencies.indexes:
         index.create(conn, checkfirst=True)
-    columns = {c["name"] for c in inspect(conn).get_columns(scheduled_functions.name)}
-    added = {
-        "awaiting": "INTEGER NOT NULL DEFAULT 0",
-        "after_failed": "INTEGER NOT NULL DEFAULT 0",
-        "after_policy": "VARCHAR(16)",
-        "dependents": "INTEGER NOT NULL DEFAULT 0",
-    }
-    for name, ddl in added.items():
-        if name not in columns:
-            conn.execute(text(f"ALTER TABLE _scheduled_functions ADD COLUMN {name} {ddl}"))
+    _add_columns(
+        conn,
+        scheduled_functions.name,
+        {
+            "awaiting": "INTEGER NOT NULL DEFAULT 0",
+            "after_failed": "INTEGER NOT NULL DEFAULT 0",
+            "after_policy": "VARCHAR(16)",
+            "dependents": "INTEGER NOT NULL DEFAULT 0",
+        },
+    )
     create_release_trigger(conn)
 
 
@@ -307,15 +316,11 @@ def _step_16(conn: Connection) -> None:
     """Version 16: the SQL schedule function ``durafn.schedule`` (PostgreSQL only:
     ``schedule_function.py``), and the crons' extras (``limits``, and the
     count of consecutive failed ticks): three columns, a catalogue change."""
-    columns = {c["name"] for c in inspect(conn).get_columns(crons.name)}
-    added = {
-        "limits": "TEXT",
-        "failed_ticks": "INTEGER NOT NULL DEFAULT 0",
-        "failed_row": "TEXT",
-    }
-    for name, ddl in added.items():
-        if name not in columns:
-            conn.execute(text(f"ALTER TABLE _durafn_crons ADD COLUMN {name} {ddl}"))
+    _add_columns(
+        conn,
+        crons.name,
+        {"limits": "TEXT", "failed_ticks": "INTEGER NOT NULL DEFAULT 0", "failed_row": "TEXT"},
+    )
     create_sql_functions(conn)
 
 
