@@ -325,7 +325,7 @@ class CronLoop:
             previous = states.get(cron["last_row_id"]) if cron["last_row_id"] else None
             busy = previous in (State.PENDING, State.IN_PROGRESS)
             skip = (plan.ended or "missed") if not plan.rows else None
-            if await self._failed_too_often(conn, cron, previous, now):
+            if await self._failed_too_often(conn, cron, previous):
                 skip, plan.following = "paused", None
             if skip is None and busy and cron["overlap"] == "skip":
                 skip = "overlap_skip"
@@ -391,7 +391,7 @@ class CronLoop:
         return events
 
     async def _failed_too_often(
-        self, conn: AsyncConnection, cron: dict[str, Any], previous: State | None, now: float
+        self, conn: AsyncConnection, cron: dict[str, Any], previous: State | None
     ) -> bool:
         """Count the cron's previous row (once) among its consecutive failed ticks, where
         it has ``pause_after``; True when they reach it: the cron is disabled (as by
