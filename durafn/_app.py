@@ -273,10 +273,9 @@ class App(Operations, CronDeclarations, CronRegistry):
         Scheduled, it runs at most once and is never retried by durafn, unless it has a
         ``retry`` policy: then it runs at least once until it succeeds or runs out of
         attempts (a failure, its time limit, its worker lost, a stop's grace period).
-        ``cancel``: how a run learns that its row was cancelled: ``"cooperative"`` sets
-        ``ctx.cancel_requested`` (and ends ``ctx.wait_for_cancel()``), ``"interrupt"``
-        also cancels it at its next ``await``. Job options and ``snooze_limit`` as for
-        ``mutation``.
+        ``cancel``: how a run learns of its row's cancel: ``"cooperative"`` sets
+        ``ctx.cancel_requested`` (and ends ``ctx.wait_for_cancel()``), ``"interrupt"`` also
+        cancels it at its next ``await``. Job options, ``snooze_limit``: as ``mutation``.
         """
         if cancel not in CANCEL_MODES:
             raise RegistrationError(

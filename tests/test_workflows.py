@@ -451,3 +451,40 @@ async def test_a_rescheduled_waiting_row_waits_for_both_its_dependency_and_its_t
     clock.advance(60)
     await app.executor().run_until_idle()
     assert (await row_of(app, then)).state is State.SUCCESS
+
+
+async def test_one_long_lived_app_waits_and_reports_many_times(
+    app: durafn.App, clock: FakeClock
+) -> None:
+    """Seven of each on one app (PostgreSQL plans generically after five): a row after
+    another, each run once its dependency has; and progress written each second."""
+    order: list[str] = []
+
+    @app.action
+    async def step(ctx: ActionCtx, n: int) -> None:
+        order.append(f"step {n}")
+        for i in range(7):
+            await ctx.progress(i / 6, f"{i} of 6")
+            clock.advance(1)
+
+    sched = app.scheduler()
+    previous = await sched.run_after(0, step, n=0)
+    ids = [previous]
+    for n in range(1, 8):
+        previous = await sched.run_after(0, step.options(after=[previous]), n=n)
+        ids.append(previous)
+    await app.executor().run_until_idle()
+    assert order == [f"step {n}" for n in range(8)]
+    for id in ids:
+        row = await row_of(app, id)
+        assert (row.state, row.progress, row.progress_message) == (State.SUCCESS, 1.0, "6 of 6")
+
+
+def test_after_takes_one_to_ten_thousand_rows() -> None:
+    from durafn._options import MAX_AFTER, check_after
+
+    ids = [f"01900000-0000-7000-8000-{n:012d}" for n in range(MAX_AFTER + 1)]
+    assert len(check_after("after", ids[:MAX_AFTER])) == MAX_AFTER == 10_000
+    assert check_after("after", ids[:1]) == (ids[0],)
+    with pytest.raises(durafn.OptionError, match="must name 1 to 10000 rows, not 10001"):
+        check_after("after", ids)
