@@ -26,6 +26,7 @@ import durafn
 from . import (
     backlog,
     baselines,
+    batches,
     cancels,
     charts,
     crons,
@@ -237,6 +238,13 @@ async def run(sizes: Sizes, engines: list[str]) -> dict[str, Any]:
                 )
 
             r["workflows"] = await step(f"{engine}: a fan-in against a plain drain", 1, _workflows)
+
+            async def _batches(_: Any, engine: str = engine) -> Any:
+                return await batches.measure(
+                    lambda name: url_for(engine, name), engine, sizes.drain, sizes.repeats
+                )
+
+            r["batches"] = await step(f"{engine}: batched actions against plain", 1, _batches)
             results[engine] = r
         if "postgres" in engines:
             procs: dict[str, dict[str, float]] = {}

@@ -12,10 +12,13 @@ from ._public import PUBLIC as _PUBLIC
 
 if _typing.TYPE_CHECKING:  # (mypy knows the condition by this spelling, not an alias)
     from ._app import DEFAULT_URL, App
+    from ._batching import Batch, BatchActionRef, ItemFailed
     from ._clock import Clock, SystemClock
     from ._context import ActionCtx, MutationCtx, QueryCtx, SystemTable
     from ._errors import (
         ArgumentError,
+        BatchItemError,
+        BatchResultError,
         CallError,
         CancelOwnRunError,
         CronSyntaxError,
@@ -83,6 +86,10 @@ __all__ = [
     "ActionRef",
     "App",
     "ArgumentError",
+    "Batch",
+    "BatchActionRef",
+    "BatchItemError",
+    "BatchResultError",
     "Call",
     "CallError",
     "CancelOwnRunError",
@@ -117,6 +124,7 @@ __all__ = [
     "GRAPHILE",
     "GroupCompletion",
     "HookEvent",
+    "ItemFailed",
     "JobOptions",
     "LostWorker",
     "MutationCtx",

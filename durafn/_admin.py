@@ -80,7 +80,11 @@ class Operations:
 
         async def _read(conn: AsyncConnection) -> Explanation | None:
             facts = await self._rt.driver.explain_facts(conn, checked, now)
-            return None if facts is None else explain(facts, now)
+            if facts is None:
+                return None
+            ref = self._rt.registry.find(facts.row.name)
+            batch = getattr(ref, "batch", None)  # a batched action's (durafn.Batch)
+            return explain(facts, now, batch and (batch.max_size, batch.max_wait))
 
         found = await self._rt.transaction(_read, read_only=True, doing="explaining a row")
         if found is None:

@@ -5,30 +5,28 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
-from typing import Any, Concatenate, ParamSpec, TypeVar, overload
+from typing import ParamSpec, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from typing_extensions import Unpack
 
 from ._admin import Operations
-from ._cancels import CANCEL_MODES, CancelMode
 from ._checks import flag, integer, optional, positive_seconds, text
 from ._clock import Clock, SystemClock
-from ._context import ActionCtx, MutationCtx, QueryCtx, SystemTable
+from ._context import SystemTable
 from ._cron_registry import CronRegistry
 from ._crons import CronDeclarations
-from ._errors import ArgumentError, RegistrationError
+from ._errors import ArgumentError
 from ._executor import Executor, ExecutorOptions, make_config
-from ._hooks import HookName, HookT, check_hook
 from ._invoke import Invoker, Timeouts
 from ._kinds import FunctionKind, ScheduledFunctionId, State
-from ._options import JobOptions, Queue, check_name
+from ._options import Queue, check_name
 from ._public import publish
-from ._registry import ActionRef, FunctionRef, JobOptionArgs, MutationRef, QueryRef, Registry
-from ._retention import Retention, check_retention
-from ._retries import MAX_SNOOZES, SNOOZE_LIMIT, Retry, check_retry
+from ._registration import Registration
+from ._registry import ActionRef, MutationRef, QueryRef, Registry
+from ._retries import Retry, check_retry
 from ._runtime import Backoff, Health, Limits, Runtime
 from ._scheduler import Scheduler
 from ._store import driver_for_url
@@ -45,7 +43,7 @@ DEFAULT_URL = f"sqlite+aiosqlite:///{DEFAULT_FILE}"
 """Used when no URL is given and ``DURAFN_DATABASE_URL`` is unset: a file in the cwd."""
 
 
-class App(Operations, CronDeclarations, CronRegistry):
+class App(Registration, Operations, CronDeclarations, CronRegistry):
     """A durafn application: register functions on it, run them, schedule them.
 
     ``App()`` uses a SQLite file (``DURAFN_DATABASE_URL`` or ``./durafn.sqlite3``);
@@ -185,155 +183,6 @@ class App(Operations, CronDeclarations, CronRegistry):
 
     def __repr__(self) -> str:
         return f"<durafn.App {self._rt.driver.url.render_as_string()!r}>"
-
-    # -- registration ------------------------------------------------------------------
-
-    @overload
-    def query(self, fn: Callable[Concatenate[QueryCtx, P], Awaitable[R]]) -> QueryRef[P, R]: ...
-
-    @overload
-    def query(
-        self, *, name: str | None = None, timeout: float | None = None
-    ) -> Callable[[Callable[Concatenate[QueryCtx, P], Awaitable[R]]], QueryRef[P, R]]: ...
-
-    def query(
-        self, fn: Any = None, *, name: str | None = None, timeout: float | None = None
-    ) -> Any:
-        """Register a read-only function: ``async def f(ctx: QueryCtx, ...)``."""
-        return self._register(QueryRef, (QueryCtx,), fn, name, timeout)
-
-    @overload
-    def mutation(
-        self, fn: Callable[Concatenate[MutationCtx, P], Awaitable[R]]
-    ) -> MutationRef[P, R]: ...
-
-    @overload
-    def mutation(
-        self,
-        *,
-        name: str | None = None,
-        timeout: float | None = None,
-        retention: Retention | None = None,
-        snooze_limit: int = SNOOZE_LIMIT,
-        **options: Unpack[JobOptionArgs],
-    ) -> Callable[[Callable[Concatenate[MutationCtx, P], Awaitable[R]]], MutationRef[P, R]]: ...
-
-    def mutation(
-        self,
-        fn: Any = None,
-        *,
-        name: str | None = None,
-        timeout: float | None = None,
-        retention: Retention | None = None,
-        snooze_limit: int = SNOOZE_LIMIT,
-        **options: Unpack[JobOptionArgs],
-    ) -> Any:
-        """Register a transactional function: ``async def f(ctx: MutationCtx, ...)``.
-
-        Scheduled, it runs exactly once; ``timeout`` (seconds) overrides the app default.
-        Job options (``priority``, ``queue``, ``key``, ``key_mode``, ``flags``,
-        ``retry``) are the defaults of its scheduled calls; ``ref.options(...)`` overrides
-        them per call. With ``retry``, a run that raises is rolled back and tried again
-        later, its effects committed once, by the run that succeeds. ``retention``: how
-        long its finished rows are kept, per state (``durafn.Retention``).
-        ``snooze_limit``: how many times one row may ``raise durafn.Snooze(...)``.
-        """
-        return self._register(
-            MutationRef, (MutationCtx,), fn, name, timeout, options, retention, snooze_limit
-        )
-
-    @overload
-    def action(self, fn: Callable[Concatenate[ActionCtx, P], Awaitable[R]]) -> ActionRef[P, R]: ...
-
-    @overload
-    def action(
-        self,
-        *,
-        name: str | None = None,
-        timeout: float | None = None,
-        retention: Retention | None = None,
-        cancel: CancelMode = "cooperative",
-        snooze_limit: int = SNOOZE_LIMIT,
-        **options: Unpack[JobOptionArgs],
-    ) -> Callable[[Callable[Concatenate[ActionCtx, P], Awaitable[R]]], ActionRef[P, R]]: ...
-
-    def action(
-        self,
-        fn: Any = None,
-        *,
-        name: str | None = None,
-        timeout: float | None = None,
-        retention: Retention | None = None,
-        cancel: CancelMode = "cooperative",
-        snooze_limit: int = SNOOZE_LIMIT,
-        **options: Unpack[JobOptionArgs],
-    ) -> Any:
-        """Register a side-effecting function: ``async def f(ctx: ActionCtx, ...)``.
-
-        Scheduled, it runs at most once and is never retried by durafn, unless it has a
-        ``retry`` policy: then it runs at least once until it succeeds or runs out of
-        attempts (a failure, its time limit, its worker lost, a stop's grace period).
-        ``cancel``: how a run learns of its row's cancel: ``"cooperative"`` sets
-        ``ctx.cancel_requested`` (and ends ``ctx.wait_for_cancel()``), ``"interrupt"`` also
-        cancels it at its next ``await``. Job options, ``snooze_limit``: as ``mutation``.
-        """
-        if cancel not in CANCEL_MODES:
-            raise RegistrationError(
-                f"cancel must be one of {', '.join(CANCEL_MODES)}, not {cancel!r}"
-            )
-        return self._register(
-            ActionRef, (ActionCtx,), fn, name, timeout, options, retention, snooze_limit, cancel
-        )
-
-    def on(self, hook: HookName) -> Callable[[HookT], HookT]:
-        """Register a lifecycle hook for every function: ``@app.on("failure")`` over
-        ``def alert(event: durafn.HookEvent)`` (or ``async def``). Hooks: ``enqueue``,
-        ``before``, ``after``, ``success``, ``error``, ``failure`` (see the README); they
-        run in-process, outside the guarantees, and one that raises changes nothing."""
-        name = check_hook(hook)
-
-        def _add(fn: HookT) -> HookT:
-            self._rt.hooks.add(name, fn)
-            return fn
-
-        return _add
-
-    def _register(
-        self,
-        cls: type[FunctionRef[Any, Any]],
-        ctx_types: tuple[type, ...],
-        fn: Any,
-        name: str | None,
-        timeout: float | None,
-        options: JobOptionArgs | None = None,
-        retention: Retention | None = None,
-        snooze_limit: int = SNOOZE_LIMIT,
-        cancel: CancelMode | None = None,
-    ) -> Any:
-        # Checked before decorating, so a bad option names the decorator's line.
-        defaults = JobOptions.checked(error=RegistrationError, **(options or {}))
-        if defaults.after is not None:
-            raise RegistrationError(
-                "after= names rows, so it is given per call: ref.options(after=[id, ...])"
-            )
-        optional(check_retention, "retention", retention, error=RegistrationError)
-        integer("snooze_limit", snooze_limit, low=0, high=MAX_SNOOZES, error=RegistrationError)
-
-        def decorate(f: Callable[..., Awaitable[Any]]) -> FunctionRef[Any, Any]:
-            ref = cls(f, name=name, timeout=timeout, ctx_types=ctx_types)
-            ref.job_options = defaults
-            ref.retention = retention
-            ref.snooze_limit = snooze_limit
-            if isinstance(ref, ActionRef) and cancel is not None:
-                ref.cancel = cancel
-            self._rt.registry.add(ref)
-            return ref
-
-        return decorate if fn is None else decorate(fn)
-
-    def functions(self) -> list[str]:
-        """The durable names registered on this app."""
-        return self._rt.registry.names()
 
     # -- running directly --------------------------------------------------------------
 

@@ -134,6 +134,15 @@ class SnoozeLimitError(DurafnError):
     allows: recorded as a failure (its retry policy decides what follows)."""
 
 
+class BatchResultError(DurafnError):
+    """A batched action returned something other than one result per item, in order:
+    every row of the call is recorded failed with it (their retry policies decide)."""
+
+
+class BatchItemError(DurafnError):
+    """The error of an item a batched action failed with ``ItemFailed("message")``."""
+
+
 class WorkerLostError(DurafnError):
     """The worker running an action stopped heartbeating (killed, crashed, or cut off from
     the database); another worker recorded the action Failed. It is never re-run."""

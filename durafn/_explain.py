@@ -28,6 +28,7 @@ Reason = Literal[
     "running",
     "awaiting",
     "not_due",
+    "batching",
     "debounced",
     "throttled",
     "queue_paused",
@@ -69,7 +70,8 @@ class _Held:
     held_by: list[ScheduledFunctionId] = field(default_factory=list)
 
 
-def explain(facts: Facts, now: float) -> Explanation:
+def explain(facts: Facts, now: float, batch: tuple[int, float] | None = None) -> Explanation:
+    """``batch``: the row's function's ``Batch`` (max_size, max_wait), if it is one."""
     row = facts.row
     state = State(row.state)
     base = {"id": ScheduledFunctionId(str(row.id)), "state": state}
@@ -81,7 +83,7 @@ def explain(facts: Facts, now: float) -> Explanation:
         return Explanation(
             **base, reason="running", message=f"it runs on worker {row.worker_id} since {since}"
         )
-    found = _holding(facts, now)
+    found = _holding(facts, now, batch)
     if not found:
         return Explanation(
             **base,
@@ -111,9 +113,21 @@ def _ended(row: Any) -> str:
     return f"it succeeded at {at}, after {runs}"
 
 
-def _holding(facts: Facts, now: float) -> list[_Held]:
+def _holding(facts: Facts, now: float, batch: tuple[int, float] | None) -> list[_Held]:
     """Everything that holds a Pending row back, in the claim's order."""
     row, found = facts.row, []
+    if batch is not None and row.batch_key is not None and row.available_at <= now:
+        max_size, max_wait = batch
+        oldest = facts.batch_oldest
+        if facts.batch_due < max_size and oldest is not None and oldest + max_wait > now:
+            at = to_datetime(oldest + max_wait)
+            key = f" of its key {row.batch_key!r}" if row.batch_key else ""
+            message = (
+                f"it waits for its batch: {facts.batch_due} row(s){key} due of "
+                f"max_size={max_size}, or until {at.isoformat()}, when the oldest of them "
+                f"has waited max_wait={max_wait:g}s"
+            )
+            found.append(_Held("batching", message, at))
     if facts.awaited:
         shown = ", ".join(facts.awaited[:HELD_SHOWN])
         more = (

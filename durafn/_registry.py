@@ -382,6 +382,8 @@ class Registry:
 
     def __init__(self, origin: str = "?") -> None:
         self._by_name: dict[str, FunctionRef[Any, Any]] = {}
+        self.version = 0
+        """How many functions were registered: what was read of it may be stale."""
         self.origin = origin
         """Where its app was made (``file:line``): errors name the app a function is on."""
         # durafn's own mutation that completes a group (``_groups``): every worker runs it.
@@ -396,6 +398,11 @@ class Registry:
             )
         self._by_name[ref.name] = ref
         ref.origin = self.origin
+        self.version += 1
+
+    def refs(self) -> list[FunctionRef[Any, Any]]:
+        """Every function registered, durafn's own included."""
+        return list(self._by_name.values())
 
     def get(self, name: str) -> FunctionRef[Any, Any]:
         try:

@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any, ParamSpec, Protocol, overload
 
+from ._batching import BatchActionRef
 from ._checks import aware_time, finite_seconds, is_number, scheduled_id
 from ._errors import (
     CancelOwnRunError,
@@ -281,6 +282,14 @@ class Scheduler:
                 "keyed or debounced call may join a row that exists already, and a row "
                 "waiting at the head of a queue would hold back the rows behind it"
             )
+        batch_key = None
+        if isinstance(ref, BatchActionRef):
+            batch_key = ref.key_of(values)
+            if options.queue is not None or options.flow is not None or after is not None:
+                raise OptionError(
+                    f"{ref.name!r} is a batched action: its rows are claimed a batch at a "
+                    "time, so a named queue, flow control and after= do not apply to them"
+                )
         self._count += 1
         self._bytes += size
         return new_row(
@@ -294,6 +303,7 @@ class Scheduler:
             flow_key,
             self._rt.telemetry.capture(),
             after,
+            batch_key,
         )
 
     def _limit(self, message: str) -> None:

@@ -107,6 +107,7 @@ def new_row(
         "flow_key": None,
         "flow": None,
         "trace_context": None,
+        "batch_key": None,
     }
 
 

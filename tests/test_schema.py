@@ -167,8 +167,9 @@ async def test_version_11_numbers_the_rows_in_the_order_they_were_written(
         await app.migrate()
         ids = [await app.scheduler().run_after(0, act, n) for n in range(3)]
         async with app.engine.begin() as conn:  # back to what version 10 had
-            for name in ended_with_id:
+            for name in (*ended_with_id, "batch", "batched"):  # and version 17's
                 await conn.execute(text(f"DROP INDEX ix_scheduled_functions_{name}"))
+            await conn.execute(text("ALTER TABLE _scheduled_functions DROP COLUMN batch_key"))
             await conn.execute(text("ALTER TABLE _scheduled_functions DROP COLUMN seq"))
             await conn.execute(text("ALTER TABLE _durafn_crons DROP COLUMN operator_enabled"))
             for name, (columns, where) in ended_with_id.items():
@@ -210,7 +211,8 @@ async def test_a_version_1_database_is_upgraded_in_place(
     (retry, failures, the failed attempts' table), version 6 completion callbacks, 7 the
     cron registry, 8 flow control (the claim indexes redefined without keyed rows), 9
     debounce windows, 10 the failed attempts moved onto their rows (``errors``), 11 the
-    order rows were written in (``seq``, which ends the claim indexes): an existing
+    order rows were written in (``seq``, which ends the claim indexes), 17 batched
+    actions (``batch_key``, out of the claim index, into two of their own): an existing
     version 1 database keeps its rows, refuses to run until migrated (PostgreSQL), and
     gains the new tables, indexes and columns, one recorded step each."""
     app = durafn.App(db_url, clock=clock)
@@ -229,7 +231,7 @@ async def test_a_version_1_database_is_upgraded_in_place(
             await conn.execute(text("ALTER TABLE _scheduled_functions DROP COLUMN error_traceback"))
             for index in (
                 *("claim", "claim_queued", "queued_due", "queue", "key"),
-                *("keyed_due", "keys", "key_head", "key_running"),
+                *("keyed_due", "keys", "key_head", "key_running", "batch", "batched"),
             ):
                 await conn.execute(text(f"DROP INDEX ix_scheduled_functions_{index}"))
             for column in ("flow_key", "flow", "flow_until"):
@@ -238,7 +240,7 @@ async def test_a_version_1_database_is_upgraded_in_place(
             await conn.execute(text("DROP TABLE _durafn_flow_windows"))
             await conn.execute(text("DROP TABLE _durafn_queues"))
             await conn.execute(text("ALTER TABLE _scheduled_functions DROP COLUMN flags"))
-            for column in ("retry", "failures", "errors", "seq", "trace_context"):
+            for column in ("retry", "failures", "errors", "seq", "trace_context", "batch_key"):
                 await conn.execute(text(f"ALTER TABLE _scheduled_functions DROP COLUMN {column}"))
             await conn.execute(text("ALTER TABLE _durafn_crons DROP COLUMN operator_enabled"))
             await conn.execute(

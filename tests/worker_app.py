@@ -45,6 +45,14 @@ class Functions(NamedTuple):
     until_cancelled: durafn.ActionRef[[int, str], None]
     interruptible: durafn.ActionRef[[int, str], None]
     note: durafn.MutationRef[[int, str], None]
+    touch_many: durafn.ActionRef[[Touch], int]
+
+
+class Touch(NamedTuple):
+    """An item of ``w:touch_many``: which, and the trace file its batch writes a line to."""
+
+    n: int
+    path: str
 
 
 async def _trace(path: str, n: int) -> None:
@@ -128,6 +136,13 @@ def register(app: durafn.App) -> Functions:
         async with await anyio.open_file(path, "a") as f:
             await f.write(f"run {n} {time.monotonic()} {os.getpid()} *\n")
 
+    @app.action(name="w:touch_many", batch=durafn.Batch(max_size=50, max_wait=60))
+    async def touch_many(ctx: ActionCtx, items: list[Touch]) -> list[int]:
+        """A batched action: one line per call, its items' numbers and its process."""
+        async with await anyio.open_file(items[0].path, "a") as f:
+            await f.write(f"{','.join(str(i.n) for i in items)} {os.getpid()}\n")
+        return [i.n for i in items]
+
     return Functions(
         apply,
         fan_out,
@@ -139,6 +154,7 @@ def register(app: durafn.App) -> Functions:
         until_cancelled,
         interruptible,
         note,
+        touch_many,
     )
 
 

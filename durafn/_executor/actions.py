@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import anyio
@@ -30,6 +30,7 @@ from .._registry import ActionRef
 from .._runtime import Runtime
 from .._store import Claimed, Outcome
 from .action_claims import ActionClaims
+from .batched import BatchRunning, Unit
 from .config import ExecutorConfig
 from .deadlines import DeadlineWatch, Slot
 from .finisher import Finisher
@@ -40,8 +41,9 @@ from .wakeups import Wakeups
 ACTION = FunctionKind.ACTION
 
 
-class ActionPool:
-    """Claims due actions, runs them on at most ``concurrency`` workers, and stops them."""
+class ActionPool(BatchRunning):
+    """Claims due actions, runs them on at most ``concurrency`` workers, and stops them.
+    A batched action's batch is one unit of the pool: one worker, one slot."""
 
     def __init__(
         self,
@@ -65,7 +67,7 @@ class ActionPool:
         # Claimed actions wait here for one of the long-lived action workers (a pool of
         # at most ``concurrency`` tasks): an anyio task per action cost ~40 us to spawn,
         # more than a no-op action's share of its claim and finish SQL.
-        self._ready: deque[Claimed] = deque()
+        self._ready: deque[Unit] = deque()
         self._idle: deque[anyio.Event] = deque()  # one per idle worker, first in first out
         self._workers = 0
         self._waking = False  # a worker is on its way to take the next queued row
@@ -120,7 +122,13 @@ class ActionPool:
                 try:
                     # No retries inside: this loop backs off itself, and a stop need not
                     # wait for a claim to exhaust its retries against a database that is away.
-                    rows = await self._claims.claim(want, now, retries=0)
+                    units: list[Unit] = []
+                    if self._claims.batches_worth_claiming(signal, now):
+                        units += await self._claims.claim_batches(want, now, retries=0)
+                        poll = self._wakeups.poll_interval
+                        self._claims.batches_claimed(len(units), signal, now, poll)
+                    if len(units) < want:
+                        units += await self._claims.claim(want - len(units), now, retries=0)
                     failures = 0
                 except DatabaseError as exc:
                     delay = self._rt.backoff.delay(failures)
@@ -128,14 +136,16 @@ class ActionPool:
                     self._rt.health.fault(exc, "claiming actions", delay)
                     await first_of(stopping.wait, functools.partial(anyio.sleep, delay))
                     continue
-                if rows:
+                if units:
                     self.claim_pace.add(time.perf_counter() - started)
-                self.running += len(rows)
-                self._ready.extend(rows)
+                self.running += len(units)
+                self._ready.extend(units)
                 self._wake_a_worker()
-                if len(rows) < want:  # all that was due at ``now``: as for mutations
-                    hint = self._claims.hint
-                    await self._wakeups.idle_wait(FunctionKind.ACTION, signal, now, hint)
+                if len(units) < want:  # all that was due at ``now``: as for mutations
+                    claims = self._claims
+                    await self._wakeups.idle_wait(
+                        FunctionKind.ACTION, signal, now, claims.hint, claims.batch_wake_at
+                    )
         finally:
             self._dispatching = False
             self._dispatcher_done.set()
@@ -235,10 +245,13 @@ class ActionPool:
         with anyio.CancelScope() as scope:
             slot.scope = scope
             while self._ready and not scope.cancel_called:
-                row = self._ready.popleft()
+                unit = self._ready.popleft()
                 self._wake_a_worker()  # more rows: the next worker is on its way
                 try:
-                    await self._run_in_slot(slot, row)
+                    if isinstance(unit, list):
+                        await self._run_batch_in_slot(slot, unit)
+                    else:
+                        await self._run_in_slot(slot, unit)
                 finally:
                     self.running -= 1
                     self._slot_freed.fire()
@@ -333,14 +346,17 @@ class ActionPool:
 
     # -- run_until_idle ------------------------------------------------------------------
 
-    async def run_claimed(self, rows: list[Claimed]) -> None:
-        """Run claimed actions to the end, each in a task of its own, and write how each
-        ended, also when cancelled (``run_until_idle``)."""
+    async def run_claimed(self, units: Sequence[Unit]) -> None:
+        """Run claimed actions (and batches) to the end, each in a task of its own, and
+        write how each ended, also when cancelled (``run_until_idle``)."""
         outcomes: list[Outcome] = []
         try:
             async with anyio.create_task_group() as tg:
-                for row in rows:
-                    tg.start_soon(self._run_one, row, outcomes.append)
+                for unit in units:
+                    if isinstance(unit, list):
+                        tg.start_soon(self._run_batch, unit, outcomes.append)
+                    else:
+                        tg.start_soon(self._run_one, unit, outcomes.append)
         finally:
             await self._finisher.write_before_leaving(outcomes)
 

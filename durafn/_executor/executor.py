@@ -25,6 +25,7 @@ from .._runtime import Inline, Runtime
 from .._types import ScheduledFunction
 from .action_claims import ActionClaims
 from .actions import ActionPool
+from .batched import Unit
 from .cancel_poll import poll_cancels
 from .config import ExecutorConfig
 from .crons import LEASE_SHARE, CronLoop
@@ -119,14 +120,18 @@ class Executor:
                     written, cron_next = await self._crons.tick()
                 woken.clear()  # the ticks' rows are this round's to claim
                 ran, full = await self._mutations.run_batch(timed=False)
-                rows = await self._claims.claim(self.config.concurrency)
+                room = self.config.concurrency
+                rows: list[Unit] = []
+                if self._claims.batching:
+                    rows += await self._claims.claim_batches(room)
+                rows += await self._claims.claim(room - len(rows)) if len(rows) < room else []
                 if rows:
                     if not self._membership.depth:
                         # Running actions: heartbeat like a worker, so that no other worker
                         # takes them for lost. (Only now: most calls run no action.)
                         await stack.enter_async_context(self._membership.hold("run_until_idle()"))
                     await self._actions.run_claimed(rows)
-                    ran += len(rows)
+                    ran += sum(len(u) if isinstance(u, list) else 1 for u in rows)
                     full = full or len(rows) >= self.config.concurrency
                 total += ran
                 if ran == 0 and written == 0:

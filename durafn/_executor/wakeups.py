@@ -60,7 +60,12 @@ class Wakeups:
         return self._work[kind].current()
 
     async def idle_wait(
-        self, kind: FunctionKind, signal: anyio.Event, claimed_at: float, hint: FastPathHint
+        self,
+        kind: FunctionKind,
+        signal: anyio.Event,
+        claimed_at: float,
+        hint: FastPathHint,
+        ready_at: float | None = None,
     ) -> None:
         """Sleep until the next row of ``kind`` is due, new work is signalled, or the poll.
 
@@ -70,7 +75,8 @@ class Wakeups:
         spent rate budget allows a start again, and keeps it from sleeping while keys are
         left to visit; a queue or key it skipped because another claim held it makes it
         look again after ``RECHECK`` real seconds, doubling while that goes on (a claim
-        that holds a lock and takes nothing sends no wake-up).
+        that holds a lock and takes nothing sends no wake-up). ``ready_at``: when a
+        batched action's batch the claim left will be ready.
         """
         flow = hint.flow
         if self.stopping.is_set() or flow.after:
@@ -95,7 +101,7 @@ class Wakeups:
             )
             return
         deadline = rt.clock.now() + self.poll_interval
-        for at in (next_due, flow.wake_at):
+        for at in (next_due, flow.wake_at, ready_at):
             if at is not None:
                 deadline = min(deadline, at)
         until = functools.partial(rt.clock.sleep_until, deadline)

@@ -7,6 +7,7 @@ from sqlalchemy.exc import ArgumentError as _SAArgumentError
 
 from .._errors import DatabaseError
 from .after_commit import AfterCommit, take_notes
+from .claim.batched import BatchClaim, BatchSpec
 from .claim.flow import FlowCursor
 from .claim.hints import FastPathHint, LevelFloor
 from .claim.take import SERVE_ALL, ClaimFilter
@@ -21,6 +22,8 @@ __all__ = [
     "CRON_LEASE",
     "DECLARED",
     "AfterCommit",
+    "BatchClaim",
+    "BatchSpec",
     "CronMove",
     "CronRow",
     "SCHEMA_VERSION",

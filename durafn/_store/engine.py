@@ -49,6 +49,11 @@ class EngineDriver:
     def __init__(self, url: URL) -> None:
         self.url = url
 
+    async def try_lock(self, conn: AsyncConnection, name: str) -> bool:
+        """Take the lock ``name`` for the rest of ``conn``'s transaction, unless another
+        transaction holds it (then False, at once). SQLite's one writer holds them all."""
+        return True
+
     # -- engine and errors ---------------------------------------------------------------
 
     def create_engine(self, max_connections: int) -> AsyncEngine:

@@ -47,6 +47,7 @@ NEW_ROW_COLUMNS = (
     "flow_key",
     "flow",
     "trace_context",
+    "batch_key",
 )
 """The keys of a row passed to ``Driver.insert_rows``; the other columns take defaults."""
 
@@ -301,6 +302,7 @@ def new_row(
     flow_key: str | None = None,
     trace_context: str | None = None,
     after: Sequence[str] | None = None,
+    batch_key: str | None = None,
 ) -> dict[str, Any]:
     """A Pending row to write (its keys ``NEW_ROW_COLUMNS``, the key mode, and its
     debounce or throttle: a row debounced on the trailing edge holds the job key
@@ -334,6 +336,7 @@ def new_row(
         "debounce": debounce,
         "after": after,
         "after_policy": options.after_policy,
+        "batch_key": batch_key,
     }
 
 

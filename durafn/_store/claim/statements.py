@@ -17,6 +17,7 @@ from ..._kinds import FunctionKind, ScheduledFunctionId, State
 from ..engine import EngineDriver
 from ..rows import Claimed
 from ..schema.tables import sf
+from .batched import BatchClaim, BatchSpec, claim_batches
 from .columns import CLAIM_COLUMNS, claimed
 from .fast import start_fast, take_fast
 from .handoff import hand_off
@@ -87,6 +88,19 @@ class ClaimStatements(EngineDriver):
         no queued action is due (``fast.start_fast``); commit before running them.
         None found: ``claim_actions`` (the full claim) may find queued ones."""
         return await start_fast(conn, now, limit, worker_id, serve, self.lateral_claims)
+
+    async def claim_batches(
+        self,
+        conn: AsyncConnection,
+        now: float,
+        worker_id: str,
+        functions: Sequence[BatchSpec],
+        room: int,
+        serve: ClaimFilter = SERVE_ALL,
+    ) -> BatchClaim:
+        """Pending -> InProgress for up to ``room`` ready batches of these batched
+        actions (``batched``); commit before running them."""
+        return await claim_batches(conn, now, worker_id, functions, room, serve, self.try_lock)
 
     async def hand_off(
         self,

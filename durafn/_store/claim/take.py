@@ -68,7 +68,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from ..._kinds import FunctionKind
 from ..rows import CLAIM_ORDER, Claimed
-from ..schema.tables import dependencies, queues, sf
+from ..schema.tables import BATCHED, dependencies, queues, sf
 from ..sql import PENDING, carries
 from .columns import CLAIM_COLUMNS, STARTED, claimed
 from .flow import FlowCursor, FlowStatements, fair_order, flow_heads, flow_statements, keyed
@@ -97,7 +97,7 @@ def _pending(queued: bool) -> tuple[ColumnElement[bool], ...]:
         sf.c.kind == bindparam("b_kind", type_=Text),
         sf.c.queue_name.is_not(None) if queued else sf.c.queue_name.is_(None),
         sf.c.flow_key.is_(None),
-        *(() if queued else (READY,)),
+        *(() if queued else (sf.c.batch_key.is_(None), READY)),
     )
 
 
@@ -200,6 +200,14 @@ def _next_keyed(after: bool) -> Any:
     return _first_due(*keyed(), *later)
 
 
+def _next_batched(after: bool) -> Any:
+    """A batched action's row (``batched``): its due time, though its batch may wait
+    longer (``max_wait``: the claim of batches tells the executor when)."""
+    later = (sf.c.available_at > bindparam("after", type_=Double),) if after else ()
+    kind = sf.c.kind == bindparam("b_kind", type_=Text)
+    return _first_due(BATCHED, kind, *later)  # ix_scheduled_functions_batched
+
+
 # Every class of Pending rows in one statement (one round trip: the idle wait reads it
 # after every claim that came back short).
 NEXT_DUE = {
@@ -207,6 +215,7 @@ NEXT_DUE = {
         _next_due(False, after).scalar_subquery(),
         _next_due(True, after).scalar_subquery(),
         _next_keyed(after),
+        _next_batched(after),
     )
     for after in (False, True)
 }

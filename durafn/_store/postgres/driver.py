@@ -48,7 +48,7 @@ _INSERT_SQL = text(
         INSERT INTO _scheduled_functions
             (id, name, kind, args, state, scheduled_time, available_at, completed_time, parent_id,
              priority, queue_name, job_key, flags, retry, max_attempts, on_complete, flow_key,
-             flow, trace_context)
+             flow, trace_context, batch_key)
         SELECT * FROM unnest(
             CAST(:id AS uuid[]), CAST(:name AS text[]), CAST(:kind AS text[]),
             CAST(:args AS text[]), CAST(:state AS text[]), CAST(:scheduled_time AS float8[]),
@@ -56,11 +56,15 @@ _INSERT_SQL = text(
             CAST(:parent_id AS uuid[]), CAST(:priority AS int[]), CAST(:queue_name AS text[]),
             CAST(:job_key AS text[]), CAST(:flags AS text[]), CAST(:retry AS text[]),
             CAST(:max_attempts AS int[]), CAST(:on_complete AS text[]),
-            CAST(:flow_key AS text[]), CAST(:flow AS text[]), CAST(:trace_context AS text[]))
+            CAST(:flow_key AS text[]), CAST(:flow AS text[]), CAST(:trace_context AS text[]),
+            CAST(:batch_key AS text[]))
     )
     SELECT pg_notify(:channel, CAST(:payload AS text)) WHERE CAST(:payload AS text) <> ''
     """
 )
+
+
+_TRY_LOCK = text("SELECT pg_try_advisory_xact_lock(hashtext(CAST(:b_lock AS text)))")
 
 
 def _discard_broken_connections(context: ExceptionContext) -> None:
@@ -241,6 +245,12 @@ class PostgresDriver(PostgresBatches, Driver):
                 text("SELECT pg_notify(:channel, :payload)"),
                 {"channel": CHANNEL, "payload": CANCEL_PREFIX + ",".join(ids[start : start + 200])},
             )
+
+    async def try_lock(self, conn: AsyncConnection, name: str) -> bool:
+        # A transaction-level advisory lock on the name's hash: a collision only makes two
+        # names share a lock now and then.
+        found = await conn.execute(_TRY_LOCK, {"b_lock": name})
+        return bool(found.scalar())
 
     async def _lock_schema(self, conn: AsyncConnection) -> None:
         await conn.execute(text("SELECT pg_advisory_xact_lock(hashtext('durafn.migrate'))"))

@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import ColumnElement
 
 from ..._kinds import ScheduledFunctionId
-from ..schema.tables import KEYED, RUNNING_KEYED, flow_keys, queues, sf, workers
+from ..schema.tables import BATCHED, KEYED, RUNNING_KEYED, flow_keys, queues, sf, workers
 from ..sql import PENDING, RUNNING
 from ..write.dependencies import awaited
 
@@ -48,6 +48,10 @@ class Facts:
     workers: list[WorkerServes]
     awaited: list[ScheduledFunctionId]
     """The rows it was scheduled ``after=`` that have not finished for good."""
+    batch_due: int = 0
+    """A batched row's: how many rows of its function and key are due (at most 10,000)."""
+    batch_oldest: float | None = None
+    """When the oldest of them fell due."""
 
 
 _ROW = select(
@@ -71,6 +75,7 @@ _ROW = select(
     sf.c.error_type,
     sf.c.error_message,
     sf.c.awaiting,
+    sf.c.batch_key,
 )
 
 
@@ -130,10 +135,28 @@ class ExplainStatements:
             for w in await conn.execute(select(workers.c.serves, workers.c.forbidden))
         ]
         waits = await awaited(conn, id) if row.awaiting else []
+        batch_due: int = 0
+        oldest: float | None = None
+        if row.batch_key is not None:
+            due = (
+                select(sf.c.available_at)  # ix_scheduled_functions_batch
+                .where(
+                    BATCHED,
+                    sf.c.name == row.name,
+                    sf.c.batch_key == row.batch_key,
+                    sf.c.available_at <= now,
+                )
+                .limit(10_000)
+                .subquery()
+            )
+            counted = await conn.execute(select(func.count(), func.min(due.c.available_at)))
+            batch_due, oldest = counted.one()._tuple()
         return Facts(
             row,
             *(concurrency, paused, q_running, q_count, ahead),
             *(k_running, k_count, tat, serving, waits),
+            batch_due,
+            oldest,
         )
 
 

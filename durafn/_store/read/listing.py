@@ -17,7 +17,7 @@ from ..._types import Page, ScheduledFunction, WorkerInfo
 from ..claim.take import next_due
 from ..filters import RowFilter
 from ..rows import decode_cursor, encode_cursor, is_id, to_model
-from ..schema.tables import KEYED, QUEUED, RUNNING_ROWS, UNQUEUED, sf, workers
+from ..schema.tables import BATCHED, KEYED, QUEUED, RUNNING_ROWS, UNQUEUED, sf, workers
 
 
 class ReadStatements:
@@ -122,8 +122,8 @@ class ReadStatements:
         of at most ``bound`` entries each); the ended states: counted among the ``bound``
         rows that ended last (a range of ix_scheduled_functions_completed)."""
 
-        # The Pending rows' three partial indexes, one predicate each, as written there.
-        arms = (UNQUEUED, QUEUED, KEYED, RUNNING_ROWS)
+        # The Pending rows' four classes of partial indexes, one predicate each, as there.
+        arms = (UNQUEUED, QUEUED, KEYED, BATCHED, RUNNING_ROWS)
         active = await conn.execute(select(*(at_most(bound, arm) for arm in arms)))
         *pending, running = active.one()
         latest = (
@@ -146,9 +146,9 @@ class ReadStatements:
         self, conn: AsyncConnection, now: float, bound: int
     ) -> tuple[int, bool]:
         """Pending rows due by ``now``, counted up to ``bound`` (and whether it stopped
-        there): the three Pending partial indexes, each up to ``bound`` entries."""
+        there): the four classes of Pending partial indexes, each up to ``bound`` entries."""
         due = sf.c.available_at <= now
-        arms = (at_most(bound, arm, due) for arm in (UNQUEUED, QUEUED, KEYED))
+        arms = (at_most(bound, arm, due) for arm in (UNQUEUED, QUEUED, KEYED, BATCHED))
         found = sum((await conn.execute(select(*arms))).one())
         return min(found, bound), found >= bound
 

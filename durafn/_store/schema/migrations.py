@@ -82,7 +82,8 @@ def _step_4(conn: Connection) -> None:
         conn.execute(text("ALTER TABLE _scheduled_functions ADD COLUMN flags TEXT"))
     conn.execute(text("DROP INDEX IF EXISTS ix_scheduled_functions_due"))
     for index in scheduled_functions.indexes:
-        if index.name not in _VERSION_8:  # their predicates name version 8's columns
+        # Their predicates name version 8's (and version 17's) columns.
+        if index.name not in _VERSION_8 | _VERSION_17:
             index.create(conn, checkfirst=True)
     queues.create(conn, checkfirst=True)  # with its index
 
@@ -156,7 +157,8 @@ def _step_8(conn: Connection) -> None:
     for name in _REDEFINED:
         conn.execute(text(f"DROP INDEX IF EXISTS {name}"))
     for index in scheduled_functions.indexes:
-        if index.name not in _ENDING_WITH_SEQ:  # version 11's column; made by its step
+        # Version 11's column (made by its step), version 17's.
+        if index.name not in {*_ENDING_WITH_SEQ, *_VERSION_17}:
             index.create(conn, checkfirst=True)
     flow_keys.create(conn, checkfirst=True)
 
@@ -248,7 +250,8 @@ def _step_11(conn: Connection) -> None:
     for name in _ENDING_WITH_SEQ:
         conn.execute(text(f"DROP INDEX IF EXISTS {name}"))
     for index in scheduled_functions.indexes:
-        index.create(conn, checkfirst=True)
+        if index.name not in _VERSION_17:
+            index.create(conn, checkfirst=True)
     columns = {c["name"] for c in inspect(conn).get_columns(crons.name)}
     if "operator_enabled" not in columns:
         conn.execute(text("ALTER TABLE _durafn_crons ADD COLUMN operator_enabled BOOLEAN"))
@@ -324,6 +327,27 @@ def _step_16(conn: Connection) -> None:
     create_sql_functions(conn)
 
 
+_VERSION_17 = frozenset(
+    (
+        "ix_scheduled_functions_claim",
+        "ix_scheduled_functions_batch",
+        "ix_scheduled_functions_batched",
+    )
+)
+"""Indexes whose predicates name ``batch_key`` (version 17): made by its step."""
+
+
+def _step_17(conn: Connection) -> None:
+    """Version 17: batched actions (``durafn.Batch``). Their rows carry ``batch_key``
+    (a catalogue change) and leave the unqueued claim index, which is made again with
+    ``batch_key IS NULL`` in its predicate, for two indexes of their own."""
+    _add_columns(conn, scheduled_functions.name, {"batch_key": "TEXT"})
+    conn.execute(text("DROP INDEX IF EXISTS ix_scheduled_functions_claim"))
+    for index in scheduled_functions.indexes:
+        if index.name in _VERSION_17:
+            index.create(conn, checkfirst=True)
+
+
 def create_sql_functions(conn: Connection) -> None:
     """What the migrations install besides tables: the release trigger (both engines)
     and, on PostgreSQL, ``durafn.schedule``."""
@@ -350,5 +374,6 @@ MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     14: _step_14,
     15: _step_15,
     16: _step_16,
+    17: _step_17,
 }
 """Steps from version N-1 to N. A fresh database gets the latest tables in one go."""

@@ -26,7 +26,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import JSONB
 
-SCHEMA_VERSION = 16
+SCHEMA_VERSION = 17
 """Bump with a new step in ``migrations.MIGRATIONS`` whenever the tables change."""
 
 metadata = MetaData()
@@ -108,6 +108,9 @@ scheduled_functions = Table(
     Column("after_failed", Integer, nullable=False, server_default="0"),
     Column("after_policy", String(16)),
     Column("dependents", Integer, nullable=False, server_default="0"),
+    # Version 17: a batched action's row (``durafn.Batch``) holds its batch key ('' when
+    # its function batches without one); None for every other row.
+    Column("batch_key", Text),
     CheckConstraint(
         "state IN ('Pending', 'InProgress', 'Success', 'Failed', 'Canceled')",
         name="ck_scheduled_functions_state",
@@ -118,15 +121,19 @@ sf = scheduled_functions
 
 # Claims and "when is the next row due": only Pending rows are in them, so they stay as
 # small as the backlog of unstarted work however many finished rows await retention.
-# Three classes of Pending rows, each with its own indexes: unqueued, queued, and keyed
-# (a flow key: flow control, claimed per key by _store/claim/flow.py).
+# Four classes of Pending rows, each with its own indexes: unqueued, queued, keyed (a
+# flow key: flow control, claimed per key by _store/claim/flow.py), and batched (a batched
+# action's: claimed a batch at a time by _store/claim/batched.py; never queued nor keyed).
 # The states are literals, not bound parameters, so that a query written with these same
 # predicates (a bounded count, say) matches the partial index under a generic plan too
 # (see ix_scheduled_functions_key below).
 _PENDING = sf.c.state == literal_column("'Pending'")
-UNQUEUED = and_(_PENDING, sf.c.queue_name.is_(None), sf.c.flow_key.is_(None))
+UNQUEUED = and_(
+    _PENDING, sf.c.queue_name.is_(None), sf.c.flow_key.is_(None), sf.c.batch_key.is_(None)
+)
 QUEUED = and_(_PENDING, sf.c.queue_name.is_not(None), sf.c.flow_key.is_(None))
 KEYED = and_(_PENDING, sf.c.flow_key.is_not(None))
+BATCHED = and_(_PENDING, sf.c.batch_key.is_not(None))
 # Priority comes before time (and the order written, ``seq``, after it): a claim reads each
 # priority level present as one range
 # (``priority = p AND available_at <= now``, in order), so neither a future row nor a row
@@ -199,6 +206,27 @@ Index(
     sf.c.seq,
     postgresql_where=KEYED,
     sqlite_where=KEYED,
+)
+# Batched rows. A batch: a key's first due rows, in order (claim/batched.py's PEEK, TAKE).
+Index(
+    "ix_scheduled_functions_batch",
+    sf.c.name,
+    sf.c.batch_key,
+    sf.c.available_at,
+    sf.c.seq,
+    postgresql_where=BATCHED,
+    sqlite_where=BATCHED,
+)
+# When the next batched row falls due (claim/take.py's NEXT_DUE), and which keys of a
+# function have due rows, oldest first (claim/batched.py's KEYS: one function's entries
+# among those of every batched function; few apps have many).
+Index(
+    "ix_scheduled_functions_batched",
+    sf.c.kind,
+    sf.c.available_at,
+    sf.c.name,
+    postgresql_where=BATCHED,
+    sqlite_where=BATCHED,
 )
 # How many rows of a key run: as many entries as keyed actions running anywhere.
 _IN_PROGRESS = sf.c.state == literal_column("'InProgress'")

@@ -70,6 +70,7 @@ def _completion_row(now: float, outcome: Outcome) -> dict[str, Any]:
         "flow_key": None,
         "flow": None,
         "trace_context": None,
+        "batch_key": None,
         "debounce": None,
         "concurrency": spec["concurrency"],
     }

@@ -1,0 +1,216 @@
+"""Registering functions on an app: ``@app.query``, ``@app.mutation``, ``@app.action``
+(batched or not), and the app's hooks (``@app.on``). A part of ``App``."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Concatenate, ParamSpec, TypeVar, overload
+
+from typing_extensions import Unpack
+
+from ._batching import Batch, BatchActionRef, ItemFailed
+from ._cancels import CANCEL_MODES, CancelMode
+from ._checks import integer, optional
+from ._context import ActionCtx, MutationCtx, QueryCtx
+from ._errors import RegistrationError
+from ._hooks import HookName, HookT, check_hook
+from ._options import JobOptions
+from ._registry import ActionRef, FunctionRef, JobOptionArgs, MutationRef, QueryRef
+from ._retention import Retention, check_retention
+from ._retries import MAX_SNOOZES, SNOOZE_LIMIT
+from ._runtime import Runtime
+
+P = ParamSpec("P")
+R = TypeVar("R")
+I = TypeVar("I")  # noqa: E741 (a batched action's item)
+T = TypeVar("T")  # its result per item
+
+
+class Registration:
+    """The registering half of ``App`` (a base class of it)."""
+
+    _rt: Runtime
+
+    @overload
+    def query(self, fn: Callable[Concatenate[QueryCtx, P], Awaitable[R]]) -> QueryRef[P, R]: ...
+
+    @overload
+    def query(
+        self, *, name: str | None = None, timeout: float | None = None
+    ) -> Callable[[Callable[Concatenate[QueryCtx, P], Awaitable[R]]], QueryRef[P, R]]: ...
+
+    def query(
+        self, fn: Any = None, *, name: str | None = None, timeout: float | None = None
+    ) -> Any:
+        """Register a read-only function: ``async def f(ctx: QueryCtx, ...)``."""
+        return self._register(QueryRef, (QueryCtx,), fn, name, timeout)
+
+    @overload
+    def mutation(
+        self, fn: Callable[Concatenate[MutationCtx, P], Awaitable[R]]
+    ) -> MutationRef[P, R]: ...
+
+    @overload
+    def mutation(
+        self,
+        *,
+        name: str | None = None,
+        timeout: float | None = None,
+        retention: Retention | None = None,
+        snooze_limit: int = SNOOZE_LIMIT,
+        **options: Unpack[JobOptionArgs],
+    ) -> Callable[[Callable[Concatenate[MutationCtx, P], Awaitable[R]]], MutationRef[P, R]]: ...
+
+    def mutation(
+        self,
+        fn: Any = None,
+        *,
+        name: str | None = None,
+        timeout: float | None = None,
+        retention: Retention | None = None,
+        snooze_limit: int = SNOOZE_LIMIT,
+        **options: Unpack[JobOptionArgs],
+    ) -> Any:
+        """Register a transactional function: ``async def f(ctx: MutationCtx, ...)``.
+
+        Scheduled, it runs exactly once; ``timeout`` (seconds) overrides the app default.
+        Job options (``priority``, ``queue``, ``key``, ``key_mode``, ``flags``,
+        ``retry``) are the defaults of its scheduled calls; ``ref.options(...)`` overrides
+        them per call. With ``retry``, a run that raises is rolled back and tried again
+        later, its effects committed once, by the run that succeeds. ``retention``: how
+        long its finished rows are kept, per state (``durafn.Retention``).
+        ``snooze_limit``: how many times one row may ``raise durafn.Snooze(...)``.
+        """
+        return self._register(
+            MutationRef, (MutationCtx,), fn, name, timeout, options, retention, snooze_limit
+        )
+
+    @overload
+    def action(self, fn: Callable[Concatenate[ActionCtx, P], Awaitable[R]]) -> ActionRef[P, R]: ...
+
+    @overload
+    def action(
+        self,
+        *,
+        batch: Batch,
+        name: str | None = None,
+        timeout: float | None = None,
+        retention: Retention | None = None,
+        snooze_limit: int = SNOOZE_LIMIT,
+        **options: Unpack[JobOptionArgs],
+    ) -> Callable[
+        [Callable[[ActionCtx, list[I]], Awaitable[Sequence[T | ItemFailed]]]], ActionRef[[I], T]
+    ]: ...
+
+    @overload
+    def action(
+        self,
+        *,
+        name: str | None = None,
+        timeout: float | None = None,
+        retention: Retention | None = None,
+        cancel: CancelMode = "cooperative",
+        snooze_limit: int = SNOOZE_LIMIT,
+        **options: Unpack[JobOptionArgs],
+    ) -> Callable[[Callable[Concatenate[ActionCtx, P], Awaitable[R]]], ActionRef[P, R]]: ...
+
+    def action(
+        self,
+        fn: Any = None,
+        *,
+        name: str | None = None,
+        timeout: float | None = None,
+        retention: Retention | None = None,
+        cancel: CancelMode = "cooperative",
+        snooze_limit: int = SNOOZE_LIMIT,
+        batch: Batch | None = None,
+        **options: Unpack[JobOptionArgs],
+    ) -> Any:
+        """Register a side-effecting function: ``async def f(ctx: ActionCtx, ...)``.
+
+        Scheduled, it runs at most once and is never retried by durafn, unless it has a
+        ``retry`` policy: then it runs at least once until it succeeds or runs out of
+        attempts (a failure, its time limit, its worker lost, a stop's grace period).
+        ``cancel``: how a run learns of its row's cancel: ``"cooperative"`` sets
+        ``ctx.cancel_requested`` (and ends ``ctx.wait_for_cancel()``), ``"interrupt"`` also
+        cancels it at its next ``await``. Job options, ``snooze_limit``: as ``mutation``.
+        ``batch``: a ``durafn.Batch``; the function then takes a list of items
+        (``async def f(ctx, items: list[Item]) -> list[Result]``), each call schedules one
+        item, and due rows are handed to it together (``_batching``).
+        """
+        if cancel not in CANCEL_MODES:
+            raise RegistrationError(
+                f"cancel must be one of {', '.join(CANCEL_MODES)}, not {cancel!r}"
+            )
+        if batch is not None:
+            return self._register(
+                functools.partial(BatchActionRef[Any, Any], batch=batch),
+                (ActionCtx,),
+                fn,
+                name,
+                timeout,
+                options,
+                retention,
+                snooze_limit,
+                batched=True,
+            )
+        return self._register(
+            ActionRef, (ActionCtx,), fn, name, timeout, options, retention, snooze_limit, cancel
+        )
+
+    def on(self, hook: HookName) -> Callable[[HookT], HookT]:
+        """Register a lifecycle hook for every function: ``@app.on("failure")`` over
+        ``def alert(event: durafn.HookEvent)`` (or ``async def``). Hooks: ``enqueue``,
+        ``before``, ``after``, ``success``, ``error``, ``failure`` (see the README); they
+        run in-process, outside the guarantees, and one that raises changes nothing."""
+        name = check_hook(hook)
+
+        def _add(fn: HookT) -> HookT:
+            self._rt.hooks.add(name, fn)
+            return fn
+
+        return _add
+
+    def _register(
+        self,
+        cls: Callable[..., FunctionRef[Any, Any]],
+        ctx_types: tuple[type, ...],
+        fn: Any,
+        name: str | None,
+        timeout: float | None,
+        options: JobOptionArgs | None = None,
+        retention: Retention | None = None,
+        snooze_limit: int = SNOOZE_LIMIT,
+        cancel: CancelMode | None = None,
+        batched: bool = False,
+    ) -> Any:
+        # Checked before decorating, so a bad option names the decorator's line.
+        defaults = JobOptions.checked(error=RegistrationError, **(options or {}))
+        if defaults.after is not None:
+            raise RegistrationError(
+                "after= names rows, so it is given per call: ref.options(after=[id, ...])"
+            )
+        if batched and (defaults.queue is not None or defaults.flow is not None):
+            raise RegistrationError(
+                "a batched action's rows are claimed a batch at a time: a named queue and "
+                "flow control do not apply to them"
+            )
+        optional(check_retention, "retention", retention, error=RegistrationError)
+        integer("snooze_limit", snooze_limit, low=0, high=MAX_SNOOZES, error=RegistrationError)
+
+        def decorate(f: Callable[..., Awaitable[Any]]) -> FunctionRef[Any, Any]:
+            ref = cls(f, name=name, timeout=timeout, ctx_types=ctx_types)
+            ref.job_options = defaults
+            ref.retention = retention
+            ref.snooze_limit = snooze_limit
+            if isinstance(ref, ActionRef) and cancel is not None:
+                ref.cancel = cancel
+            self._rt.registry.add(ref)
+            return ref
+
+        return decorate if fn is None else decorate(fn)
+
+    def functions(self) -> list[str]:
+        """The durable names registered on this app."""
+        return self._rt.registry.names()
