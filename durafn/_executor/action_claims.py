@@ -7,17 +7,17 @@ is what lets a claim whose COMMIT failed be recovered without ever starting a ro
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 
 import anyio
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from .._batching import BatchActionRef
 from .._errors import DatabaseError
 from .._kinds import FunctionKind, ScheduledFunctionId, State
 from .._runtime import Runtime, one_line
-from .._store import SERVE_ALL, BatchClaim, BatchSpec, Claimed, ClaimFilter, FastPathHint
+from .._store import SERVE_ALL, Claimed, ClaimFilter, FastPathHint
 from .outcomes import log_fields
 
 logger = logging.getLogger("durafn.executor")
@@ -48,55 +48,6 @@ class ActionClaims:
         """Claims on the wire now."""
         self.uncertain = False
         """A claim failed at COMMIT, which may nonetheless have taken effect."""
-        self.batch_wake_at: float | None = None
-        """When a batch the last batch claim left will be ready (``claim_batches``)."""
-        self.batch_next_due: float | None = None
-        """When the next batched row falls due, as the last batch claim read."""
-        self._batched: tuple[int, list[BatchSpec]] = (-1, [])
-        # The work signal an empty claim of batches was made under, and when one is worth
-        # making again with no new work signalled (``batches_worth_claiming``).
-        self._batch_signal: object = None
-        self._batch_check_at = 0.0
-
-    def batches_worth_claiming(self, signal: object, now: float) -> bool:
-        """Whether the dispatcher should claim batches now: the app has batched actions,
-        and the last claim of them took some, or work was signalled since it found none,
-        or a batch it left is ready, or a row falls due, or the poll has come. (A claim
-        of batches before every claim of other actions halved the drain of those on
-        SQLite, 1,349 against 2,476 rows/s.)"""
-        if not self.batching:
-            return False
-        return signal is not self._batch_signal or now >= self._batch_check_at
-
-    def batches_claimed(self, found: int, signal: object, now: float, poll: float) -> None:
-        """What the dispatcher's claim of batches found (``found`` batches), under the
-        work ``signal`` taken before it."""
-        if found:
-            self._batch_signal = None  # more may be ready: claim again
-            return
-        self._batch_signal = signal
-        check = now + poll
-        for at in (self.batch_wake_at, self.batch_next_due):
-            if at is not None:
-                check = min(check, at)
-        self._batch_check_at = check
-
-    @property
-    def batching(self) -> bool:
-        """The app has batched actions (``durafn.Batch``): claims take their batches."""
-        return bool(self._specs())
-
-    def _specs(self) -> list[BatchSpec]:
-        registry = self._rt.registry
-        version, specs = self._batched
-        if version != registry.version:  # a function registered since
-            specs = [
-                BatchSpec(ref.name, ref.batch.max_size, ref.batch.max_wait, bool(ref.batch.key))
-                for ref in registry.refs()
-                if isinstance(ref, BatchActionRef)
-            ]
-            self._batched = registry.version, specs
-        return specs
 
     @property
     def idle(self) -> bool:
@@ -189,36 +140,16 @@ class ActionClaims:
         self._log_started(rows)
         return rows
 
-    async def claim_batches(
-        self, limit: int, now: float | None = None, *, retries: int | None = None
-    ) -> list[list[Claimed]]:
-        """Pending -> InProgress for up to ``limit`` ready batches of the app's batched
-        actions, committed on return (``_store/claim/batched.py``). A claim whose COMMIT
-        failed leaves its rows to the next ``claim``'s adoption (each then runs alone)."""
-        specs = self._specs()
-        now = self._rt.clock.now() if now is None else now
-        driver, worker_id = self._rt.driver, self._worker_id()
-
-        async def _claim(conn: AsyncConnection) -> BatchClaim:
-            return await driver.claim_batches(conn, now, worker_id, specs, limit, self.serve)
-
+    @contextlib.asynccontextmanager
+    async def claiming(self) -> AsyncIterator[None]:
+        """Hold the ledger's lock for a claim (``BatchClaims``' too), counted in flight;
+        its rows go into the ledger, ``handed``, before it is released."""
         async with self._lock:
             self.in_flight += 1
             try:
-                found = await self._rt.transaction(
-                    _claim, doing="claiming batched actions", retries=retries
-                )
-            except DatabaseError:
-                self.uncertain = True
-                raise
+                yield
             finally:
                 self.in_flight -= 1
-            for rows in found.batches:
-                self.unrecorded.update(r.id for r in rows)
-        self.batch_wake_at, self.batch_next_due = found.wake_at, found.next_due
-        for rows in found.batches:
-            self._log_started(rows)
-        return found.batches
 
     @staticmethod
     def _log_started(rows: list[Claimed]) -> None:
@@ -232,8 +163,8 @@ class ActionClaims:
                 )
 
     def handed(self, rows: list[Claimed]) -> None:
-        """Rows a finish of this worker started (``Finisher``: a queue's next row): in the
-        ledger, as any claimed row."""
+        """Rows a finish of this worker started (``Finisher``: a queue's next row), or a
+        claim of batches: in the ledger, as any claimed row."""
         self.unrecorded.update(r.id for r in rows)
         self._log_started(rows)
 

@@ -30,7 +30,7 @@ from .._registry import ActionRef
 from .._runtime import Runtime
 from .._store import Claimed, Outcome
 from .action_claims import ActionClaims
-from .batched import BatchRunning, Unit
+from .batched import BatchClaims, BatchRunning, Unit
 from .config import ExecutorConfig
 from .deadlines import DeadlineWatch, Slot
 from .finisher import Finisher
@@ -58,6 +58,8 @@ class ActionPool(BatchRunning):
         self._invoker = invoker
         self._config = config
         self._claims = claims
+        self.batches = BatchClaims(runtime, claims)
+        """The claims of batched actions' batches, in ``claims``' ledger."""
         self._finisher = finisher
         finisher.successors = self
         self._record = finisher.queue
@@ -123,10 +125,10 @@ class ActionPool(BatchRunning):
                     # No retries inside: this loop backs off itself, and a stop need not
                     # wait for a claim to exhaust its retries against a database that is away.
                     units: list[Unit] = []
-                    if self._claims.batches_worth_claiming(signal, now):
-                        units += await self._claims.claim_batches(want, now, retries=0)
+                    if self.batches.worth_claiming(signal, now):
+                        units += await self.batches.claim(want, now, retries=0)
                         poll = self._wakeups.poll_interval
-                        self._claims.batches_claimed(len(units), signal, now, poll)
+                        self.batches.claimed(len(units), signal, now, poll)
                     if len(units) < want:
                         units += await self._claims.claim(want - len(units), now, retries=0)
                     failures = 0
@@ -142,10 +144,8 @@ class ActionPool(BatchRunning):
                 self._ready.extend(units)
                 self._wake_a_worker()
                 if len(units) < want:  # all that was due at ``now``: as for mutations
-                    claims = self._claims
-                    await self._wakeups.idle_wait(
-                        FunctionKind.ACTION, signal, now, claims.hint, claims.batch_wake_at
-                    )
+                    hint, ready_at = self._claims.hint, self.batches.wake_at
+                    await self._wakeups.idle_wait(FunctionKind.ACTION, signal, now, hint, ready_at)
         finally:
             self._dispatching = False
             self._dispatcher_done.set()

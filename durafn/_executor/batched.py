@@ -1,6 +1,7 @@
-"""Running a batched action's batch (``durafn.Batch``): one call of the function with the
-items of the rows a batch claim took (``_store/claim/batched.py``), and one outcome per
-row: its result, its ``ItemFailed`` error, or the call's error for every row.
+"""Batched actions (``durafn.Batch``) in the executor: claiming their batches
+(``BatchClaims``, the store's ``claim/batched.py``), and running a batch (``BatchRunning``):
+one call of the function with the items of its rows, and one outcome per row: its result,
+its ``ItemFailed`` error, or the call's error for every row.
 
 A batch is one unit of the action pool: one worker, one slot of ``concurrency``, one time
 limit (the function's, for the whole call). A row whose cancel was requested while its
@@ -17,19 +18,106 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import anyio
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from .._batching import BatchActionRef, ItemFailed, split_results
 from .._cancels import Cancellation
+from .._errors import DatabaseError
 from .._invoke import Invoker, timeout_error
 from .._kinds import FunctionKind
 from .._runtime import Runtime
-from .._store import Claimed, Outcome
+from .._store import BatchClaim, BatchSpec, Claimed, Outcome
 from .action_claims import ActionClaims
 from .deadlines import DeadlineWatch, Slot
 from .outcomes import failed, stopped, succeeded
 from .tasks import Pace
 
 ACTION = FunctionKind.ACTION
+
+
+class BatchClaims:
+    """Claims the app's batched actions' ready batches for one worker, in the ledger of
+    its ``ActionClaims``, and knows when a claim of them is worth making."""
+
+    def __init__(self, runtime: Runtime, claims: ActionClaims) -> None:
+        self._rt = runtime
+        self._claims = claims
+        self.wake_at: float | None = None
+        """When a batch the last claim left will be ready (the idle wait's)."""
+        self._next_due: float | None = None  # the next batched row's due time, as read
+        self._specs_of: tuple[int, list[BatchSpec]] = (-1, [])  # by registry version
+        # The work signal an empty claim was made under, and when one is worth making
+        # again with no new work signalled (``worth_claiming``).
+        self._signal: object = None
+        self._check_at = 0.0
+
+    @property
+    def batching(self) -> bool:
+        """The app has batched actions: claims take their batches."""
+        return bool(self._specs())
+
+    def _specs(self) -> list[BatchSpec]:
+        registry = self._rt.registry
+        version, specs = self._specs_of
+        if version != registry.version:  # a function registered since
+            specs = [
+                BatchSpec(ref.name, ref.batch.max_size, ref.batch.max_wait, bool(ref.batch.key))
+                for ref in registry.refs()
+                if isinstance(ref, BatchActionRef)
+            ]
+            self._specs_of = registry.version, specs
+        return specs
+
+    def worth_claiming(self, signal: object, now: float) -> bool:
+        """Whether the dispatcher should claim batches now: the app has batched actions,
+        and the last claim of them took some, or work was signalled since it found none,
+        or a batch it left is ready, or a batched row falls due, or the poll has come. (A
+        claim of batches before every claim of other actions halved the drain of those
+        on SQLite, 1,349 against 2,476 rows/s.)"""
+        if not self.batching:
+            return False
+        return signal is not self._signal or now >= self._check_at
+
+    def claimed(self, found: int, signal: object, now: float, poll: float) -> None:
+        """What the dispatcher's claim found (``found`` batches), under the work
+        ``signal`` taken before it."""
+        if found:
+            self._signal = None  # more may be ready: claim again
+            return
+        self._signal = signal
+        check = now + poll
+        for at in (self.wake_at, self._next_due):
+            if at is not None:
+                check = min(check, at)
+        self._check_at = check
+
+    async def claim(
+        self, limit: int, now: float | None = None, *, retries: int | None = None
+    ) -> list[list[Claimed]]:
+        """Pending -> InProgress for up to ``limit`` ready batches, committed on return.
+        A claim whose COMMIT failed leaves its rows to the next ``ActionClaims.claim``'s
+        adoption (each then runs alone, a batch of one)."""
+        specs = self._specs()
+        now = self._rt.clock.now() if now is None else now
+        claims, driver = self._claims, self._rt.driver
+        worker_id = claims.worker_id()
+
+        async def _claim(conn: AsyncConnection) -> BatchClaim:
+            return await driver.claim_batches(conn, now, worker_id, specs, limit, claims.serve)
+
+        async with claims.claiming():
+            try:
+                found = await self._rt.transaction(
+                    _claim, doing="claiming batched actions", retries=retries
+                )
+            except DatabaseError:
+                claims.uncertain = True
+                raise
+            for rows in found.batches:
+                claims.handed(rows)
+        self.wake_at, self._next_due = found.wake_at, found.next_due
+        return found.batches
+
 
 Unit = Claimed | list[Claimed]
 """What the action pool runs: a row, or a batched action's batch of rows."""

@@ -122,8 +122,8 @@ class Executor:
                 ran, full = await self._mutations.run_batch(timed=False)
                 room = self.config.concurrency
                 rows: list[Unit] = []
-                if self._claims.batching:
-                    rows += await self._claims.claim_batches(room)
+                if self._actions.batches.batching:
+                    rows += await self._actions.batches.claim(room)
                 rows += await self._claims.claim(room - len(rows)) if len(rows) < room else []
                 if rows:
                     if not self._membership.depth:
