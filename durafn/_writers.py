@@ -258,8 +258,11 @@ class DirectWriter:
 
         # A plain write with no parent to lock is one statement (its NOTIFY included): on
         # PostgreSQL one autocommit round trip instead of four. Retrying it is safe (above).
+        # A row after= others is not: its insert and its edges must commit together (in
+        # autocommit, a running executor claimed it between the two, before its edges
+        # existed, and ran it before the rows it was to wait for).
         single = self._check_parent is None and all(
-            _plain(row) and row["queue_name"] is None for row in rows
+            _plain(row) and row["queue_name"] is None and not row.get("after") for row in rows
         )
         kinds, ids = await rt.transaction(
             _body, doing="scheduling a function", single_statement=single

@@ -11,16 +11,20 @@ import os
 import subprocess
 import sys
 from datetime import UTC, datetime
+from pathlib import Path
 
 import anyio
 import pytest
+from sqlalchemy import select
 
 import durafn
 from durafn import ActionCtx, Fixed, MutationCtx, Retry, Snooze, State
 from durafn.testing import FakeClock
 
-from .helpers import effects, row_of
+from .helpers import CEILING, effects, row_of
 from .models import Effect
+from .test_workers import FAST, worker_app_on, worker_processes
+from .worker_app import Applied
 
 pytestmark = pytest.mark.anyio
 
@@ -488,3 +492,35 @@ def test_after_takes_one_to_ten_thousand_rows() -> None:
     assert check_after("after", ids[:1]) == (ids[0],)
     with pytest.raises(durafn.OptionError, match="must name 1 to 10000 rows, not 10001"):
         check_after("after", ids)
+
+
+@pytest.mark.postgres_only  # LISTEN/NOTIFY exists only on PostgreSQL; SQLite polls
+async def test_a_dependency_finished_by_another_process_wakes_its_dependent(
+    postgres_url: str, tmp_path: Path
+) -> None:
+    """The rows waited for run in a ``durafn worker`` process (which forbids the join's
+    flag); the join runs here, in an executor whose poll is an hour away and which
+    forbids the dependencies' flag: only the release trigger's NOTIFY, sent when the
+    other process commits the last finish, can start it."""
+    async with (
+        worker_app_on(postgres_url) as (app, fns),
+        app.run_executor(poll_interval=3600, forbidden_flags=("dep",)) as executor,
+    ):
+        scheduler = app.scheduler()
+        deps = await scheduler.run_many(
+            [fns.apply.options(flags=["dep"]).call(n, 0.0) for n in range(20)]
+        )
+        join = await scheduler.run_after(0, fns.apply.options(after=deps, flags=["join"]), 999, 0.0)
+        async with worker_processes(postgres_url, 1, tmp_path, *FAST, "--forbid-flag", "join") as [
+            worker
+        ]:
+            row = await executor.wait_for(join, timeout=CEILING)
+            assert row.state is State.SUCCESS
+            assert worker.returncode is None
+            for dep in deps:
+                assert (await row_of(app, dep)).state is State.SUCCESS, await row_of(app, dep)
+        async with app.engine.connect() as conn:
+            found = await conn.execute(select(Applied.key, Applied.pid))
+            applied: dict[str, int] = {key: pid for key, pid in found}
+    assert applied["m999"] == os.getpid()  # the join ran here
+    assert {applied[f"m{n}"] for n in range(20)} == {worker.pid}  # its rows, there
