@@ -12,7 +12,7 @@ import pytest
 
 from durafn import State
 from durafn.testing import FakeClock, Harness
-from examples import flaky_webhook, nightly_sync, self_destruct, starlette_app
+from examples import bulk_email, flaky_webhook, nightly_sync, self_destruct, starlette_app
 
 from .helpers import CEILING
 from .processes import owned_sync, tagged
@@ -156,3 +156,13 @@ def _durafn(folder: Path, *args: str, env: dict[str, str]) -> subprocess.Complet
             text=True,
             timeout=CEILING,
         )
+
+
+async def test_bulk_email_example(db_url: str) -> None:
+    out: list[str] = []
+    await bulk_email.main(db_url, out, FakeClock())
+    assert out == [
+        # Two full batches at once, the other 50 at max_wait, then the hiccup's retry.
+        "bulk requests: [100, 100, 50, 1]",
+        "250 welcomes: 249 sent, 1 failed, 0 canceled",
+    ]

@@ -71,3 +71,19 @@ async def notified(ctx: durafn.ActionCtx) -> None:
 # first use (a module-level __getattr__ typed Any would make it anything; mypy --strict
 # reports an unneeded ignore below if so).
 misspelt = durafn.Ap  # type: ignore[attr-defined]
+
+
+@app.action(batch=durafn.Batch(max_size=100, max_wait=2.0))
+async def notify_all(ctx: durafn.ActionCtx, user_ids: list[int]) -> list[str | durafn.ItemFailed]:
+    return ["sent" for _ in user_ids]
+
+
+async def batches(sched: durafn.Scheduler) -> None:
+    """A batched action is scheduled one item at a time, of the item's type; its result
+    per item is the function's, less ``ItemFailed``."""
+    same: durafn.ActionRef[[int], str] = notify_all
+    await sched.run_after(0, notify_all, 42)
+    await sched.run_many([notify_all.call(1), notify_all.options(priority=1).call(2)])
+    await sched.run_after(0, notify_all, "42")  # type: ignore[call-overload]
+    await sched.run_after(0, notify_all, [1, 2])  # type: ignore[call-overload]
+    print(same, await app.run_action(notify_all, 7))
