@@ -26,7 +26,7 @@ import typing
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, ParamSpec, TypeVar
 
-from ._checks import finite_seconds, integer
+from ._checks import finite_seconds, integer, text
 from ._errors import ArgumentError, BatchItemError, BatchResultError, RegistrationError
 from ._public import publish
 from ._registry import ActionRef
@@ -145,12 +145,10 @@ class BatchActionRef(ActionRef[P, R]):
             key = self.batch.key(values["item"])
         except Exception as exc:
             raise ArgumentError(f"the batch key of {self.name!r} raised {exc!r}") from None
-        if not isinstance(key, str) or len(key) > MAX_KEY:
-            raise ArgumentError(
-                f"the batch key of {self.name!r} must be a string of at most {MAX_KEY} "
-                f"characters, not {key!r:.80}"
-            )
-        return key
+        what = f"the batch key of {self.name!r}"
+        if isinstance(key, str) and len(key) > MAX_KEY:
+            raise ArgumentError(f"{what} must be at most {MAX_KEY} characters, not {len(key)}")
+        return text(what, key)  # a string, no NUL, valid Unicode
 
 
 def _item_types(fn: Callable[..., Any]) -> tuple[Any, Any]:
@@ -195,7 +193,7 @@ def _one_at_a_time(fn: Callable[..., Awaitable[Any]], item: Any, result: Any) ->
     reaches a worker alone runs: a batch of one)."""
 
     async def one(ctx: Any, item: Any) -> Any:
-        [outcome] = split_results(await fn(ctx, [item]), 1, one.__qualname__)
+        [outcome] = split_results(await fn(ctx, [item]), 1, describe(fn))
         if isinstance(outcome, ItemFailed):
             raise outcome.error
         return outcome

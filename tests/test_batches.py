@@ -211,11 +211,16 @@ async def test_batched_actions_are_checked_when_registered_and_scheduled(
         await scheduler.run_after(0, keyed, {"other": 1})
     with pytest.raises(durafn.ArgumentError, match="must be a string"):
         await scheduler.run_after(0, keyed, {"tenant": 5})
+    with pytest.raises(durafn.ArgumentError, match="NUL"):
+        await scheduler.run_after(0, keyed, {"tenant": "a\x00b"})
+    with pytest.raises(durafn.ArgumentError, match="at most 1000 characters, not 1001"):
+        await scheduler.run_after(0, keyed, {"tenant": "k" * 1001})
+    await scheduler.run_after(0, keyed, {"tenant": "k" * 1000})  # the longest key
     with pytest.raises(durafn.ArgumentError, match="invalid arguments"):
         await scheduler.run_after(0, keyed, "not a dict")  # type: ignore[call-overload]
     with pytest.raises(durafn.OptionError, match="batched action"):
         await scheduler.run_after(0, keyed.options(queue="q"), {"tenant": "t"})
-    assert (await app.list()).items == []  # nothing of it was written
+    assert len((await app.list()).items) == 1  # the longest key's row only
 
 
 async def test_running_workers_take_full_batches_at_once_and_a_partial_one_at_max_wait(

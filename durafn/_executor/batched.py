@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from .._batching import BatchActionRef, ItemFailed, split_results
@@ -196,19 +197,27 @@ class BatchRunning:
 
     def _cancelled(self, row: Claimed) -> None: ...  # ActionPool's
 
-    async def _begin_batch(self, call: _Call) -> tuple[Any, contextlib.ExitStack, float]:
-        """The hooks before each row, the cancels and the runs' telemetry begun: the
-        context, and the timeout of the call."""
+    async def _begin_batch(self, call: _Call) -> tuple[Any, contextlib.ExitStack, float] | None:
+        """The cancels, the hooks before each row and the runs' telemetry begun: the
+        context, and the timeout of the call; None if that failed (every row recorded
+        failed with the error, as a run that cannot be prepared)."""
         rt, rows = self._rt, call.rows
-        if rt.hooks.active:
-            for row in rows:
-                await rt.hooks.before(ACTION, row)
         call.cancels = [rt.cancels.start(row.id, None) for row in rows]
         runs = contextlib.ExitStack()
-        now, worker = rt.clock.now(), self._claims.worker_id()
-        for row in rows:  # a span each, the call's context the last one's
-            runs.enter_context(rt.telemetry.running(ACTION, row, now, worker))
-        return self._invoker.action_ctx(rows[0].id), runs, self._invoker.timeouts.for_(call.ref)
+        try:
+            if rt.hooks.active:
+                for row in rows:
+                    await rt.hooks.before(ACTION, row)
+            now, worker = rt.clock.now(), self._claims.worker_id()
+            for row in rows:  # a span each, the call's context the last one's
+                runs.enter_context(rt.telemetry.running(ACTION, row, now, worker))
+            ctx = self._invoker.action_ctx(rows[0].id)
+            return ctx, runs, self._invoker.timeouts.for_(call.ref)
+        except Exception as exc:
+            runs.close()
+            self._end_batch(call)
+            call.fail(exc, self._cancelled)
+            return None
 
     def _end_batch(self, call: _Call) -> None:
         for row in call.rows:
@@ -227,15 +236,12 @@ class BatchRunning:
         call = _Call(self._rt, rows, self._record)
         if not call.rows:
             return
-        ctx, runs, timeout = await self._begin_batch(call)
+        if (begun := await self._begin_batch(call)) is None:
+            return
+        ctx, runs, timeout = begun
         started = time.monotonic()
-        slot.row, slot.expired, slot.started, slot.deadline = (
-            call.rows[0],
-            False,
-            started,
-            (started + timeout),
-        )
-        slot.interrupted = False
+        slot.row, slot.started, slot.deadline = call.rows[0], started, started + timeout
+        slot.expired = slot.interrupted = False
         self.watch.arm(slot.deadline)
         try:
             try:
@@ -272,7 +278,9 @@ class BatchRunning:
         call = _Call(self._rt, rows, record)
         if not call.rows:
             return
-        ctx, runs, timeout = await self._begin_batch(call)
+        if (begun := await self._begin_batch(call)) is None:
+            return
+        ctx, runs, timeout = begun
         error: Exception | None = None
         finished = False
         with anyio.CancelScope(deadline=anyio.current_time() + timeout) as scope:
