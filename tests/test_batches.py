@@ -329,3 +329,23 @@ async def test_two_worker_processes_run_each_row_once_in_full_batches(
     items = [int(n) for numbers, _ in calls for n in numbers.split(",")]
     assert sorted(items) == list(range(300))  # each exactly once
     assert all(len(numbers.split(",")) <= 50 for numbers, _ in calls)
+
+
+async def test_a_crons_tick_of_a_batched_action_runs_as_a_batch_of_one(
+    app: durafn.App, clock: FakeClock
+) -> None:
+    calls: list[list[str]] = []
+
+    @app.action(batch=Batch(max_size=10, max_wait=60))
+    async def digest(ctx: ActionCtx, items: list[str]) -> list[str]:
+        calls.append(items)
+        return [i.upper() for i in items]
+
+    app.cron("digest", "* * * * *", digest.call("hourly digest"))
+    executor = app.executor()
+    await executor.run_until_idle()
+    clock.advance(60)
+    await executor.run_until_idle()
+    assert calls == [["hourly digest"]]  # at its tick, not max_wait later
+    [row] = (await app.list(name=digest.name, state=State.SUCCESS)).items
+    assert (row.args, row.result) == ({"item": "hourly digest"}, "HOURLY DIGEST")

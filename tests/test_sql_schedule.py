@@ -134,3 +134,29 @@ async def test_bad_input_is_a_typed_sql_error_and_writes_nothing(
     done = await row_of(app, str(low))
     assert (done.state, done.result) == (State.SUCCESS, 3)
     await app.aclose()
+
+
+async def test_a_batched_action_scheduled_from_sql_runs_as_a_batch_of_one(
+    postgres_url: str, clock: FakeClock
+) -> None:
+    """SQL cannot see the registry, so its row has no batch key: it runs alone, through
+    the same function, as a list of one."""
+    app = durafn.App(postgres_url, clock=clock)
+    await app.migrate()
+    calls: list[list[int]] = []
+
+    @app.action(name="sql:batched", batch=durafn.Batch(max_size=10, max_wait=60))
+    async def batched(ctx: ActionCtx, items: list[int]) -> list[int]:
+        calls.append(items)
+        return [i + 1 for i in items]
+
+    try:
+        async with app.engine.begin() as conn:
+            await conn.execute(
+                text("SELECT durafn.schedule('sql:batched', '{\"item\": 41}', NULL, '{}')")
+            )
+        await app.executor().run_until_idle()
+        [row] = (await app.list(name="sql:batched")).items
+        assert (calls, row.state, row.result) == ([[41]], State.SUCCESS, 42)
+    finally:
+        await app.aclose()
