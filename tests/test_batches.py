@@ -349,3 +349,24 @@ async def test_a_crons_tick_of_a_batched_action_runs_as_a_batch_of_one(
     assert calls == [["hourly digest"]]  # at its tick, not max_wait later
     [row] = (await app.list(name=digest.name, state=State.SUCCESS)).items
     assert (row.args, row.result) == ({"item": "hourly digest"}, "HOURLY DIGEST")
+
+
+async def test_batched_functions_take_turns_when_room_is_short(
+    app: durafn.App, clock: FakeClock
+) -> None:
+    order: list[str] = []
+
+    @app.action(batch=Batch(max_size=2, max_wait=0))
+    async def first(ctx: ActionCtx, items: list[int]) -> list[None]:
+        order.append("first")
+        return [None] * len(items)
+
+    @app.action(batch=Batch(max_size=2, max_wait=0))
+    async def second(ctx: ActionCtx, items: list[int]) -> list[None]:
+        order.append("second")
+        return [None] * len(items)
+
+    await app.scheduler().run_many([f.call(i) for f in (first, second) for i in range(6)])
+    assert await app.executor(concurrency=1).run_until_idle() == 12
+    assert sorted(order) == ["first"] * 3 + ["second"] * 3
+    assert order[:2] in (["first", "second"], ["second", "first"])  # not all of one first

@@ -51,6 +51,7 @@ class BatchClaims:
         # again with no new work signalled (``worth_claiming``).
         self._signal: object = None
         self._check_at = 0.0
+        self._turn = 0  # which batched function a claim begins with
 
     @property
     def batching(self) -> bool:
@@ -99,6 +100,10 @@ class BatchClaims:
         A claim whose COMMIT failed leaves its rows to the next ``ActionClaims.claim``'s
         adoption (each then runs alone, a batch of one)."""
         specs = self._specs()
+        # Each function first in turn: a claim with little room would otherwise give it
+        # all to the first function registered while that has ready batches.
+        self._turn = (self._turn + 1) % max(1, len(specs))
+        specs = specs[self._turn :] + specs[: self._turn]
         now = self._rt.clock.now() if now is None else now
         claims, driver = self._claims, self._rt.driver
         worker_id = claims.worker_id()
