@@ -90,8 +90,10 @@ SERVE_ALL = ClaimFilter()
 
 
 def _pending(queued: bool) -> tuple[ColumnElement[bool], ...]:
-    """Pending rows of ``:kind`` in one of the two claim indexes (their predicates); an
-    unqueued one also ``ready`` (rows ``after=`` others are unqueued, unkeyed)."""
+    """Pending rows of ``:kind`` in one of the two claim indexes (their predicates: an
+    unqueued one is also unbatched, a batched action's rows being ``batched``'s to
+    claim); an unqueued one also ``ready`` (rows ``after=`` others are unqueued,
+    unkeyed)."""
     return (
         sf.c.state == PENDING,
         sf.c.kind == bindparam("b_kind", type_=Text),
