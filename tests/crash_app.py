@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 import anyio
 from sqlalchemy import update
@@ -28,6 +29,14 @@ def build(url: str) -> tuple[durafn.App, durafn.MutationRef[[int], None]]:
         async with await anyio.open_file(path, "a") as f:
             await f.write(f"{n}\n")
         await anyio.sleep(0.05)
+
+    # A batched action: each call writes its items' numbers, then takes a while.
+    @app.action(name="crash:act_many", batch=durafn.Batch(max_size=5, max_wait=0))
+    async def act_many(ctx: ActionCtx, items: list[dict[str, Any]]) -> list[None]:
+        async with await anyio.open_file(items[0]["path"], "a") as f:
+            await f.write("".join(f"{item['n']}\n" for item in items))
+        await anyio.sleep(0.05)
+        return [None] * len(items)
 
     @app.mutation(name="crash:apply")
     async def apply(ctx: MutationCtx, n: int) -> None:

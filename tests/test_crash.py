@@ -124,9 +124,10 @@ async def _unsettled(app: durafn.App, pid: int) -> bool:
 
 
 async def test_actions_run_at_most_once_under_kill_9(db_url: str, tmp_path: Path) -> None:
-    """Actions append to a file (a side effect no transaction can undo). Killed mid-run and
-    restarted, no action ever starts twice: the ones cut off stay InProgress (the worker
-    issue adds lost-worker rescue), every other one is Success, each with one line."""
+    """Actions append to a file (a side effect no transaction can undo), batched ones
+    too. Killed mid-run and restarted, no action ever starts twice: the ones cut off stay
+    InProgress (the worker issue adds lost-worker rescue), every other one is Success,
+    each with one line."""
     app, _ = build(db_url)
     await app.migrate()
     effects = tmp_path / "effects.txt"
@@ -134,6 +135,9 @@ async def test_actions_run_at_most_once_under_kill_9(db_url: str, tmp_path: Path
     sched = app.scheduler()
     for n in range(60):
         await sched.run_after(0, "crash:act", n=n, path=str(effects))
+    # And 30 items of a batched action, five to a call: a kill cuts off whole batches.
+    for n in range(1000, 1030):
+        await sched.run_after(0, "crash:act_many", {"n": n, "path": str(effects)})
 
     async def started() -> int:
         return len(effects.read_text().split())
@@ -154,7 +158,7 @@ async def test_actions_run_at_most_once_under_kill_9(db_url: str, tmp_path: Path
                         while (
                             await _unsettled(app, proc.pid)
                             if last
-                            else await started() < 10 * (round_ + 1) + 5
+                            else await started() < 20 * (round_ + 1) + 5
                         ):
                             assert proc.returncode is None, f"worker exited early; see {log.name}"
                             await anyio.sleep(0.005)
@@ -164,7 +168,7 @@ async def test_actions_run_at_most_once_under_kill_9(db_url: str, tmp_path: Path
 
     starts = Tally(int(x) for x in effects.read_text().split())
     assert max(starts.values()) == 1, f"an action started twice: {starts.most_common(3)}"
-    rows = {r.args["n"]: r for r in await all_rows(app)}
+    rows = {r.args.get("item", r.args)["n"]: r for r in await all_rows(app)}
     lost = [n for n, r in rows.items() if r.state is State.IN_PROGRESS]
     assert lost, "no kill landed while actions were running"
     for n, row in rows.items():
