@@ -87,6 +87,21 @@ class ItemFailed:
         return f"ItemFailed({self.error!r})"
 
 
+def refuse_options(
+    name: str, queue: object, flow: object, after: object, *, error: type[Exception]
+) -> None:
+    """A batched action's rows are claimed a batch at a time, by a claim of their own:
+    a named queue, flow control and ``after=`` do not apply to them (the one rule, for
+    the decorator and for each call)."""
+    given = [what for what, value in (("queue", queue), ("flow", flow), ("after", after)) if value]
+    if given:
+        raise error(
+            f"{name!r} is a batched action: its rows are claimed a batch at a time, so "
+            f"{', '.join(given)}= does not apply to them (named queues, flow control and "
+            "after= are refused for batched actions)"
+        )
+
+
 def split_results(results: object, size: int, name: str) -> list[Any]:
     """A batch call's return value as one result (or ``ItemFailed``) per item; a
     ``BatchResultError`` for every item if it is not a sequence of ``size``."""

@@ -9,7 +9,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar, overload
 
 from typing_extensions import Unpack
 
-from ._batching import Batch, BatchActionRef, ItemFailed
+from ._batching import Batch, BatchActionRef, ItemFailed, refuse_options
 from ._cancels import CANCEL_MODES, CancelMode
 from ._checks import integer, optional
 from ._context import ActionCtx, MutationCtx, QueryCtx
@@ -191,11 +191,9 @@ class Registration:
             raise RegistrationError(
                 "after= names rows, so it is given per call: ref.options(after=[id, ...])"
             )
-        if batched and (defaults.queue is not None or defaults.flow is not None):
-            raise RegistrationError(
-                "a batched action's rows are claimed a batch at a time: a named queue and "
-                "flow control do not apply to them"
-            )
+        if batched:
+            who = name or "this action"
+            refuse_options(who, defaults.queue, defaults.flow, None, error=RegistrationError)
         optional(check_retention, "retention", retention, error=RegistrationError)
         integer("snooze_limit", snooze_limit, low=0, high=MAX_SNOOZES, error=RegistrationError)
 

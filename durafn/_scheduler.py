@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any, ParamSpec, Protocol, overload
 
-from ._batching import BatchActionRef
+from ._batching import BatchActionRef, refuse_options
 from ._checks import aware_time, finite_seconds, is_number, scheduled_id
 from ._errors import (
     CancelOwnRunError,
@@ -285,11 +285,7 @@ class Scheduler:
         batch_key = None
         if isinstance(ref, BatchActionRef):
             batch_key = ref.key_of(values)
-            if options.queue is not None or options.flow is not None or after is not None:
-                raise OptionError(
-                    f"{ref.name!r} is a batched action: its rows are claimed a batch at a "
-                    "time, so a named queue, flow control and after= do not apply to them"
-                )
+            refuse_options(ref.name, options.queue, options.flow, after, error=OptionError)
         self._count += 1
         self._bytes += size
         return new_row(

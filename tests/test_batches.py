@@ -370,3 +370,26 @@ async def test_batched_functions_take_turns_when_room_is_short(
     assert await app.executor(concurrency=1).run_until_idle() == 12
     assert sorted(order) == ["first"] * 3 + ["second"] * 3
     assert order[:2] in (["first", "second"], ["second", "first"])  # not all of one first
+
+
+async def test_both_ends_of_max_size_run_as_documented(app: durafn.App, clock: FakeClock) -> None:
+    """``max_size=1``: a call per row, at once; ``max_size=10_000``: 10,000 rows (the
+    most one ``run_many`` from outside writes) in one call and one claim statement."""
+    sizes: dict[str, list[int]] = {"one": [], "most": []}
+
+    @app.action(batch=Batch(max_size=1, max_wait=86_400))
+    async def one(ctx: ActionCtx, items: list[int]) -> list[int]:
+        sizes["one"].append(len(items))
+        return items
+
+    @app.action(batch=Batch(max_size=10_000, max_wait=86_400))
+    async def most(ctx: ActionCtx, items: list[int]) -> list[int]:
+        sizes["most"].append(len(items))
+        return items
+
+    scheduler = app.scheduler()
+    await scheduler.run_many([one.call(i) for i in range(3)])
+    ids = await scheduler.run_many([most.call(i) for i in range(10_000)])
+    assert await app.executor().run_until_idle() == 10_003
+    assert sizes == {"one": [1, 1, 1], "most": [10_000]}
+    assert (await row_of(app, ids[-1])).result == 9_999
