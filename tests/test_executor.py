@@ -972,18 +972,31 @@ async def test_actions_claimed_while_stopping_get_the_grace_period(app: durafn.A
 async def test_a_cancelled_run_until_idle_records_the_actions_that_finished(
     app: durafn.App,
 ) -> None:
+    fast_returning = anyio.Event()
+    stuck_running = anyio.Event()
+
     @app.action
     async def fast(ctx: ActionCtx) -> str:
+        fast_returning.set()
         return "done"
 
     @app.action
     async def stuck(ctx: ActionCtx) -> None:
+        # Running after the fast one has returned (its outcome is taken as it returns, before
+        # its task next yields), then never ending.
+        await fast_returning.wait()
+        stuck_running.set()
         await anyio.sleep_forever()
 
     fast_id = await app.scheduler().run_after(0, fast)
     stuck_id = await app.scheduler().run_after(0, stuck)
-    with anyio.move_on_after(0.2):
-        await app.executor().run_until_idle()
+    # Cancelled on the event, not after a guessed delay (a fixed 0.2 s failed on a loaded
+    # machine: the cancel came before the fast action had run).
+    with anyio.fail_after(CEILING):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(app.executor().run_until_idle)
+            await stuck_running.wait()
+            tg.cancel_scope.cancel()
     fast_row, stuck_row = await app.get(fast_id), await app.get(stuck_id)
     assert fast_row is not None and stuck_row is not None
     assert (fast_row.state, fast_row.result) == (State.SUCCESS, "done")

@@ -15,13 +15,13 @@ from pathlib import Path
 
 import anyio
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, text
 
 import durafn
 from durafn import ActionCtx, Fixed, MutationCtx, Retry, Snooze, State
 from durafn.testing import FakeClock
 
-from .helpers import CEILING, effects, row_of
+from .helpers import CEILING, effects, row_of, wait_until
 from .models import Effect
 from .test_workers import FAST, worker_app_on, worker_processes
 from .worker_app import Applied
@@ -524,3 +524,57 @@ async def test_a_dependency_finished_by_another_process_wakes_its_dependent(
             applied: dict[str, int] = {key: pid for key, pid in found}
     assert applied["m999"] == os.getpid()  # the join ran here
     assert {applied[f"m{n}"] for n in range(20)} == {worker.pid}  # its rows, there
+
+
+@pytest.mark.postgres_only  # the row lock a finish waits on; SQLite has one writer
+async def test_a_dependent_linked_while_its_dependency_s_finish_waits_is_released(
+    postgres_url: str,
+) -> None:
+    """The hot finish releases its rows' dependents itself (``durafn_release``): an edge
+    that a scheduler commits while the finish waits for the row's lock must be seen and
+    deleted. The running action's row is marked awaited by an open transaction; the action
+    returns, its finish waits on that transaction's lock; the transaction commits the
+    join's edge; the join must then run (an edge left behind would keep it waiting)."""
+    app = durafn.App(postgres_url)
+    may_return = anyio.Event()
+
+    @app.action
+    async def dependency(ctx: ActionCtx) -> None:
+        await may_return.wait()
+
+    @app.action
+    async def join(ctx: ActionCtx) -> str:
+        return "joined"
+
+    async def finish_waits_on_a_lock() -> bool:
+        async with app.engine.connect() as conn:
+            waiting = await conn.execute(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                    "AND datname = current_database() AND query LIKE '%durafn_release%'"
+                )
+            )
+            return bool(waiting.scalar_one())
+
+    try:
+        await app.migrate()
+        dep = await app.scheduler().run_after(0, dependency)
+        async with app.run_executor() as executor:
+
+            async def running() -> bool:
+                return (await row_of(app, dep)).state is State.IN_PROGRESS
+
+            await wait_until(running, "the dependency runs")
+            async with app.engine.connect() as conn:
+                await conn.begin()
+                join_id = await app.scheduler(conn).run_after(0, join.options(after=[dep]))
+                may_return.set()
+                await wait_until(finish_waits_on_a_lock, "the finish waits for the lock")
+                await conn.commit()
+            row = await executor.wait_for(join_id, timeout=CEILING)
+            assert (row.state, row.result) == (State.SUCCESS, "joined")
+        async with app.engine.connect() as conn:
+            edges = await conn.execute(text("SELECT count(*) FROM _durafn_dependencies"))
+            assert edges.scalar_one() == 0
+    finally:
+        await app.aclose()

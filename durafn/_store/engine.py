@@ -48,6 +48,11 @@ class EngineDriver:
 
     def __init__(self, url: URL) -> None:
         self.url = url
+        self.migrated_functions = False
+        """The database has this version's SQL functions and triggers, made by
+        ``migrate`` (found at this version, or migrated by this app). Tables created from
+        ``durafn.metadata`` by the user's own migrations have none: the hot finish on
+        PostgreSQL then leaves the release of dependents to the trigger, as it can."""
 
     async def try_lock(self, conn: AsyncConnection, name: str) -> bool:
         """Take the lock ``name`` for the rest of ``conn``'s transaction, unless another
@@ -156,10 +161,12 @@ class EngineDriver:
             await conn.execute(
                 insert(schema_version).values(version=SCHEMA_VERSION, applied_at=now)
             )
+            self.migrated_functions = True
             return SCHEMA_VERSION
         for version in range(current + 1, SCHEMA_VERSION + 1):
             await conn.run_sync(MIGRATIONS[version])
             await conn.execute(insert(schema_version).values(version=version, applied_at=now))
+        self.migrated_functions = True
         return SCHEMA_VERSION
 
     async def check_schema(self, conn: AsyncConnection) -> None:
@@ -194,6 +201,7 @@ class EngineDriver:
                 f"the durafn system tables are at version {current}, this durafn needs "
                 f"{SCHEMA_VERSION}; run `durafn migrate`"
             )
+        self.migrated_functions = True
 
     async def _current_version(self, conn: AsyncConnection) -> int | None:
         version = (await conn.execute(select(func.max(schema_version.c.version)))).scalar()

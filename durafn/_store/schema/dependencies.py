@@ -15,6 +15,24 @@ the same transaction:
 * on PostgreSQL, sends the executors' NOTIFY (at commit, once per transaction), so a
   dependent starts as soon as its last dependency commits, in any process.
 
+On PostgreSQL the hot finish (Success with nothing returned, a whole batch in one
+statement: ``postgres/batches.py``) releases its rows itself, and the trigger stays out of
+its way: it sets ``dependents = 2`` on the rows it finished that had dependents (the
+trigger fires on 1 only) and passes their ids to ``durafn_release``, which deletes their
+edges in one statement and sends the NOTIFY. ``durafn_release`` is a VOLATILE function so
+that its DELETE reads a snapshot of its own, taken after the UPDATE has locked and
+finished every row: an edge a scheduler committed while the finish waited for one of its
+rows is seen and deleted (the same statement's CTE, reading the statement's snapshot,
+would miss it and leave the dependent waiting for good:
+``tests/test_workflows.py`` makes that race). Measured on the finish statements alone
+(10,000 rows in batches of 256, eight interleaved rounds, medians): rows with dependents
+took the trigger's form 329 ms against 295 ms without; the released form, 278 ms against
+280 ms. In a fan-in's drain, the trigger's per-row work and its NOTIFY per batch had cost
+about 6% each (``benchmarks.workflows``, with the NOTIFY and with the trigger taken out).
+
+``dependents``: 0, no row waits for it; 1, rows wait for it (its finish releases them);
+2, rows waited for it and the finish that wrote Success released them.
+
 Why edges and a check in the claim, not a counter on the dependent: a counter written by
 every finish made the dependent of a fan-in a hot row on PostgreSQL (10,000 finishes,
 ten lanes at once: each waited for the last one's lock and walked its dead versions; the
@@ -71,6 +89,25 @@ END
 $$
 """
 
+# The hot finish's release (see above): every edge of ``finished`` deleted, in a snapshot
+# taken after the finish's UPDATE (VOLATILE), and the NOTIFY if there were any. Returns how
+# many edges it deleted.
+_POSTGRES_RELEASE = """
+CREATE OR REPLACE FUNCTION durafn_release(finished uuid[]) RETURNS integer
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    released integer;
+BEGIN
+    DELETE FROM _durafn_dependencies WHERE dep_id = ANY(finished);
+    GET DIAGNOSTICS released = ROW_COUNT;
+    IF released > 0 THEN
+        PERFORM pg_notify('durafn_wakeup', 'action,mutation');  -- batches.py's CHANNEL
+    END IF;
+    RETURN released;
+END
+$$
+"""
+
 _POSTGRES_TRIGGER = f"""
 CREATE TRIGGER {_NAME}
 AFTER UPDATE OF state ON _scheduled_functions
@@ -81,9 +118,11 @@ EXECUTE FUNCTION durafn_release_dependents()
 
 
 def create_release_trigger(conn: Connection) -> None:
-    """Create (or replace) the trigger on this connection's engine."""
+    """Create (or replace) the trigger on this connection's engine, and on PostgreSQL the
+    hot finish's ``durafn_release``."""
     if conn.dialect.name == "postgresql":
         conn.execute(text(_POSTGRES_FUNCTION))
+        conn.execute(text(_POSTGRES_RELEASE))
         conn.execute(text(f"DROP TRIGGER IF EXISTS {_NAME} ON _scheduled_functions"))
         conn.execute(text(_POSTGRES_TRIGGER))
     else:

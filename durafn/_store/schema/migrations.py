@@ -348,6 +348,12 @@ def _step_17(conn: Connection) -> None:
             index.create(conn, checkfirst=True)
 
 
+def _step_18(conn: Connection) -> None:
+    """Version 18: on PostgreSQL, ``durafn_release``, with which the hot finish releases
+    its rows' dependents itself (``dependencies.py``); the trigger made again."""
+    create_release_trigger(conn)
+
+
 def create_sql_functions(conn: Connection) -> None:
     """What the migrations install besides tables: the release trigger (both engines)
     and, on PostgreSQL, ``durafn.schedule``."""
@@ -375,5 +381,6 @@ MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     15: _step_15,
     16: _step_16,
     17: _step_17,
+    18: _step_18,
 }
 """Steps from version N-1 to N. A fresh database gets the latest tables in one go."""
