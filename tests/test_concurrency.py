@@ -22,7 +22,7 @@ import durafn
 from durafn import ActionCtx, MutationCtx, State
 from durafn.testing import FakeClock, all_rows
 
-from .conftest import PG_DSN
+from .conftest import BARE_DSN
 from .helpers import CEILING, count
 from .models import Effect
 
@@ -139,7 +139,7 @@ async def test_listen_connection_recovers(postgres_url: str, clock: FakeClock) -
 
     other = durafn.App(postgres_url, clock=clock)
     other.mutation(name="listen:noop")(noop.fn)
-    admin = await asyncpg.connect(PG_DSN)
+    admin = await asyncpg.connect(BARE_DSN)
     listening = (
         "SELECT pid FROM pg_stat_activity WHERE query LIKE 'LISTEN%' "
         "AND datname = current_database()"
@@ -203,7 +203,7 @@ async def test_a_direct_schedule_survives_a_dropped_connection(postgres_url: str
     async def noop(ctx: MutationCtx) -> None:
         pass
 
-    admin = await asyncpg.connect(PG_DSN)
+    admin = await asyncpg.connect(BARE_DSN)
     try:
         await app.scheduler().run_after(60, noop)  # a pooled connection now exists
         await admin.execute(
@@ -254,7 +254,7 @@ async def test_a_cut_short_batch_wakes_other_executors(postgres_url: str) -> Non
     sched = app.scheduler()
     ids = [await sched.run_after(0, noop) for _ in range(3)]
     heard: list[str] = []
-    listener = await asyncpg.connect(PG_DSN)
+    listener = await asyncpg.connect(BARE_DSN)
     try:
         await listener.add_listener("durafn_wakeup", lambda *args: heard.append(args[3]))
         async with app.run_executor(batch_time=1e-9, mutation_lanes=1) as executor:
@@ -295,7 +295,7 @@ async def test_a_claim_that_skipped_a_held_queue_or_key_looks_again(
         if held == "queue"
         else "SELECT 1 FROM _durafn_flow_keys WHERE key = 'k' FOR UPDATE"
     )
-    admin = await asyncpg.connect(PG_DSN)
+    admin = await asyncpg.connect(BARE_DSN)
     try:
         if held == "flow key":  # the key's row is made by the first claim that meets it
             await admin.execute("INSERT INTO _durafn_flow_keys (key, tat) VALUES ('k', 0)")
@@ -331,7 +331,7 @@ async def test_a_connection_the_server_ended_is_never_handed_out_again(
 
     app = durafn.App(postgres_url)
     await app.migrate()
-    admin = await asyncpg.connect(PG_DSN)
+    admin = await asyncpg.connect(BARE_DSN)
 
     async def driver_connection() -> Any:
         async with app.engine.connect() as conn:

@@ -27,7 +27,7 @@ import durafn
 from durafn import State, cli, scheduled_functions
 
 from . import cron_app
-from .conftest import PG_DSN
+from .conftest import BARE_DSN
 from .helpers import CEILING, equals, true, wait_until
 from .processes import carrying, owned
 from .worker_app import Applied, Base, Functions, register
@@ -509,7 +509,7 @@ def test_worker_errors_are_one_line(db_url: str, engine_name: str) -> None:
 
 
 async def _terminate_all_backends() -> int:
-    conn = await asyncpg.connect(PG_DSN)
+    conn = await asyncpg.connect(BARE_DSN)
     try:
         return int(
             await conn.fetchval(
