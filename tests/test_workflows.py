@@ -578,3 +578,42 @@ async def test_a_dependent_linked_while_its_dependency_s_finish_waits_is_release
             assert edges.scalar_one() == 0
     finally:
         await app.aclose()
+
+
+async def test_a_row_awaited_by_a_mutation_of_its_own_batch_still_releases_its_dependents(
+    app: durafn.App,
+) -> None:
+    """A batch's finish releases the dependents of the rows its claim found awaited (on
+    SQLite, in one statement for the batch); a row a mutation of the same batch made
+    awaited after the claim is released too (by the trigger), and so are the edges added
+    during the batch to a row already awaited."""
+    order: list[str] = []
+
+    @app.mutation
+    async def awaited(ctx: MutationCtx, name: str) -> None:
+        order.append(name)
+
+    @app.mutation
+    async def link(ctx: MutationCtx, first: str, second: str) -> None:
+        order.append("link")
+        for dep in (first, second):
+            await ctx.scheduler.run_after(0, join.options(after=[dep]), f"join {dep}")
+
+    @app.action
+    async def join(ctx: ActionCtx, name: str) -> None:
+        order.append(name)
+
+    sched = app.scheduler()
+    first = await sched.run_after(0, awaited, name="first")  # awaited before the claim
+    second = await sched.run_after(0, awaited, name="second")  # only during the batch
+    await sched.run_after(0, join.options(after=[first]), "join first (before)")
+    # Its priority runs ``link`` first in the one batch of all three.
+    await sched.run_after(0, link.options(priority=-10), first=first, second=second)
+    await app.executor().run_until_idle()
+    assert order[:3] == ["link", "first", "second"], order
+    assert sorted(order[3:]) == sorted(
+        ["join first (before)", f"join {first}", f"join {second}"]
+    ), order
+    async with app.engine.connect() as conn:
+        edges = await conn.execute(text("SELECT count(*) FROM _durafn_dependencies"))
+        assert edges.scalar_one() == 0

@@ -138,6 +138,7 @@ def success(row: Claimed, encoded: str | None) -> Outcome:
         queue=row.slot,
         flow_key=row.flow_key,
         on_complete=row.on_complete,
+        awaited=row.dependents == 1,
     )
 
 

@@ -135,6 +135,8 @@ class Claimed(NamedTuple):
     """How many rows it waited for (``after=``) ended Failed or Canceled."""
     after_policy: str | None = None
     """What it does then (``run``, ``cancel``, ``fail``), or None: it waited for none."""
+    dependents: int = 0
+    """1 when rows wait for it (``after=``), as the claim read it."""
 
     @property
     def slot(self) -> str | None:
@@ -197,6 +199,8 @@ class Outcome:
     """Set by the finish when its guard found the row moved on (cancelled, or recorded
     lost, meanwhile): nothing was written for this run (known for failed runs and rows
     with a callback; a plain success is written in bulk)."""
+    awaited: bool = False
+    """Rows waited for it when it was claimed (``Claimed.dependents``)."""
 
 
 def mark_moved(outcomes: Iterable[Outcome], moved: Collection[str]) -> int:

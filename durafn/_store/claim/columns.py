@@ -36,6 +36,8 @@ CLAIM_COLUMNS = (
     # Whether a row it waited for ended other than Success, and what it does then.
     sf.c.after_failed,
     sf.c.after_policy,
+    # Whether rows wait for it: a mutation's finish on SQLite releases them itself.
+    sf.c.dependents,
 )
 
 

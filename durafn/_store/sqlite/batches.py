@@ -42,9 +42,19 @@ _FINISH_PLAIN_SQL = """
     UPDATE _scheduled_functions
        SET state = 'Success', completed_time = ?, attempts = attempts + ?,
            started_time = coalesce(?, started_time),
-           error_type = NULL, error_message = NULL, error_traceback = NULL
+           error_type = NULL, error_message = NULL, error_traceback = NULL{released}
      WHERE state = ? AND id IN ({ids})
 """
+# A mutation batch's rows that others wait for release their dependents themselves, as
+# PostgreSQL's finish does (``schema/dependencies.py``): ``dependents = 2`` keeps the
+# trigger out, and one DELETE takes the batch's edges. Only where the claim read
+# ``dependents`` in this transaction (a mutation batch: SQLite's one writer held the
+# lock since), so the rows that had none are known without reading them back (a
+# ``RETURNING`` of every row cost a plain finish 1.2 us a row). A row awaited since its
+# claim (by a mutation of the same batch) keeps the trigger. Measured on the finish of
+# 10,000 awaited rows in batches of 256: the trigger's program per row cost ~7 us a row.
+_RELEASED = ", dependents = 2"
+_RELEASE_SQL = "DELETE FROM _durafn_dependencies WHERE dep_id IN ({ids})"
 _RETRY_SQL = f"""
     UPDATE _scheduled_functions
        SET state = 'Pending', available_at = ?, completed_time = NULL, started_time = NULL,
@@ -93,12 +103,19 @@ def _finish_plain(
     counted: int,
     expected: str,
     started: float | None,
+    released: Sequence[str] = (),
 ) -> int:
+    """Success, with no result, for the rows of ``ids`` still in ``expected``; those of
+    ``released`` (awaited, and claimed in this transaction) release their dependents."""
     written = 0
-    for start in range(0, len(ids), _BOUND):
-        chunk = ids[start : start + _BOUND]
-        sql = _FINISH_PLAIN_SQL.format(ids=", ".join("?" * len(chunk)))
-        written += db.execute(sql, (now, counted, started, expected, *chunk)).rowcount
+    for rows, extra in ((ids, ""), (released, _RELEASED)):
+        for start in range(0, len(rows), _BOUND):
+            chunk = rows[start : start + _BOUND]
+            marks = ", ".join("?" * len(chunk))
+            sql = _FINISH_PLAIN_SQL.format(ids=marks, released=extra)
+            written += db.execute(sql, (now, counted, started, expected, *chunk)).rowcount
+            if extra:
+                db.execute(_RELEASE_SQL.format(ids=marks), chunk)
     return written
 
 
@@ -193,11 +210,17 @@ class SQLiteBatches(Driver):
             # completion callbacks): rare, through SQLAlchemy.
             return await super()._finish(conn, now, outcomes, expected, worker_id, started)
         retried = [o for o in outcomes if o.retry_at is not None]
-        plain = [o.id for o in outcomes if o.retry_at is None]
-        counted = 1 if expected is State.PENDING else 0
+        plain: list[str] = []
+        released: list[str] = []
+        # A mutation's claim is this transaction's: what it read of ``dependents`` holds.
+        mutations = expected is State.PENDING
+        for o in outcomes:
+            if o.retry_at is None:
+                (released if mutations and o.awaited else plain).append(o.id)
+        counted = 1 if mutations else 0
 
         def work(db: sqlite3.Connection) -> tuple[int, set[str]]:
-            written = _finish_plain(db, plain, now, counted, expected.value, started)
+            written = _finish_plain(db, plain, now, counted, expected.value, started, released)
             if not retried:
                 return written, set()
             moved = _retry(db, retried, now, worker_id, expected.value, counted, 1)
