@@ -30,6 +30,10 @@ took the trigger's form 329 ms against 295 ms without; the released form, 278 ms
 280 ms. In a fan-in's drain, the trigger's per-row work and its NOTIFY per batch had cost
 about 6% each (``benchmarks.workflows``, with the NOTIFY and with the trigger taken out).
 
+On SQLite a mutation batch's finish does the same for the rows its claim, in the same
+write transaction, read as awaited (``sqlite/batches.py``); actions, whose claim was an
+earlier transaction, keep the trigger.
+
 ``dependents``: 0, no row waits for it; 1, rows wait for it (its finish releases them);
 2, rows waited for it and the finish that wrote Success released them.
 
