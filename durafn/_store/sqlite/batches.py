@@ -52,7 +52,8 @@ _FINISH_PLAIN_SQL = """
 # lock since), so the rows that had none are known without reading them back (a
 # ``RETURNING`` of every row cost a plain finish 1.2 us a row). A row awaited since its
 # claim (by a mutation of the same batch) keeps the trigger. Measured on the finish of
-# 10,000 awaited rows in batches of 256: the trigger's program per row cost ~7 us a row.
+# 10,000 rows in batches of 256 (medians of 8 interleaved rounds): 119 ms when nobody waits
+# for them; awaited, 194 ms through the trigger's program per row, 162 ms released here.
 _RELEASED = ", dependents = 2"
 _RELEASE_SQL = "DELETE FROM _durafn_dependencies WHERE dep_id IN ({ids})"
 _RETRY_SQL = f"""
