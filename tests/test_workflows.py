@@ -576,6 +576,9 @@ async def test_a_dependent_linked_while_its_dependency_s_finish_waits_is_release
         async with app.engine.connect() as conn:
             edges = await conn.execute(text("SELECT count(*) FROM _durafn_dependencies"))
             assert edges.scalar_one() == 0
+            sf = durafn.scheduled_functions
+            mark = await conn.execute(select(sf.c.dependents).where(sf.c.id == dep))
+            assert mark.scalar_one() == 2  # released by the finish, not by the trigger
     finally:
         await app.aclose()
 
@@ -614,6 +617,14 @@ async def test_a_row_awaited_by_a_mutation_of_its_own_batch_still_releases_its_d
     assert sorted(order[3:]) == sorted(
         ["join first (before)", f"join {first}", f"join {second}"]
     ), order
+    sf = durafn.scheduled_functions
     async with app.engine.connect() as conn:
         edges = await conn.execute(text("SELECT count(*) FROM _durafn_dependencies"))
         assert edges.scalar_one() == 0
+        found = await conn.execute(select(sf.c.id, sf.c.dependents))
+        marks: dict[str, int] = {str(id): dependents for id, dependents in found}
+    # Which route released each: 2, the batch's finish; 1, the trigger. On SQLite the
+    # finish knows only what its claim read (``second`` became awaited later); PostgreSQL's
+    # reads each row as it writes it.
+    assert marks[first] == 2
+    assert marks[second] == (1 if app.engine.dialect.name == "sqlite" else 2)

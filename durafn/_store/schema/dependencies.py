@@ -121,12 +121,19 @@ EXECUTE FUNCTION durafn_release_dependents()
 """
 
 
+def create_release_function(conn: Connection) -> None:
+    """On PostgreSQL, create (or replace) the hot finish's ``durafn_release``: the
+    catalogue only, no lock on ``_scheduled_functions``."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(text(_POSTGRES_RELEASE))
+
+
 def create_release_trigger(conn: Connection) -> None:
     """Create (or replace) the trigger on this connection's engine, and on PostgreSQL the
     hot finish's ``durafn_release``."""
     if conn.dialect.name == "postgresql":
         conn.execute(text(_POSTGRES_FUNCTION))
-        conn.execute(text(_POSTGRES_RELEASE))
+        create_release_function(conn)
         conn.execute(text(f"DROP TRIGGER IF EXISTS {_NAME} ON _scheduled_functions"))
         conn.execute(text(_POSTGRES_TRIGGER))
     else:

@@ -25,7 +25,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Connection
 
-from .dependencies import create_release_trigger
+from .dependencies import create_release_function, create_release_trigger
 from .tables import (
     ERROR_KEYS,
     ID_TYPE,
@@ -350,8 +350,9 @@ def _step_17(conn: Connection) -> None:
 
 def _step_18(conn: Connection) -> None:
     """Version 18: on PostgreSQL, ``durafn_release``, with which the hot finish releases
-    its rows' dependents itself (``dependencies.py``); the trigger made again."""
-    create_release_trigger(conn)
+    its rows' dependents itself (``dependencies.py``). The trigger is unchanged: not made
+    again, since dropping it would lock the table against every claim and finish."""
+    create_release_function(conn)
 
 
 def create_sql_functions(conn: Connection) -> None:
