@@ -92,15 +92,18 @@ async def test_a_serial_queue_and_a_limit_of_3_hold_across_4_racing_workers(
     app, fns = qapp
     trace = tmp_path / "spans"
     calls = [fns.span.options(queue="account:1").call(n, str(trace), 0.02) for n in range(16)]
-    calls += [fns.span.options(queue="limited").call(100 + n, str(trace), 0.03) for n in range(24)]
+    # The limited queue's and the flow keys' rows each wait, once, for their limit to be
+    # reached (``w:meet``): whether it is then says what the claims allow, not how fast
+    # a loaded machine started them (at 50 ms apart, a run under load once never had two
+    # rows of a key at once).
+    limited = fns.meet.options(queue="limited")
+    calls += [limited.call(100 + n, str(trace), 0.03, 3, "limited") for n in range(24)]
     # Unqueued rows keep every worker busy claiming alongside the queues'.
     calls += [fns.span.call(200 + n, str(trace), 0.0) for n in range(40)]
     # Flow keys: at most 2 rows of each key at once (its key computed here, from the
     # arguments: the workers read it, and the limit, off the rows).
-    keyed = fns.span.options(flow=Flow(key=lambda a: f"k{a['n'] % 2}", concurrency=2))
-    # 50 ms each: long enough for another worker's claim to land beside it on a loaded
-    # machine (at 20 ms a SQLite run once never had two rows of a key at once).
-    calls += [keyed.call(300 + n, str(trace), 0.05) for n in range(24)]
+    keyed = fns.meet.options(flow=Flow(key=lambda a: f"k{a['n'] % 2}", concurrency=2))
+    calls += [keyed.call(300 + n, str(trace), 0.02, 2, f"k{n % 2}") for n in range(24)]
     async with worker_processes(db_url, 4, tmp_path, *QUICK_POLL, "--concurrency", "4") as procs:
         ids = await app.scheduler().run_many(calls)
         await _wait_done(app, ids)

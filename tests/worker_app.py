@@ -46,6 +46,7 @@ class Functions(NamedTuple):
     interruptible: durafn.ActionRef[[int, str], None]
     note: durafn.MutationRef[[int, str], None]
     touch_many: durafn.ActionRef[[Touch], int]
+    meet: durafn.ActionRef[[int, str, float, int, str], None]
 
 
 class Touch(NamedTuple):
@@ -93,6 +94,38 @@ def register(app: durafn.App) -> Functions:
         async with await anyio.open_file(path, "a") as f:
             await f.write(f"start {n} {time.monotonic()} {os.getpid()} {serves}\n")
         await anyio.sleep(seconds)
+        async with await anyio.open_file(path, "a") as f:
+            await f.write(f"end {n} {time.monotonic()} {os.getpid()} {serves}\n")
+
+    @app.action(name="w:meet")
+    async def meet(
+        ctx: ActionCtx, n: int, path: str, seconds: float, at_once: int, group: str
+    ) -> None:
+        """``w:span``, which also stays running, after its start, until ``at_once`` rows
+        of its ``group`` have been running together once (in any process), or a minute
+        has passed: a limit's being reached then depends on the claims, not on whether a
+        loaded machine happened to start two rows within ``seconds`` of each other."""
+        serves = sys.argv[sys.argv.index("--queues") + 1] if "--queues" in sys.argv else "*"
+        async with await anyio.open_file(path, "a") as f:
+            await f.write(f"start {n} {time.monotonic()} {os.getpid()} {serves}\n")
+        members = f"{path}.{group}"
+        async with await anyio.open_file(members, "a") as f:
+            await f.write(f"start {n}\n")
+        give_up = time.monotonic() + 60
+        while time.monotonic() < give_up:
+            async with await anyio.open_file(members) as f:
+                lines = (await f.read()).splitlines()
+            if "met" in lines:
+                break
+            running = sum(1 if line.startswith("start") else -1 for line in lines)
+            if running >= at_once:
+                async with await anyio.open_file(members, "a") as f:
+                    await f.write("met\n")
+                break
+            await anyio.sleep(0.01)
+        await anyio.sleep(seconds)
+        async with await anyio.open_file(members, "a") as f:
+            await f.write(f"end {n}\n")
         async with await anyio.open_file(path, "a") as f:
             await f.write(f"end {n} {time.monotonic()} {os.getpid()} {serves}\n")
 
@@ -155,6 +188,7 @@ def register(app: durafn.App) -> Functions:
         interruptible,
         note,
         touch_many,
+        meet,
     )
 
 
