@@ -183,7 +183,7 @@ def engine_name(request: pytest.FixtureRequest) -> str:
 def db_url(engine_name: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[str]:
     """A fresh, empty database of each engine: a new SQLite file, or an emptied PG schema
     (in a test that also has ``app``: the app's database, as it is)."""
-    if "app" in request.fixturenames:
+    if "app_url" in request.fixturenames:  # ``app``, or a fixture like it
         yield request.getfixturevalue("app_url")[0]
         return
     if engine_name == "sqlite":

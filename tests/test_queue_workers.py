@@ -57,12 +57,14 @@ def most_at_once(spans: dict[int, Span]) -> int:
 
 
 @pytest.fixture
-async def qapp(db_url: str) -> AsyncIterator[tuple[durafn.App, Functions]]:
-    app = durafn.App(db_url, queues=QUEUES)
+async def qapp(app_url: tuple[str, bool]) -> AsyncIterator[tuple[durafn.App, Functions]]:
+    app = durafn.App(app_url[0], queues=QUEUES)  # the ``app`` tests' database
     fns = register(app)
     await app.migrate()
     async with app.engine.begin() as conn:
         await conn.run_sync(Base.metadata.create_all)
+        for table in reversed(Base.metadata.sorted_tables):  # as ``worker_app_on`` does
+            await conn.execute(table.delete())
     try:
         yield app, fns
     finally:

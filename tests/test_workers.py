@@ -55,6 +55,10 @@ async def worker_app_on(url: str) -> AsyncIterator[tuple[durafn.App, Functions]]
     await app.migrate()
     async with app.engine.begin() as conn:
         await conn.run_sync(Base.metadata.create_all)
+        # The worker app's own tables, which the suite's reset between tests does not
+        # know: emptied here (the ``app`` tests' database keeps them from test to test).
+        for table in reversed(Base.metadata.sorted_tables):
+            await conn.execute(table.delete())
     try:
         yield app, fns
     finally:
@@ -62,8 +66,9 @@ async def worker_app_on(url: str) -> AsyncIterator[tuple[durafn.App, Functions]]
 
 
 @pytest.fixture
-async def wapp(db_url: str) -> AsyncIterator[tuple[durafn.App, Functions]]:
-    async with worker_app_on(db_url) as value:
+async def wapp(app_url: tuple[str, bool]) -> AsyncIterator[tuple[durafn.App, Functions]]:
+    # The ``app`` tests' database (schema kept, emptied): no migration per test.
+    async with worker_app_on(app_url[0]) as value:
         yield value
 
 
