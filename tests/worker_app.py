@@ -56,6 +56,14 @@ class Touch(NamedTuple):
     path: str
 
 
+async def _span_line(path: str, what: str, n: int) -> None:
+    """A span's start or end: the system-wide monotonic clock (comparable across
+    processes), the process and the queues its worker serves."""
+    serves = sys.argv[sys.argv.index("--queues") + 1] if "--queues" in sys.argv else "*"
+    async with await anyio.open_file(path, "a") as f:
+        await f.write(f"{what} {n} {time.monotonic()} {os.getpid()} {serves}\n")
+
+
 async def _trace(path: str, n: int) -> None:
     async with await anyio.open_file(path, "a") as f:
         await f.write(f"{n} {os.getpid()}\n")
@@ -90,12 +98,9 @@ def register(app: durafn.App) -> Functions:
     async def span(ctx: ActionCtx, n: int, path: str, seconds: float) -> None:
         """Records when it starts and ends (the system-wide monotonic clock, comparable
         across processes) and the queues its worker serves."""
-        serves = sys.argv[sys.argv.index("--queues") + 1] if "--queues" in sys.argv else "*"
-        async with await anyio.open_file(path, "a") as f:
-            await f.write(f"start {n} {time.monotonic()} {os.getpid()} {serves}\n")
+        await _span_line(path, "start", n)
         await anyio.sleep(seconds)
-        async with await anyio.open_file(path, "a") as f:
-            await f.write(f"end {n} {time.monotonic()} {os.getpid()} {serves}\n")
+        await _span_line(path, "end", n)
 
     @app.action(name="w:meet")
     async def meet(
@@ -105,9 +110,7 @@ def register(app: durafn.App) -> Functions:
         of its ``group`` have been running together once (in any process), or a minute
         has passed: a limit's being reached then depends on the claims, not on whether a
         loaded machine happened to start two rows within ``seconds`` of each other."""
-        serves = sys.argv[sys.argv.index("--queues") + 1] if "--queues" in sys.argv else "*"
-        async with await anyio.open_file(path, "a") as f:
-            await f.write(f"start {n} {time.monotonic()} {os.getpid()} {serves}\n")
+        await _span_line(path, "start", n)
         members = f"{path}.{group}"
         async with await anyio.open_file(members, "a") as f:
             await f.write(f"start {n}\n")
@@ -126,8 +129,7 @@ def register(app: durafn.App) -> Functions:
         await anyio.sleep(seconds)
         async with await anyio.open_file(members, "a") as f:
             await f.write(f"end {n}\n")
-        async with await anyio.open_file(path, "a") as f:
-            await f.write(f"end {n} {time.monotonic()} {os.getpid()} {serves}\n")
+        await _span_line(path, "end", n)
 
     @app.action(name="w:hang_once", retry=durafn.Retry(2, backoff=durafn.Fixed(0)))
     async def hang_once(ctx: ActionCtx, n: int, path: str) -> None:
