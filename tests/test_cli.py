@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import click
 import pytest
 from click.testing import CliRunner, Result
 from sqlalchemy import inspect as sa_inspect
@@ -385,6 +386,37 @@ def test_durations_read_as_people_say_them() -> None:
     cases = {0.04: "0.0 s", 12.34: "12.3 s", 725: "12 min 5 s", 7800: "2 h 10 min"}
     cases |= {273600: "3 d 4 h", -5: "-5.0 s", -725: "-12 min 5 s"}
     assert {s: duration(s) for s in cases} == cases
+
+
+def test_every_command_is_found_by_the_name_it_is_listed_under() -> None:
+    context = click.Context(cli.main)
+    for name in cli.main.list_commands(context):
+        command = cli.main.get_command(context, name)
+        assert command is not None and command.name == name, name
+    assert cli.main.get_command(context, "nosuch") is None
+    unknown = invoke("nosuch")
+    assert unknown.exit_code == 2 and "No such command 'nosuch'" in unknown.stderr
+
+
+def test_a_worker_imports_neither_the_other_commands_nor_rich() -> None:
+    # Every worker process starts through `durafn worker`: it loads its own command only.
+    code = (
+        "import sys, click; from durafn.cli import main; "
+        "main.get_command(click.Context(main), 'worker'); "
+        "print(' '.join(sorted(m for m in sys.modules "
+        "if m.split('.')[0] == 'rich' or m.startswith('durafn.cli.'))))"
+    )
+    with owned_sync() as token:
+        done = subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            env=tagged(token),
+            cwd=ROOT,
+            timeout=CEILING,
+            check=True,
+        )
+    assert done.stdout.split() == ["durafn.cli.options", "durafn.cli.running", "durafn.cli.worker"]
 
 
 def test_stats_counts_lag_next_due_and_workers(rows: Rows) -> None:
