@@ -145,6 +145,27 @@ class App(Registration, Operations, CronDeclarations, CronRegistry):
             raise ArgumentError("the app's connection limit cannot change once it is in use")
         self._rt.max_connections = integer("max_connections", most, high=1000)
 
+    def _share_engine(self, keeper: App) -> None:
+        """Use ``keeper``'s engine (and the driver that made it), before first use: the test
+        harnesses' apps, one per test on one database, so that SQLAlchemy's compiled
+        statements (kept by the engine) outlive a test. ``aclose`` still closes the pool's
+        connections, as it does an engine of the app's own; the engine stays usable."""
+        if self._rt._engine is not None:
+            raise ArgumentError("the app's engine cannot change once it is in use")
+        if keeper._rt.driver.url != self._rt.driver.url:
+            raise ArgumentError(
+                f"cannot share the engine of an app on {keeper._rt.driver.url!r}: this app "
+                f"is on {self._rt.driver.url!r}"
+            )
+        if keeper._rt.connections != self._rt.connections:
+            raise ArgumentError(
+                f"cannot share the engine of an app with max_connections="
+                f"{keeper._rt.connections}: this app has {self._rt.connections}"
+            )
+        self._rt.driver = keeper._rt.driver
+        self._rt.health = Health(keeper._rt.driver)
+        self._rt._engine = keeper.engine
+
     def using(self, url: str | None = None, *, clock: Clock | None = None) -> App:
         """This app on another database, or with another clock: the same functions,
         crons, hooks, queues and settings (shared: what is registered on one is on both),

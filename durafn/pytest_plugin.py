@@ -7,6 +7,9 @@ an empty ``App`` to register functions on. Which database: a copy of a migrated 
 file per test (made once a session), or the PostgreSQL database ``--durafn-url`` or
 ``DURAFN_TEST_URL`` names (one per pytest-xdist worker, made and migrated once a session;
 durafn's tables emptied before each test, by a DELETE per table in one round trip).
+Either way one URL serves the session, and one engine: each test's app shares it, so that
+SQLAlchemy compiles each statement once a session, not once a test
+(``durafn.testing.databases``); each test's end closes the connections.
 
 Loaded by every pytest run where durafn is installed: a module of its own, outside
 ``durafn.testing``, so that it imports nothing of durafn's (nor SQLAlchemy) until a test
@@ -18,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
 import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -84,22 +86,25 @@ def _durafn_database(
 
 @pytest.fixture
 async def durafn_app(
-    _durafn_database: str, durafn_base_app: App | None, fake_clock: FakeClock, tmp_path: Path
+    _durafn_database: str, durafn_base_app: App | None, fake_clock: FakeClock
 ) -> AsyncIterator[App]:
     """``durafn_base_app`` on a throwaway, migrated database, on ``fake_clock``."""
     from ._app import App
+    from .testing.databases import fresh_copy, share_engine
 
     if "://" in _durafn_database:
         url = _durafn_database
         fresh = False
     else:
-        path = tmp_path / "durafn.sqlite3"
-        shutil.copyfile(_durafn_database, path)
+        template = Path(_durafn_database)
+        path = template.with_name("durafn.sqlite3")  # the session's one path
+        fresh_copy(template, path)
         url, fresh = f"sqlite+aiosqlite:///{path}", True
     if durafn_base_app is None:
         app = App(url, clock=fake_clock)
     else:
         app = durafn_base_app.using(url, clock=fake_clock)
+    share_engine(app)
     try:
         if not fresh:
             await _empty(app)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
 import sqlite3
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -19,6 +18,7 @@ import pytest
 
 import durafn
 from durafn.testing import FakeClock
+from durafn.testing.databases import fresh_copy, share_engine
 
 from .models import Base
 
@@ -215,14 +215,21 @@ def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def sqlite_app_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where each ``app`` test's SQLite database is: one path for the session (so that one
+    engine serves every test, ``share_engine``), a fresh copy of the template each test."""
+    return tmp_path_factory.mktemp("apps") / "app.sqlite3"
+
+
 @pytest.fixture
-def app_url(engine_name: str, tmp_path: Path, request: pytest.FixtureRequest) -> tuple[str, bool]:
+def app_url(engine_name: str, request: pytest.FixtureRequest) -> tuple[str, bool]:
     """A database for the ``app`` fixture: (URL, whether its tables exist already). On
-    SQLite a copy of the session's template; on PostgreSQL the tables of the previous test
-    are kept, emptied, when they are intact."""
+    SQLite a fresh copy of the session's template, at the session's one path; on
+    PostgreSQL the tables of the previous test are kept, emptied, when they are intact."""
     if engine_name == "sqlite":
-        path = tmp_path / "test.sqlite3"
-        shutil.copyfile(request.getfixturevalue("sqlite_template"), path)
+        path: Path = request.getfixturevalue("sqlite_app_path")
+        fresh_copy(request.getfixturevalue("sqlite_template"), path)
         return f"sqlite+aiosqlite:///{path}", True
     require_postgres()
     return PG_URL, empty_postgres_keeping_schema()
@@ -247,6 +254,7 @@ async def app(app_url: tuple[str, bool], clock: FakeClock) -> AsyncIterator[dura
     global _pg_intact
     url, ready = app_url
     application = durafn.App(url, clock=clock)
+    share_engine(application)  # one engine per database for the session
     if not ready:
         await application.migrate()
         async with application.engine.begin() as conn:

@@ -60,7 +60,7 @@ async def test_reschedule_and_cancel_20000_rows_in_batches(
         nonlocal begun
         begun += 1
 
-    event.listen(app.engine.sync_engine, "begin", _begin)
+    event.listen(app.engine.sync_engine, "begin", _begin)  # removed below: engines are shared
     later = clock.now_datetime() + timedelta(days=1)
     assert await app.reschedule(queue="q0", run_at=later, priority=-3, batch_size=2000) == 10_000
     assert begun >= 10_000 // 2000  # one transaction per batch, never one for all
@@ -70,6 +70,7 @@ async def test_reschedule_and_cancel_20000_rows_in_batches(
     begun = 0
     assert await app.cancel_where(queue="q1", batch_size=1600) == 10_000
     assert begun >= 10_000 // 1600
+    event.remove(app.engine.sync_engine, "begin", _begin)
     assert await _states(app) == {"Pending": 10_000, "Canceled": 10_000}
     assert await app.cancel_where(queue="q1") == 0
     # Nothing due before the new time: the rescheduled rows wait for it.

@@ -5,6 +5,7 @@ started with the option: ``test_workers.py``'s exit-on-complete test.)"""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -91,6 +92,43 @@ async def test_the_cli_limit_is_set_before_first_use_and_never_after(db_url: str
     with pytest.raises(durafn.ArgumentError, match="connection limit cannot change"):
         app._limit_connections(5)
     await app.aclose()
+
+
+async def test_the_test_harness_shares_an_engine_across_apps_on_one_database(
+    db_url: str, tmp_path: Path
+) -> None:
+    """``App._share_engine``, as the ``app`` fixture and the pytest plugin use it: each
+    test's app on the engine of one kept app, whose compiled statements outlive a test;
+    each app's ``aclose`` closes the connections and leaves the engine usable."""
+    keeper = durafn.App(db_url)
+    await keeper.migrate()
+    for n in (1, 2):
+        app = durafn.App(db_url)
+        app._share_engine(keeper)
+        assert app.engine is keeper.engine
+
+        @app.mutation(name="conn:twice")
+        async def twice(ctx: MutationCtx, x: int) -> int:
+            return 2 * x
+
+        assert await app.run_mutation(twice, n) == 2 * n
+        await app.aclose()
+        assert keeper.engine.pool.checkedout() == 0  # type: ignore[attr-defined]
+    cache = keeper.engine.sync_engine._compiled_cache
+    assert cache is not None and len(cache) > 0
+
+    other = durafn.App(f"sqlite+aiosqlite:///{tmp_path / 'other.sqlite3'}")
+    with pytest.raises(durafn.ArgumentError, match="cannot share the engine of an app on"):
+        other._share_engine(keeper)
+    smaller = durafn.App(db_url, max_connections=2)
+    with pytest.raises(durafn.ArgumentError, match=r"max_connections=\d+: this app has 2"):
+        smaller._share_engine(keeper)
+    used = durafn.App(db_url)
+    _ = used.engine
+    with pytest.raises(durafn.ArgumentError, match="engine cannot change once it is in use"):
+        used._share_engine(keeper)
+    await used.aclose()
+    await keeper.aclose()
 
 
 @pytest.mark.parametrize("bad", ["0", "1001", "two"])
