@@ -22,8 +22,9 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-# The suite starts about 140 worker and command processes. Their bytecode is written first:
-# where PYTHONDONTWRITEBYTECODE is set (CI's shell may set it), each would otherwise
+# The suite starts about 230 worker and command processes; about 120 of them, and each
+# pytest process's launcher (tests/launcher.py), import durafn (the rest are forked). Their bytecode is written
+# first: where PYTHONDONTWRITEBYTECODE is set (CI's shell may set it), each would otherwise
 # compile durafn from source again (a worker's life: 1.06 s of CPU, 0.81 s from bytecode;
 # docs/contributing.md).
 test: lint typecheck

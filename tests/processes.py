@@ -7,6 +7,10 @@ twenty minutes after the suite had ended, burning a core. So each test's process
 a token in their environment, which every process they start inherits, and the end of
 the test kills every process on the machine that carries it (``/proc``), however it was
 started; the direct children are then reaped.
+
+A ``python -m`` command is forked from the launcher (``tests/launcher.py``), already
+imported. Such a child shows the launcher's environment in ``/proc``, not the token, so
+the end of the test also kills every process it started by pid.
 """
 
 from __future__ import annotations
@@ -18,12 +22,14 @@ import subprocess
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import anyio
 import anyio.abc
 
 from .helpers import CEILING
+from .launcher import launcher
 
 TOKEN = "DURAFN_TEST_OWNER"
 """The environment variable that marks a test's processes."""
@@ -51,6 +57,15 @@ def carrying(token: str) -> list[int]:
     return found
 
 
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie has ended)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def kill_all(token: str) -> list[int]:
     """SIGKILL every process that carries ``token``; returns their pids."""
     killed = carrying(token)
@@ -68,26 +83,53 @@ class Owner:
         self.started: list[anyio.abc.Process] = []
 
     async def start(
-        self, command: Sequence[str], *, env: dict[str, str] | None = None, **kwargs: Any
+        self, command: Sequence[str | bytes], *, env: dict[str, str] | None = None, **kwargs: Any
     ) -> anyio.abc.Process:
-        """``anyio.open_process``, tagged; ended with the test."""
-        proc = await anyio.open_process(list(command), env=tagged(self.token, env), **kwargs)
+        """``anyio.open_process``, tagged; ended with the test. A ``python -m`` command
+        is forked already imported (``tests/launcher.py``)."""
+        environment = tagged(self.token, env)
+        proc: anyio.abc.Process
+        if launcher().takes(command, environment, set(kwargs)):
+            proc = await launcher().start(command, env=environment, **kwargs)
+        else:
+            proc = await anyio.open_process(list(command), env=environment, **kwargs)
         self.started.append(proc)
         return proc
 
     async def run(
         self,
-        command: Sequence[str],
+        command: Sequence[str | bytes],
         *,
         env: dict[str, str] | None = None,
         timeout: float = CEILING,
         **kwargs: Any,
     ) -> subprocess.CompletedProcess[bytes]:
         """Run ``command`` to its end (a hang fails the test at ``timeout``)."""
+        environment = tagged(self.token, env)
         with anyio.fail_after(timeout):
-            return await anyio.run_process(
-                list(command), env=tagged(self.token, env), check=False, **kwargs
-            )
+            if not launcher().takes(command, environment, set(kwargs)) or kwargs.keys() & {
+                "stdin",
+                "stdout",
+                "stderr",
+            }:
+                return await anyio.run_process(
+                    list(command), env=environment, check=False, **kwargs
+                )
+            proc = await self.start(command, env=environment, stdin=None, **kwargs)
+            outputs = {1: bytearray(), 2: bytearray()}
+
+            async def read(number: int, stream: anyio.abc.ByteReceiveStream | None) -> None:
+                assert stream is not None
+                async for chunk in stream:
+                    outputs[number] += chunk
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(read, 1, proc.stdout)
+                tg.start_soon(read, 2, proc.stderr)
+            code = await proc.wait()
+        return subprocess.CompletedProcess(
+            list(command), code, bytes(outputs[1]), bytes(outputs[2])
+        )
 
 
 @asynccontextmanager
@@ -100,8 +142,30 @@ async def owned() -> AsyncIterator[Owner]:
         with anyio.CancelScope(shield=True):
             kill_all(owner.token)
             for proc in owner.started:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()  # a launcher's child does not show the token in /proc
                 with anyio.move_on_after(30):
-                    await proc.wait()
+                    await proc.aclose()
+
+
+def run_all(
+    commands: Sequence[Sequence[str | bytes]], *, env: dict[str, str] | None = None, cwd: Path
+) -> list[subprocess.CompletedProcess[bytes]]:
+    """Run ``commands`` all at once to their ends, from a synchronous test, as ``owned``
+    runs each."""
+
+    async def run() -> list[subprocess.CompletedProcess[bytes]]:
+        done: dict[int, subprocess.CompletedProcess[bytes]] = {}
+
+        async def one(number: int, command: Sequence[str | bytes]) -> None:
+            done[number] = await owner.run(command, env=env, cwd=cwd)
+
+        async with owned() as owner, anyio.create_task_group() as tg:
+            for number, command in enumerate(commands):
+                tg.start_soon(one, number, command)
+        return [done[number] for number in range(len(commands))]
+
+    return anyio.run(run)
 
 
 @contextlib.contextmanager

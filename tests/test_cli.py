@@ -36,7 +36,7 @@ from durafn.testing import FakeClock
 
 from .cli_app import ADD, NOTIFY, make_app
 from .helpers import CEILING
-from .processes import owned_sync, tagged
+from .processes import owned_sync, run_all, tagged
 
 ROOT = Path(__file__).resolve().parent.parent
 UNKNOWN_ID = "01900000-0000-7000-8000-000000000000"
@@ -656,23 +656,13 @@ async def _has_system_tables(url: str) -> bool:
 
 
 def durafn_processes(*commands: Sequence[str | bytes]) -> list[tuple[int, str]]:
-    """Run the ``durafn`` command once per command, all at once (each spends about a second
-    importing); (exit status, stderr) of each."""
+    """Run the ``durafn`` command once per command, all at once, each a real process
+    (``tests/launcher.py``); (exit status, stderr) of each."""
     env = {k: v for k, v in os.environ.items() if k not in CLEAN_ENV}
-    with owned_sync() as token:
-        procs = [
-            subprocess.Popen(
-                [sys.executable, "-m", "_durafn_cli", *args],
-                cwd=ROOT,
-                env=tagged(token, env),
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            for args in commands
-        ]
-        stderrs = [p.communicate(timeout=CEILING)[1] for p in procs]
-    return [(p.returncode, stderr) for p, stderr in zip(procs, stderrs, strict=True)]
+    done = run_all(
+        [[sys.executable, "-m", "_durafn_cli", *args] for args in commands], env=env, cwd=ROOT
+    )
+    return [(d.returncode, d.stderr.decode()) for d in done]
 
 
 def test_bad_app_paths_are_one_line_errors() -> None:

@@ -29,7 +29,7 @@ from durafn import State, cli, scheduled_functions
 from . import cron_app
 from .conftest import BARE_DSN
 from .helpers import CEILING, equals, true, wait_until
-from .processes import carrying, owned
+from .processes import alive, carrying, owned
 from .worker_app import Applied, Base, Functions, register
 
 pytestmark = pytest.mark.anyio
@@ -439,17 +439,9 @@ async def test_a_failing_test_leaves_no_process_behind() -> None:
 
     async def all_ended() -> bool:
         # Killed and reaped (the parent), or killed and reaped by init (its child).
-        return not any(map(_alive, tree))
+        return not any(map(alive, tree))
 
     await wait_until(all_ended, "every process ended")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"  # a zombie is ended
-    except FileNotFoundError:
-        return False
 
 
 @pytest.mark.postgres_only  # a server that drops connections: SQLite has none
