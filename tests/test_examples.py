@@ -15,7 +15,7 @@ from durafn.testing import FakeClock, Harness
 from examples import bulk_email, flaky_webhook, nightly_sync, self_destruct, starlette_app
 
 from .helpers import CEILING
-from .processes import owned_sync, tagged
+from .processes import owned_sync, run_all, tagged
 
 pytestmark = pytest.mark.anyio
 
@@ -147,15 +147,11 @@ def test_the_readme_first_app_runs_as_written(db_url: str, tmp_path: Path) -> No
 
 def _durafn(folder: Path, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     """The ``durafn`` command, run from ``folder`` as a user runs it there."""
-    with owned_sync() as token:
-        return subprocess.run(
-            [sys.executable, "-m", "_durafn_cli", *args],
-            cwd=folder,
-            env=tagged(token, env | {"PYTHONPATH": str(ROOT)}),
-            capture_output=True,
-            text=True,
-            timeout=CEILING,
-        )
+    command = [sys.executable, "-m", "_durafn_cli", *args]
+    [done] = run_all([command], env=env | {"PYTHONPATH": str(ROOT)}, cwd=folder)
+    return subprocess.CompletedProcess(
+        done.args, done.returncode, done.stdout.decode(), done.stderr.decode()
+    )
 
 
 async def test_bulk_email_example(db_url: str) -> None:
