@@ -22,10 +22,11 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-# The suite starts about 230 worker and command processes; about 120 of them, and each
-# pytest process's launcher (tests/launcher.py), import durafn (the rest are forked). Their bytecode is written
-# first: where PYTHONDONTWRITEBYTECODE is set (CI's shell may set it), each would otherwise
-# compile durafn from source again (a worker's life: 1.06 s of CPU, 0.81 s from bytecode;
+# The suite starts about 230 worker and command processes. Most are forked, already
+# imported, by a launcher in each pytest process (tests/launcher.py); the launchers and
+# about 120 others (a supervisor's children, -c scripts) start an interpreter. Their
+# bytecode is written first: where PYTHONDONTWRITEBYTECODE is set (CI's shell may set it),
+# each would otherwise compile durafn from source again (a worker's life: 1.06 s of CPU, 0.81 s from bytecode;
 # docs/contributing.md).
 test: lint typecheck
 	$(BIN)/python -m compileall -q durafn tests examples _durafn_cli.py

@@ -29,7 +29,7 @@ import anyio
 import anyio.abc
 
 from .helpers import CEILING
-from .launcher import launcher
+from .launched import launcher
 
 TOKEN = "DURAFN_TEST_OWNER"
 """The environment variable that marks a test's processes."""

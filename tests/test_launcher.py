@@ -15,7 +15,7 @@ import anyio
 import pytest
 
 from .helpers import CEILING, wait_until
-from .launcher import LaunchedProcess, launcher
+from .launched import LaunchedProcess, launcher
 from .processes import TOKEN, alive, carrying, owned, tagged
 
 pytestmark = pytest.mark.anyio
