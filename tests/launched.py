@@ -210,13 +210,14 @@ class Launcher:
             "args": [os.fsdecode(arg) for arg in command[3:]],  # as the child's sys.argv reads
             "env": dict(env),
             "cwd": os.fspath(cwd) if cwd is not None else os.getcwd(),
-            "launcher's PYTHONPATH": self.environment.get("PYTHONPATH"),
+            "launcher_pythonpath": self.environment.get("PYTHONPATH"),
             "new_session": start_new_session,
         }
         payload = json.dumps(request).encode()
+        connection: anyio.abc.SocketStream | None = None
         try:
-            connection = await anyio.connect_unix(self.path)
             try:
+                connection = await anyio.connect_unix(self.path)
                 await connection.send_fds(server.HEADER.pack(len(payload)) + payload, sent)
             finally:
                 for fd in closing:
@@ -224,10 +225,13 @@ class Launcher:
             replies = BufferedByteReceiveStream(connection)
             pid = int(json.loads(await replies.receive_until(b"\n", 1 << 10))["pid"])
         except BaseException:
-            for fd in held:
-                os.close(fd)
-            for output in ours.values():
-                await output.aclose()
+            with anyio.CancelScope(shield=True):
+                for fd in held:
+                    os.close(fd)
+                for output in ours.values():
+                    await output.aclose()
+                if connection is not None:  # the launcher kills a child it has started
+                    await connection.aclose()
             raise
         return LaunchedProcess(connection, replies, pid, ours, held)
 

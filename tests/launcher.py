@@ -119,7 +119,7 @@ def _child(request: dict[str, Any], fds: list[int]) -> int:
     os.environ.update(request["env"])  # putenv too: the processes this one starts see it
     sys.argv = [request["module"], *request["args"]]
     # As ``python -m`` starts its path: the working directory, then PYTHONPATH's entries.
-    ours = _entries(request["launcher's PYTHONPATH"])
+    ours = _entries(request["launcher_pythonpath"])
     sys.path[: 1 + len(ours)] = [os.getcwd(), *_entries(request["env"].get("PYTHONPATH"))]
     try:
         runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
