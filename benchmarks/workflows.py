@@ -17,7 +17,7 @@ system clock of the one process): the fan-in's join each round, and every group 
 (median, p99).
 
     python -m benchmarks.workflows [--engines sqlite,postgres] [--rows 10000] [--joins 100]
-        [--rounds 3]
+        [--rounds 15]
 """
 
 from __future__ import annotations
@@ -144,7 +144,9 @@ def cli() -> None:
     parser.add_argument("--engines", default="sqlite,postgres")
     parser.add_argument("--rows", type=int, default=10_000)
     parser.add_argument("--joins", type=int, default=100)
-    parser.add_argument("--rounds", type=int, default=3)
+    # A round's drain lasts a third of a second here: its ratio wanders by +-0.3 round to
+    # round, so the median needs many (15 rounds: two minutes for both engines).
+    parser.add_argument("--rounds", type=int, default=15)
     args = parser.parse_args()
 
     async def one(url_for: UrlFor, engine: str) -> None:

@@ -29,6 +29,8 @@ would miss it and leave the dependent waiting for good:
 took the trigger's form 329 ms against 295 ms without; the released form, 278 ms against
 280 ms. In a fan-in's drain, the trigger's per-row work and its NOTIFY per batch had cost
 about 6% each (``benchmarks.workflows``, with the NOTIFY and with the trigger taken out).
+The NOTIFY's share did not hold up: sent after the commit instead, at most every 20 ms,
+it measured no gain in three alternating pairs of 15 rounds (``docs/performance``).
 
 On SQLite a mutation batch's finish does the same for the rows its claim, in the same
 write transaction, read as awaited (``sqlite/batches.py``); actions, whose claim was an
