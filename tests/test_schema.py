@@ -203,6 +203,77 @@ async def test_version_11_numbers_the_rows_in_the_order_they_were_written(
         await app.aclose()
 
 
+_VERSION_18_RELEASE = """
+CREATE FUNCTION durafn_release(finished uuid[]) RETURNS integer
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    released integer;
+BEGIN
+    DELETE FROM _durafn_dependencies WHERE dep_id = ANY(finished);
+    GET DIAGNOSTICS released = ROW_COUNT;
+    IF released > 0 THEN
+        PERFORM pg_notify('durafn_wakeup', 'action,mutation');
+    END IF;
+    RETURN released;
+END
+$$
+"""
+
+
+async def test_version_19_orders_a_row_s_edges_and_its_release_returns_the_rows_freed(
+    db_url: str, engine_name: str, clock: FakeClock
+) -> None:
+    """A version 18 database: ``ix_durafn_dependencies_row`` on ``row_id`` alone and, on
+    PostgreSQL, a ``durafn_release`` that returned a count and sent the NOTIFY itself.
+    Migrated, the index ends with ``dep_id``, the function returns the rows a finish may
+    have freed, and a fan-in written before runs as it would have."""
+    app = durafn.App(db_url, clock=clock)
+    order: list[int | str] = []
+
+    @app.mutation(name="v19:part")
+    async def part(ctx: durafn.MutationCtx, n: int) -> None:
+        order.append(n)
+
+    @app.mutation(name="v19:join")
+    async def join(ctx: durafn.MutationCtx) -> None:
+        order.append("join")
+
+    try:
+        await app.migrate()
+        sched = app.scheduler()
+        parts = await sched.run_many([part.call(n) for n in range(3)])
+        await sched.run_after(0, join.options(after=parts))
+        async with app.engine.begin() as conn:  # back to what version 18 had
+            await conn.execute(text("DROP INDEX ix_durafn_dependencies_row"))
+            await conn.execute(
+                text("CREATE INDEX ix_durafn_dependencies_row ON _durafn_dependencies (row_id)")
+            )
+            if engine_name == "postgres":
+                await conn.execute(text("DROP FUNCTION durafn_release(uuid[])"))
+                await conn.execute(text(_VERSION_18_RELEASE))
+            await conn.execute(delete(schema_version))
+            await conn.execute(insert(schema_version).values(version=18, applied_at=0))
+        await app.aclose()
+        assert await app.migrate() == durafn.SCHEMA_VERSION == 19
+        async with app.engine.connect() as conn:
+            indexes = await conn.run_sync(
+                lambda c: {
+                    i["name"]: i["column_names"]
+                    for i in inspect(c).get_indexes("_durafn_dependencies")
+                }
+            )
+            if engine_name == "postgres":
+                returns = await conn.execute(
+                    text("SELECT pg_get_function_result('durafn_release(uuid[])'::regprocedure)")
+                )
+                assert returns.scalar_one() == "uuid[]"
+        assert indexes["ix_durafn_dependencies_row"] == ["row_id", "dep_id"]
+        await app.executor().run_until_idle()
+        assert order == [0, 1, 2, "join"]
+    finally:
+        await app.aclose()
+
+
 async def test_a_version_1_database_is_upgraded_in_place(
     db_url: str, engine_name: str, clock: FakeClock
 ) -> None:

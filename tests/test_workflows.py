@@ -16,11 +16,13 @@ from pathlib import Path
 import anyio
 import pytest
 from sqlalchemy import select, text
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 import durafn
 from durafn import ActionCtx, Fixed, MutationCtx, Retry, Snooze, State
 from durafn.testing import FakeClock
 
+from .conftest import BARE_DSN
 from .helpers import CEILING, effects, row_of, wait_until
 from .models import Effect
 from .test_workers import FAST, worker_app_on, worker_processes
@@ -524,6 +526,104 @@ async def test_a_dependency_finished_by_another_process_wakes_its_dependent(
             applied: dict[str, int] = {key: pid for key, pid in found}
     assert applied["m999"] == os.getpid()  # the join ran here
     assert {applied[f"m{n}"] for n in range(20)} == {worker.pid}  # its rows, there
+
+
+async def _finish_in_open_transaction(app: durafn.App, id: str) -> tuple[AsyncConnection, set[str]]:
+    """A mutation's finish, as a batch writes it, in a transaction left open: the
+    connection, and the rows its finish noted as perhaps freed."""
+    from durafn._store import Outcome
+    from durafn._store.after_commit import note
+
+    conn = await app.engine.connect()
+    await conn.begin()
+    outcome = Outcome(id=durafn.ScheduledFunctionId(id), state=State.SUCCESS)
+    assert await app._rt.driver.finish_pending(conn, app.clock.now(), [outcome]) == 1
+    return conn, set(note(conn).maybe_freed)
+
+
+@pytest.mark.postgres_only  # finishes in flight at once and the NOTIFY; SQLite has one writer
+async def test_the_later_of_two_finishes_in_flight_wakes_their_dependent_once_both_commit(
+    postgres_url: str,
+) -> None:
+    """Two finishes delete a row's last two edges at once. The first to finish sees the
+    other's edge untouched and notes nothing; the second sees the first's edge being
+    deleted and notes the row as perhaps freed. It commits first: its look after the
+    commit waits for the other finish (whose edge would otherwise still be there) and,
+    once that commits, finds no edge left and sends the NOTIFY. A third row still
+    waited for makes neither finish note anything."""
+    import asyncpg
+
+    app = durafn.App(postgres_url)
+
+    @app.mutation
+    async def part(ctx: MutationCtx) -> None:
+        pass
+
+    @app.action
+    async def join(ctx: ActionCtx) -> None:
+        pass
+
+    heard: list[str] = []
+    listener = await asyncpg.connect(BARE_DSN)
+    opened: list[AsyncConnection] = []
+    try:
+        await app.migrate()
+        sched = app.scheduler()
+        a, b, c = await sched.run_many([part.call() for _ in range(3)])
+        both = await sched.run_after(0, join.options(after=[a, b]))
+        third = await sched.run_after(0, join.options(after=[c, a, b]))
+        # Listening from here: the scheduling's own NOTIFYs were sent at its commits.
+        await listener.add_listener("durafn_wakeup", lambda *args: heard.append(args[3]))
+
+        first, noted_first = await _finish_in_open_transaction(app, a)
+        opened.append(first)
+        second, noted_second = await _finish_in_open_transaction(app, b)
+        opened.append(second)
+        assert noted_first == set()  # b's edges, and c's, nobody was deleting
+        assert noted_second == {both}  # a's edge is being deleted; c's edge is not
+        await second.commit()
+
+        async def look(ids: set[str]) -> int:
+            async def body(conn: AsyncConnection) -> int:
+                return await app._rt.driver.wake_freed(conn, ids)
+
+            return await app._rt.transaction(body, single_statement=True)
+
+        async def looking_waits() -> bool:
+            async with app.engine.connect() as conn:
+                found = await conn.execute(
+                    text(
+                        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                        "AND datname = current_database() AND query LIKE '%FOR KEY SHARE%'"
+                    )
+                )
+                return bool(found.scalar_one())
+
+        freed: list[int] = []
+        async with anyio.create_task_group() as tg:
+
+            async def _look() -> None:
+                freed.append(await look(noted_second))
+
+            tg.start_soon(_look)
+            await wait_until(looking_waits, "the look waits for the first finish")
+            before = (list(freed), list(heard))
+            await first.commit()  # (before asserting: the look waits for it)
+        assert before == ([], [])
+        assert freed == [1]
+        with anyio.fail_after(CEILING):
+            while not heard:  # noqa: ASYNC110 - asyncpg delivers by callback
+                await anyio.sleep(0.01)
+        assert heard == ["action,mutation"]
+        async with app.engine.connect() as conn:
+            left = await conn.execute(text("SELECT row_id::text FROM _durafn_dependencies"))
+            assert [row_id for (row_id,) in left] == [third]  # c's edge
+        assert await look({third}) == 0  # it still waits for c, which nobody finished
+    finally:
+        for conn in opened:
+            await conn.close()
+        await listener.close()
+        await app.aclose()
 
 
 @pytest.mark.postgres_only  # the row lock a finish waits on; SQLite has one writer

@@ -34,6 +34,7 @@ from .maintenance import Maintenance
 from .membership import Membership
 from .mutations import MutationLanes
 from .outcomes import Tally
+from .releases import FreedRows
 from .tasks import single_errors_unwrapped
 from .wakeups import KINDS, Wakeups
 
@@ -71,6 +72,7 @@ class Executor:
         self._crons = CronLoop(
             runtime, lambda: self._membership.worker_id, config.worker_timeout / LEASE_SHARE
         )
+        self._freed = FreedRows(runtime)
         self._hurry = 0  # stop_now() calls
 
     @property
@@ -134,6 +136,7 @@ class Executor:
                     ran += sum(len(u) if isinstance(u, list) else 1 for u in rows)
                     full = full or len(rows) >= self.config.concurrency
                 total += ran
+                await self._freed.flush()  # wakes ``woken`` if a finish freed rows
                 if ran == 0 and written == 0:
                     return total
                 again = cron_next is not None and cron_next <= self._rt.clock.now()
@@ -159,6 +162,7 @@ class Executor:
             async with self._membership.hold("inline"):
                 rows = await self._claims.claim_ids(actions)
                 await self._actions.run_claimed(rows)
+        await self._freed.flush()
 
     async def wait_until_idle(self) -> None:
         """Return once nothing is due at the clock's current time and every action this
@@ -248,6 +252,7 @@ class Executor:
         wakeups = self._wakeups
         wakeups.begin()
         self._rt._wake_listeners.add(wakeups.on_wake)
+        self._rt._freed_listeners.add(self._freed.noted)
         try:
             async with (
                 single_errors_unwrapped(),
@@ -263,14 +268,19 @@ class Executor:
                 tg.start_soon(self._actions.watch.run)
                 tg.start_soon(self._maintenance.loop, wakeups.stopping)
                 tg.start_soon(poll_cancels, self._rt, wakeups.poll_interval)
+                tg.start_soon(self._freed.run)
                 await self._crons.reconcile()
                 tg.start_soon(self._crons.loop, wakeups.stopping)
                 try:
                     listening = self._rt.driver.listen(
                         self._rt.engine, wakeups.on_wake, self._rt.cancels.request
                     )
-                    async with listening:
-                        yield self
+                    async with listening as heard:
+                        self._rt.listening += heard
+                        try:
+                            yield self
+                        finally:
+                            self._rt.listening -= heard
                 finally:
                     # On every way out (the block's end, a cancelled host, a failed listen
                     # or loop). Shielded: a cancelled host still gives running actions their
@@ -283,6 +293,7 @@ class Executor:
                 tg.cancel_scope.cancel()
         finally:
             self._rt._wake_listeners.discard(wakeups.on_wake)
+            self._rt._freed_listeners.discard(self._freed.noted)
             self._actions.end()
 
     async def _declare_queues(self) -> None:
@@ -304,6 +315,7 @@ class Executor:
         self._wakeups.stop()
         unstarted = await self._actions.stop(self.config.grace_period)
         await self._finisher.close(unstarted)
+        await self._freed.flush()
 
 
 publish(globals())

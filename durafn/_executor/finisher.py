@@ -225,7 +225,7 @@ class Finisher:
             assert successors is not None
             if not successors.accept(handed):
                 await self._claims.release(handed)
-        if (queued and not refilled) or self._rt.dependencies_in_use:
+        if (queued and not refilled) or self._rt.wake_on_finish:
             self._rt.wake(KINDS)
         elif retried(outcomes):
             self._rt.wake({ACTION})

@@ -390,7 +390,7 @@ class MutationBatch:
         written = await settle(self._rt, conn, now, pending, MUTATION, self._worker_id, self._began)
         if retried(pending):
             self.woken.add(MUTATION)
-        if self._rt.dependencies_in_use:  # a finish may have released rows waiting for it
+        if self._rt.wake_on_finish:  # a finish may have released rows waiting for it
             self.woken.update(KINDS)
         if written != len(pending):  # pragma: no cover - the rows are locked by this batch
             raise DatabaseError(

@@ -1,6 +1,6 @@
 """What a transaction asks of this process once it commits, noted by the statements that
 cause it: wake the executors (completion callbacks were written), tell running actions
-that their rows were cancelled.
+that their rows were cancelled, look for rows a finish freed.
 
 Kept on the connection (``conn.info``, which outlives the checkout): whoever commits takes
 the notes (``Runtime.transaction``, a mutation batch, a write joined to a caller's
@@ -28,6 +28,9 @@ class AfterCommit:
     """Rows cancelled: actions of theirs running here are told (``Runtime.cancels``)."""
     written: list[dict[str, Any]] = field(default_factory=list)
     """Rows durafn wrote on its own (completion callbacks), for inline mode to run."""
+    maybe_freed: set[str] = field(default_factory=set)
+    """Rows waiting for others (``after=``) whose last edges a finish here may have
+    deleted: the executor looks once the commit is made (``_executor/releases.py``)."""
 
 
 def note(conn: AsyncConnection) -> AfterCommit:

@@ -14,6 +14,7 @@ from sqlalchemy import CursorResult, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ..._kinds import ScheduledFunctionId, State
+from ..after_commit import note
 from ..crons import CronMove
 from ..driver import Driver
 from ..rows import Outcome, mark_moved
@@ -60,9 +61,9 @@ _RELEASED = """,
 # It releases the dependents of the rows it finishes itself, in one statement for the
 # batch, rather than through the trigger's statements per row (``schema/dependencies.py``:
 # ``dependents = 2`` keeps the trigger out; ``durafn_release`` runs after the UPDATE). By
-# primary key; returns the count of rows it moved. Measured (``benchmarks.workflows``, a
-# fan-in of 10,000 no-op mutations against a plain drain): the trigger's per-row work and
-# its NOTIFY per batch cost about 6% of the drain each.
+# primary key; returns the count of rows it moved, and the rows it may have freed
+# (``durafn_release``'s). Measured (``benchmarks.workflows``, a fan-in of 10,000 no-op
+# mutations against a plain drain): the trigger's per-row work cost about 6% of the drain.
 _FINISH_PLAIN_SQL = text(
     f"""
     WITH done AS ({_FINISHED_PLAIN.format(released=_RELEASED)}
@@ -214,9 +215,13 @@ class PostgresBatches(Driver):
     async def _finish_plain(
         self, conn: AsyncConnection, ids: list[ScheduledFunctionId], common: FinishParams
     ) -> int:
-        sql = _FINISH_PLAIN_SQL if self.migrated_functions else _FINISH_PLAIN_TRIGGERED_SQL
-        result = await conn.execute(sql, {**common, "ids": ",".join(ids)})
-        return int(result.scalar_one())
+        params = {**common, "ids": ",".join(ids)}
+        if not self.migrated_functions:
+            return int((await conn.execute(_FINISH_PLAIN_TRIGGERED_SQL, params)).scalar_one())
+        moved, freed = (await conn.execute(_FINISH_PLAIN_SQL, params)).one()
+        if freed:  # perhaps: the executor looks after the commit (``wake_freed``)
+            note(conn).maybe_freed.update(str(id) for id in freed)
+        return int(moved)
 
     def finishes_in_one_statement(
         self, outcomes: Sequence[Outcome], retrying: AbstractSet[ScheduledFunctionId]

@@ -66,6 +66,30 @@ _INSERT_SQL = text(
 
 _TRY_LOCK = text("SELECT pg_try_advisory_xact_lock(hashtext(CAST(:b_lock AS text)))")
 
+# ``wake_freed``'s statements, each its own transaction. The edges of these rows that a
+# transaction in flight deletes (or locks): one per transaction, to wait on
+# (``ix_durafn_dependencies_row``; xid has no ordering, hence the text).
+_IN_FLIGHT = text(
+    """
+    SELECT DISTINCT ON (xmax::text) ctid::text FROM _durafn_dependencies
+     WHERE row_id = ANY(CAST(string_to_array(:ids, ',') AS uuid[])) AND xmax <> '0'::xid
+    """
+)
+# Waits for the transaction that deletes the edge; returns nothing if it committed.
+_WAIT = text(
+    "SELECT 1 FROM _durafn_dependencies WHERE ctid = CAST(CAST(:ctid AS text) AS tid) FOR KEY SHARE"
+)
+# Which of them have no edge left, and the NOTIFY if any has none.
+_FREED = text(
+    """
+    WITH freed AS (
+        SELECT t FROM unnest(CAST(string_to_array(:ids, ',') AS uuid[])) AS t
+         WHERE NOT EXISTS (SELECT 1 FROM _durafn_dependencies AS d WHERE d.row_id = t)
+    )
+    SELECT count(*), CASE WHEN count(*) > 0 THEN pg_notify(:channel, :payload) END FROM freed
+    """
+)
+
 
 def _discard_broken_connections(context: ExceptionContext) -> None:
     """Never hand out again a connection whose operation a lost server interrupted.
@@ -236,6 +260,16 @@ class PostgresDriver(PostgresBatches, Driver):
             text("SELECT pg_notify(:channel, :payload)"),
             {"channel": CHANNEL, "payload": ",".join(sorted(kinds))},
         )
+
+    async def wake_freed(self, conn: AsyncConnection, ids: Collection[str]) -> int:
+        # Each statement waits holding no lock (autocommit): waiting on one edge while
+        # holding another could deadlock with a finish that deletes both.
+        joined = ",".join(ids)
+        in_flight = (await conn.execute(_IN_FLIGHT, {"ids": joined})).scalars().all()
+        for ctid in in_flight:
+            await conn.execute(_WAIT, {"ctid": ctid})
+        params = {"ids": joined, "channel": CHANNEL, "payload": ",".join(sorted(_ALL_KINDS))}
+        return int((await conn.execute(_FREED, params)).scalar_one())
 
     async def announce_cancels(self, conn: AsyncConnection, ids: Sequence[str]) -> None:
         await super().announce_cancels(conn, ids)

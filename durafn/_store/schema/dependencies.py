@@ -19,7 +19,9 @@ On PostgreSQL the hot finish (Success with nothing returned, a whole batch in on
 statement: ``postgres/batches.py``) releases its rows itself, and the trigger stays out of
 its way: it sets ``dependents = 2`` on the rows it finished that had dependents (the
 trigger fires on 1 only) and passes their ids to ``durafn_release``, which deletes their
-edges in one statement and sends the NOTIFY. ``durafn_release`` is a VOLATILE function so
+edges in one statement and returns the rows it may have freed; the executor sends the
+NOTIFY after the commit, for a row left with no edge only (``_executor/releases.py``).
+``durafn_release`` is a VOLATILE function so
 that its DELETE reads a snapshot of its own, taken after the UPDATE has locked and
 finished every row: an edge a scheduler committed while the finish waited for one of its
 rows is seen and deleted (the same statement's CTE, reading the statement's snapshot,
@@ -27,10 +29,8 @@ would miss it and leave the dependent waiting for good:
 ``tests/test_workflows.py`` makes that race). Measured on the finish statements alone
 (10,000 rows in batches of 256, eight interleaved rounds, medians): rows with dependents
 took the trigger's form 329 ms against 295 ms without; the released form, 278 ms against
-280 ms. In a fan-in's drain, the trigger's per-row work and its NOTIFY per batch had cost
-about 6% each (``benchmarks.workflows``, with the NOTIFY and with the trigger taken out).
-The NOTIFY's share did not hold up: sent after the commit instead, at most every 20 ms,
-it measured no gain in three alternating pairs of 15 rounds (``docs/performance``).
+280 ms. In a fan-in's drain, the trigger's per-row work had cost about 6%
+(``benchmarks.workflows``, with the trigger taken out).
 
 On SQLite a mutation batch's finish does the same for the rows its claim, in the same
 write transaction, read as awaited (``sqlite/batches.py``); actions, whose claim was an
@@ -96,20 +96,39 @@ $$
 """
 
 # The hot finish's release (see above): every edge of ``finished`` deleted, in a snapshot
-# taken after the finish's UPDATE (VOLATILE), and the NOTIFY if there were any. Returns how
-# many edges it deleted.
+# taken after the finish's UPDATE (VOLATILE). Returns the rows whose edges it deleted and
+# that may have none left once the finishes in flight commit: no edge of theirs is left
+# that nobody is deleting (``xmax = 0``: neither deleted nor locked by a transaction in
+# flight). NULL when it deleted none; empty when every row it touched still waits for a
+# row nobody has finished. The executor, after the commit, waits for those finishes and
+# sends the NOTIFY for the rows left with no edge (``postgres/driver.py``'s
+# ``wake_freed``). Version 19: the NOTIFY was sent here, for every finish that deleted an
+# edge, and woke every executor to claim for nothing (see ``_executor/releases.py``).
 _POSTGRES_RELEASE = """
-CREATE OR REPLACE FUNCTION durafn_release(finished uuid[]) RETURNS integer
-LANGUAGE plpgsql VOLATILE AS $$
+CREATE FUNCTION durafn_release(finished uuid[]) RETURNS uuid[]
+LANGUAGE plpgsql VOLATILE
+SET enable_sort = off  -- see below
+AS $$
 DECLARE
-    released integer;
+    touched uuid[];
 BEGIN
-    DELETE FROM _durafn_dependencies WHERE dep_id = ANY(finished);
-    GET DIAGNOSTICS released = ROW_COUNT;
-    IF released > 0 THEN
-        PERFORM pg_notify('durafn_wakeup', 'action,mutation');  -- batches.py's CHANNEL
+    WITH gone AS (
+        DELETE FROM _durafn_dependencies WHERE dep_id = ANY(finished) RETURNING row_id
+    )
+    SELECT array_agg(DISTINCT row_id) INTO touched FROM gone;
+    IF touched IS NULL THEN
+        RETURN NULL;
     END IF;
-    RETURN released;
+    -- From the highest dep_id down (ix_durafn_dependencies_row): the newest edge is the
+    -- one most likely still there. Not EXISTS, whose ORDER BY and LIMIT the planner
+    -- drops; and no sort (the function's SET): with no statistics on the edges yet (a
+    -- fan-in just written) the planner read them all and sorted them, 2 ms a call
+    -- against 0.03 ms for this index scan over 10,000 edges.
+    RETURN ARRAY(
+        SELECT t FROM unnest(touched) AS t
+         WHERE (SELECT true FROM _durafn_dependencies AS d
+                 WHERE d.row_id = t AND d.xmax = '0'::xid
+                 ORDER BY d.dep_id DESC LIMIT 1) IS NULL);
 END
 $$
 """
@@ -124,9 +143,11 @@ EXECUTE FUNCTION durafn_release_dependents()
 
 
 def create_release_function(conn: Connection) -> None:
-    """On PostgreSQL, create (or replace) the hot finish's ``durafn_release``: the
-    catalogue only, no lock on ``_scheduled_functions``."""
+    """On PostgreSQL, create (or make again) the hot finish's ``durafn_release``: the
+    catalogue only, no lock on ``_scheduled_functions``. Dropped first: version 19
+    changed what it returns, which ``CREATE OR REPLACE`` cannot."""
     if conn.dialect.name == "postgresql":
+        conn.execute(text("DROP FUNCTION IF EXISTS durafn_release(uuid[])"))
         conn.execute(text(_POSTGRES_RELEASE))
 
 

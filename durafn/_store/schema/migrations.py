@@ -355,6 +355,18 @@ def _step_18(conn: Connection) -> None:
     create_release_function(conn)
 
 
+def _step_19(conn: Connection) -> None:
+    """Version 19: on PostgreSQL, ``durafn_release`` returns the rows its finish may have
+    freed and sends no NOTIFY; the executor sends it after the commit, for those rows only
+    (``_executor/releases.py``). ``ix_durafn_dependencies_row`` is made again with
+    ``dep_id`` after ``row_id``, which its test reads from the top (it locks
+    ``_durafn_dependencies``, which holds only the edges of rows still waiting)."""
+    conn.execute(text("DROP INDEX IF EXISTS ix_durafn_dependencies_row"))
+    for index in dependencies.indexes:
+        index.create(conn, checkfirst=True)
+    create_release_function(conn)
+
+
 def create_sql_functions(conn: Connection) -> None:
     """What the migrations install besides tables: the release trigger (both engines)
     and, on PostgreSQL, ``durafn.schedule``."""
@@ -383,5 +395,6 @@ MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     16: _step_16,
     17: _step_17,
     18: _step_18,
+    19: _step_19,
 }
 """Steps from version N-1 to N. A fresh database gets the latest tables in one go."""

@@ -26,7 +26,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import JSONB
 
-SCHEMA_VERSION = 18
+SCHEMA_VERSION = 19
 """Bump with a new step in ``migrations.MIGRATIONS`` whenever the tables change."""
 
 metadata = MetaData()
@@ -323,8 +323,11 @@ dependencies = Table(
     Column("dep_id", ID_TYPE, primary_key=True),
     Column("row_id", ID_TYPE, primary_key=True),
 )
-# What a row still awaits (``explain``); the primary key serves the release, by dep_id.
-Index("ix_durafn_dependencies_row", dependencies.c.row_id)
+# What a row still awaits (``explain``, in order), and whether it awaits a row nobody is
+# finishing (``durafn_release``: read from the highest ``dep_id`` down, since rows finish
+# about in the order they were written, the newest edge is the one most likely still
+# there); the primary key serves the release, by dep_id. Version 19 added ``dep_id``.
+Index("ix_durafn_dependencies_row", dependencies.c.row_id, dependencies.c.dep_id)
 
 queues = Table(
     "_durafn_queues",
