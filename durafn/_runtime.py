@@ -155,9 +155,9 @@ class Runtime:
         executor's LISTEN hears of releases. With one, PostgreSQL's NOTIFY tells every
         executor of each release that may have freed a row (the trigger's, and
         ``_executor/releases.py``'s), and a wake-up after every finish only sent the
-        loops to claim for nothing. A fan-in of 10,000 drained at 0.884-0.947x of the
+        loops to claim for nothing. A fan-in of 10,000 drained at 0.886-0.912x of the
         plain drain without them (and with the NOTIFY for freed rows only) against
-        0.867-0.908x before (five alternating pairs of 15-round runs, ``docs/performance``).
+        0.856-0.881x before (three alternating pairs of 15-round runs, ``docs/performance``).
         SQLite has no NOTIFY (other processes poll), and ``run_until_idle`` listens to
         none."""
         return self.dependencies_in_use and not self.listening

@@ -224,9 +224,9 @@ async def test_version_19_orders_a_row_s_edges_and_its_release_returns_the_rows_
     db_url: str, engine_name: str, clock: FakeClock
 ) -> None:
     """A version 18 database: ``ix_durafn_dependencies_row`` on ``row_id`` alone and, on
-    PostgreSQL, a ``durafn_release`` that returned a count and sent the NOTIFY itself.
-    Migrated, the index ends with ``dep_id``, the function returns the rows a finish may
-    have freed, and a fan-in written before runs as it would have."""
+    PostgreSQL, a ``durafn_release`` that returned a count and sent the NOTIFY itself, and
+    no ``durafn_may_be_free``. Migrated, the index ends with ``dep_id``, both functions
+    return rows, and a fan-in written before runs as it would have."""
     app = durafn.App(db_url, clock=clock)
     order: list[int | str] = []
 
@@ -251,6 +251,7 @@ async def test_version_19_orders_a_row_s_edges_and_its_release_returns_the_rows_
             if engine_name == "postgres":
                 await conn.execute(text("DROP FUNCTION durafn_release(uuid[])"))
                 await conn.execute(text(_VERSION_18_RELEASE))
+                await conn.execute(text("DROP FUNCTION durafn_may_be_free(uuid[])"))
             await conn.execute(delete(schema_version))
             await conn.execute(insert(schema_version).values(version=18, applied_at=0))
         await app.aclose()
@@ -263,10 +264,11 @@ async def test_version_19_orders_a_row_s_edges_and_its_release_returns_the_rows_
                 }
             )
             if engine_name == "postgres":
-                returns = await conn.execute(
-                    text("SELECT pg_get_function_result('durafn_release(uuid[])'::regprocedure)")
-                )
-                assert returns.scalar_one() == "uuid[]"
+                for function in ("durafn_release", "durafn_may_be_free"):
+                    returns = await conn.execute(
+                        text(f"SELECT pg_get_function_result('{function}(uuid[])'::regprocedure)")
+                    )
+                    assert returns.scalar_one() == "uuid[]"
         assert indexes["ix_durafn_dependencies_row"] == ["row_id", "dep_id"]
         await app.executor().run_until_idle()
         assert order == [0, 1, 2, "join"]

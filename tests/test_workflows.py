@@ -528,66 +528,91 @@ async def test_a_dependency_finished_by_another_process_wakes_its_dependent(
     assert {applied[f"m{n}"] for n in range(20)} == {worker.pid}  # its rows, there
 
 
-async def _finish_in_open_transaction(app: durafn.App, id: str) -> tuple[AsyncConnection, set[str]]:
-    """A mutation's finish, as a batch writes it, in a transaction left open: the
-    connection, and the rows its finish noted as perhaps freed."""
-    from durafn._store import Outcome
-    from durafn._store.after_commit import note
+class _Race:
+    """Rows ``after=`` others on PostgreSQL, finished by hand: an app with a no-op mutation
+    ``part`` and action ``join``, a listener on the executors' channel (from ``listen()``
+    on: the scheduling's own NOTIFYs go out at its commits), and the transactions left
+    open (closed at the end)."""
 
-    conn = await app.engine.connect()
-    await conn.begin()
-    outcome = Outcome(id=durafn.ScheduledFunctionId(id), state=State.SUCCESS)
-    assert await app._rt.driver.finish_pending(conn, app.clock.now(), [outcome]) == 1
-    return conn, set(note(conn).maybe_freed)
+    def __init__(self, url: str) -> None:
+        self.app = durafn.App(url)
+        self.heard: list[str] = []
+        self.opened: list[AsyncConnection] = []
+
+        @self.app.mutation
+        async def part(ctx: MutationCtx) -> None:
+            pass
+
+        @self.app.action
+        async def join(ctx: ActionCtx) -> None:
+            pass
+
+        self.part, self.join = part, join
+
+    async def __aenter__(self) -> _Race:
+        import asyncpg
+
+        self._listener = await asyncpg.connect(BARE_DSN)
+        await self.app.migrate()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        for conn in self.opened:
+            await conn.close()
+        await self._listener.close()
+        await self.app.aclose()
+
+    async def listen(self) -> None:
+        await self._listener.add_listener("durafn_wakeup", lambda *args: self.heard.append(args[3]))
+
+    async def finish(self, id: str, result: str | None = None) -> tuple[AsyncConnection, set[str]]:
+        """A mutation's finish, as a batch writes it (the trigger's route if it has a
+        ``result``), in a transaction left open: the connection, and the rows it noted."""
+        from durafn._store import Outcome
+        from durafn._store.after_commit import note
+
+        conn = await self.app.engine.connect()
+        self.opened.append(conn)
+        await conn.begin()
+        sid = durafn.ScheduledFunctionId(id)
+        outcome = Outcome(id=sid, state=State.SUCCESS, result=result)
+        assert await self.app._rt.driver.finish_pending(conn, self.app.clock.now(), [outcome]) == 1
+        return conn, set(note(conn).maybe_freed)
+
+    async def look(self, ids: set[str]) -> int:
+        """The executor's look after the commits (``FreedRows``)."""
+
+        async def body(conn: AsyncConnection) -> int:
+            return await self.app._rt.driver.wake_freed(conn, ids)
+
+        return await self.app._rt.transaction(body, single_statement=True)
+
+    async def heard_at_least(self, count: int) -> list[str]:
+        with anyio.fail_after(CEILING):
+            while len(self.heard) < count:  # noqa: ASYNC110 - asyncpg delivers by callback
+                await anyio.sleep(0.01)
+        return self.heard
 
 
 @pytest.mark.postgres_only  # finishes in flight at once and the NOTIFY; SQLite has one writer
 async def test_the_later_of_two_finishes_in_flight_wakes_their_dependent_once_both_commit(
     postgres_url: str,
 ) -> None:
-    """Two finishes delete a row's last two edges at once. The first to finish sees the
-    other's edge untouched and notes nothing; the second sees the first's edge being
-    deleted and notes the row as perhaps freed. It commits first: its look after the
-    commit waits for the other finish (whose edge would otherwise still be there) and,
-    once that commits, finds no edge left and sends the NOTIFY. A third row still
-    waited for makes neither finish note anything."""
-    import asyncpg
-
-    app = durafn.App(postgres_url)
-
-    @app.mutation
-    async def part(ctx: MutationCtx) -> None:
-        pass
-
-    @app.action
-    async def join(ctx: ActionCtx) -> None:
-        pass
-
-    heard: list[str] = []
-    listener = await asyncpg.connect(BARE_DSN)
-    opened: list[AsyncConnection] = []
-    try:
-        await app.migrate()
-        sched = app.scheduler()
-        a, b, c = await sched.run_many([part.call() for _ in range(3)])
-        both = await sched.run_after(0, join.options(after=[a, b]))
-        third = await sched.run_after(0, join.options(after=[c, a, b]))
-        # Listening from here: the scheduling's own NOTIFYs were sent at its commits.
-        await listener.add_listener("durafn_wakeup", lambda *args: heard.append(args[3]))
-
-        first, noted_first = await _finish_in_open_transaction(app, a)
-        opened.append(first)
-        second, noted_second = await _finish_in_open_transaction(app, b)
-        opened.append(second)
-        assert noted_first == set()  # b's edges, and c's, nobody was deleting
-        assert noted_second == {both}  # a's edge is being deleted; c's edge is not
+    """Two finishes delete a row's last two edges at once, and each notes the rows whose
+    edges it deleted. The second commits first: its look after the commit waits for the
+    other finish (whose edge would otherwise still be there) and, once that commits,
+    finds no edge left and sends the NOTIFY. A row that still waits for one nobody has
+    finished is not free, and its look waits for nothing."""
+    async with _Race(postgres_url) as race:
+        app, sched = race.app, race.app.scheduler()
+        a, b, c = await sched.run_many([race.part.call() for _ in range(3)])
+        both = await sched.run_after(0, race.join.options(after=[a, b]))
+        third = await sched.run_after(0, race.join.options(after=[c, a, b]))
+        await race.listen()
+        first, noted_first = await race.finish(a)
+        second, noted_second = await race.finish(b)
+        assert noted_first == noted_second == {both, third}
         await second.commit()
-
-        async def look(ids: set[str]) -> int:
-            async def body(conn: AsyncConnection) -> int:
-                return await app._rt.driver.wake_freed(conn, ids)
-
-            return await app._rt.transaction(body, single_statement=True)
 
         async def looking_waits() -> bool:
             async with app.engine.connect() as conn:
@@ -603,27 +628,45 @@ async def test_the_later_of_two_finishes_in_flight_wakes_their_dependent_once_bo
         async with anyio.create_task_group() as tg:
 
             async def _look() -> None:
-                freed.append(await look(noted_second))
+                freed.append(await race.look(noted_second))
 
             tg.start_soon(_look)
             await wait_until(looking_waits, "the look waits for the first finish")
-            before = (list(freed), list(heard))
+            before = (list(freed), list(race.heard))
             await first.commit()  # (before asserting: the look waits for it)
         assert before == ([], [])
         assert freed == [1]
-        with anyio.fail_after(CEILING):
-            while not heard:  # noqa: ASYNC110 - asyncpg delivers by callback
-                await anyio.sleep(0.01)
-        assert heard == ["action,mutation"]
+        assert await race.heard_at_least(1) == ["action,mutation"]
         async with app.engine.connect() as conn:
             left = await conn.execute(text("SELECT row_id::text FROM _durafn_dependencies"))
             assert [row_id for (row_id,) in left] == [third]  # c's edge
-        assert await look({third}) == 0  # it still waits for c, which nobody finished
-    finally:
-        for conn in opened:
-            await conn.close()
-        await listener.close()
-        await app.aclose()
+        assert await race.look({third}) == 0  # it still waits for c, which nobody finished
+        assert race.heard == ["action,mutation"]
+
+
+@pytest.mark.postgres_only  # finishes in flight at once and the NOTIFY; SQLite has one writer
+async def test_a_finish_by_the_trigger_s_route_committed_first_does_not_lose_the_wake_up(
+    postgres_url: str,
+) -> None:
+    """The batch's finish deletes one of a row's two edges and stays open; meanwhile a
+    finish by the trigger's route (a result to store) deletes the other and commits,
+    with its NOTIFY: too early, since the first edge is still there for everyone else.
+    The batch's finish then commits, and its look after the commit finds the row free
+    and sends the NOTIFY that counts. (Deciding inside the finish, the edge the trigger
+    had not touched yet would have said "not free" and nobody would have told.)"""
+    async with _Race(postgres_url) as race:
+        sched = race.app.scheduler()
+        a, b = await sched.run_many([race.part.call() for _ in range(2)])
+        both = await sched.run_after(0, race.join.options(after=[a, b]))
+        await race.listen()
+        batch, noted = await race.finish(a)
+        assert noted == {both}
+        by_trigger, _ = await race.finish(b, result='"x"')
+        await by_trigger.commit()  # the trigger's NOTIFY goes out now
+        await batch.commit()
+        assert await race.look(noted) == 1
+        # The trigger's, then the look's.
+        assert await race.heard_at_least(2) == ["action,mutation", "action,mutation"]
 
 
 @pytest.mark.postgres_only  # the row lock a finish waits on; SQLite has one writer

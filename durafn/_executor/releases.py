@@ -1,19 +1,23 @@
 """Waking the executors, in every process, for rows a finish here freed (``after=``).
 
 On PostgreSQL the hot finish deletes the edges of the rows it finished and returns the
-rows waiting for them that may have none left (``durafn_release``,
-``_store/schema/dependencies.py``): those with no edge left that no transaction in flight
-is deleting. After the commit, ``FreedRows`` waits for the finishes still in flight that
-delete their edges, then looks: a row with none left is free, and every executor is told
-(a NOTIFY, and this process's loops at once).
+rows waiting for them (``durafn_release``, ``_store/schema/dependencies.py``). After the
+commit, ``FreedRows`` looks at those rows (``wake_freed``): one with an edge nobody is
+deleting is not free, and the finish that deletes that edge later will tell; for the
+others it waits for the finishes in flight that delete their edges, then a row with none
+left is free, and every executor is told (a NOTIFY, and this process's loops at once).
+In a fan-in of 10,000 that is one cheap statement per look (they coalesce while one
+runs), and a wait only for the last few finishes.
 
 Why after the commit and not in the finish: which finish deletes a row's last edge is
-known only once both of two finishes deleting its last edges at once have committed.
-Each one's look inside its transaction sees the other's edge, still there until it
-commits; a NOTIFY sent by either at its commit may reach a claim that still sees the
-other's edge, and then none follows. The last of them to look, after its commit, waits
-for the other and sees both. Up to version 18 the finish sent the NOTIFY for any edge it
-deleted, so every finish of a fan-in's rows woke every executor to claim for nothing.
+known only once the finishes deleting its last edges have committed. Inside its
+transaction a finish sees another's edge still there, and an edge nobody has touched
+yet may be deleted and committed by another finish before this one commits (the
+trigger's route, say, whose NOTIFY then comes too early). After the commit, an edge
+nobody is deleting will be deleted, and its finish committed, later than this one; an
+edge being deleted is waited for. Up to version 18 the finish sent the NOTIFY for any
+edge it deleted, so every finish of a fan-in's rows woke every executor to claim for
+nothing.
 
 Measured (``benchmarks.workflows``, a fan-in of 10,000 no-op mutations against a plain
 drain, PostgreSQL, alternating runs of 15 rounds): see ``Runtime.wake_on_finish``.

@@ -29,8 +29,9 @@ class AfterCommit:
     written: list[dict[str, Any]] = field(default_factory=list)
     """Rows durafn wrote on its own (completion callbacks), for inline mode to run."""
     maybe_freed: set[str] = field(default_factory=set)
-    """Rows waiting for others (``after=``) whose last edges a finish here may have
-    deleted: the executor looks once the commit is made (``_executor/releases.py``)."""
+    """Rows waiting for others (``after=``) whose edges a finish here deleted: free if
+    none is left, which the executor looks at once the commit is made
+    (``_executor/releases.py``)."""
 
 
 def note(conn: AsyncConnection) -> AfterCommit:

@@ -134,11 +134,11 @@ class EngineDriver:
         """Tell executors in other processes, on commit, that rows of ``kinds`` were added."""
 
     async def wake_freed(self, conn: AsyncConnection, ids: Collection[str]) -> int:
-        """After the commits that deleted edges of ``ids`` (rows waiting for others that
-        may have none left: ``AfterCommit.maybe_freed``), on a connection in autocommit:
-        wait for the finishes still deleting their edges, then tell every executor
-        (NOTIFY) if any of them has none left; returns how many have none. Only
-        PostgreSQL's finish notes such rows (``schema/dependencies.py``)."""
+        """After the commits that deleted edges of ``ids`` (rows waiting for others:
+        ``AfterCommit.maybe_freed``), on a connection in autocommit: leave those with an
+        edge nobody is deleting, wait for the finishes still deleting the others' edges,
+        then tell every executor (NOTIFY) if any of them has none left; returns how many
+        have none. Only PostgreSQL's finish notes such rows (``schema/dependencies.py``)."""
         return 0
 
     @asynccontextmanager

@@ -61,9 +61,10 @@ _RELEASED = """,
 # It releases the dependents of the rows it finishes itself, in one statement for the
 # batch, rather than through the trigger's statements per row (``schema/dependencies.py``:
 # ``dependents = 2`` keeps the trigger out; ``durafn_release`` runs after the UPDATE). By
-# primary key; returns the count of rows it moved, and the rows it may have freed
-# (``durafn_release``'s). Measured (``benchmarks.workflows``, a fan-in of 10,000 no-op
-# mutations against a plain drain): the trigger's per-row work cost about 6% of the drain.
+# primary key; returns the count of rows it moved, and the rows waiting for them whose
+# edges it deleted (``durafn_release``'s: the executor looks at them after the commit).
+# Measured (``benchmarks.workflows``, a fan-in of 10,000 no-op mutations against a plain
+# drain): the trigger's per-row work cost about 6% of the drain.
 _FINISH_PLAIN_SQL = text(
     f"""
     WITH done AS ({_FINISHED_PLAIN.format(released=_RELEASED)}
@@ -220,7 +221,7 @@ class PostgresBatches(Driver):
             return int((await conn.execute(_FINISH_PLAIN_TRIGGERED_SQL, params)).scalar_one())
         moved, freed = (await conn.execute(_FINISH_PLAIN_SQL, params)).one()
         if freed:  # perhaps: the executor looks after the commit (``wake_freed``)
-            note(conn).maybe_freed.update(str(id) for id in freed)
+            note(conn).maybe_freed.update(map(str, freed))
         return int(moved)
 
     def finishes_in_one_statement(

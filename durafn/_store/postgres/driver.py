@@ -66,9 +66,13 @@ _INSERT_SQL = text(
 
 _TRY_LOCK = text("SELECT pg_try_advisory_xact_lock(hashtext(CAST(:b_lock AS text)))")
 
-# ``wake_freed``'s statements, each its own transaction. The edges of these rows that a
-# transaction in flight deletes (or locks): one per transaction, to wait on
-# (``ix_durafn_dependencies_row``; xid has no ordering, hence the text).
+# ``wake_freed``'s statements, each its own transaction. Those of the rows that may be
+# free (``schema/dependencies.py``): for nearly every finish of a fan-in, none.
+_MAY_BE_FREE = text(
+    "SELECT unnest(durafn_may_be_free(CAST(string_to_array(:ids, ',') AS uuid[])))::text"
+)
+# Their edges that a transaction in flight deletes (or locks): one per transaction, to
+# wait on (``ix_durafn_dependencies_row``; xid has no ordering, hence the text).
 _IN_FLIGHT = text(
     """
     SELECT DISTINCT ON (xmax::text) ctid::text FROM _durafn_dependencies
@@ -262,9 +266,12 @@ class PostgresDriver(PostgresBatches, Driver):
         )
 
     async def wake_freed(self, conn: AsyncConnection, ids: Collection[str]) -> int:
+        candidates = (await conn.execute(_MAY_BE_FREE, {"ids": ",".join(ids)})).scalars().all()
+        if not candidates:
+            return 0
         # Each statement waits holding no lock (autocommit): waiting on one edge while
         # holding another could deadlock with a finish that deletes both.
-        joined = ",".join(ids)
+        joined = ",".join(candidates)
         in_flight = (await conn.execute(_IN_FLIGHT, {"ids": joined})).scalars().all()
         for ctid in in_flight:
             await conn.execute(_WAIT, {"ctid": ctid})

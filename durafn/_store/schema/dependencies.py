@@ -19,7 +19,7 @@ On PostgreSQL the hot finish (Success with nothing returned, a whole batch in on
 statement: ``postgres/batches.py``) releases its rows itself, and the trigger stays out of
 its way: it sets ``dependents = 2`` on the rows it finished that had dependents (the
 trigger fires on 1 only) and passes their ids to ``durafn_release``, which deletes their
-edges in one statement and returns the rows it may have freed; the executor sends the
+edges in one statement and returns the rows waiting for them; the executor sends the
 NOTIFY after the commit, for a row left with no edge only (``_executor/releases.py``).
 ``durafn_release`` is a VOLATILE function so
 that its DELETE reads a snapshot of its own, taken after the UPDATE has locked and
@@ -96,19 +96,13 @@ $$
 """
 
 # The hot finish's release (see above): every edge of ``finished`` deleted, in a snapshot
-# taken after the finish's UPDATE (VOLATILE). Returns the rows whose edges it deleted and
-# that may have none left once the finishes in flight commit: no edge of theirs is left
-# that nobody is deleting (``xmax = 0``: neither deleted nor locked by a transaction in
-# flight). NULL when it deleted none; empty when every row it touched still waits for a
-# row nobody has finished. The executor, after the commit, waits for those finishes and
-# sends the NOTIFY for the rows left with no edge (``postgres/driver.py``'s
-# ``wake_freed``). Version 19: the NOTIFY was sent here, for every finish that deleted an
-# edge, and woke every executor to claim for nothing (see ``_executor/releases.py``).
+# taken after the finish's UPDATE (VOLATILE). Returns the rows whose edges it deleted
+# (NULL if none): the executor looks at them after the commit (``durafn_may_be_free``,
+# ``postgres/driver.py``'s ``wake_freed``). Up to version 18 it sent the NOTIFY itself,
+# for every finish that deleted an edge (see ``_executor/releases.py``).
 _POSTGRES_RELEASE = """
 CREATE FUNCTION durafn_release(finished uuid[]) RETURNS uuid[]
-LANGUAGE plpgsql VOLATILE
-SET enable_sort = off  -- see below
-AS $$
+LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     touched uuid[];
 BEGIN
@@ -116,20 +110,32 @@ BEGIN
         DELETE FROM _durafn_dependencies WHERE dep_id = ANY(finished) RETURNING row_id
     )
     SELECT array_agg(DISTINCT row_id) INTO touched FROM gone;
-    IF touched IS NULL THEN
-        RETURN NULL;
-    END IF;
-    -- From the highest dep_id down (ix_durafn_dependencies_row): the newest edge is the
-    -- one most likely still there. Not EXISTS, whose ORDER BY and LIMIT the planner
-    -- drops; and no sort (the function's SET): with no statistics on the edges yet (a
-    -- fan-in just written) the planner read them all and sorted them, 2 ms a call
-    -- against 0.03 ms for this index scan over 10,000 edges.
-    RETURN ARRAY(
-        SELECT t FROM unnest(touched) AS t
+    RETURN touched;
+END
+$$
+"""
+
+# The executor's look after a release committed: of ``waiting``, the rows that may be
+# free, that is with no edge left that no transaction is deleting (``xmax = 0``: neither
+# deleted nor locked by one in flight). A row with such an edge is not free, and the
+# finish that deletes that edge, later than this look and so committed after the
+# release, will tell: through this look again, or the trigger's NOTIFY at its commit.
+# Read from the highest ``dep_id`` down (``ix_durafn_dependencies_row``): rows finish
+# about in the order they were written, so the newest edge is the one most likely still
+# there. A scalar subquery, not EXISTS, whose ORDER BY and LIMIT the planner drops; and
+# no sort (the function's SET): with no statistics on the edges yet (a fan-in just
+# written) the planner read them all and sorted them, 2 ms a call over 10,000 edges
+# against 0.03 ms for the index scan.
+_POSTGRES_MAY_BE_FREE = """
+CREATE OR REPLACE FUNCTION durafn_may_be_free(waiting uuid[]) RETURNS uuid[]
+LANGUAGE sql STABLE
+SET enable_sort = off
+AS $$
+    SELECT ARRAY(
+        SELECT t FROM unnest(waiting) AS t
          WHERE (SELECT true FROM _durafn_dependencies AS d
                  WHERE d.row_id = t AND d.xmax = '0'::xid
-                 ORDER BY d.dep_id DESC LIMIT 1) IS NULL);
-END
+                 ORDER BY d.dep_id DESC LIMIT 1) IS NULL)
 $$
 """
 
@@ -143,12 +149,14 @@ EXECUTE FUNCTION durafn_release_dependents()
 
 
 def create_release_function(conn: Connection) -> None:
-    """On PostgreSQL, create (or make again) the hot finish's ``durafn_release``: the
-    catalogue only, no lock on ``_scheduled_functions``. Dropped first: version 19
-    changed what it returns, which ``CREATE OR REPLACE`` cannot."""
+    """On PostgreSQL, create (or make again) the hot finish's ``durafn_release``, and the
+    executor's ``durafn_may_be_free``: the catalogue only, no lock on
+    ``_scheduled_functions``. Dropped first: version 19 changed what ``durafn_release``
+    returns, which ``CREATE OR REPLACE`` cannot."""
     if conn.dialect.name == "postgresql":
         conn.execute(text("DROP FUNCTION IF EXISTS durafn_release(uuid[])"))
         conn.execute(text(_POSTGRES_RELEASE))
+        conn.execute(text(_POSTGRES_MAY_BE_FREE))
 
 
 def create_release_trigger(conn: Connection) -> None:

@@ -356,10 +356,11 @@ def _step_18(conn: Connection) -> None:
 
 
 def _step_19(conn: Connection) -> None:
-    """Version 19: on PostgreSQL, ``durafn_release`` returns the rows its finish may have
-    freed and sends no NOTIFY; the executor sends it after the commit, for those rows only
+    """Version 19: on PostgreSQL, ``durafn_release`` returns the rows waiting for those
+    its finish released and sends no NOTIFY; ``durafn_may_be_free`` is new; the executor
+    looks with it after the commit and sends the NOTIFY for rows left with no edge only
     (``_executor/releases.py``). ``ix_durafn_dependencies_row`` is made again with
-    ``dep_id`` after ``row_id``, which its test reads from the top (it locks
+    ``dep_id`` after ``row_id``, which that look reads from the top (it locks
     ``_durafn_dependencies``, which holds only the edges of rows still waiting)."""
     conn.execute(text("DROP INDEX IF EXISTS ix_durafn_dependencies_row"))
     for index in dependencies.indexes:

@@ -324,9 +324,9 @@ dependencies = Table(
     Column("row_id", ID_TYPE, primary_key=True),
 )
 # What a row still awaits (``explain``, in order), and whether it awaits a row nobody is
-# finishing (``durafn_release``: read from the highest ``dep_id`` down, since rows finish
-# about in the order they were written, the newest edge is the one most likely still
-# there); the primary key serves the release, by dep_id. Version 19 added ``dep_id``.
+# finishing (``durafn_may_be_free``: read from the highest ``dep_id`` down, since rows
+# finish about in the order they were written, the newest edge is the one most likely
+# still there); the primary key serves the release, by dep_id. Version 19 added ``dep_id``.
 Index("ix_durafn_dependencies_row", dependencies.c.row_id, dependencies.c.dep_id)
 
 queues = Table(
