@@ -5,6 +5,7 @@ action's progress (``ctx.progress``), read back through ``get``, ``durafn show``
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -528,6 +529,19 @@ async def test_a_dependency_finished_by_another_process_wakes_its_dependent(
     assert {applied[f"m{n}"] for n in range(20)} == {worker.pid}  # its rows, there
 
 
+async def _waits_on_a_lock(app: durafn.App, query: str) -> bool:
+    """Whether a statement ``LIKE query`` waits for a lock in the app's database."""
+    async with app.engine.connect() as conn:
+        waiting = await conn.execute(
+            text(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND datname = current_database() AND query LIKE :query"
+            ),
+            {"query": query},
+        )
+        return bool(waiting.scalar_one())
+
+
 class _Race:
     """Rows ``after=`` others on PostgreSQL, finished by hand: an app with a no-op mutation
     ``part`` and action ``join``, a listener on the executors' channel (from ``listen()``
@@ -614,16 +628,7 @@ async def test_the_later_of_two_finishes_in_flight_wakes_their_dependent_once_bo
         assert noted_first == noted_second == {both, third}
         await second.commit()
 
-        async def looking_waits() -> bool:
-            async with app.engine.connect() as conn:
-                found = await conn.execute(
-                    text(
-                        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                        "AND datname = current_database() AND query LIKE '%FOR KEY SHARE%'"
-                    )
-                )
-                return bool(found.scalar_one())
-
+        looking_waits = functools.partial(_waits_on_a_lock, app, "%FOR KEY SHARE%")
         freed: list[int] = []
         async with anyio.create_task_group() as tg:
 
@@ -689,15 +694,7 @@ async def test_a_dependent_linked_while_its_dependency_s_finish_waits_is_release
     async def join(ctx: ActionCtx) -> str:
         return "joined"
 
-    async def finish_waits_on_a_lock() -> bool:
-        async with app.engine.connect() as conn:
-            waiting = await conn.execute(
-                text(
-                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                    "AND datname = current_database() AND query LIKE '%durafn_release%'"
-                )
-            )
-            return bool(waiting.scalar_one())
+    finish_waits_on_a_lock = functools.partial(_waits_on_a_lock, app, "%durafn_release%")
 
     try:
         await app.migrate()
