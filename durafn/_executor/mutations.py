@@ -78,10 +78,16 @@ class MutationLanes:
         runs finds a lane.
         """
         stopping = self._wakeups.stopping
+        # The lane's own: whether its last claim skipped a key or queue another held
+        # decides whether its idle wait looks again soon, and a shared flag was rewritten
+        # by the other lanes' claims (one that met no contention cleared it, and the lane
+        # then slept until its poll). The flow keys' cursor stays one for all lanes.
+        hint = FastPathHint()
+        hint.flow = self.hint.flow
         while not stopping.is_set():
             signal = self._wakeups.signal(FunctionKind.MUTATION)
             now = self._rt.clock.now()
-            _, full = await self.run_batch(now)
+            _, full = await self.run_batch(now, hint=hint)
             if full:
                 self._unpark_one()
                 continue
@@ -95,7 +101,7 @@ class MutationLanes:
             # wake-up), so a second claim that would find nothing is not needed.
             self._watching = True
             try:
-                await self._wakeups.idle_wait(FunctionKind.MUTATION, signal, now, self.hint)
+                await self._wakeups.idle_wait(FunctionKind.MUTATION, signal, now, hint)
             finally:
                 self._watching = False
             self._unpark_one()
@@ -120,6 +126,7 @@ class MutationLanes:
         *,
         timed: bool = True,
         only: list[ScheduledFunctionId] | None = None,
+        hint: FastPathHint | None = None,
     ) -> tuple[int, bool]:
         """One batch, retried through internal faults; returns how many rows it finished,
         and whether its claim took all it asked for (then more may be due already).
@@ -127,6 +134,7 @@ class MutationLanes:
         ``now`` is the time to claim at (default: the clock's now). ``timed``: stop at
         ``batch_time`` (``run_until_idle`` does not, so that its round limit counts
         rounds of whole batches). ``only``: run these rows, due or not (inline mode).
+        ``hint``: a lane's (default: ``self.hint``).
         """
         rt = self._rt
         failures = 0
@@ -139,7 +147,7 @@ class MutationLanes:
                 mode,
                 self.pace,
                 self._config.serve,
-                self.hint,
+                self.hint if hint is None else hint,
                 self._worker_id(),
                 # Lanes skip the levels another lane has just taken the rest of; not in
                 # run_until_idle, whose claims must come out in priority order.
