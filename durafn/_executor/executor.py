@@ -275,12 +275,8 @@ class Executor:
                     listening = self._rt.driver.listen(
                         self._rt.engine, wakeups.on_wake, self._rt.cancels.request
                     )
-                    async with listening as heard:
-                        self._rt.listening += heard
-                        try:
-                            yield self
-                        finally:
-                            self._rt.listening -= heard
+                    async with listening:
+                        yield self
                 finally:
                     # On every way out (the block's end, a cancelled host, a failed listen
                     # or loop). Shielded: a cancelled host still gives running actions their
