@@ -159,8 +159,9 @@ async def write(
     notified: Collection[FunctionKind] = (),
     running: Collection[ScheduledFunctionId] = (),
 ) -> tuple[set[FunctionKind], list[ScheduledFunctionId]]:
-    """Write ``rows`` with a NOTIFY for the kinds of Pending rows among them not in
-    ``notified`` (one per kind per transaction is enough); returns those kinds, and the id
+    """Write ``rows`` with a NOTIFY for the kinds of Pending rows among them, and of the
+    Pending rows they wait for (``after=``), not in ``notified`` (one per kind per
+    transaction is enough); returns those kinds, and the id
     that runs for each row (a keyed row's may be an existing row's). ``running``: rows
     the writing transaction has claimed (a mutation batch's)."""
     driver = rt.driver
@@ -189,7 +190,10 @@ async def write(
     links: list[dict[str, Any]] = []
     if waiting:
         rt.dependencies_in_use = True
-        links = await driver.prepare_waiting(conn, waiting)
+        links, locked = await driver.prepare_waiting(conn, waiting)
+        # Claims skip the Pending rows it marked until this commits, and their executors
+        # sleep (a running executor on the fake clock left a fan-in's rows unclaimed).
+        new |= locked - set(notified)
     names = {row["queue_name"] for row in rows if row["queue_name"] is not None}
     if names:
         await driver.ensure_queues(conn, {n: rt.concurrency_of(n) for n in names}, rt.clock.now())

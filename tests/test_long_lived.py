@@ -24,7 +24,7 @@ import durafn
 from durafn import ActionCtx, Debounce, Flow, MutationCtx, State, Throttle
 from durafn.testing import FakeClock, all_rows
 
-from .helpers import count
+from .helpers import CEILING, count
 from .models import Effect
 
 pytestmark = pytest.mark.anyio
@@ -127,6 +127,31 @@ async def test_debounced_and_throttled_calls_keep_working_on_one_connection(
     assert by_name["ll:leading"] == [0]  # the first call at once; the rest absorbed
     # Due at once, but joined by every call before it started: one run, the last call's.
     assert by_name["ll:throttled"] == [RUNS - 1]
+
+
+async def test_a_running_executor_claims_each_new_round_of_mutations(app: durafn.App) -> None:
+    """One executor, running all along on the fake clock (its poll never comes, so a lost
+    wake-up hangs here), given round after round of mutations and an action after them.
+    Scheduling the action locks the round's mutations until it commits (``after=``
+    marks them awaited), and a claim in between skips them; that commit must wake the
+    mutation lanes, not only the actions (it hung in about one run in two on PostgreSQL)."""
+
+    @app.mutation(name="ll:part")
+    async def part(ctx: MutationCtx, n: int) -> None:
+        pass
+
+    @app.action(name="ll:join")
+    async def join(ctx: ActionCtx, n: int) -> None:
+        pass
+
+    async with app.run_executor() as executor:
+        for n in range(RUNS):
+            ids = await app.scheduler().run_many([part.call(n) for _ in range(20)])
+            joined = await app.scheduler().run_after(0, join.options(after=ids), n)
+            assert (await executor.wait_for(joined, timeout=CEILING)).state is State.SUCCESS
+    runs = await all_rows(app)
+    assert len(runs) == RUNS * 21
+    assert {r.state for r in runs} == {State.SUCCESS}
 
 
 # -- driver errors on every route ---------------------------------------------------------

@@ -768,3 +768,55 @@ async def test_a_row_awaited_by_a_mutation_of_its_own_batch_still_releases_its_d
     # reads each row as it writes it.
     assert marks[first] == 2
     assert marks[second] == (1 if app.engine.dialect.name == "sqlite" else 2)
+
+
+@pytest.mark.postgres_only  # a row lock that claims skip; SQLite's claim waits for the writer
+@pytest.mark.parametrize("kind", ["mutation", "action"])
+async def test_rows_a_transaction_marks_awaited_are_claimed_once_it_commits(
+    postgres_url: str, kind: str
+) -> None:
+    """Scheduling ``after=`` rows already written marks them awaited, which locks them
+    until that transaction commits. A running executor's claim meanwhile skips them
+    (``SKIP LOCKED``) and, taking them for rows another claim holds, sleeps: the commit
+    wakes the kind of the Pending rows it marked, not only the dependent's (here the
+    other kind). The transaction runs in another app, so that nothing of this process
+    wakes the executor; on the fake clock its poll never comes: without that wake-up
+    the rows would never start."""
+    worker = durafn.App(postgres_url, clock=FakeClock())
+    writer = worker.using()  # the same functions, a runtime of its own
+    await worker.migrate()
+
+    async def body(ctx: object, n: int) -> None:
+        pass
+
+    # The join is of the other kind: its own wake-up must not be what starts the parts.
+    part: durafn.SchedulableRef[[int], None]
+    join: durafn.SchedulableRef[[int], None]
+    if kind == "mutation":
+        part, join = worker.mutation(name="wf:part")(body), worker.action(name="wf:join")(body)
+    else:
+        part, join = worker.action(name="wf:part")(body), worker.mutation(name="wf:join")(body)
+
+    @worker.mutation
+    async def marker(ctx: MutationCtx) -> None:
+        pass
+
+    try:
+        parts = await writer.scheduler().run_many([part.call(n) for n in range(3)])
+        seen = await worker.scheduler().run_after(0, marker)
+        async with writer.engine.connect() as conn:
+            await conn.begin()
+            join_id = await writer.scheduler(conn).run_after(0, join.options(after=parts), 0)
+            async with worker.run_executor() as executor:
+                # Its claims ran while the parts were locked: one took the marker.
+                assert (await executor.wait_for(seen, timeout=CEILING)).state is State.SUCCESS
+                for id in parts:
+                    assert (await row_of(worker, id)).state is State.PENDING
+                await conn.commit()
+                done = await executor.wait_for(join_id, timeout=CEILING)
+                assert done.state is State.SUCCESS
+        for id in parts:
+            assert (await row_of(worker, id)).state is State.SUCCESS
+    finally:
+        await writer.aclose()
+        await worker.aclose()

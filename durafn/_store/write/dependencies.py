@@ -8,6 +8,10 @@ error and nothing is written. A row waits for those not finished for good: ``awa
 counts them and its edges go into ``_durafn_dependencies`` (the claim takes it once none
 is left: ``claim/take.py``'s ``READY``). One that ended other than Success is counted in
 ``after_failed``.
+
+A claim skips a row so locked (``SKIP LOCKED``) and its executor, taking it for a row
+another claim holds, sleeps until a wake-up: the writing transaction wakes the kinds of
+the Pending rows it marked when it commits (``_writers.write``).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ..._errors import SchedulingError
-from ..._kinds import FINISHED_STATES, ScheduledFunctionId, State
+from ..._kinds import FINISHED_STATES, FunctionKind, ScheduledFunctionId, State
 from ..schema.tables import dependencies, sf
 
 _LINK = (
@@ -38,19 +42,24 @@ class DependencyStatements:
 
     async def mark_dependencies(
         self, conn: AsyncConnection, ids: Sequence[str]
-    ) -> dict[str, State]:
-        """Mark these rows as awaited and return their states; a missing id is a
+    ) -> tuple[dict[str, State], set[FunctionKind]]:
+        """Mark these rows as awaited; return their states, and the kinds of those
+        Pending (locked until the caller's transaction ends). A missing id is a
         ``SchedulingError`` (the caller's transaction then writes nothing)."""
         states: dict[str, State] = {}
+        pending: set[FunctionKind] = set()
         for start in range(0, len(ids), 500):  # SQLite's limit on bound parameters
             chunk = ids[start : start + 500]
             result = await conn.execute(
                 update(sf)
                 .where(sf.c.id.in_(chunk))
                 .values(dependents=1)
-                .returning(sf.c.id, sf.c.state)
+                .returning(sf.c.id, sf.c.state, sf.c.kind)
             )
-            states.update((str(id), State(state)) for id, state in result)
+            for id, value, kind in result:
+                state = states[str(id)] = State(value)
+                if state is State.PENDING:
+                    pending.add(FunctionKind(kind))
         missing = [id for id in ids if id not in states]
         if missing:
             more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
@@ -58,15 +67,16 @@ class DependencyStatements:
                 f"after= names a row that does not exist: {missing[0]}{more} (ids of rows "
                 "already written, in this transaction or earlier; removed rows are gone)"
             )
-        return states
+        return states, pending
 
     async def prepare_waiting(
         self, conn: AsyncConnection, rows: Sequence[dict[str, Any]]
-    ) -> list[dict[str, Any]]:
+    ) -> tuple[list[dict[str, Any]], set[FunctionKind]]:
         """Before ``rows`` (each with ``after``) are inserted: mark what they wait for,
-        park those that must wait; returns what ``link_waiting`` writes after the insert."""
+        park those that must wait; returns what ``link_waiting`` writes after the insert,
+        and the kinds to wake when the transaction commits (``mark_dependencies``)."""
         wanted = list(dict.fromkeys(id for row in rows for id in row["after"]))
-        states = await self.mark_dependencies(conn, wanted)
+        states, locked = await self.mark_dependencies(conn, wanted)
         links: list[dict[str, Any]] = []
         for row in rows:
             live = [id for id in row["after"] if states[id] not in FINISHED_STATES]
@@ -81,7 +91,7 @@ class DependencyStatements:
                     "live": live,
                 }
             )
-        return links
+        return links, locked
 
     async def link_waiting(self, conn: AsyncConnection, links: Sequence[dict[str, Any]]) -> None:
         """After the insert: each row's counts and policy, and its edges."""
