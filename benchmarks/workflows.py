@@ -18,6 +18,9 @@ system clock of the one process): the fan-in's join each round, and every group 
 
     python -m benchmarks.workflows [--engines sqlite,postgres] [--rows 10000] [--joins 100]
         [--rounds 15]
+
+``--joins 0`` leaves the groups out: the fan-in against the plain drain alone, twice as
+many rounds in the same time, for an A/B of a change.
 """
 
 from __future__ import annotations
@@ -95,22 +98,22 @@ async def measure(
     url_for: UrlFor, engine: str, rows: int, joins: int, rounds: int
 ) -> dict[str, float]:
     settings = {"plain": 0, "fan-in": 1, "groups": joins}
+    if not joins:  # --joins 0: the fan-in against the plain drain only (A/B runs)
+        del settings["groups"]
     rates: dict[str, list[float]] = {s: [] for s in settings}
     delays: dict[str, list[float]] = {s: [] for s in settings}
     names = list(settings)
     for i in range(rounds):
         # Each setting first in turn: this machine's speed drifts within a round, and a
         # fixed order gave the first setting the faster machine.
-        for setting in names[i % 3 :] + names[: i % 3]:
+        for setting in names[i % len(names) :] + names[: i % len(names)]:
             url = await url_for(f"workflows-{i}-{setting}")
             rate, found = await _drain(url, rows, settings[setting])
             rates[setting].append(rate)
             delays[setting] += found
     plain, fan_in = (statistics.median(rates[s]) for s in ("plain", "fan-in"))
-    print(
-        f"{engine}: {rows:,} no-op mutations; fan-in: one join of all; "
-        f"groups: {joins} of {rows // joins}"
-    )
+    groups = f"; groups: {joins} of {rows // joins}" if joins else ""
+    print(f"{engine}: {rows:,} no-op mutations; fan-in: one join of all{groups}")
     for setting, found in rates.items():
         median = statistics.median(found)
         print(f"  {setting:7} median {median:9,.0f} rows/s  {[round(r) for r in found]}")
@@ -121,22 +124,24 @@ async def measure(
     )
     fan_in_delay = statistics.median(delays["fan-in"])
     print(f"  the fan-in's join started {fan_in_delay * 1000:.1f} ms after its last row (median)")
-    found = sorted(delays["groups"])
-    p99 = found[min(len(found) - 1, int(len(found) * 0.99))]
-    median = statistics.median(found)
-    print(
-        f"  group joins started after their last row: median {median * 1000:.1f} ms, "
-        f"p99 {p99 * 1000:.1f} ms ({len(found)} joins)"
-    )
-    return {
+    found = sorted(delays.get("groups", []))
+    result = {
         "plain_per_s": plain,
         "fan_in_per_s": fan_in,
         "ratio": fan_in / plain,
         "ratio_round_median": statistics.median(pairs),
         "fan_in_join_delay_ms": fan_in_delay * 1000,
-        "group_join_delay_median_ms": median * 1000,
-        "group_join_delay_p99_ms": p99 * 1000,
     }
+    if found:
+        p99 = found[min(len(found) - 1, int(len(found) * 0.99))]
+        median = statistics.median(found)
+        print(
+            f"  group joins started after their last row: median {median * 1000:.1f} ms, "
+            f"p99 {p99 * 1000:.1f} ms ({len(found)} joins)"
+        )
+        result["group_join_delay_median_ms"] = median * 1000
+        result["group_join_delay_p99_ms"] = p99 * 1000
+    return result
 
 
 def cli() -> None:

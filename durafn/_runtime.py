@@ -144,17 +144,26 @@ class Runtime:
         self.maybe_freed: set[str] = set()
         """Rows waiting for others that finishes here may have freed (PostgreSQL's hot
         finish notes them), not yet looked at (``_executor/releases.py``)."""
+        self.listening = 0
+        """Executors of this app whose LISTEN is in effect: PostgreSQL then tells them of
+        every release (a NOTIFY), so a finish need not wake them on the chance of one."""
 
     @property
     def wake_on_finish(self) -> bool:
         """Whether a finish here wakes this process's loops on the chance that it
-        released rows waiting for it: while rows ``after=`` others are in use here.
-        Skipping it while an executor's LISTEN hears of releases measured faster (a
-        fan-in at 0.886-0.912x of a plain drain against 0.856-0.881x), but a long-lived
-        executor on the fake clock then missed newly scheduled mutations in 9 runs of 9
-        (2 of 5 with it, 1 of 3 before this version: a lost wake-up this wake-up
-        masks; see the stop notes), so it stays."""
-        return self.dependencies_in_use
+        released rows waiting for it: rows ``after=`` others are in use here, and no
+        executor's LISTEN hears of releases. With one, PostgreSQL's NOTIFY tells every
+        executor of each release that may have freed a row (the trigger's, and
+        ``_executor/releases.py``'s), and a wake-up after every finish only sent the
+        loops to claim for nothing: a fan-in of 10,000 drained at 0.883-0.939x of the
+        plain drain without it, against 0.764-0.892x with it (six alternating pairs of
+        15-round runs on PostgreSQL, 2026-11-28; better in all six, ``docs/performance``).
+        SQLite has no NOTIFY (other processes poll), and ``run_until_idle`` listens to
+        none. (Its first try was taken back: a long-lived executor then left new
+        mutations unclaimed, from a lost wake-up this one had masked, since fixed in
+        ``_writers.write``: a transaction scheduling ``after=`` locks the rows awaited.)
+        """
+        return self.dependencies_in_use and not self.listening
 
     def row_options(self, options: JobOptions) -> RowOptions:
         """The options a row is written with (``_options.resolve``), cached: most calls

@@ -275,8 +275,12 @@ class Executor:
                     listening = self._rt.driver.listen(
                         self._rt.engine, wakeups.on_wake, self._rt.cancels.request
                     )
-                    async with listening:
-                        yield self
+                    async with listening as heard:
+                        self._rt.listening += heard
+                        try:
+                            yield self
+                        finally:
+                            self._rt.listening -= heard
                 finally:
                     # On every way out (the block's end, a cancelled host, a failed listen
                     # or loop). Shielded: a cancelled host still gives running actions their
