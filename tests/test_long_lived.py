@@ -24,7 +24,7 @@ import durafn
 from durafn import ActionCtx, Debounce, Flow, MutationCtx, State, Throttle
 from durafn.testing import FakeClock, all_rows
 
-from .helpers import CEILING, count
+from .helpers import CEILING, count, wait_until
 from .models import Effect
 
 pytestmark = pytest.mark.anyio
@@ -152,6 +152,81 @@ async def test_a_running_executor_claims_each_new_round_of_mutations(app: durafn
     runs = await all_rows(app)
     assert len(runs) == RUNS * 21
     assert {r.state for r in runs} == {State.SUCCESS}
+
+
+async def test_a_running_executor_finishes_rounds_of_every_kind_of_row(app: durafn.App) -> None:
+    """One executor, running all along on the fake clock, given round after round of
+    every class of row at once (plain and keyed mutations, queued and batched actions),
+    a group's callback and a join after them all, scheduled from outside, from a
+    mutation and from an action in turn: each round finishes, so no wake-up is lost
+    between the classes' claims, the locks the scheduling takes, and the releases."""
+    completed: list[tuple[int, str]] = []
+
+    @app.mutation(name="ll:plain")
+    async def plain(ctx: MutationCtx, n: int) -> None:
+        pass
+
+    @app.mutation(name="ll:keyed", flow=Flow(key=lambda a: f"k{a['n'] % 3}", concurrency=1))
+    async def keyed(ctx: MutationCtx, n: int) -> None:
+        pass
+
+    @app.action(name="ll:queued", queue="ll:q")
+    async def queued(ctx: ActionCtx, n: int) -> None:
+        pass
+
+    @app.action(name="ll:batched", batch=durafn.Batch(max_size=4, max_wait=0))
+    async def batched(ctx: ActionCtx, items: list[int]) -> list[None]:
+        return [None for _ in items]
+
+    @app.mutation(name="ll:done")
+    async def done(ctx: MutationCtx, group: durafn.GroupCompletion) -> None:
+        assert ctx.run_id is not None
+        completed.append((group.succeeded, ctx.run_id))
+
+    @app.action(name="ll:joined")
+    async def joined(ctx: ActionCtx, round: int) -> None:
+        pass
+
+    async def schedule(scheduler: durafn.Scheduler, round: int) -> list[str]:
+        calls = [ref.call(n) for n in range(6) for ref in (plain, keyed, queued, batched)]
+        ids = await scheduler.run_many(calls)
+        group = await scheduler.group(ids, on_complete=done)
+        return [await scheduler.run_after(0, joined.options(after=ids), round), group]
+
+    @app.mutation(name="ll:plan")
+    async def plan(ctx: MutationCtx, round: int) -> list[str]:
+        return await schedule(ctx.scheduler, round)
+
+    @app.action(name="ll:plan_in_action")
+    async def plan_in_action(ctx: ActionCtx, round: int) -> list[str]:
+        return await schedule(ctx.scheduler, round)
+
+    async with app.run_executor() as executor:
+        for round in range(RUNS):
+            if round % 3 == 0:
+                last = await schedule(app.scheduler(), round)
+            elif round % 3 == 1:
+                last = await app.run_mutation(plan, round)
+            else:
+                last = await app.run_action(plan_in_action, round)
+            for id in last:
+                assert (await executor.wait_for(id, timeout=CEILING)).state is State.SUCCESS
+
+        # Each group's row has scheduled its callback: wait for every callback's run.
+        async def called_back() -> bool:
+            return len(completed) == RUNS
+
+        await wait_until(called_back, "every group's callback has run")
+        for _, id in completed:
+            assert (await executor.wait_for(id, timeout=CEILING)).state is State.SUCCESS
+    assert [succeeded for succeeded, _ in completed] == [24] * RUNS
+    runs = await all_rows(app)
+    assert {r.state for r in runs} == {State.SUCCESS}
+    names = [r.name for r in runs]
+    for name in ("ll:plain", "ll:keyed", "ll:queued", "ll:batched"):
+        assert names.count(name) == 6 * RUNS
+    for name in ("ll:joined", "durafn:group_complete", "ll:done"):
+        assert names.count(name) == RUNS
 
 
 # -- driver errors on every route ---------------------------------------------------------
