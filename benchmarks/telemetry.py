@@ -13,7 +13,10 @@ each in a process of its own, interleaved round by round:
   and histograms kept, no spans (a Prometheus-only deployment).
 
 Reports each setting's median rows/s and the ratios ``on / unused`` (target ≥ 0.90) and
-``unused / absent`` (target ≥ 0.98). ``--baseline PATH``: also a checkout of durafn
+``unused / absent`` (target ≥ 0.98). The ``on`` process also times a bare SDK span
+(``start_span`` and ``end``, no attributes, the same provider) after its drain: a run
+that makes one can keep at most ``t / (t + span)`` of a drain whose rows cost ``t``
+each, the ceiling printed beside the ratio. ``--baseline PATH``: also a checkout of durafn
 before this feature (a ``git worktree``), as a fourth setting.
 Run: ``python -m benchmarks.telemetry [--rows 20000] [--rounds 5] [--kind mutation]``.
 """
@@ -73,9 +76,20 @@ async def main():
     print(result["drained_per_s"])
 anyio.run(main)
 """
+_BARE_SPAN = """
+import time
+tracer = trace.get_tracer("bare")
+started = time.perf_counter()
+for _ in range(20_000):
+    tracer.start_span("bare").end()
+print("span", (time.perf_counter() - started) / 20_000)
+"""
 
 
-def _child(setting: str, url: str, rows: int, kind: str, baseline: Path | None) -> float:
+def _child(
+    setting: str, url: str, rows: int, kind: str, baseline: Path | None
+) -> tuple[float, float | None]:
+    """The setting's drain rate (rows/s), and for ``on`` a bare span's cost (s)."""
     prelude = {
         "absent": _BLOCK,
         "unused": "",
@@ -86,6 +100,8 @@ def _child(setting: str, url: str, rows: int, kind: str, baseline: Path | None) 
         "baseline": "",
     }[setting]
     code = prelude + _DRAIN.format(url=url, rows=rows, kind=kind)
+    if setting == "on":
+        code += _BARE_SPAN
     root = baseline if setting == "baseline" and baseline is not None else HERE
     env = {k: v for k, v in os.environ.items() if not k.startswith("DURAFN_")}
     env["PYTHONPATH"] = str(root)
@@ -94,7 +110,10 @@ def _child(setting: str, url: str, rows: int, kind: str, baseline: Path | None) 
     )
     if done.returncode != 0:
         raise SystemExit(f"{setting}: {done.stderr}")
-    return float(done.stdout.split()[-1])
+    lines = done.stdout.split("\n")
+    span = next((float(x.split()[1]) for x in lines if x.startswith("span ")), None)
+    rate = next(float(x) for x in reversed(lines) if x and not x.startswith("span "))
+    return rate, span
 
 
 async def measure(
@@ -104,17 +123,26 @@ async def measure(
 
     settings = (*SETTINGS, "baseline") if baseline is not None else SETTINGS
     rates: dict[str, list[float]] = {s: [] for s in settings}
+    spans: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(rounds):
             for setting in settings:
                 url = await throughput.fresh_url(engine, tmp, f"otel-{i}-{setting}")
-                rates[setting].append(_child(setting, url, rows, kind, baseline))
+                rate, span = _child(setting, url, rows, kind, baseline)
+                rates[setting].append(rate)
+                if span is not None:
+                    spans.append(span)
     medians = {s: statistics.median(r) for s, r in rates.items()}
     print(f"{engine}, {rows:,} no-op {kind}s, {rounds} interleaved rounds (rows/s):")
     for setting, found in rates.items():
         print(f"  {setting:9} median {medians[setting]:9,.0f}   {[round(r) for r in found]}")
     on, unused, absent = medians["on"], medians["unused"], medians["absent"]
-    print(f"  on / unused     {on / unused:.3f}  (target >= 0.90)")
+    per_row, span = 1 / unused, statistics.median(spans)
+    print(f"  a bare SDK span {span * 1e6:.1f} us; a row, untraced, {per_row * 1e6:.1f} us")
+    print(
+        f"  on / unused     {on / unused:.3f}  (target >= 0.90;"
+        f" a bare span per run allows at most {per_row / (per_row + span):.3f})"
+    )
     print(f"  sampled / unused {medians['sampled'] / unused:.3f}")
     print(f"  api / unused    {medians['api'] / unused:.3f}")
     print(f"  metrics / unused {medians['metrics'] / unused:.3f}")
