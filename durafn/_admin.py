@@ -223,7 +223,8 @@ class Operations:
         now = self._rt.clock.now()
 
         async def _write(conn: AsyncConnection) -> int:
-            changed = await self._rt.driver.set_paused(conn, checked, paused, now)
+            declared = {name: self._rt.concurrency_of(name) for name in checked}
+            changed = await self._rt.driver.set_paused(conn, declared, paused, now)
             if not paused:
                 await self._rt.driver.notify(conn, KINDS)
             return changed

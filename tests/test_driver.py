@@ -573,7 +573,7 @@ async def test_hand_off_leaves_a_busy_paused_or_foreign_queue_to_the_claim(
     )
     limits = {"paused": 1, "flagged": 1, "free": None, "future": 1}
     await store.run(lambda conn: driver.ensure_queues(conn, limits, T0))
-    await store.run(lambda conn: driver.set_paused(conn, ["paused"], True, T0))
+    await store.run(lambda conn: driver.set_paused(conn, {"paused": 1}, True, T0))
     assert await hand_off("paused") == []
     assert await hand_off("flagged", frozenset({"bulk"})) == []
     assert [c.id for c in await hand_off("flagged")] == [flagged]

@@ -347,6 +347,26 @@ async def test_a_paused_queue_keeps_its_rows_pending_until_resumed(app: durafn.A
     assert (await row_of(app, held)).state is State.SUCCESS
 
 
+
+async def test_a_queue_paused_before_any_row_or_worker_keeps_its_declared_concurrency(
+    app: durafn.App, db_url: str, clock: FakeClock
+) -> None:
+    """The pause creates the queue as its first row would: with the app's ``Queue``
+    concurrency (it was created serial, and read so until a worker started)."""
+    declaring = durafn.App(db_url, clock=clock, queues={"mail": Queue(concurrency=2)})
+
+    @declaring.action
+    async def send(ctx: ActionCtx, to: str) -> None:
+        pass
+
+    try:
+        assert await declaring.pause_queue("mail", "undeclared") == 2
+        await declaring.scheduler().run_after(3600, send.options(queue="mail"), "x")
+        found = {q.name: (q.concurrency, q.paused) for q in await declaring.queues()}
+        assert found == {"mail": (2, True), "undeclared": (1, True)}
+    finally:
+        await declaring.aclose()
+
 # -- flags and pools --------------------------------------------------------------------
 
 

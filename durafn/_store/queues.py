@@ -4,7 +4,7 @@ declared by an app's executors, paused and resumed by operators, listed with the
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 from sqlalchemy import CursorResult, func, select, update
@@ -60,11 +60,17 @@ class QueueStatements:
         )
 
     async def set_paused(
-        self, conn: AsyncConnection, names: Collection[str], paused: bool, now: float
+        self,
+        conn: AsyncConnection,
+        concurrency: Mapping[str, int | None],
+        paused: bool,
+        now: float,
     ) -> int:
-        """Pause or resume queues (creating any that do not exist, so a queue can be paused
-        before its first row); returns how many changed."""
-        await self.ensure_queues(conn, dict.fromkeys(names, 1), now)
+        """Pause or resume queues (creating any that do not exist, with these concurrencies
+        as their first row would: a queue can be paused before its first row); returns how
+        many changed."""
+        names = concurrency.keys()
+        await self.ensure_queues(conn, concurrency, now)
         result = await conn.execute(
             update(queues)
             .where(queues.c.name.in_(sorted(names)), queues.c.paused != paused)
