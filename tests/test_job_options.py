@@ -347,7 +347,6 @@ async def test_a_paused_queue_keeps_its_rows_pending_until_resumed(app: durafn.A
     assert (await row_of(app, held)).state is State.SUCCESS
 
 
-
 async def test_a_queue_paused_before_any_row_or_worker_keeps_its_declared_concurrency(
     app: durafn.App, db_url: str, clock: FakeClock
 ) -> None:
@@ -366,6 +365,7 @@ async def test_a_queue_paused_before_any_row_or_worker_keeps_its_declared_concur
         assert found == {"mail": (2, True), "undeclared": (1, True)}
     finally:
         await declaring.aclose()
+
 
 # -- flags and pools --------------------------------------------------------------------
 

@@ -210,6 +210,33 @@ async def _scrape(asgi: Any) -> str:
     return answer.text
 
 
+async def test_a_crons_last_tick_age_is_read_from_its_row_and_never_negative(
+    app: durafn.App, clock: FakeClock
+) -> None:
+    """The gauge is the clock's now less the cron's last tick; a process whose clock is
+    behind the tick's (a skewed host, a test's fake clock) reads 0, not a negative age."""
+
+    @app.mutation(name="m:tick")
+    async def tick(ctx: MutationCtx) -> None:
+        pass
+
+    app.cron("hourly", "0 * * * *", tick.call())
+    executor = app.executor()
+    await executor.run_until_idle()  # registers it: its first tick is the next hour's
+    [cron] = await app.crons()
+    assert cron.next_run_at is not None
+    clock.set(cron.next_run_at.timestamp())
+    await executor.run_until_idle()  # the tick
+    clock.advance(90)
+    key = ("durafn_cron_last_tick_age_seconds", (("cron", "hourly"),))
+    assert _samples(await _scrape(app.metrics_app()))[key] == 90
+    behind = app.using(clock=FakeClock(clock.now() - 3600))
+    try:
+        assert _samples(await _scrape(behind.metrics_app()))[key] == 0
+    finally:
+        await behind.aclose()
+
+
 async def test_counters_and_histograms_move_by_the_runs_and_gauges_match_the_table(
     app: durafn.App, clock: FakeClock
 ) -> None:
