@@ -30,6 +30,7 @@ if _typing.TYPE_CHECKING:  # (mypy knows the condition by this spelling, not an 
         FunctionTimeoutError,
         NonRetryableError,
         NotFoundError,
+        OptionError,
         ReadOnlyError,
         RegistrationError,
         SchedulingError,
@@ -46,7 +47,7 @@ if _typing.TYPE_CHECKING:  # (mypy knows the condition by this spelling, not an 
     from ._groups import GroupCompletion
     from ._hooks import HookEvent
     from ._kinds import FunctionKind, ScheduledFunctionId, State
-    from ._options import JobOptions, OptionError, Queue
+    from ._options import JobOptions, Queue
     from ._registry import ActionRef, Call, FunctionRef, MutationRef, QueryRef, SchedulableRef
     from ._retention import Retention
     from ._retries import (

@@ -78,6 +78,11 @@ class SchedulingError(DurafnError, ValueError):
     """A schedule request is invalid: bad delay or time, wrong kind of function or context."""
 
 
+class OptionError(SchedulingError):
+    """A job option (priority, queue, key, key mode, flags, retry and its backoff,
+    on_complete) is not valid."""
+
+
 class SchedulingLimitError(SchedulingError):
     """One function execution scheduled more functions, or more argument bytes, than allowed.
 

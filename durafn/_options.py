@@ -21,7 +21,7 @@ from typing import Any, Literal, Protocol, get_args
 
 from ._checks import Error, integer, is_integer, optional, scheduled_id, text
 from ._completions import CompletionCallback, check_on_complete
-from ._errors import SchedulingError
+from ._errors import OptionError
 from ._flow import Flow, FlowError, check_flow
 from ._public import publish
 from ._retries import Retry, check_retry
@@ -65,11 +65,6 @@ MAX_FLAGS = 32
 _FLAG = re.compile(r"[A-Za-z0-9_.:@/+-]+")
 
 
-class OptionError(SchedulingError):
-    """A job option (priority, queue, key, key mode, flags, retry, on_complete) is not
-    valid."""
-
-
 @dataclass(frozen=True, slots=True)
 class Queue:
     """App-wide attributes of a named queue: ``App(queues={"mail": Queue(...)})``.
@@ -87,11 +82,12 @@ class Queue:
     flow: Flow | None = None
 
     def __post_init__(self) -> None:
-        optional(integer, "Queue concurrency", self.concurrency, high=100_000)
-        check_priority(self.priority, "Queue priority", error=SchedulingError)
-        optional(check_flow, "Queue flow", self.flow, error=SchedulingError)
+        # A queue's attributes are the defaults of its rows' options: their errors too.
+        optional(integer, "Queue concurrency", self.concurrency, high=100_000, error=OptionError)
+        check_priority(self.priority, "Queue priority", error=OptionError)
+        optional(check_flow, "Queue flow", self.flow, error=OptionError)
         if self.flow is not None and self.concurrency is not None:
-            raise SchedulingError(_FLOW_IN_SERIAL_QUEUE)
+            raise OptionError(_FLOW_IN_SERIAL_QUEUE)
 
 
 _FLOW_IN_SERIAL_QUEUE = (

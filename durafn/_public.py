@@ -57,7 +57,7 @@ PUBLIC: dict[str, str] = {
     "NamedBackoff": "_retries",
     "NonRetryableError": "_errors",
     "NotFoundError": "_errors",
-    "OptionError": "_options",
+    "OptionError": "_errors",
     "Page": "_types",
     "QueryCtx": "_context",
     "QueryRef": "_registry",

@@ -29,6 +29,7 @@ from ._errors import (
     ArgumentError,
     CallError,
     DurableNameWarning,
+    OptionError,
     RegistrationError,
     UnknownFunctionError,
 )
@@ -36,7 +37,7 @@ from ._flow import Flow
 from ._groups import GROUP_COMPLETE, complete_group
 from ._hooks import FUNCTION_HOOKS, Hook, HookName, HookT, check_hook
 from ._kinds import FunctionKind
-from ._options import AfterPolicy, JobOptions, KeyMode, OptionError
+from ._options import AfterPolicy, JobOptions, KeyMode
 from ._public import publish
 from ._retention import Retention
 from ._retries import SNOOZE_LIMIT, Retry

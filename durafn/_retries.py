@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ._checks import Error
-from ._errors import ArgumentError, DurafnError, NonRetryableError, SchedulingError
+from ._errors import ArgumentError, DurafnError, NonRetryableError, OptionError
 from ._public import publish
 
 MAX_ATTEMPTS = 10_000
@@ -56,11 +56,9 @@ class Exponential:
         _seconds("Exponential base", self.base)
         _seconds("Exponential max_delay", self.max_delay)
         if not (isinstance(self.factor, int | float) and 1 <= self.factor <= 100):
-            raise SchedulingError(
-                f"Exponential factor must be between 1 and 100, not {self.factor!r}"
-            )
+            raise OptionError(f"Exponential factor must be between 1 and 100, not {self.factor!r}")
         if not (isinstance(self.jitter, int | float) and 0 <= self.jitter < 1):
-            raise SchedulingError(f"Exponential jitter must be in [0, 1), not {self.jitter!r}")
+            raise OptionError(f"Exponential jitter must be in [0, 1), not {self.jitter!r}")
 
     def __call__(self, attempt: int, error: BaseException | None = None) -> float:
         if self.factor == 1 or self.base == 0 or self.max_delay == 0:
@@ -226,7 +224,7 @@ _NAMES: dict[type[BaseException], frozenset[str]] = {}
 _NON_RETRYABLE = type_name(NonRetryableError)
 
 
-def check_retry(name: str, value: object, *, error: Error = SchedulingError) -> Retry:
+def check_retry(name: str, value: object, *, error: Error = OptionError) -> Retry:
     """``value`` as a policy, or ``error`` naming what is wrong with it."""
     if not isinstance(value, Retry):
         raise error(f"{name} must be a durafn.Retry(...), not {value!r}")
@@ -272,7 +270,7 @@ class Snooze(DurafnError):  # a request, as Oban's {:snooze, n}; raised as NonRe
 
 
 def _seconds(name: str, value: object) -> None:
-    _seconds_or(SchedulingError, name, value)
+    _seconds_or(OptionError, name, value)
 
 
 def _seconds_or(error: Error, name: str, value: object) -> None:

@@ -18,12 +18,12 @@ from ._checks import aware_time, finite_seconds, is_number, scheduled_id
 from ._errors import (
     CancelOwnRunError,
     NotFoundError,
+    OptionError,
     SchedulingError,
     SchedulingLimitError,
 )
 from ._groups import GROUP_COMPLETE, GroupCompletion, check_group_callback, group_ids
 from ._kinds import ScheduledFunctionId, State
-from ._options import OptionError
 from ._public import publish
 from ._registry import Call, MutationRef, SchedulableRef
 from ._runtime import Limits, Runtime

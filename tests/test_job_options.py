@@ -7,6 +7,7 @@ across processes, pools) are in ``test_queue_workers.py``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -15,7 +16,7 @@ import pytest
 from sqlalchemy import func, select
 
 import durafn
-from durafn import ActionCtx, MutationCtx, Queue, State
+from durafn import ActionCtx, Flow, MutationCtx, Queue, State
 from durafn._store import Outcome
 from durafn.testing import FakeClock, all_rows
 
@@ -345,6 +346,21 @@ async def test_a_paused_queue_keeps_its_rows_pending_until_resumed(app: durafn.A
     assert await app.resume_queue("reports") == 1
     await executor.run_until_idle()
     assert (await row_of(app, held)).state is State.SUCCESS
+
+
+def test_a_bad_queue_attribute_is_an_option_error_naming_it() -> None:
+    """Both ends of the documented ranges are accepted; one step out is refused."""
+    assert Queue(concurrency=1).concurrency == 1
+    assert Queue(concurrency=100_000).concurrency == 100_000
+    makers: list[tuple[Callable[[], object], str]] = [
+        (lambda: Queue(concurrency=0), "Queue concurrency must be an integer between 1 and"),
+        (lambda: Queue(concurrency=100_001), "Queue concurrency must be an integer between 1"),
+        (lambda: Queue(priority="high"), "Queue priority must be an integer"),  # type: ignore[arg-type]
+        (lambda: Queue(flow=Flow(key="k")), "cannot be in a queue with a concurrency limit"),
+    ]
+    for make, message in makers:
+        with pytest.raises(durafn.OptionError, match=message):
+            make()
 
 
 async def test_a_queue_paused_before_any_row_or_worker_keeps_its_declared_concurrency(

@@ -389,9 +389,10 @@ async def test_bad_policies_are_typed_errors_and_write_nothing(app: durafn.App) 
         (lambda: Retry(2, retry_on=ValueError), "retry_on must be a tuple"),  # type: ignore[arg-type]
         (lambda: Exponential(factor=0.5), "factor must be between 1 and 100"),
         (lambda: Fixed(-1), "Fixed seconds must be a number of seconds"),
+        (lambda: Exponential(jitter=1), r"jitter must be in \[0, 1\)"),
     ]
     for make, message in makers:
-        with pytest.raises(durafn.SchedulingError, match=message):
+        with pytest.raises(OptionError, match=message):  # a job option's error, as the rest
             make()
     with pytest.raises(OptionError, match=r"retry must be a durafn\.Retry"):
         act.options(retry=3)  # type: ignore[arg-type]
