@@ -27,6 +27,7 @@ from ._crons import (
     CronLimits,
     CronSettings,
     changes,
+    check_settings,
     declare,
     first_run,
     schedule_of,
@@ -63,6 +64,7 @@ class CronRegistry:
         rt = self._rt
         if name in rt.crons:
             raise RegistrationError(f"cron {name!r} is declared in code; give another name")
+        check_settings(settings, "register_cron")
         row = declare(rt, name, schedule, call, source="api", **settings)
 
         async def _write(conn: AsyncConnection) -> None:

@@ -19,7 +19,7 @@ import json
 import random
 import re
 import typing
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal, TypedDict, get_args
@@ -62,6 +62,16 @@ class CronSettings(TypedDict, total=False):
     max_runs: int | None
     until: datetime | None
     pause_after: int | None
+
+
+def check_settings(settings: Mapping[str, object], where: str) -> None:
+    """A ``RegistrationError`` naming an unknown setting (mypy refuses it too)."""
+    known = CronSettings.__annotations__
+    unknown = [name for name in settings if name not in known]
+    if unknown:
+        raise RegistrationError(
+            f"{where}: no setting {unknown[0]!r}; the settings are {', '.join(known)}"
+        )
 
 
 MAX_JITTER = 86_400.0
@@ -156,6 +166,7 @@ class CronDeclarations:
         random offset up to it), ``max_runs``, ``until`` (an aware datetime), and
         ``pause_after`` (consecutive failed ticks; ``enable_cron`` resumes). Name: 1-255
         characters of a-z, 0-9, '-' and '.'."""
+        check_settings(settings, "app.cron")
         declare(self._rt, name, schedule, call, **settings)
 
     def crontab(self, crontab: str | Path) -> list[str]:

@@ -240,6 +240,7 @@ async def test_bad_declarations_are_refused(app: durafn.App) -> None:
         ({"overlap": bad}, "overlap must be one of skip, allow"),
         ({"catch_up": bad}, "catch_up must be one of latest, none"),
         ({"call": report.call("x").after(5)}, "no .after"),
+        ({"tz": "UTC"}, "app.cron: no setting 'tz'; the settings are timezone, overlap"),
     ]:
         args: dict[str, Any] = {"name": "ok", "schedule": hourly(), "call": report.call("x")}
         args.update(kwargs)
@@ -585,6 +586,9 @@ async def test_a_cron_registered_at_run_time_is_kept_by_reconciliation(
     assert await effects(app) == ["api 2030-01-01T00:15+00:00"]
     with pytest.raises(durafn.RegistrationError, match="is declared in code"):
         await app.register_cron("declared", hourly(), report.call("x"))
+    bad_setting: Any = {"every": 5}
+    with pytest.raises(durafn.RegistrationError, match="register_cron: no setting 'every'"):
+        await app.register_cron("misspelt", hourly(), report.call("x"), **bad_setting)
 
 
 async def test_a_cron_that_cannot_be_evaluated_is_disabled_and_the_others_go_on(
