@@ -105,10 +105,14 @@ async def serve(app: App, options: ExecutorOptions, *, exit_on_complete: bool = 
                     await stop.wait()
             tg.cancel_scope.cancel()
     stats = executor.stats
+    # "succeeded": the counts are of outcomes (a run retried is counted as retried, once
+    # per attempt); "actions run" read as nothing ran after four retried attempts.
     logger.info(
-        "stopped: %d mutations and %d actions run, %d failed",
+        "stopped: %d mutations and %d actions succeeded, %d failed, %d retried, %d snoozed",
         stats["mutations"],
         stats["actions"],
         stats["failed"],
+        stats["retried"],
+        stats["snoozed"],
     )
     return 1 if forced else 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -360,6 +361,17 @@ async def test_exit_on_complete_runs_what_is_due_and_exits_0(
     runs = [r for r in lines if r.get("function") == "w:touch" and r.get("state") == "Success"]
     assert len(runs) == 20
     assert all({"id", "kind", "attempt", "lag", "duration", "worker"} <= set(r) for r in runs)
+    # Each child's last line sums up its outcomes: together, every run.
+    stops = [r["message"] for r in lines if r["message"].startswith("stopped: ")]
+    counts = [[int(n) for n in re.findall(r"\d+", message)] for message in stops]
+    assert len(counts) == 2 and [sum(column) for column in zip(*counts, strict=True)] == [
+        300,
+        20,
+        0,
+        0,
+        0,
+    ]
+    assert stops[0].endswith("actions succeeded, 0 failed, 0 retried, 0 snoozed")
     # Each child took the supervisor's --max-connections, and drained within it.
     assert result.stderr.decode().count("at most 2 database connections") == 2
     assert await state_counts(app) == {"Success": 320, "Pending": 1}
