@@ -196,9 +196,9 @@ class Invoker:
     def _check(self, ref: Any, kind: type[Any]) -> Any:
         resolved = self._rt.registry.resolve(ref)
         if not isinstance(resolved, kind):
-            wanted = kind.__name__.removesuffix("Ref").lower()
+            wanted = FunctionKind(kind.__name__.removesuffix("Ref").lower())
             raise ArgumentError(
-                f"{resolved.name!r} is a {resolved.kind}, not a {wanted}; call it with "
-                f"run_{resolved.kind}"
+                f"{resolved.name!r} is {resolved.kind.with_article}, not "
+                f"{wanted.with_article}; call it with run_{resolved.kind}"
             )
         return resolved

@@ -37,5 +37,10 @@ class FunctionKind(enum.StrEnum):
     MUTATION = "mutation"
     ACTION = "action"
 
+    @property
+    def with_article(self) -> str:
+        """ "a mutation", "an action", "a query": for messages."""
+        return f"an {self.value}" if self.value[0] in "aeiou" else f"a {self.value}"
+
 
 publish(globals())

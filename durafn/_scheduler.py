@@ -258,7 +258,8 @@ class Scheduler:
         ref = self._rt.registry.resolve(fn)
         if not isinstance(ref, SchedulableRef):
             raise SchedulingError(
-                f"{ref.name!r} is a {ref.kind}; only mutations and actions can be scheduled"
+                f"{ref.name!r} is {ref.kind.with_article}; only mutations and actions can be "
+                "scheduled"
             )
         values, args_json = ref.encode_call(args, kwargs)
         options = self._rt.row_options(ref.job_options)

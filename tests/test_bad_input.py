@@ -16,7 +16,7 @@ from pydantic import BaseModel
 from sqlalchemy import insert
 
 import durafn
-from durafn import MutationCtx, QueryCtx
+from durafn import ActionCtx, MutationCtx, QueryCtx
 from durafn.testing import FakeClock, all_rows
 
 from .helpers import count
@@ -162,8 +162,30 @@ async def test_queries_cannot_write_or_schedule(app: durafn.App) -> None:
     for query in (schedules, orm_write, sql_write):
         with pytest.raises(durafn.ReadOnlyError):
             await app.run_query(query)
-    with pytest.raises(durafn.SchedulingError, match="only mutations and actions"):
+    with pytest.raises(durafn.SchedulingError, match="is a query; only mutations and actions"):
         await app.scheduler().run_after(0, schedules)  # type: ignore[call-overload]
+    await assert_nothing_written(app)
+
+
+async def test_a_function_run_as_another_kind_names_both_kinds(app: durafn.App) -> None:
+    @app.mutation(name="k:mutation")
+    async def mutation(ctx: MutationCtx) -> None:
+        pass
+
+    @app.action(name="k:action")
+    async def action(ctx: ActionCtx) -> None:
+        pass
+
+    wrong: Any = action
+    with pytest.raises(
+        durafn.ArgumentError, match=r"is an action, not a mutation; call it with run_action"
+    ):
+        await app.run_mutation(wrong)
+    wrong = mutation
+    with pytest.raises(
+        durafn.ArgumentError, match=r"is a mutation, not an action; call it with run_mutation"
+    ):
+        await app.run_action(wrong)
     await assert_nothing_written(app)
 
 
