@@ -13,7 +13,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from ._checks import aware_time, integer, positive_seconds, scheduled_id, state_list
+from ._checks import aware_time, integer, one_id, positive_seconds, scheduled_id, state_list
 from ._clock import to_datetime
 from ._context import row_filter
 from ._errors import ArgumentError, NotFoundError
@@ -73,7 +73,7 @@ class Operations:
         its queue paused, no worker serving it, a forbidden flag, its queue or flow key
         at its concurrency, its key's rate budget spent, debounced) or that it is ready.
         Raises NotFoundError for an unknown id."""
-        checked = scheduled_id(id)
+        checked = one_id(id, "explain")
         if checked is None:
             raise NotFoundError(str(id), malformed=True)
         now = self._rt.clock.now()

@@ -123,6 +123,18 @@ def flag(name: str, value: object) -> bool:
     return value
 
 
+def one_id(value: object, where: str, instead: str = "") -> ScheduledFunctionId | None:
+    """``scheduled_id``, after an ``ArgumentError`` for a collection of ids: ``where``
+    takes one (``retry`` and ``reschedule`` take many, and a list passed here was read
+    as a malformed id). ``instead``: what to use for many."""
+    if isinstance(value, list | tuple | set | frozenset):
+        raise ArgumentError(
+            f"{where} takes one id, not a {type(value).__name__} of {len(value)}; call it "
+            f"once per id{instead}"
+        )
+    return scheduled_id(value)
+
+
 def scheduled_id(value: object) -> ScheduledFunctionId | None:
     """The canonical form of an id (lower-case, hyphenated), or None if ``value`` is not
     one. Every form ``uuid.UUID`` reads is accepted (upper case, braces, ``urn:uuid:``),

@@ -19,7 +19,7 @@ import anyio
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
-from ._checks import aware_time, integer, optional, scheduled_id, state_list, text
+from ._checks import aware_time, integer, one_id, optional, scheduled_id, state_list, text
 from ._checks import flag as boolean
 from ._clock import to_datetime
 from ._errors import ArgumentError, ReadOnlyError
@@ -56,7 +56,7 @@ class SystemTable:
 
         Any form of the id that ``uuid.UUID`` reads finds the row; one that is not an id
         finds none."""
-        canonical = scheduled_id(id)
+        canonical = one_id(id, "get", ", or list(...) to read by filters")
         if canonical is None:
             return None
 

@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 from typing import Any, ParamSpec, Protocol, overload
 
 from ._batching import BatchActionRef, refuse_options
-from ._checks import aware_time, finite_seconds, is_number, scheduled_id
+from ._checks import aware_time, finite_seconds, is_number, one_id
 from ._errors import (
     CancelOwnRunError,
     NotFoundError,
@@ -157,7 +157,7 @@ class Scheduler:
         not recorded over Canceled, and what it scheduled and has not started is cancelled
         too, transitively. Already finished: nothing changes and ``canceled`` is False.
         """
-        target = scheduled_id(id)
+        target = one_id(id, "cancel", ", or cancel_where(...) to cancel by filters")
         if target is None:
             raise NotFoundError(str(id), malformed=True)
         if self._own_run_id is not None and target == self._own_run_id:

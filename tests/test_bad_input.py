@@ -16,7 +16,7 @@ from pydantic import BaseModel
 from sqlalchemy import insert
 
 import durafn
-from durafn import ActionCtx, MutationCtx, QueryCtx
+from durafn import ActionCtx, MutationCtx, QueryCtx, State
 from durafn.testing import FakeClock, all_rows
 
 from .helpers import count
@@ -165,6 +165,29 @@ async def test_queries_cannot_write_or_schedule(app: durafn.App) -> None:
     with pytest.raises(durafn.SchedulingError, match="is a query; only mutations and actions"):
         await app.scheduler().run_after(0, schedules)  # type: ignore[call-overload]
     await assert_nothing_written(app)
+
+
+async def test_a_list_of_ids_where_one_is_taken_says_so(app: durafn.App) -> None:
+    """``retry`` and ``reschedule`` take many ids; ``cancel``, ``get`` and ``explain`` one.
+    A list given to them was read as a malformed id ("['...'] is not a scheduled function
+    id"), which hid the mistake."""
+
+    @app.mutation(name="ids:noop")
+    async def noop(ctx: MutationCtx) -> None:
+        pass
+
+    sid = await app.scheduler().run_after(60, noop)
+    many: Any = [sid]
+    with pytest.raises(
+        durafn.ArgumentError, match=r"cancel takes one id, not a list of 1; .*cancel_where"
+    ):
+        await app.cancel(many)
+    with pytest.raises(durafn.ArgumentError, match=r"get takes one id, not a tuple of 2"):
+        await app.get((sid, sid))  # type: ignore[arg-type]
+    with pytest.raises(durafn.ArgumentError, match=r"explain takes one id, not a set of 1"):
+        await app.explain({sid})  # type: ignore[arg-type]
+    row = await app.get(sid)
+    assert row is not None and row.state is State.PENDING  # nothing cancelled
 
 
 async def test_a_function_run_as_another_kind_names_both_kinds(app: durafn.App) -> None:
