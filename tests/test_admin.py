@@ -157,9 +157,12 @@ def test_the_cli_lists_pauses_resumes_and_filters_queues(db_url: str) -> None:
     assert invoke("queue", "resume", "mail", "--url", db_url).stdout == (
         "0 queues resumed (1 already resumed)\n"
     )
-    assert invoke_json("reschedule", "--queue", "mail", "--priority", "5", "--url", db_url) == {
-        "rescheduled": 2
-    }
+    # By filters, reschedule asks first, as cancel and retry do (it changed rows unasked).
+    refused = invoke("reschedule", "--queue", "mail", "--priority", "5", "--url", db_url)
+    assert refused.exit_code == 1 and "reschedule asks before changing rows" in refused.stderr
+    assert invoke("reschedule", "--queue", "mail", "--url", db_url, "--yes").exit_code == 2
+    again = ["reschedule", "--queue", "mail", "--priority", "5", "--yes", "--url", db_url]
+    assert invoke_json(*again) == {"rescheduled": 2}
     refused = invoke("cancel", "--queue", "mail", "--url", db_url)  # no terminal to ask on
     assert refused.exit_code == 1 and "pass --yes" in refused.stderr
     assert invoke_json("cancel", "--queue", "mail", "--yes", "--url", db_url) == {"canceled": 2}

@@ -1,11 +1,11 @@
-"""The commands that change rows: ``cancel`` and ``retry`` (by id, or every row filters
-match, after a confirmation, in batches) and ``reschedule``."""
+"""The commands that change rows: ``cancel``, ``retry`` and ``reschedule`` (by id, or
+every row filters match, after a confirmation, in batches)."""
 
 from __future__ import annotations
 
 import functools
 import sys
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -83,6 +83,7 @@ def cancel(
 @click.option("--priority", type=int, help="The new priority (lower runs first).")
 @click.option("--max-attempts", type=int, help="The new limit on runs in all (its retry policy's).")
 @filter_options
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation (filters).")
 @app_options
 @output_options
 def reschedule(
@@ -96,17 +97,23 @@ def reschedule(
     flag: str | None,
     after: datetime | None,
     before: datetime | None,
+    yes: bool,
     app_ref: str | None,
     url: str | None,
     as_json: bool,
     verbose: bool,
 ) -> None:
     """Change the time, priority and/or attempts limit of Pending rows: these ids, or
-    every one the filters match (none: every Pending row), in batches."""
-    count = run_with_app(
-        app_ref,
-        url,
-        lambda app: app.reschedule(
+    every one the filters match (none: every Pending row), in batches, after saying how
+    many and asking (--yes: without asking), as cancel and retry by filters do."""
+    filters = _filters(name, queue, key, flag, after, before)
+    if function_ids and filters:
+        raise click.UsageError("give ids or filters, not both")
+    if run_at is None and priority is None and max_attempts is None:
+        raise click.UsageError("say what to change: --run-at, --priority and/or --max-attempts")
+
+    def change(app: App) -> Awaitable[int]:
+        return app.reschedule(
             list(function_ids) or None,
             run_at=run_at,
             priority=priority,
@@ -117,9 +124,14 @@ def reschedule(
             flag=flag,
             scheduled_after=after,
             scheduled_before=before,
-        ),
-        verbose=verbose,
-    )
+        )
+
+    if not function_ids:
+        _every_matching(
+            "reschedule", State.PENDING, filters, yes, app_ref, url, as_json, verbose, change
+        )
+        return
+    count = run_with_app(app_ref, url, change, verbose=verbose)
     if as_json:
         Output(True).json({"rescheduled": count})
     else:
@@ -196,7 +208,11 @@ def _filters(
     return {k: v for k, v in given.items() if v is not None}
 
 
-_DONE = {"cancel": ("canceled", "canceled"), "retry": ("retried", "put back to Pending")}
+_DONE = {
+    "cancel": ("canceled", "canceled"),
+    "retry": ("retried", "put back to Pending"),
+    "reschedule": ("rescheduled", "rescheduled"),
+}
 
 
 def _every_matching(
@@ -208,11 +224,13 @@ def _every_matching(
     url: str | None,
     as_json: bool,
     verbose: bool,
+    change: Callable[[App], Awaitable[int]] | None = None,
 ) -> None:
     """``cancel`` or ``retry`` every row in ``state`` the filters match (``cancel_where``,
-    ``retry_where``: in batches), after saying how many and asking, unless ``yes``."""
+    ``retry_where``: in batches), or ``change`` them (``reschedule``, whose filters may
+    be none: every Pending row), after saying how many and asking, unless ``yes``."""
     counted = {k: v for k, v in filters.items() if k != "run_at"}
-    if not counted:
+    if not counted and change is None:
         raise click.UsageError(f"name the rows to {verb}: ids, or filters (--queue, ...)")
     key, done = _DONE[verb]
     rows = f"{state.value} row"
@@ -230,10 +248,10 @@ def _every_matching(
             return
         confirm(f"{verb.capitalize()} {plural(matching, rows)}?")
 
-    def change(app: App) -> Awaitable[int]:
+    def where(app: App) -> Awaitable[int]:
         return app.cancel_where(**filters) if verb == "cancel" else app.retry_where(**filters)
 
-    count = run_with_app(app_ref, url, change, verbose=verbose)
+    count = run_with_app(app_ref, url, change or where, verbose=verbose)
     if as_json:
         Output(True).json({key: count})
     else:
