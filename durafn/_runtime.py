@@ -216,8 +216,16 @@ class Runtime:
                 else:
                     await self.driver.check_schema(conn)
 
-            # Checking reads only: inspection works on a database it may not write.
-            await self.transaction(_prepare, ready=False, read_only=not self.auto_migrate)
+            # Checking reads only: inspection works on a database it may not write. The
+            # first connection of the process: its failure names where it went (a server
+            # that is down read "lost the connection ... while running a transaction").
+            where = self.driver.url.render_as_string(hide_password=True)
+            await self.transaction(
+                _prepare,
+                ready=False,
+                read_only=not self.auto_migrate,
+                doing=f"first connecting to {where} (to check durafn's tables)",
+            )
             self._ready = True
 
     async def dispose(self) -> None:

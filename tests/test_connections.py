@@ -165,3 +165,28 @@ async def test_a_timed_out_mutation_is_stopped_on_the_server_with_a_pool_of_one(
     assert row.error is not None and row.error.type == "durafn.FunctionTimeoutError"
     assert not [r for r in caplog.records if "could not stop" in r.getMessage()]
     await app.aclose()
+
+
+async def test_a_first_connection_that_fails_names_where_it_went() -> None:
+    """A server that is down (here: a port nothing listens on) read "lost the connection
+    ... while running a transaction", naming neither the start nor the server. The
+    password stays out of the message."""
+    import socket
+
+    with socket.socket() as s:  # a port that was free a moment ago
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    app = durafn.App(f"postgresql+asyncpg://app:secret@127.0.0.1:{port}/nowhere", direct_retries=0)
+
+    @app.mutation(name="conn:noop")
+    async def noop(ctx: MutationCtx) -> None:
+        pass
+
+    try:
+        with pytest.raises(durafn.DatabaseError) as raised:
+            await app.scheduler().run_after(0, noop)
+    finally:
+        await app.aclose()
+    message = str(raised.value)
+    assert f"first connecting to postgresql+asyncpg://app:***@127.0.0.1:{port}/nowhere" in message
+    assert "secret" not in message and raised.value.transient
