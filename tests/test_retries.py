@@ -9,6 +9,7 @@ policy) is in ``test_workers.py``.
 from __future__ import annotations
 
 import gc
+import json
 import math
 import re
 import weakref
@@ -429,12 +430,21 @@ def test_the_cli_shows_the_history_and_retries_failed_rows(db_url: str) -> None:
     assert [(h["attempt"], h["error"]["type"], h["retry_at"]) for h in history] == [
         (1, "KeyError", None)
     ]
-    assert invoke_json("retry", sid, "not-an-id", "--url", db_url) == {
+    # An id that matches no row exits 1, as cancel does; one not Failed is named.
+    missing = "01900000-0000-7000-8000-000000000000"
+    mixed = invoke("retry", sid, "not-an-id", missing, "--url", db_url, "--json")
+    assert mixed.exit_code == 1
+    assert json.loads(mixed.stdout) == {
         "retried": [sid],
-        "not_failed": ["not-an-id"],
+        "not_failed": [],
+        "not_found": ["not-an-id", missing],
     }
-    assert invoke("retry", sid, "--url", db_url).stdout == (
-        f"0 Failed rows put back to Pending\n{sid}: not Failed (or no such row); left as it is\n"
+    assert "'not-an-id' is not a scheduled function id" in mixed.stderr
+    again = invoke("retry", sid, "--url", db_url)
+    assert again.exit_code == 0
+    assert (
+        again.stdout
+        == f"0 Failed rows put back to Pending\n{sid}: Pending, not Failed; left as it is\n"
     )
     row = invoke_json("show", sid, "--url", db_url)
     assert (row["state"], row["failures"], len(row["history"])) == ("Pending", 0, 1)

@@ -13,7 +13,7 @@ import click
 
 from .._checks import scheduled_id
 from .._errors import NotFoundError
-from .._kinds import State
+from .._kinds import ScheduledFunctionId, State
 from . import options
 from .options import app_options, output_options, to_datetime_option
 from .output import Output, plural
@@ -166,7 +166,8 @@ def retry(
     verbose: bool,
 ) -> None:
     """Put Failed rows back to Pending for a fresh set of attempts (their history kept).
-    Ids of rows that are not Failed are left alone, and named. Or, with filters instead
+    Ids of rows that are not Failed are left alone, and named; exits 1 if an id was not
+    found. Or, with filters instead
     of ids, every Failed row they match, in batches, after saying how many and asking
     (--yes: without asking)."""
     filters = _filters(name, queue, key, flag, after, before)
@@ -176,16 +177,29 @@ def retry(
         return
     if filters:
         raise click.UsageError("give ids or filters, not both")
-    moved = run_with_app(
-        app_ref, url, lambda app: app.retry(list(function_ids), run_at=run_at), verbose=verbose
-    )
-    left = [i for i in function_ids if scheduled_id(i) not in set(moved)]
+
+    async def _retry(app: App) -> tuple[list[ScheduledFunctionId], dict[str, State | None]]:
+        moved = await app.retry(list(function_ids), run_at=run_at)
+        left: dict[str, State | None] = {}
+        for id in function_ids:
+            if scheduled_id(id) not in set(moved):
+                row = await app.get(id)
+                left[id] = None if row is None else row.state
+        return moved, left
+
+    moved, left = run_with_app(app_ref, url, _retry, verbose=verbose)
+    not_failed = [id for id, state in left.items() if state is not None]
+    not_found = [id for id, state in left.items() if state is None]
     if as_json:
-        Output(True).json({"retried": moved, "not_failed": left})
-        return
-    click.echo(f"{plural(len(moved), 'Failed row')} put back to Pending")
-    for id in left:
-        click.echo(f"{id}: not Failed (or no such row); left as it is")
+        Output(True).json({"retried": moved, "not_failed": not_failed, "not_found": not_found})
+    else:
+        click.echo(f"{plural(len(moved), 'Failed row')} put back to Pending")
+        for id in not_failed:
+            click.echo(f"{id}: {left[id]}, not Failed; left as it is")
+    for id in not_found:
+        click.echo(f"error: {NotFoundError(id, malformed=scheduled_id(id) is None)}", err=True)
+    if not_found:  # as cancel: a script learns that an id it gave matched nothing
+        sys.exit(1)
 
 
 def _filters(
