@@ -167,9 +167,8 @@ def retry(
 ) -> None:
     """Put Failed rows back to Pending for a fresh set of attempts (their history kept).
     Ids of rows that are not Failed are left alone, and named; exits 1 if an id was not
-    found. Or, with filters instead
-    of ids, every Failed row they match, in batches, after saying how many and asking
-    (--yes: without asking)."""
+    found. Or, with filters instead of ids, every Failed row they match, in batches,
+    after saying how many and asking (--yes: without asking)."""
     filters = _filters(name, queue, key, flag, after, before)
     if not function_ids:
         filters["run_at"] = run_at
