@@ -263,11 +263,22 @@ def check_priority(value: object, name: str, *, error: Error = OptionError) -> i
     return value
 
 
+_TRIMMED = " \t\r\n"
+"""What a queue's name may not start or end with (``durafn.schedule`` checks the same)."""
+
+
 def check_name(name: str, value: object, *, error: Error = OptionError) -> str:
-    """A queue's name: non-empty text, at most 255 characters."""
+    """A queue's name: non-empty text, at most 255 characters, with no comma and no space
+    at either end: a worker's ``--queues`` lists names separated by commas and strips
+    them, so such a queue's rows could never be served by name."""
     value = text(name, value, error=error)
     if not value.strip() or len(value) > MAX_NAME:
         raise error(f"{name} must be a non-empty name of at most {MAX_NAME} characters")
+    if "," in value or value != value.strip(_TRIMMED):
+        raise error(
+            f"{name} {value!r} has a comma or a space at an end: a worker's --queues lists "
+            "queue names separated by commas, and strips them"
+        )
     return value
 
 

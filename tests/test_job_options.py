@@ -135,6 +135,8 @@ BAD_OPTIONS: list[tuple[dict[str, object], str]] = [
     ({"priority": True}, "priority must be an integer"),
     ({"queue": ""}, "queue must be a non-empty name"),
     ({"queue": "x" * 256}, "at most 255"),
+    ({"queue": "mail,sms"}, "'mail,sms' has a comma or a space at an end"),
+    ({"queue": "mail "}, "'mail ' has a comma or a space at an end"),
     ({"key": ""}, "key must be a non-empty string"),
     ({"key_mode": "overwrite"}, "key_mode must be one of replace, preserve_run_at"),
     ({"flags": "urgent"}, "flags must be a list or set of strings"),

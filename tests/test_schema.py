@@ -255,7 +255,7 @@ async def test_version_19_orders_a_row_s_edges_and_its_release_returns_the_rows_
             await conn.execute(delete(schema_version))
             await conn.execute(insert(schema_version).values(version=18, applied_at=0))
         await app.aclose()
-        assert await app.migrate() == durafn.SCHEMA_VERSION == 19
+        assert await app.migrate() == durafn.SCHEMA_VERSION
         async with app.engine.connect() as conn:
             indexes = await conn.run_sync(
                 lambda c: {
@@ -272,6 +272,45 @@ async def test_version_19_orders_a_row_s_edges_and_its_release_returns_the_rows_
         assert indexes["ix_durafn_dependencies_row"] == ["row_id", "dep_id"]
         await app.executor().run_until_idle()
         assert order == [0, 1, 2, "join"]
+    finally:
+        await app.aclose()
+
+
+@pytest.mark.postgres_only  # durafn.schedule is PostgreSQL's
+async def test_version_20_makes_durafn_schedule_refuse_a_queue_name_workers_cannot_serve(
+    postgres_url: str,
+) -> None:
+    """A version 19 database: its ``durafn.schedule`` (this one with the new check taken
+    out) wrote a queue named ``a,b``. Migrated, the function refuses it, as Python does."""
+    import asyncpg
+
+    app = durafn.App(postgres_url)
+    try:
+        await app.migrate()
+        async with app.engine.begin() as conn:
+            current = (
+                await conn.execute(
+                    text(
+                        "SELECT pg_get_functiondef('durafn.schedule(text,jsonb,timestamptz,jsonb)'"
+                        "::regprocedure)"
+                    )
+                )
+            ).scalar_one()
+            check = "strpos(v_queue, ',') > 0"
+            assert check in current
+            await conn.execute(text(current.replace(check, "false")))  # back to version 19
+            await conn.execute(delete(schema_version))
+            await conn.execute(insert(schema_version).values(version=19, applied_at=0))
+        raw = await asyncpg.connect(postgres_url.replace("+asyncpg", ""))
+        try:
+            call = "SELECT durafn.schedule('x', '{}', NULL, '{\"queue\": \"a,b\"}')"
+            assert await raw.fetchval(call) is not None  # version 19 wrote it
+            await app.aclose()
+            assert await app.migrate() == durafn.SCHEMA_VERSION
+            with pytest.raises(asyncpg.InvalidParameterValueError, match="has a comma"):
+                await raw.fetchval(call)
+        finally:
+            await raw.close()
     finally:
         await app.aclose()
 

@@ -111,6 +111,9 @@ async def test_bad_input_is_a_typed_sql_error_and_writes_nothing(
             ("'x'", "'{}', NULL, '{\"priority\": 1.5}'", "priority must be an integer"),
             ("'x'", "'{}', NULL, '{\"priority\": \"1\"}'", "priority must be an integer"),
             ("'x'", "'{}', NULL, '{\"queue\": \"\"}'", "queue must be a non-empty name"),
+            ("'x'", "'{}', NULL, '{\"queue\": \"a,b\"}'", "has a comma or a space at an end"),
+            ("'x'", "'{}', NULL, '{\"queue\": \"a \"}'", "has a comma or a space at an end"),
+            ("'x'", "'{}', NULL, '{\"queue\": \"\\ta\"}'", "has a comma or a space at an end"),
             ("'x'", "'{}', NULL, '{\"flags\": \"a\"}'", "flags must be an array"),
             ("'x'", "'{}', NULL, '{\"flags\": [\"a b\"]}'", "is not a flag"),
         ]

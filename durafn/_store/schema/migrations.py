@@ -368,6 +368,17 @@ def _step_19(conn: Connection) -> None:
     create_release_function(conn)
 
 
+def _step_20(conn: Connection) -> None:
+    """Version 20: on PostgreSQL, ``durafn.schedule`` made again: it refuses a queue name
+    with a comma or a space at an end, as scheduling from Python now does (a worker's
+    ``--queues`` separates names with commas and strips them: such a queue's rows could
+    never be served by name)."""
+    if conn.dialect.name == "postgresql":
+        from .schedule_function import create_schedule_function
+
+        create_schedule_function(conn)
+
+
 def create_sql_functions(conn: Connection) -> None:
     """What the migrations install besides tables: the release trigger (both engines)
     and, on PostgreSQL, ``durafn.schedule``."""
@@ -397,5 +408,6 @@ MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     17: _step_17,
     18: _step_18,
     19: _step_19,
+    20: _step_20,
 }
 """Steps from version N-1 to N. A fresh database gets the latest tables in one go."""

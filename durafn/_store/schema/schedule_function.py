@@ -96,6 +96,12 @@ BEGIN
             RAISE EXCEPTION 'durafn.schedule: queue must be a non-empty name of at most {MAX_NAME} characters, not %',
                 options->'queue' USING ERRCODE = '22023';
         END IF;
+        -- As _options.check_name (version 20): a worker's --queues separates names with
+        -- commas and strips them.
+        IF strpos(v_queue, ',') > 0 OR v_queue <> btrim(v_queue, E' \\t\\r\\n') THEN
+            RAISE EXCEPTION 'durafn.schedule: queue % has a comma or a space at an end: a worker''s --queues lists queue names separated by commas, and strips them',
+                options->'queue' USING ERRCODE = '22023';
+        END IF;
     END IF;
     IF options ? 'flags' THEN
         IF jsonb_typeof(options->'flags') <> 'array'
