@@ -226,3 +226,14 @@ def test_every_complete_python_block_type_checks(
     assert not problems, "\n".join(problems)
     # The canary's wrong argument was seen: mypy checked the blocks against durafn.
     assert any(c.startswith('error: No overload variant of "run_after"') for c in caught), caught
+
+
+def test_the_pages_that_state_the_schema_version_state_the_current_one() -> None:
+    """Two pages name the version the schema is at; at version 19 they said 16 and 18."""
+    from durafn import SCHEMA_VERSION
+
+    operating = (ROOT / "docs/guides/operating.md").read_text()
+    tables = (ROOT / "docs/reference/tables.md").read_text()
+    assert f"now at version {SCHEMA_VERSION};" in operating
+    assert f"| {SCHEMA_VERSION} |" in operating  # its step's row in the table of steps
+    assert f"`durafn.SCHEMA_VERSION` ({SCHEMA_VERSION})" in tables
