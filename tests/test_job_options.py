@@ -158,6 +158,22 @@ async def test_bad_options_are_typed_errors_and_write_nothing(app: durafn.App) -
     assert await all_rows(app) == []
 
 
+async def test_a_queue_name_with_a_space_inside_is_served_by_name(app: durafn.App) -> None:
+    """The other side of the comma and end-space rule: a space inside a name is fine, and
+    an executor given the name (as ``--queues`` passes it, stripped) serves its rows."""
+
+    @app.mutation
+    async def noop(ctx: MutationCtx) -> None:
+        pass
+
+    sid = await app.scheduler().run_after(0, noop.options(queue="user:1 eu"))
+    await app.executor(queues=["user:1 eu"]).run_until_idle()
+    row = await app.get(sid)
+    assert row is not None and row.state is State.SUCCESS
+    with pytest.raises(durafn.ArgumentError, match="has a comma or a space at an end"):
+        app.executor(queues=["mail,sms"])
+
+
 async def test_a_key_mode_without_a_key_is_refused_when_scheduled(app: durafn.App) -> None:
     @app.mutation
     async def noop(ctx: MutationCtx) -> None:
