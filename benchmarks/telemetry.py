@@ -1,4 +1,4 @@
-"""The cost of observability: the no-op drain (``throughput.drain``) in three settings,
+"""The cost of observability: the no-op drain (``throughput.drain``) in six settings,
 each in a process of its own, interleaved round by round:
 
 * ``absent``: opentelemetry and prometheus-client cannot be imported (the ``otel`` extra
@@ -12,12 +12,13 @@ each in a process of its own, interleaved round by round:
 * ``metrics``: an OpenTelemetry metrics SDK and no tracer provider: durafn's counters
   and histograms kept, no spans (a Prometheus-only deployment).
 
-Reports each setting's median rows/s and the ratios ``on / unused`` (target ≥ 0.90) and
-``unused / absent`` (target ≥ 0.98). The ``on`` process also times a bare SDK span
-(``start_span`` and ``end``, no attributes, the same provider) after its drain: a run
-that makes one can keep at most ``t / (t + span)`` of a drain whose rows cost ``t``
-each, the ceiling printed beside the ratio. ``--baseline PATH``: also a checkout of durafn
-before this feature (a ``git worktree``), as a fourth setting.
+Reports each setting's median rows/s and the ratios ``on / unused`` (target >= 0.90) and
+``unused / absent`` (target >= 0.98). The ``on`` process also times an SDK span after
+its drain, with the same provider: bare (``start_span`` and ``end``), and with the 13
+attributes durafn sets on a no-op run's span. A run that makes one can keep at most
+``t / (t + span)`` of a drain whose rows cost ``t`` each: both ceilings are printed
+beside the ratio. ``--baseline PATH``: also a checkout of durafn before this feature (a
+``git worktree``), as one more setting.
 Run: ``python -m benchmarks.telemetry [--rows 20000] [--rounds 5] [--kind mutation]``.
 """
 
@@ -83,13 +84,28 @@ started = time.perf_counter()
 for _ in range(20_000):
     tracer.start_span("bare").end()
 print("span", (time.perf_counter() - started) / 20_000)
+at_start = {"messaging.system": "durafn", "messaging.operation.type": "process",
+            "messaging.destination.name": "bench:noop"}
+at_run = {"messaging.message.id": "0192f0c4-5b7e-7cc1-8f7e-2a1d9c3b4e5f",
+          "durafn.function": "bench:noop", "durafn.kind": "mutation", "durafn.attempt": 1,
+          "durafn.priority": 0, "durafn.due_time": 1.8e9, "durafn.start_lag": 0.01,
+          "durafn.worker": "host:1234"}
+at_end = {"durafn.outcome": "success", "durafn.duration": 0.001}
+started = time.perf_counter()
+for _ in range(20_000):
+    span = tracer.start_span("bare", attributes=at_start)
+    span.set_attributes(at_run)
+    span.set_attributes(at_end)
+    span.end()
+print("attributed", (time.perf_counter() - started) / 20_000)
 """
 
 
 def _child(
     setting: str, url: str, rows: int, kind: str, baseline: Path | None
-) -> tuple[float, float | None]:
-    """The setting's drain rate (rows/s), and for ``on`` a bare span's cost (s)."""
+) -> tuple[float, dict[str, float]]:
+    """The setting's drain rate (rows/s), and for ``on`` what a span costs (s), bare
+    (``span``) and with a run's attributes (``attributed``)."""
     prelude = {
         "absent": _BLOCK,
         "unused": "",
@@ -110,10 +126,9 @@ def _child(
     )
     if done.returncode != 0:
         raise SystemExit(f"{setting}: {done.stderr}")
-    lines = done.stdout.split("\n")
-    span = next((float(x.split()[1]) for x in lines if x.startswith("span ")), None)
-    rate = next(float(x) for x in reversed(lines) if x and not x.startswith("span "))
-    return rate, span
+    timed = dict(line.split() for line in done.stdout.splitlines() if " " in line)
+    rate = next(float(x) for x in reversed(done.stdout.splitlines()) if " " not in x)
+    return rate, {what: float(seconds) for what, seconds in timed.items()}
 
 
 async def measure(
@@ -123,25 +138,30 @@ async def measure(
 
     settings = (*SETTINGS, "baseline") if baseline is not None else SETTINGS
     rates: dict[str, list[float]] = {s: [] for s in settings}
-    spans: list[float] = []
+    spans: dict[str, list[float]] = {"span": [], "attributed": []}
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(rounds):
             for setting in settings:
                 url = await throughput.fresh_url(engine, tmp, f"otel-{i}-{setting}")
-                rate, span = _child(setting, url, rows, kind, baseline)
+                rate, timed = _child(setting, url, rows, kind, baseline)
                 rates[setting].append(rate)
-                if span is not None:
-                    spans.append(span)
+                for what, seconds in timed.items():
+                    spans[what].append(seconds)
     medians = {s: statistics.median(r) for s, r in rates.items()}
     print(f"{engine}, {rows:,} no-op {kind}s, {rounds} interleaved rounds (rows/s):")
     for setting, found in rates.items():
         print(f"  {setting:9} median {medians[setting]:9,.0f}   {[round(r) for r in found]}")
     on, unused, absent = medians["on"], medians["unused"], medians["absent"]
-    per_row, span = 1 / unused, statistics.median(spans)
-    print(f"  a bare SDK span {span * 1e6:.1f} us; a row, untraced, {per_row * 1e6:.1f} us")
+    per_row = 1 / unused
+    span, attributed = (statistics.median(spans[what]) for what in ("span", "attributed"))
     print(
-        f"  on / unused     {on / unused:.3f}  (target >= 0.90;"
-        f" a bare span per run allows at most {per_row / (per_row + span):.3f})"
+        f"  a row, untraced, {per_row * 1e6:.1f} us; an SDK span: bare {span * 1e6:.1f} us,"
+        f" with a run's 13 attributes {attributed * 1e6:.1f} us"
+    )
+    print(
+        f"  on / unused     {on / unused:.3f}  (target >= 0.90; a span per run allows at"
+        f" most {per_row / (per_row + span):.3f} bare,"
+        f" {per_row / (per_row + attributed):.3f} with its attributes)"
     )
     print(f"  sampled / unused {medians['sampled'] / unused:.3f}")
     print(f"  api / unused    {medians['api'] / unused:.3f}")
