@@ -188,6 +188,7 @@ class Runtime:
     def mark_ready(self) -> None:
         """The system tables were found at this version (checked by the caller)."""
         self._ready = True
+        self.telemetry.bind_loop()
 
     @property
     def connections(self) -> int:
@@ -227,6 +228,7 @@ class Runtime:
                 doing=f"first connecting to {where} (to check durafn's tables)",
             )
             self._ready = True
+            self.telemetry.bind_loop()
 
     async def dispose(self) -> None:
         if self._engine is not None:

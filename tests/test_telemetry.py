@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import anyio
+import anyio.to_thread
 import httpx2
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -29,6 +31,8 @@ from starlette.routing import Route
 import durafn
 from durafn import ActionCtx, MutationCtx
 from durafn.testing import FakeClock
+
+from .helpers import wait_until
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import ReadableSpan
@@ -429,8 +433,11 @@ async def test_the_counters_and_gauges_reach_the_opentelemetry_metrics_api(
     otel: Otel, app_url: tuple[str, bool]
 ) -> None:
     """Where the host uses OpenTelemetry's metrics API, an app built then keeps metrics
-    from the start, and the host's SDK reads the counters (and gauges) when it collects.
-    (Its own app, on the test's database: built after the SDK, as a host builds it.)"""
+    from the start, and the host's SDK reads the counters and the gauges when it collects,
+    with nothing scraping the Prometheus endpoint: from its reader's thread (as a periodic
+    reader does) the gauges are read for the collection; from the event loop's own thread
+    the read starts, and the next collection has it. (Its own app, on the test's
+    database: built after the SDK, as a host builds it.)"""
     import uuid
 
     url, ready = app_url
@@ -441,27 +448,43 @@ async def test_the_counters_and_gauges_reach_the_opentelemetry_metrics_api(
     async def noted(ctx: MutationCtx) -> None:
         pass
 
-    try:
-        if not ready:
-            await app.migrate()
-        for _ in range(2):
-            await app.scheduler().run_after(0, noted)
-        await app.executor().run_until_idle()
-        await _scrape(app.metrics_app())  # reads the gauges (the SDK's callbacks read them)
+    def points() -> dict[tuple[str, tuple[tuple[str, Any], ...]], Any]:
         data = otel.metrics.get_metrics_data()
-        points = {
+        return {
             (m.name, tuple(sorted(p.attributes.items()))): p.value
             for rm in data.resource_metrics
             for sm in rm.scope_metrics
             for m in sm.metrics
             for p in m.data.data_points
         }
+
+    try:
+        if not ready:
+            await app.migrate()
+        for _ in range(2):
+            await app.scheduler().run_after(0, noted)
+        await app.executor().run_until_idle()
+        await app.scheduler().run_after(0, noted)  # due, not run
+        from_reader = await anyio.to_thread.run_sync(points)
+        labels = (("durafn.function", name), ("durafn.kind", "mutation"))
+        assert from_reader[("durafn.runs", (*labels, ("durafn.outcome", "success")))] == 2
+        assert from_reader[("durafn.scheduled", (("durafn.function", name),))] == 3
+        assert from_reader[("durafn.due_rows", ())] == 1  # the row due now, counted
+        assert from_reader[("durafn.workers_alive", ())] == 0
+        assert from_reader[("durafn.oldest_due_age", ())] >= 0
+        await app.scheduler().run_after(0, noted)
+        gauges = app._rt.telemetry.metrics.gauges  # type: ignore[union-attr]
+        gauges.reading = None  # as if older than GAUGE_TTL, with nothing read before
+        assert ("durafn.due_rows", ()) not in points()  # on the loop: the read starts
+
+        async def read() -> bool:
+            return gauges.reading is not None
+
+        await wait_until(read, "the collection's read ends")
+        from_loop = points()
     finally:
         await app.aclose()
-    labels = (("durafn.function", name), ("durafn.kind", "mutation"))
-    assert points[("durafn.runs", (*labels, ("durafn.outcome", "success")))] == 2, points
-    assert points[("durafn.scheduled", (("durafn.function", name),))] == 2
-    assert ("durafn.workers_alive", ()) in points
+    assert from_loop[("durafn.due_rows", ())] == 2
 
 
 async def test_the_metrics_command_serves_the_gauges(app: durafn.App, db_url: str) -> None:
@@ -470,7 +493,6 @@ async def test_the_metrics_command_serves_the_gauges(app: durafn.App, db_url: st
     import socket
     import sys
 
-    from .helpers import wait_until
     from .processes import owned
 
     @app.mutation(name="gauged")

@@ -13,6 +13,7 @@ False and the executor skips every call.
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -66,6 +67,7 @@ class Telemetry:
 
     def __init__(self, read_gauges: Callable[[], Awaitable[Reading]]) -> None:
         self._read_gauges = read_gauges
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._tracing: Tracing | None = None
         self.metrics: Metrics | None = None
         """Counters, histograms and gauges: kept from the first ``measure()`` on (the
@@ -102,7 +104,15 @@ class Telemetry:
             prometheus = metrics.load()
             if prometheus is not None:
                 self.metrics = Metrics(prometheus, self._read_gauges)
+                self.metrics.gauges.loop = self._loop
         return self.metrics
+
+    def bind_loop(self) -> None:
+        """The app's pool is (again) in use from the running event loop: where the
+        gauges are read for an OpenTelemetry collection (``Gauges.latest``)."""
+        self._loop = asyncio.get_running_loop()
+        if self.metrics is not None:
+            self.metrics.gauges.loop = self._loop
 
     # -- scheduling ----------------------------------------------------------------------
 

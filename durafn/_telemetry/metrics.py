@@ -14,8 +14,11 @@ cron's name. Never an id, a key or an argument.
 
 from __future__ import annotations
 
+import asyncio
 import bisect
+import concurrent.futures
 import itertools
+import logging
 import sys
 import time
 import weakref
@@ -25,9 +28,14 @@ from typing import Any, ClassVar
 
 from .._kinds import FunctionKind
 
+logger = logging.getLogger("durafn.telemetry")
+
 GAUGE_TTL = 5.0
 """Seconds a reading of the database's gauges is served before the next scrape reads
 again: a scrape every second by several Prometheus servers costs one read per 5 s."""
+COLLECT_WAIT = 2.0
+"""Seconds an OpenTelemetry collection (from its reader's thread) waits for a stale
+reading to be read again before it reports the previous one."""
 GAUGE_BOUND = 10_000
 """Where the gauges' counts stop (``app.stats(bound=)``, ``app.queues(bound=)``)."""
 SECONDS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800)
@@ -178,6 +186,10 @@ class Gauges:
         self._family = GaugeMetricFamily
         self._read = read
         self.reading: Reading | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        """The event loop the app's pool is used from (``Telemetry.bind_loop``): where
+        ``latest`` reads the database."""
+        self._started: set[asyncio.Task[Reading]] = set()
 
     async def refresh(self, now: float | None = None) -> Reading:
         now = time.monotonic() if now is None else now
@@ -185,6 +197,42 @@ class Gauges:
             self.reading = await self._read()
             self.reading.at = now
         return self.reading
+
+    def latest(self) -> Reading | None:
+        """The reading for a collection from any thread (OpenTelemetry's observable
+        gauges: its reader collects from a thread of its own, or from the caller's),
+        read again first where it is older than ``GAUGE_TTL``. From another thread it
+        waits for the read up to ``COLLECT_WAIT``; on the loop's own thread, which cannot
+        wait on itself, it starts the read and serves the previous reading. Before the
+        app has used its pool there is no loop to read on, and nothing to report."""
+        loop = self.loop
+        fresh = self.reading is not None and time.monotonic() - self.reading.at < GAUGE_TTL
+        if loop is not None and loop.is_closed():
+            return None  # an app whose loop has ended: its reading is of another time
+        if fresh or loop is None:
+            return self.reading
+        try:
+            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            if not self._started:
+                task = loop.create_task(self.refresh())
+                self._started.add(task)
+                task.add_done_callback(self._done)
+            return self.reading
+        try:
+            return asyncio.run_coroutine_threadsafe(self.refresh(), loop).result(COLLECT_WAIT)
+        except concurrent.futures.TimeoutError:
+            return self.reading
+        except Exception:  # a collection must not fail for a database that is away
+            logger.warning("the gauges could not be read for a collection", exc_info=True)
+            return self.reading
+
+    def _done(self, task: asyncio.Task[Reading]) -> None:
+        self._started.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.warning("the gauges could not be read", exc_info=task.exception())
 
     def describe(self) -> Sequence[Any]:
         return []
@@ -271,7 +319,7 @@ class _Mirror:
 
         def gauge(value: Callable[[Reading], float]) -> Callable[[Any], list[Any]]:
             def observe(_: Any) -> list[Any]:
-                readings = [app.gauges.reading for app in list(cls._apps)]
+                readings = [app.gauges.latest() for app in list(cls._apps)]
                 return [Observation(value(r)) for r in readings if r is not None][-1:]
 
             return observe
