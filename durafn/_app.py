@@ -18,7 +18,7 @@ from ._clock import Clock, SystemClock
 from ._context import SystemTable
 from ._cron_registry import CronRegistry
 from ._crons import CronDeclarations
-from ._errors import ArgumentError
+from ._errors import ArgumentError, DatabaseError
 from ._executor import Executor, ExecutorOptions, make_config
 from ._invoke import Invoker, Timeouts
 from ._kinds import FunctionKind, ScheduledFunctionId, State
@@ -41,6 +41,28 @@ KINDS = (FunctionKind.MUTATION, FunctionKind.ACTION)
 DEFAULT_FILE = "durafn.sqlite3"
 DEFAULT_URL = f"sqlite+aiosqlite:///{DEFAULT_FILE}"
 """Used when no URL is given and ``DURAFN_DATABASE_URL`` is unset: a file in the cwd."""
+
+
+def _blank(url: str, where: str = "the database URL") -> str:
+    """``url``, refused where it is empty: an empty URL from a template or an unset
+    variable (``App(os.environ.get("DB_URL", ""))``) would otherwise fall back to a file
+    in the working directory, where rows are written and no worker looks."""
+    if not url.strip():
+        raise DatabaseError(
+            f"{where} is empty: give one (sqlite+aiosqlite:///path.db, "
+            "postgresql+asyncpg://user@host/dbname)"
+        )
+    return url
+
+
+def _database_url(url: str | None) -> str:
+    """The URL an ``App`` uses: its own, else ``DURAFN_DATABASE_URL``, else ``DEFAULT_URL``."""
+    if url is not None:
+        return _blank(url)
+    from_env = os.environ.get("DURAFN_DATABASE_URL")
+    if from_env is None:
+        return DEFAULT_URL
+    return _blank(from_env, "DURAFN_DATABASE_URL is set, but it")
 
 
 class App(Registration, Operations, CronDeclarations, CronRegistry):
@@ -101,7 +123,7 @@ class App(Registration, Operations, CronDeclarations, CronRegistry):
                 f"inline must be True, False or a function of a ScheduledFunction returning "
                 f"whether to run it inline, not {inline!r}"
             )
-        driver = driver_for_url(url or os.environ.get("DURAFN_DATABASE_URL") or DEFAULT_URL)
+        driver = driver_for_url(_database_url(url))
         self._rt = Runtime(
             registry=Registry(origin=_caller()),
             driver=driver,
@@ -182,7 +204,9 @@ class App(Registration, Operations, CronDeclarations, CronRegistry):
         if clock is not None and not isinstance(clock, Clock):
             raise ArgumentError(f"clock must have now() and sleep_until(), not {clock!r}")
         rt = self._rt
-        driver = driver_for_url(url or rt.driver.url.render_as_string(hide_password=False))
+        driver = driver_for_url(
+            rt.driver.url.render_as_string(hide_password=False) if url is None else _blank(url)
+        )
         other = App.__new__(App)
         other._rt = dataclasses.replace(
             rt,

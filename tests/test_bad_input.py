@@ -9,8 +9,10 @@ from __future__ import annotations
 import math
 import warnings
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 from pydantic import BaseModel
 from sqlalchemy import insert
@@ -308,6 +310,27 @@ def test_bad_urls() -> None:
         durafn.App("mysql://localhost/db")
     with pytest.raises(durafn.SchemaError, match="SQLite \\*file\\*"):
         _ = durafn.App("sqlite://").engine
+
+
+async def test_an_empty_url_is_refused_not_taken_for_the_default_file(
+    app: durafn.App, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An empty URL (a template's, a variable's default) is an error, from the argument
+    and from DURAFN_DATABASE_URL: falling back to ./durafn.sqlite3 would write rows where
+    no worker looks. Left out (None), the variable or the default file is used."""
+    monkeypatch.chdir(tmp_path)
+    for blank in ("", "  "):
+        with pytest.raises(durafn.DatabaseError, match="the database URL is empty"):
+            durafn.App(blank)
+        with pytest.raises(durafn.DatabaseError, match="the database URL is empty"):
+            app.using(blank)
+        monkeypatch.setenv("DURAFN_DATABASE_URL", blank)
+        with pytest.raises(durafn.DatabaseError, match="DURAFN_DATABASE_URL is set, but it is"):
+            durafn.App()
+    monkeypatch.delenv("DURAFN_DATABASE_URL")
+    assert durafn.App().engine.url.database == "durafn.sqlite3"  # built, not connected
+    assert app.using().engine.url == app.engine.url
+    assert [found async for found in anyio.Path(tmp_path).iterdir()] == []  # no file made
 
 
 async def test_non_finite_floats_are_rejected_when_scheduled(app: durafn.App) -> None:
