@@ -154,6 +154,8 @@ class Hooks:
     async def fire(self, event: HookEvent) -> None:
         if event.cron is not None and event.hook.startswith("cron."):
             self._telemetry.tick(event.cron, event.hook.removeprefix("cron."))
+            if event.hook == "cron.triggered":  # the tick's row: this process wrote it
+                self._telemetry.scheduled((event.name,))
         own = self._own(event.name).get(event.hook, ())
         for fn in (*own, *self._app[event.hook]):
             try:

@@ -218,13 +218,15 @@ async def test_a_crons_last_tick_age_is_read_from_its_row_and_never_negative(
     app: durafn.App, clock: FakeClock
 ) -> None:
     """The gauge is the clock's now less the cron's last tick; a process whose clock is
-    behind the tick's (a skewed host, a test's fake clock) reads 0, not a negative age."""
+    behind the tick's (a skewed host, a test's fake clock) reads 0, not a negative age.
+    The tick's row counts as a row scheduled, by the process whose leader wrote it."""
 
     @app.mutation(name="m:tick")
     async def tick(ctx: MutationCtx) -> None:
         pass
 
     app.cron("hourly", "0 * * * *", tick.call())
+    endpoint = app.metrics_app()  # counted from here
     executor = app.executor()
     await executor.run_until_idle()  # registers it: its first tick is the next hour's
     [cron] = await app.crons()
@@ -233,7 +235,10 @@ async def test_a_crons_last_tick_age_is_read_from_its_row_and_never_negative(
     await executor.run_until_idle()  # the tick
     clock.advance(90)
     key = ("durafn_cron_last_tick_age_seconds", (("cron", "hourly"),))
-    assert _samples(await _scrape(app.metrics_app()))[key] == 90
+    samples = _samples(await _scrape(endpoint))
+    assert samples[key] == 90
+    assert samples[("durafn_cron_ticks_total", (("cron", "hourly"), ("outcome", "triggered")))] == 1
+    assert samples[("durafn_scheduled_total", (("function", "m:tick"),))] == 1
     behind = app.using(clock=FakeClock(clock.now() - 3600))
     try:
         assert _samples(await _scrape(behind.metrics_app()))[key] == 0
