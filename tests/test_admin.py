@@ -5,6 +5,7 @@ rows), and the CLI over them and over queues (``queue ls|pause|resume``, ``ls`` 
 from __future__ import annotations
 
 import json
+import socket
 from datetime import timedelta
 from typing import Any
 
@@ -16,6 +17,8 @@ from sqlalchemy import event, func, select
 import durafn
 from durafn import MutationCtx, State, cli, scheduled_functions
 from durafn.testing import FakeClock
+
+from .test_cli import assert_one_line_error
 
 pytestmark = pytest.mark.anyio
 CLEAN_ENV: dict[str, str | None] = dict.fromkeys(
@@ -178,7 +181,32 @@ def test_worker_pool_options_are_checked_before_anything_starts() -> None:
         (["--pool", "mail", "--queues", "x"], "leave out -n and --queues"),
         (["--queues", "a,,b"], "queue names separated by commas"),
         (["--forbid-flag", "a b"], "is not a flag"),
+        (["-n", "2", "--metrics-port", "65535"], "ports 65535 to 65536, and the last port"),
+        (["--pool", "a:2", "--pool", "b", "--metrics-port", "65534"], "ports 65534 to 65536"),
     ]:
         result = invoke("worker", "--app", "tests.cli_app:app", "--url", url, *args)
-        assert result.exit_code == 1, result.output
-        assert message in result.stderr
+        assert result.exit_code == 2, result.output  # a bad option: one line, as click's
+        assert result.stderr.startswith("error: ") and message in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_a_metrics_port_in_use_is_one_error_before_the_worker_starts(db_url: str) -> None:
+    """A port another process holds (two workers given one --metrics-port): one line that
+    names it, exit status 1, from a worker, a supervisor of several and `durafn metrics`;
+    nothing ran."""
+    assert invoke("migrate", "--url", db_url).exit_code == 0
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = str(held.getsockname()[1])
+        app = ["--app", "tests.cli_app:app", "--url", db_url]
+        for args in (
+            ["worker", *app, "--metrics-port", port, "--exit-on-complete"],
+            ["worker", *app, "-n", "2", "--metrics-port", port, "--exit-on-complete"],
+            ["metrics", "--url", db_url, "--port", port],
+        ):
+            result = invoke(*args)
+            assert_one_line_error(
+                result.exit_code, result.stderr, f"cannot serve metrics on 127.0.0.1:{port}"
+            )
+            assert "in use" in result.stderr

@@ -6,6 +6,7 @@ and ``durafn worker --metrics-port``, and given to the host by ``app.metrics_app
 from __future__ import annotations
 
 import contextlib
+import socket
 from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from typing import Any
 
@@ -34,9 +35,32 @@ def metrics_asgi(metrics: Metrics | None) -> ASGI:
     return serve
 
 
-async def serve_metrics(asgi: ASGI, host: str, port: int) -> None:
-    """Serve ``asgi`` on ``host:port`` until cancelled (uvicorn, in this event loop),
-    leaving the process's signals to the worker (uvicorn's server would take SIGTERM)."""
+def listen(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` for the endpoint, bound before the worker starts:
+    a port in use is one error that names it (uvicorn logged it, then the worker died
+    with a traceback and exit status 3)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        family, kind, proto, _, address = infos[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as exc:
+        raise ArgumentError(f"cannot serve metrics on {host}:{port}: {exc}") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise ArgumentError(
+            f"cannot serve metrics on {host}:{port}: {exc.strerror or exc} (another "
+            "process's metrics port? give each worker its own --metrics-port)"
+        ) from None
+    return sock
+
+
+async def serve_metrics(asgi: ASGI, sock: socket.socket) -> None:
+    """Serve ``asgi`` on ``sock`` (``listen``) until cancelled (uvicorn, in this event
+    loop), leaving the process's signals to the worker (uvicorn's server would take
+    SIGTERM)."""
     import uvicorn
 
     class _Server(uvicorn.Server):
@@ -44,5 +68,8 @@ async def serve_metrics(asgi: ASGI, host: str, port: int) -> None:
         def capture_signals(self) -> Iterator[None]:
             yield
 
-    config = uvicorn.Config(asgi, host=host, port=port, log_level="warning", lifespan="off")
-    await _Server(config).serve()
+    config = uvicorn.Config(asgi, log_level="warning", lifespan="off")
+    try:
+        await _Server(config).serve(sockets=[sock])
+    finally:
+        sock.close()

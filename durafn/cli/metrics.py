@@ -25,6 +25,10 @@ def metrics(app_ref: str | None, url: str | None, host: str, port: int) -> None:
         app = open_app(app_ref, url)
         asgi = app.metrics_app()
         import uvicorn
+
+        from .._telemetry.endpoint import listen
+
+        sock = listen(host, port)
     except (DurafnError, ModuleNotFoundError) as exc:
         fail(str(exc) if isinstance(exc, DurafnError) else "install durafn[otel]")
-    uvicorn.run(asgi, host=host, port=port, log_level="warning")
+    uvicorn.Server(uvicorn.Config(asgi, log_level="warning")).run(sockets=[sock])

@@ -109,9 +109,10 @@ def _no_database() -> str:
 # -- running and reporting -------------------------------------------------------------
 
 
-def fail(message: str) -> NoReturn:
+def fail(message: str, status: int = 1) -> NoReturn:
+    """One line on stderr, and exit ``status``: 1, or 2 for a bad option (as click's)."""
     click.echo(f"error: {message}", err=True)
-    sys.exit(1)
+    sys.exit(status)
 
 
 def run(body: Callable[[], Awaitable[T]], *, verbose: bool) -> T:

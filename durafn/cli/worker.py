@@ -177,8 +177,22 @@ def worker(
             options["queues"] = _names(queues, "--queues")
         make_config(options)  # a bad combination fails here, not in every child
         children = _children(processes, pools, queues)
+        if metrics_port is not None and metrics_port + len(children) - 1 > 65535:
+            raise ArgumentError(
+                f"--metrics-port {metrics_port}: {len(children)} processes serve metrics on "
+                f"ports {metrics_port} to {metrics_port + len(children) - 1}, and the last "
+                "port is 65535"
+            )
     except DurafnError as exc:
-        fail(str(exc))
+        fail(str(exc), status=2)  # a bad option, or options that do not go together
+    if metrics_port is not None and (len(children) > 1 or pools):
+        from .._telemetry.endpoint import listen
+
+        try:  # each child binds its own port: one in use fails now, not five times a child
+            for i in range(len(children)):
+                listen(metrics_host, metrics_port + i).close()
+        except DurafnError as exc:
+            fail(str(exc))
     if len(children) > 1 or pools:
         # Likewise a bad --app or a database that is not ready (not migrated, away): one
         # error line now, the one a single worker gives, not children dying for 18 s.
@@ -219,11 +233,12 @@ def worker(
         try:
             if metrics_port is None:
                 return await serve(app, options, exit_on_complete=exit_on_complete)
-            from .._telemetry.endpoint import serve_metrics
+            from .._telemetry.endpoint import listen, serve_metrics
 
             asgi = app.metrics_app()  # a clear error, before the worker starts, if missing
+            sock = listen(metrics_host, metrics_port)
             async with anyio.create_task_group() as tg:
-                tg.start_soon(serve_metrics, asgi, metrics_host, metrics_port)
+                tg.start_soon(serve_metrics, asgi, sock)
                 status = await serve(app, options, exit_on_complete=exit_on_complete)
                 tg.cancel_scope.cancel()
             return status
