@@ -177,6 +177,31 @@ async def test_bad_extras_are_refused(app: durafn.App) -> None:
     )
 
 
+def test_a_next_run_already_past_is_marked_missed_and_the_times_after_it_are_to_come(
+    db_url: str,
+) -> None:
+    """No worker has ticked since 2020: the stored next run is shown, marked missed (not
+    as the next to come), the times after it are after now, and skipping it says it
+    was due already."""
+
+    async def _register() -> None:
+        async with durafn.App(db_url, clock=FakeClock(datetime(2020, 1, 1, tzinfo=UTC))) as app:
+            await app.migrate()
+            await app.register_cron("hourly", "0 * * * *", _report(app).call("h"))
+
+    anyio.run(_register)
+    now = datetime.now(UTC)
+    [hourly] = invoke_json("crons", "--next", "3", "--url", db_url)
+    first, *later = hourly["next"]
+    assert first == "2020-01-01T01:00:00+00:00  (missed: due while no worker ran; its " + (
+        "catch_up decides whether it runs)"
+    )
+    assert [datetime.fromisoformat(line) > now for line in later] == [True, True]
+    assert "(missed: no worker ran)" in invoke("crons", "--url", db_url).stdout
+    skipped = invoke("cron", "skip", "hourly", "--url", db_url)
+    assert "the tick at 2020-01-01T01:00:00+00:00 (it was due already" in skipped.stdout
+
+
 def test_crons_next_marks_daylight_saving(db_url: str) -> None:
     """The fire times of a cron at 02:30 around New York's spring-forward gap (02:30 does
     not exist on 10 March 2030, the second Sunday of March) and of one at 01:30 around the

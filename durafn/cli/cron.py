@@ -81,22 +81,31 @@ def list_crons(
     )
 
 
-def fire_times(c: CronInfo, count: int) -> list[str]:
+MISSED = "  (missed: due while no worker ran; its catch_up decides whether it runs)"
+
+
+def fire_times(c: CronInfo, count: int, now: datetime | None = None) -> list[str]:
     """The cron's next ``count`` fire times from its next run, in its zone, each marked
     where daylight saving shapes it: a wall time the spring-forward gap skipped before it
-    (OJS's dst_skip), or one the autumn fold repeats (which of the two it is)."""
+    (OJS's dst_skip), or one the autumn fold repeats (which of the two it is). A next run
+    already past (no worker has ticked since) is marked missed, and the times after it
+    are those to come."""
     from .._crons import schedule_of
 
     if c.next_run_at is None:
         return []
+    now = datetime.now(UTC) if now is None else now
     schedule = schedule_of(c.schedule, c.timezone, c.source)
     zone = schedule.zone
-    times = [c.next_run_at, *itertools.islice(schedule.iter_after(c.next_run_at), count - 1)]
+    start = max(c.next_run_at, now)
+    times = [c.next_run_at, *itertools.islice(schedule.iter_after(start), count - 1)]
     lines: list[str] = []
     before = c.next_run_at - timedelta(seconds=1)
     for at in times:
         local = at.astimezone(zone)
         line = local.isoformat(timespec="seconds")
+        if at < now:
+            line += MISSED
         other = local.replace(fold=1 - local.fold)
         if other.utcoffset() != local.utcoffset():
             which = "first" if local.fold == 0 else "second"
@@ -122,7 +131,8 @@ def _next_run(at: datetime | None, timezone: str) -> str:
 
     zone = parse("* * * * *", timezone).zone
     here = at.astimezone().isoformat(timespec="seconds")
-    return f"{at.astimezone(zone).isoformat(timespec='seconds')}\n{here} here"
+    missed = "\n(missed: no worker ran)" if at < datetime.now(UTC) else ""
+    return f"{at.astimezone(zone).isoformat(timespec='seconds')}\n{here} here{missed}"
 
 
 def _change(
@@ -183,7 +193,9 @@ def skip(name: str, app_ref: str | None, url: str | None, as_json: bool, verbose
     if as_json:
         out.json({"cron": name, "skipped": skipped.isoformat()})
     else:
-        out.line(f"cron {name}: the tick at {skipped.isoformat()} will be skipped")
+        missed = " (it was due already: no worker has ticked it)"
+        late = missed if skipped < datetime.now(UTC) else ""
+        out.line(f"cron {name}: the tick at {skipped.isoformat()}{late} will be skipped")
 
 
 @cron.command()
