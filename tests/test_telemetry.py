@@ -299,6 +299,36 @@ async def test_counters_and_histograms_move_by_the_runs_and_gauges_match_the_tab
         assert {k for k, _ in labels} <= {"function", "kind", "outcome", "queue", "cron", "le"}
 
 
+async def test_the_queue_gauges_cover_the_declared_queues_and_a_bounded_number_of_others(
+    app_url: tuple[str, bool], clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A queue per user: the per-queue gauges cover the first QUEUE_SERIES queues by
+    name and every declared queue, whatever their number (5 here, for speed), so that
+    neither the series nor the reading grows with the users."""
+    from durafn._telemetry import reading
+
+    monkeypatch.setattr(reading, "QUEUE_SERIES", 5)
+    url, ready = app_url
+    app = durafn.App(url, clock=clock, queues={"zz:declared": durafn.Queue(concurrency=2)})
+
+    @app.mutation(name="m:per_user")
+    async def per_user(ctx: MutationCtx) -> None:
+        pass
+
+    try:
+        if not ready:
+            await app.migrate()
+        calls = [per_user.options(queue=f"user:{i}").call() for i in range(7)]
+        await app.scheduler().run_many([*calls, per_user.options(queue="zz:declared").call()])
+        samples = _samples(await _scrape(app.metrics_app()))
+    finally:
+        await app.aclose()
+    covered = {dict(labels)["queue"] for name, labels in samples if name.startswith("durafn_queue")}
+    assert covered == {*(f"user:{i}" for i in range(5)), "zz:declared"}
+    assert samples[("durafn_queue_due_rows", (("queue", "zz:declared"),))] == 1
+    assert samples[("durafn_due_rows", ())] == 8  # every queue's rows, in the totals
+
+
 async def test_the_dashboard_serves_the_metrics_to_a_scraper_with_the_token(
     app: durafn.App,
 ) -> None:

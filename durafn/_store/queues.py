@@ -4,7 +4,7 @@ declared by an app's executors, paused and resumed by operators, listed with the
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any, ClassVar
 
 from sqlalchemy import CursorResult, func, select, update
@@ -80,10 +80,18 @@ class QueueStatements:
         return result.rowcount
 
     async def list_queues(
-        self, conn: AsyncConnection, now: float, bound: int | None = None
+        self,
+        conn: AsyncConnection,
+        now: float,
+        bound: int | None = None,
+        *,
+        names: Collection[str] | None = None,
+        limit: int | None = None,
     ) -> list[QueueInfo]:
         """Every queue with its rows Pending (due and later) and InProgress; ``bound``:
-        each count stops there (``QueueInfo.capped``)."""
+        each count stops there (``QueueInfo.capped``). ``names``: only these queues;
+        ``limit``: the first so many by name (a range of the table's primary key), so
+        that a reading of an app with a queue per user stays bounded."""
 
         def count(*where: ColumnElement[bool]) -> ScalarSelect[int]:
             # Correlated: the queue of the outer row (a range of its partial index).
@@ -103,7 +111,10 @@ class QueueStatements:
                 count(QUEUED),
                 count(KEYED),
                 count(RUNNING_ROWS),
-            ).order_by(queues.c.name)
+            )
+            .where(*([] if names is None else [queues.c.name.in_(list(names))]))
+            .order_by(queues.c.name)
+            .limit(limit)
         )
         infos = []
         for r in rows:

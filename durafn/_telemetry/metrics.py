@@ -36,6 +36,9 @@ again: a scrape every second by several Prometheus servers costs one read per 5 
 COLLECT_WAIT = 2.0
 """Seconds an OpenTelemetry collection (from its reader's thread) waits for a stale
 reading to be read again before it reports the previous one."""
+QUEUE_SERIES = 100
+"""How many queues the per-queue gauges cover beyond the app's declared ones: the first
+by name. Every label set is bounded, and so is the reading's cost."""
 GAUGE_BOUND = 10_000
 """Where the gauges' counts stop (``app.stats(bound=)``, ``app.queues(bound=)``)."""
 SECONDS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800)

@@ -5,14 +5,14 @@ cron."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from .._clock import Clock
 from .._kinds import State
-from .metrics import GAUGE_BOUND, Reading
+from .metrics import GAUGE_BOUND, QUEUE_SERIES, Reading
 
 
 class _Runtime(Protocol):
@@ -20,6 +20,9 @@ class _Runtime(Protocol):
 
     clock: Clock
     driver: Any
+
+    @property
+    def queues(self) -> Mapping[str, Any]: ...
 
     async def transaction(
         self, body: Callable[[AsyncConnection], Awaitable[Any]], *, read_only: bool, doing: str
@@ -34,7 +37,13 @@ async def read_gauges(rt: _Runtime) -> Reading:
         counts, _ = await driver.count_by_state_bounded(conn, GAUGE_BOUND)
         due, capped = await driver.count_due_bounded(conn, now, GAUGE_BOUND)
         oldest, _ = await driver.backlog(conn, now)
-        queues = await driver.list_queues(conn, now, GAUGE_BOUND)
+        # The first QUEUE_SERIES queues by name, and the app's declared ones: a queue per
+        # user would make the read, and the series, grow with the users.
+        queues = await driver.list_queues(conn, now, GAUGE_BOUND, limit=QUEUE_SERIES)
+        listed = {q.name for q in queues}
+        declared = [name for name in rt.queues if name not in listed]
+        if declared:
+            queues += await driver.list_queues(conn, now, GAUGE_BOUND, names=declared)
         workers = await driver.list_workers(conn)
         crons = await driver.stored_crons(conn)
         return Reading(
