@@ -239,6 +239,10 @@ async def test_a_crons_last_tick_age_is_read_from_its_row_and_never_negative(
     assert samples[key] == 90
     assert samples[("durafn_cron_ticks_total", (("cron", "hourly"), ("outcome", "triggered")))] == 1
     assert samples[("durafn_scheduled_total", (("function", "m:tick"),))] == 1
+    await app.trigger_cron("hourly")  # by hand, with no hook registered: counted the same
+    samples = _samples(await _scrape(endpoint))
+    assert samples[("durafn_cron_ticks_total", (("cron", "hourly"), ("outcome", "triggered")))] == 2
+    assert samples[("durafn_scheduled_total", (("function", "m:tick"),))] == 2
     behind = app.using(clock=FakeClock(clock.now() - 3600))
     try:
         assert _samples(await _scrape(behind.metrics_app()))[key] == 0
