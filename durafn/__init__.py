@@ -63,6 +63,7 @@ if _typing.TYPE_CHECKING:  # (mypy knows the condition by this spelling, not an 
     from ._store import SCHEMA_VERSION, metadata, scheduled_functions
     from ._telemetry.logs import json_log_formatter
     from ._types import (
+        AuditEntry,
         CancelResult,
         Completion,
         CronInfo,
@@ -87,6 +88,7 @@ __all__ = [
     "ActionRef",
     "App",
     "ArgumentError",
+    "AuditEntry",
     "Batch",
     "BatchActionRef",
     "BatchItemError",

@@ -46,26 +46,6 @@ class Operations:
 
     _rt: Runtime
 
-    # -- the dashboard -----------------------------------------------------------------
-
-    def dashboard(
-        self,
-        *,
-        token: str | None = None,
-        auth: Callable[[Any], Any] | None = None,
-        read_only: bool = False,
-        hide_args: bool = False,
-    ) -> Any:
-        """The operator's dashboard as an ASGI app (``durafn[dashboard]``), to mount:
-        ``web.mount("/durafn", app.dashboard(auth=check))``. ``auth(request)`` returns the
-        user's name, or None to refuse (the host's own login applies); or ``token``: a
-        login form asks for it once. With neither, anyone who reaches it may use it: serve
-        it on the loopback interface only. ``read_only``: no action, any POST refused;
-        ``hide_args``: arguments and results never shown."""
-        from .dashboard import create
-
-        return create(self, token=token, auth=auth, read_only=read_only, hide_args=hide_args)  # type: ignore[arg-type]  # Operations is half of App
-
     # -- why a row waits ---------------------------------------------------------------
 
     async def explain(self, id: ScheduledFunctionId | str) -> Explanation:

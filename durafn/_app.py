@@ -15,6 +15,7 @@ from typing_extensions import Unpack
 from ._admin import Operations
 from ._checks import flag, integer, optional, positive_seconds, text
 from ._clock import Clock, SystemClock
+from ._console import Console
 from ._context import SystemTable
 from ._cron_registry import CronRegistry
 from ._crons import CronDeclarations
@@ -65,7 +66,7 @@ def _database_url(url: str | None) -> str:
     return _blank(from_env, "DURAFN_DATABASE_URL is set, but it")
 
 
-class App(Registration, Operations, CronDeclarations, CronRegistry):
+class App(Registration, Operations, Console, CronDeclarations, CronRegistry):
     """A durafn application: register functions on it, run them, schedule them.
 
     ``App()`` uses a SQLite file (``DURAFN_DATABASE_URL`` or ``./durafn.sqlite3``);

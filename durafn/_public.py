@@ -11,6 +11,7 @@ PUBLIC: dict[str, str] = {
     "ActionCtx": "_context",
     "ActionRef": "_registry",
     "App": "_app",
+    "AuditEntry": "_types",
     "ArgumentError": "_errors",
     "Call": "_registry",
     "Batch": "_batching",

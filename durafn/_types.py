@@ -198,6 +198,30 @@ class Stats(BaseModel):
     """When the next Pending row that is not due yet becomes due; None if there is none."""
 
 
+class AuditEntry(BaseModel):
+    """Something an operator did (``app.audit_log()``, ``durafn audit``, the dashboard's
+    overview): kept for the retention period."""
+
+    model_config = FROZEN
+
+    id: int
+    """Increasing: the newest entry has the highest."""
+    at: datetime
+    who: str
+    """The visitor (``local``, ``token``, the host application's user) or, from the
+    command line, ``user@host``."""
+    via: str
+    """``dashboard`` or ``cli``."""
+    action: str
+    """What was done: ``cancel``, ``retry``, ``cancel every Pending row``, ``cron remove``..."""
+    target: str
+    """What it was done to: a row's id, a filter, a cron's or a queue's name."""
+    rows: int
+    """How many rows it changed."""
+    outcome: str
+    """What came of it, as the dashboard or the command said it."""
+
+
 class LostWorker(BaseModel):
     """A worker declared lost (no heartbeat for ``worker_timeout``) and what its rescue
     did (``app.lost_workers()``): kept 7 days."""

@@ -6,18 +6,18 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
 import anyio
-import httpx2
 import pytest
 
 import durafn
 from durafn import ActionCtx, MutationCtx, State
 from durafn.testing import FakeClock
 
+from . import dashboard_kit
+from .dashboard_kit import XSS, client, csrf_of
 from .helpers import CEILING, wait_until
 
 
@@ -27,44 +27,13 @@ async def has_workers(app: durafn.App) -> bool:
 
 pytestmark = pytest.mark.anyio
 
-XSS = "<script>alert(1)</script>"
-BASE = "http://dash.test"
-
-
-def _client(asgi: Any) -> httpx2.AsyncClient:
-    return httpx2.AsyncClient(transport=httpx2.ASGITransport(app=asgi), base_url=BASE)
-
-
-def _csrf(page: httpx2.Response) -> str:
-    found = re.search(r'name="csrf" value="([0-9a-f]+)"', page.text)
-    assert found is not None, page.text
-    return found.group(1)
-
-
-@pytest.fixture
-async def rows(app: durafn.App, clock: FakeClock) -> AsyncIterator[dict[str, str]]:
-    """A Pending row, a Failed one (its error holding a script), a Success one."""
-
-    @app.mutation(name="mail:send")
-    async def send(ctx: MutationCtx, to: str) -> str:
-        return f"sent {to}"
-
-    @app.action(name="mail:broken")
-    async def broken(ctx: ActionCtx, to: str) -> None:
-        raise ValueError(f"cannot reach {to}")
-
-    sched = app.scheduler()
-    pending = await sched.run_after(3600, send, XSS)
-    failed = await sched.run_after(0, broken, XSS)
-    done = await sched.run_after(0, send, "ann")
-    await app.executor().run_until_idle()
-    yield {"pending": pending, "failed": failed, "done": done}
+rows = dashboard_kit.rows
 
 
 async def test_the_pages_show_rows_with_their_text_escaped(
     app: durafn.App, rows: dict[str, str]
 ) -> None:
-    async with _client(app.dashboard()) as web:
+    async with client(app.dashboard()) as web:
         overview = await web.get("/")
         assert overview.status_code == 200
         assert '>Pending</a></td><td id="count-Pending">1<' in overview.text
@@ -99,49 +68,66 @@ async def test_the_pages_show_rows_with_their_text_escaped(
 async def test_cancel_and_retry_change_the_rows_and_are_audited(
     app: durafn.App, rows: dict[str, str], caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="durafn.dashboard")
-    async with _client(app.dashboard()) as web:
+    caplog.set_level(logging.INFO, logger="durafn.audit")
+    async with client(app.dashboard()) as web:
         page = await web.get(f"/rows/{rows['pending']}")
-        done = await web.post(f"/rows/{rows['pending']}/cancel", data={"csrf": _csrf(page)})
+        done = await web.post(f"/rows/{rows['pending']}/cancel", data={"csrf": csrf_of(page)})
         assert done.status_code == 303
         shown = await web.get(done.headers["location"])
         assert "canceled (it was Pending)" in shown.text
         page = await web.get(f"/rows/{rows['failed']}")
-        again = await web.post(f"/rows/{rows['failed']}/retry", data={"csrf": _csrf(page)})
+        again = await web.post(f"/rows/{rows['failed']}/retry", data={"csrf": csrf_of(page)})
         assert again.status_code == 303
         overview = await web.get("/")
     by_id = {str(r.id): r for r in (await app.list(limit=10)).items}
     assert by_id[rows["pending"]].state is State.CANCELED
     assert by_id[rows["failed"]].state is State.PENDING
-    assert f"cancel {rows['pending']}</td><td>1<" in overview.text
-    assert f"retry {rows['failed']}</td><td>1<" in overview.text
-    assert any("dashboard: local cancel" in r.getMessage() for r in caplog.records)
+    assert f"<td>local</td><td>dashboard</td><td>cancel</td><td>{rows['pending']}</td><td>1<" in (
+        overview.text
+    )
+    assert f"<td>retry</td><td>{rows['failed']}</td><td>1</td><td>retried<" in overview.text
+    said = [r.getMessage() for r in caplog.records]
+    assert f"local via dashboard: cancel {rows['pending']} (1 rows): canceled (it was Pending)" in (
+        said
+    )
+    # Kept in the database: another pool (as another process would) reads them.
+    other = app.using()
+    try:
+        entries = await other.audit_log()
+    finally:
+        await other.aclose()
+    assert [(e.action, e.target, e.rows, e.who, e.via) for e in entries] == [
+        ("retry", rows["failed"], 1, "local", "dashboard"),
+        ("cancel", rows["pending"], 1, "local", "dashboard"),
+    ]
 
 
 async def test_a_post_without_the_csrf_token_or_from_another_origin_is_refused(
     app: durafn.App, rows: dict[str, str]
 ) -> None:
-    async with _client(app.dashboard()) as web:
+    async with client(app.dashboard()) as web:
         page = await web.get(f"/rows/{rows['pending']}")
         missing = await web.post(f"/rows/{rows['pending']}/cancel", data={})
         forged = await web.post(f"/rows/{rows['pending']}/cancel", data={"csrf": "0" * 64})
         elsewhere = await web.post(
             f"/rows/{rows['pending']}/cancel",
-            data={"csrf": _csrf(page)},
+            data={"csrf": csrf_of(page)},
             headers={"origin": "https://evil.example"},
         )
-    for refused in (missing, forged, elsewhere):
+    for refused in (missing, forged):
         assert refused.status_code == 403 and "CSRF" in refused.text
+    assert elsewhere.status_code == 403 and "cross-origin" in elsewhere.text
+    assert "https://evil.example" in elsewhere.text and "CSRF" not in elsewhere.text
     assert (await app.get(rows["pending"])).state is State.PENDING  # type: ignore[union-attr]
 
 
 async def test_read_only_hides_the_actions_and_refuses_every_post(
     app: durafn.App, rows: dict[str, str]
 ) -> None:
-    async with _client(app.dashboard(read_only=True)) as web:
+    async with client(app.dashboard(read_only=True)) as web:
         page = await web.get(f"/rows/{rows['failed']}")
         assert 'id="retry"' not in page.text and "(read-only)" in page.text
-        refused = await web.post(f"/rows/{rows['failed']}/retry", data={"csrf": _csrf(page)})
+        refused = await web.post(f"/rows/{rows['failed']}/retry", data={"csrf": csrf_of(page)})
     assert refused.status_code == 403 and "read-only" in refused.text
     assert (await app.get(rows["failed"])).state is State.FAILED  # type: ignore[union-attr]
 
@@ -149,7 +135,7 @@ async def test_read_only_hides_the_actions_and_refuses_every_post(
 async def test_a_token_is_asked_for_once_and_kept_in_an_httponly_cookie(
     app: durafn.App, rows: dict[str, str]
 ) -> None:
-    async with _client(app.dashboard(token="s3cret")) as web:
+    async with client(app.dashboard(token="s3cret")) as web:
         first = await web.get("/")
         assert first.status_code == 303 and first.headers["location"].endswith("/login")
         wrong = await web.post("/login", data={"token": "guess"})
@@ -162,7 +148,7 @@ async def test_a_token_is_asked_for_once_and_kept_in_an_httponly_cookie(
         assert (await web.get("/rows")).status_code == 200
         # A CSRF token is tied to the session: one from before the login is refused.
         page = await web.get("/")
-        logout = await web.post("/logout", data={"csrf": _csrf(page)})
+        logout = await web.post("/logout", data={"csrf": csrf_of(page)})
         assert logout.status_code == 303
         web.cookies.clear()
         assert (await web.get("/")).status_code == 303
@@ -172,24 +158,28 @@ async def test_the_host_applications_auth_decides(app: durafn.App, rows: dict[st
     def auth(request: Any) -> str | None:
         return "ann" if request.headers.get("x-user") == "ann" else None
 
-    async with _client(app.dashboard(auth=auth)) as web:
+    async with client(app.dashboard(auth=auth)) as web:
         assert (await web.get("/")).status_code == 403
         page = await web.get(f"/rows/{rows['pending']}", headers={"x-user": "ann"})
         assert page.status_code == 200 and ">ann<" in page.text
         done = await web.post(
-            f"/rows/{rows['pending']}/cancel", data={"csrf": _csrf(page)}, headers={"x-user": "ann"}
+            f"/rows/{rows['pending']}/cancel",
+            data={"csrf": csrf_of(page)},
+            headers={"x-user": "ann"},
         )
         overview = await web.get("/", headers={"x-user": "ann"})
     assert done.status_code == 303
-    assert f"<td>ann</td><td>cancel {rows['pending']}</td>" in overview.text
+    assert f"<td>ann</td><td>dashboard</td><td>cancel</td><td>{rows['pending']}</td>" in (
+        overview.text
+    )
 
 
 async def test_bad_requests_get_a_message_and_a_4xx_and_write_nothing(
     app: durafn.App, rows: dict[str, str]
 ) -> None:
-    async with _client(app.dashboard()) as web:
+    async with client(app.dashboard()) as web:
         page = await web.get(f"/rows/{rows['pending']}")
-        csrf = _csrf(page)
+        csrf = csrf_of(page)
         unknown = await web.get("/rows/not-an-id")
         bad_state = await web.get("/rows", params={"state": "Exploded"})
         bad_cursor = await web.get("/rows", params={"cursor": "garbage"})
@@ -220,7 +210,7 @@ async def test_bad_requests_get_a_message_and_a_4xx_and_write_nothing(
 async def test_hide_args_shows_no_arguments_or_results(
     app: durafn.App, rows: dict[str, str]
 ) -> None:
-    async with _client(app.dashboard(hide_args=True)) as web:
+    async with client(app.dashboard(hide_args=True)) as web:
         listing = await web.get("/rows")
         page = await web.get(f"/rows/{rows['done']}")
     assert "ann" not in listing.text and "sent ann" not in page.text
@@ -254,7 +244,7 @@ async def test_crons_show_their_next_fires_with_the_clock_changes_and_can_be_ste
     clock.set(datetime(2030, 3, 29, 12, tzinfo=UTC))
     app.cron("nightly", "30 1 * * *", nightly, timezone="Europe/Paris")
     await app.executor().run_until_idle()  # the executor writes the declared crons
-    async with _client(app.dashboard()) as web:
+    async with client(app.dashboard()) as web:
         page = await web.get("/crons")
         assert page.status_code == 200
         assert "2030-03-31T01:30:00+01:00</td><td></td>" in page.text
@@ -262,7 +252,7 @@ async def test_crons_show_their_next_fires_with_the_clock_changes_and_can_be_ste
             "2030-04-01T01:30:00+02:00</td><td>DST: clocks changed since the previous fire "
             "(UTC+01:00 → UTC+02:00)" in page.text
         )
-        csrf = _csrf(page)
+        csrf = csrf_of(page)
         disabled = await web.post("/crons/nightly/disable", data={"csrf": csrf})
         assert disabled.status_code == 303
         shown = await web.get(disabled.headers["location"])
@@ -287,17 +277,17 @@ async def test_queues_pause_and_resume_and_workers_are_listed(
         pass
 
     await app.scheduler().run_after(60, queued.options(queue="mail"))
-    async with _client(app.dashboard()) as web:
+    async with client(app.dashboard()) as web:
         page = await web.get("/queues")
         assert page.status_code == 200 and ">mail</a>" in page.text
-        paused = await web.post("/queues/mail/pause", data={"csrf": _csrf(page)})
+        paused = await web.post("/queues/mail/pause", data={"csrf": csrf_of(page)})
         assert paused.status_code == 303
         assert [q.paused for q in await app.queues()] == [True]
         shown = await web.get(paused.headers["location"])
         assert "(paused)" in shown.text and "queue mail paused" in shown.text
-        resumed = await web.post("/queues/mail/resume", data={"csrf": _csrf(shown)})
+        resumed = await web.post("/queues/mail/resume", data={"csrf": csrf_of(shown)})
         assert resumed.status_code == 303 and [q.paused for q in await app.queues()] == [False]
-        unknown = await web.post("/queues/nope/pause", data={"csrf": _csrf(shown)})
+        unknown = await web.post("/queues/nope/pause", data={"csrf": csrf_of(shown)})
         assert unknown.status_code == 404
         async with app.run_executor():
             await wait_until(lambda: has_workers(app), "the worker registered")
@@ -321,7 +311,7 @@ async def test_the_workers_page_shows_the_lost_ones_and_their_rescue(
         )
 
     assert await rt.transaction(lose) == 1
-    async with _client(app.dashboard()) as web:
+    async with client(app.dashboard()) as web:
         page = await web.get("/workers")
     assert page.status_code == 200 and 'id="lost"' in page.text
     assert "<td>far:1:gone</td>" in page.text and "<td>rescuer:2:x</td>" in page.text
@@ -338,7 +328,7 @@ async def test_every_pending_row_a_filter_matches_is_cancelled_after_a_confirmat
 
     sched = app.scheduler()
     await sched.run_many([digest.options(queue="digests").call(n).after(60) for n in range(30)])
-    async with _client(app.dashboard()) as web:
+    async with client(app.dashboard()) as web:
         listing = await web.get("/rows", params={"queue": "digests"})
         link = re.search(r'id="cancel-matching" href="([^"]+)"', listing.text)
         assert link is not None and link.group(1).endswith("/rows/cancel-matching?queue=digests")
@@ -347,11 +337,11 @@ async def test_every_pending_row_a_filter_matches_is_cancelled_after_a_confirmat
         assert "This changes <strong>30</strong> Pending rows" in confirm.text
         assert await app.count(state=State.CANCELED) == 0  # nothing before the POST
         done = await web.post(
-            "/rows/cancel-matching", data={"csrf": _csrf(confirm), "queue": "digests"}
+            "/rows/cancel-matching", data={"csrf": csrf_of(confirm), "queue": "digests"}
         )
         said = await web.get(done.headers["location"])
         assert "canceled 30 Pending rows where queue=digests" in said.text
-        unfiltered = await web.post("/rows/cancel-matching", data={"csrf": _csrf(confirm)})
+        unfiltered = await web.post("/rows/cancel-matching", data={"csrf": csrf_of(confirm)})
         no_filter = await web.get("/rows/cancel-matching")
     assert done.status_code == 303
     assert await app.count(state=State.CANCELED, queue="digests") == 30
@@ -365,13 +355,13 @@ async def test_a_row_streams_its_state_until_it_has_ended(
 ) -> None:
     """An ended row's stream says so and ends (a live one, and the overview's counts, are
     followed by the browser tests: this transport gives a body only once it has ended)."""
-    async with _client(app.dashboard()) as web:
+    async with client(app.dashboard()) as web:
         ended = await web.get(f"/rows/{rows['done']}/events")
         gone = await web.get("/rows/0191d3a8-0000-7000-8000-000000000000/events")
     assert ended.headers["content-type"].startswith("text/event-stream")
     assert ended.text == "event: state\ndata: Success\n\n"
     assert gone.text == "event: state\ndata: Gone\n\n"
-    async with _client(app.dashboard(token="t")) as web:
+    async with client(app.dashboard(token="t")) as web:
         assert (await web.get(f"/rows/{rows['done']}/events")).status_code == 403
         assert (await web.get("/events/counts")).status_code == 403
 
@@ -387,11 +377,11 @@ async def test_a_row_shows_what_it_scheduled(app: durafn.App) -> None:
 
     top = await app.scheduler().run_after(0, root)
     await app.executor().run_until_idle()
-    async with _client(app.dashboard()) as web:
+    async with client(app.dashboard()) as web:
         page = await web.get(f"/rows/{top}")
         everything = await web.get("/rows", params={"parent": top})
         bad = await web.get("/rows", params={"parent": "nope"})
-    assert page.text.count('href="http://dash.test/rows/') >= 20
+    assert page.text.count('<a href="/rows/') >= 20  # paths, never URLs built from Host
     assert f'/rows?parent={top}">All of them</a>' in page.text
     assert everything.text.count(">tree:leaf<") == 25
     assert bad.status_code == 400 and "parent must be" in bad.text
@@ -400,7 +390,7 @@ async def test_a_row_shows_what_it_scheduled(app: durafn.App) -> None:
 async def test_rows_filter_on_an_argument_and_then_offer_no_bulk_cancel(
     app: durafn.App, rows: dict[str, str]
 ) -> None:
-    async with _client(app.dashboard()) as web:
+    async with client(app.dashboard()) as web:
         by_arg = await web.get("/rows", params={"arg": "to=ann", "name": "mail:send"})
         containing = await web.get("/rows", params={"arg": "to~<script>"})
         bad = await web.get("/rows", params={"arg": "to"})
@@ -423,14 +413,14 @@ async def test_every_failed_row_a_filter_matches_is_retried_after_a_confirmation
     assert await app.count(state=State.FAILED, name="mail:bounce") == 5
     with pytest.raises(durafn.ArgumentError, match="retry_where needs a filter"):
         await app.retry_where()
-    async with _client(app.dashboard()) as web:
+    async with client(app.dashboard()) as web:
         listing = await web.get("/rows", params={"name": "mail:bounce"})
         link = re.search(r'id="retry-matching" href="([^"]+)"', listing.text)
         assert link is not None
         confirm = await web.get(link.group(1).replace("&amp;", "&"))
         assert "This changes <strong>5</strong> Failed rows" in confirm.text
         done = await web.post(
-            "/rows/retry-matching", data={"csrf": _csrf(confirm), "name": "mail:bounce"}
+            "/rows/retry-matching", data={"csrf": csrf_of(confirm), "name": "mail:bounce"}
         )
         said = await web.get(done.headers["location"])
         unknown = await web.get("/rows/explode-matching", params={"name": "x"})
@@ -455,7 +445,7 @@ async def test_a_rows_attempts_read_as_a_timeline(app: durafn.App, clock: FakeCl
     await app.executor().run_until_idle()
     clock.advance(5)
     await app.executor().run_until_idle()
-    async with _client(app.dashboard()) as web:
+    async with client(app.dashboard()) as web:
         page = await web.get(f"/rows/{id}")
     attempts = re.search(r'<table id="attempts">(.*?)</table>', page.text, re.DOTALL)
     assert attempts is not None
@@ -475,7 +465,7 @@ async def test_a_listing_page_reads_a_bounded_stretch_and_says_so(
     monkeypatch.setattr(listing, "SCAN", 1)
     found: list[str] = []
     pages = 0
-    async with _client(app.dashboard()) as web:
+    async with client(app.dashboard()) as web:
         url: str | None = "/rows?name=mail:send"
         while url is not None:
             page = await web.get(url)
@@ -543,14 +533,14 @@ async def test_every_pending_row_a_filter_matches_is_rescheduled_after_a_confirm
     sched = app.scheduler()
     ids = await sched.run_many([later.options(queue="later").call(n).after(60) for n in range(3)])
     other = await sched.run_after(60, later, 9)
-    async with _client(app.dashboard()) as web:
+    async with client(app.dashboard()) as web:
         listing = await web.get("/rows", params={"queue": "later"})
         link = re.search(r'id="reschedule-matching" href="([^"]+)"', listing.text)
         assert link is not None
         confirm = await web.get(link.group(1).replace("&amp;", "&"))
         assert confirm.status_code == 200 and 'id="run_at"' in confirm.text
         assert "This changes <strong>3</strong> Pending rows" in confirm.text
-        csrf = _csrf(confirm)
+        csrf = csrf_of(confirm)
         refused = [
             await web.post("/rows/reschedule-matching", data={"csrf": csrf, "queue": "later"}),
             await web.post(

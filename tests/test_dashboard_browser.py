@@ -51,12 +51,12 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-async def _answers(url: str) -> bool:
+async def _answers(url: str, path: str = "/login") -> bool:
     import httpx2
 
     try:
         async with httpx2.AsyncClient() as client:
-            await client.get(url + "/login")
+            await client.get(url + path)
         return True
     except httpx2.TransportError:
         return False
@@ -171,9 +171,11 @@ async def test_an_operator_filters_opens_cancels_retries_and_steers(
         await _shot(page, tmp_path, "row")
         await page.click("#retry")
         assert await page.text_content("#done") == "retried"
-        # Cancel the Pending row from its page.
+        # Cancel the Pending row from its page, after the confirmation.
         await page.goto(f"{url}/rows/{rows['pending']}")
         await page.click("#cancel")
+        assert "Cancel mail:send?" in (await page.text_content("h1") or "")
+        await page.click("#confirm")
         assert "canceled (it was Pending)" in (await page.text_content("#done") or "")
         # A POST without the page's CSRF token (another site's form, say) is refused.
         status = await page.evaluate(
@@ -211,9 +213,14 @@ async def test_an_operator_filters_opens_cancels_retries_and_steers(
         audit = await page.text_content("main") or ""  # goto waits for the page's load
     for done in (
         *("retry", "cancel", "reschedule every Pending row", "cancel every Pending row"),
-        *("disable cron", "pause queue"),
+        *("cron disable", "queue pause"),
     ):
         assert done in audit
+    # The command said where it serves, and printed each action as it was taken.
+    said = (tmp_path / "dashboard.log").read_text()
+    assert f"durafn dashboard: serving {url}/ (local: no token, loopback only)" in said
+    assert f"local via dashboard: cancel {rows['pending']} (1 rows): canceled" in said
+    assert "local via dashboard: queue pause digests" in said
     check: App = dashboard_app.app.using(db_url)
     try:
         states = {str(r.id): r.state for r in (await check.list(limit=100)).items}
@@ -265,3 +272,104 @@ async def test_a_token_is_asked_for_and_read_only_refuses(
         assert pending is not None and pending.state is State.PENDING
     finally:
         await check.aclose()
+
+
+ATTACK = """<!doctype html>
+<title>a page of another site</title>
+<form id="post" method="post" action="{dash}/rows/{id}/cancel">
+<input type="hidden" name="csrf" value="guessed"><button id="submit">win a prize</button>
+</form>
+<script>
+window.results = {{}};
+(async () => {{
+  try {{
+    const read = await fetch("{dash}/rows/{id}");
+    window.results.read = await read.text();
+  }} catch (e) {{ window.results.read = "blocked: " + e; }}
+  try {{
+    const post = await fetch("{dash}/rows/{id}/cancel",
+      {{method: "POST", mode: "no-cors", body: new URLSearchParams({{csrf: "guessed"}})}});
+    window.results.post = post.type;
+  }} catch (e) {{ window.results.post = "blocked: " + e; }}
+  window.results.done = true;
+}})();
+</script>
+"""
+
+
+@pytest.fixture
+async def rebinding_browser() -> AsyncIterator[Browser]:
+    """Chromium whose resolver sends two names of "other sites" to this machine, as an
+    attacker's DNS would once it rebinds them (``--host-resolver-rules``)."""
+    if async_playwright is None or CHROMIUM is None:
+        if os.environ.get("CI"):
+            pytest.fail("Chromium and Playwright are needed (.ci/run installs them)")
+        pytest.skip("no Chromium here (apt-get install chromium) or no Playwright")
+    rules = "--host-resolver-rules=MAP evil.example 127.0.0.1, MAP attacker.example 127.0.0.1"
+    async with async_playwright() as p:
+        launched = await p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", rules])
+        try:
+            yield launched
+        finally:
+            await launched.close()
+
+
+async def test_a_page_of_another_site_can_neither_read_nor_act(
+    rebinding_browser: Browser, seeded: tuple[str, dict[str, str], App], tmp_path: Path
+) -> None:
+    """DNS rebinding and cross-site requests, in a real browser against ``durafn
+    dashboard`` in its default local mode (no token): a page served from another origin
+    tries to read a row and to cancel it, first across origins, then under its own name
+    resolved to the dashboard. Every try fails, and the row stays Pending."""
+    db_url, rows, app = seeded
+    pending = rows["pending"]
+    async with owned() as owner:
+        url = await _serve(owner, db_url, tmp_path / "dashboard.log")
+        port = url.rsplit(":", 1)[1]
+        site = tmp_path / "site"
+        site.mkdir()
+        (site / "attack.html").write_text(ATTACK.format(dash=url, id=pending))
+        attacker_port = _free_port()
+        await owner.start(
+            [sys.executable, "-m", "http.server", str(attacker_port), "--bind", "127.0.0.1"],
+            cwd=site,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        attacker = f"http://attacker.example:{attacker_port}"
+        other_site = f"http://127.0.0.1:{attacker_port}"
+        await wait_until(lambda: _answers(other_site, "/attack.html"), "the other site answers")
+        page = await _new_page(rebinding_browser)
+        # 1. Across origins: the browser will not let it read the answer; the POST, sent
+        #    all the same, is refused as cross-origin, not merely for its token.
+        await page.goto(f"{attacker}/attack.html")
+        await page.wait_for_function("window.results.done === true")
+        results = await page.evaluate("window.results")
+        assert results["read"].startswith("blocked: "), results["read"]
+        assert XSS not in results["read"]
+        async with page.expect_navigation():
+            await page.click("#submit")
+        text = await page.text_content("#refused") or ""
+        assert "a cross-origin request is refused (the browser marks it cross-site)" in text
+        # 2. Rebound: the other site's own name now reaches the dashboard, so the browser
+        #    treats the dashboard as that site. Its Host is still the other site's name.
+        rebound = f"http://evil.example:{port}"
+        answer = await page.goto(f"{rebound}/rows/{pending}")
+        assert answer is not None and answer.status == 400
+        body = await page.text_content("body") or ""
+        assert f"Host 'evil.example:{port}' is not one this dashboard answers to" in body
+        assert XSS not in body
+        tried = await page.evaluate(
+            """async (id) => {
+                const read = await fetch(`/rows/${id}`);
+                const post = await fetch(`/rows/${id}/cancel`, {method: "POST",
+                    body: new URLSearchParams({csrf: "guessed"})});
+                return [read.status, await read.text(), post.status];
+            }""",
+            pending,
+        )
+        assert tried[0] == 400 and XSS not in tried[1] and tried[2] == 400
+        await _shot(page, tmp_path, "rebinding-refused")
+    row = await app.get(pending)
+    assert row is not None and row.state is State.PENDING
+    assert await app.audit_log() == []

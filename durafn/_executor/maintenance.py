@@ -3,9 +3,9 @@
 Today that is retention: finished rows older than their period (the executor's
 ``retention``, a number or a ``Retention`` per state, or their function's own) are
 deleted in bounded batches (``ix_scheduled_functions_completed``), so no pass holds locks
-for long. Every
-worker runs it; the batches make concurrent passes harmless. Recurring (cron) ticks belong
-here too, as another pass of the same loop.
+for long; so are the audit trail's entries older than the longest of the executor's
+periods (``ix_durafn_audit_at``). Every worker runs it; the batches make concurrent
+passes harmless. Recurring (cron) ticks belong here too, as another pass of the same loop.
 """
 
 from __future__ import annotations
@@ -51,7 +51,19 @@ class Maintenance:
             deleted += await self._delete(now - period, [state], names, excluded)
         if deleted:
             logger.debug("retention deleted %d finished rows", deleted)
+        # The audit trail is kept as long as the longest of the executor's periods: an
+        # operator's action outlives none of the rows it changed.
+        await self._prune_audit(now - max(default.values()))
         return deleted
+
+    async def _prune_audit(self, cutoff: float) -> None:
+        limit = self._config.retention_batch
+
+        async def _batch(conn: AsyncConnection) -> int:
+            return await self._rt.driver.delete_audit(conn, older_than=cutoff, limit=limit)
+
+        while await self._rt.transaction(_batch, doing="deleting old audit entries") == limit:
+            await anyio.lowlevel.checkpoint()
 
     async def _delete(
         self, cutoff: float, states: list[State], names: list[str] | None, excluded: list[str]

@@ -23,6 +23,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from .._errors import ArgumentError
 from .._kinds import FINISHED_STATES, FunctionKind, ScheduledFunctionId, State
+from .audit import AuditStatements
 from .claim.inline import InlineStatements
 from .claim.statements import ClaimStatements
 from .crons import CronStatements
@@ -57,6 +58,7 @@ class Driver(
     ExplainStatements,
     FlowKeyStatements,
     WorkerStatements,
+    AuditStatements,
     EngineDriver,
 ):
     """Dialect-neutral statements on the system tables."""

@@ -152,26 +152,42 @@ def shorten(text: str, width: int) -> str:
     return first[: width - 1] + "…"
 
 
-def field_value(name: str, value: Any) -> RenderableType:
-    """One field of a row, as ``show`` prints it."""
-    if name in ("args", "result"):
-        return cell(json.dumps(value, indent=2, ensure_ascii=False, default=str))
+SHOW_BOUND = 4000
+"""Characters of a field ``show`` prints unless ``--full``: an argument may hold 8 MB, a
+group callback's the ids of hundreds of rows."""
+
+
+def field_value(name: str, value: Any, bound: int | None = SHOW_BOUND) -> RenderableType:
+    """One field of a row, as ``show`` prints it: at most ``bound`` characters (None: all)."""
     if isinstance(value, State):
         return state_text(value)
+    return cell(bounded(_field_text(name, value), bound))
+
+
+def _field_text(name: str, value: Any) -> Any:
+    if name in ("args", "result"):
+        return json.dumps(value, indent=2, ensure_ascii=False, default=str)
     if isinstance(value, datetime):
-        return cell(iso(value))
+        return iso(value)
     from .._types import ErrorInfo  # pydantic's: when there is an error to show
 
     if isinstance(value, ErrorInfo):
         traceback = f"\n\n{value.traceback.rstrip()}" if value.traceback else ""
-        return cell(error_text(value) + traceback)
+        return error_text(value) + traceback
     if isinstance(value, enum.Enum):
-        return cell(value.value)
+        return value.value
     if name == "history":
-        return cell("\n".join(history_line(attempt) for attempt in value) or "-")
+        return "\n".join(history_line(attempt) for attempt in value) or "-"
     if name == "progress" and value is not None:
-        return cell(f"{value:.0%}")
-    return cell(value)
+        return f"{value:.0%}"
+    return value
+
+
+def bounded(value: Any, bound: int | None) -> Any:
+    """``value``'s text cut at ``bound`` characters, saying how much was left out."""
+    if bound is None or not isinstance(value, str) or len(value) <= bound:
+        return value
+    return f"{value[:bound]}… ({len(value) - bound:,} more characters: --full shows them all)"
 
 
 def history_line(attempt: FailedAttempt) -> str:

@@ -27,6 +27,7 @@ from .options import (
 from .output import (
     ERROR_WIDTH,
     PIPE_WIDTH,
+    SHOW_BOUND,
     Output,
     error_text,
     field_value,
@@ -211,18 +212,32 @@ def list_row(row: ScheduledFunction) -> list[Any]:
 
 @click.command()
 @click.argument("function_id", metavar="ID")
+@click.option(
+    "--full",
+    is_flag=True,
+    help=f"Print every field whole (each is cut at {SHOW_BOUND:,} characters otherwise).",
+)
 @app_options
 @output_options
 def show(
-    function_id: str, app_ref: str | None, url: str | None, as_json: bool, verbose: bool
+    function_id: str,
+    full: bool,
+    app_ref: str | None,
+    url: str | None,
+    as_json: bool,
+    verbose: bool,
 ) -> None:
-    """Show every field of one scheduled function."""
+    """Show every field of one scheduled function: each at most 4,000 characters
+    unless --full (an argument may hold megabytes). --json prints the whole row."""
     row = run_with_app(app_ref, url, functools.partial(get_row, function_id), verbose=verbose)
     out = Output(as_json)
     if as_json:
         out.json(row.model_dump(mode="json"))
     else:
-        out.fields((name, field_value(name, getattr(row, name))) for name in type(row).model_fields)
+        bound = None if full else SHOW_BOUND
+        out.fields(
+            (name, field_value(name, getattr(row, name), bound)) for name in type(row).model_fields
+        )
 
 
 async def get_row(function_id: str, app: App) -> ScheduledFunction:

@@ -2,21 +2,20 @@
 by ``durafn dashboard`` or mounted in a host application (``App.dashboard``).
 
 An optional extra, ``durafn[dashboard]`` (Starlette, Jinja2, python-multipart for its
-forms, uvicorn for the command): the core install does not carry it. This is its first
-part: the overview, the scheduled functions with filters and cursor pages, a row with
-cancel and retry; the access rules (a token or the host's auth, CSRF on every POST,
-read-only mode) that every later page keeps.
+forms, uvicorn for the command): the core install does not carry it. The overview, the
+scheduled functions with filters and cursor pages, a row with cancel and retry, crons,
+queues and workers; the access rules every page keeps: the host names it answers to, a
+token or the host's auth, a session per visitor with CSRF on every POST, read-only mode.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 from .._errors import DurafnError
 
 if TYPE_CHECKING:
-    from starlette.applications import Starlette
-
     from .access import Auth
     from .surface import App
 
@@ -30,16 +29,20 @@ def create(
     auth: Auth | None = None,
     read_only: bool = False,
     hide_args: bool = False,
-) -> Starlette:
+    allowed_hosts: Iterable[str] = (),
+) -> Any:
     """The dashboard of ``app`` as an ASGI application (see ``App.dashboard``)."""
     try:
         from .access import Access
+        from .hosts import LOOPBACK, check_allowed_hosts
         from .server import Dashboard
     except ModuleNotFoundError as exc:
         raise DashboardUnavailable(
             f"the dashboard needs {exc.name!r}: install durafn[dashboard]"
         ) from exc
-    return Dashboard(app, Access(token=token, auth=auth, read_only=read_only), hide_args).asgi
+    names = check_allowed_hosts([*LOOPBACK, *check_allowed_hosts(allowed_hosts)])
+    access = Access(token=token, auth=auth, read_only=read_only)
+    return Dashboard(app, access, hide_args, names).asgi
 
 
 class DashboardUnavailable(DurafnError):

@@ -13,7 +13,7 @@ from starlette.routing import Route
 
 from .._crons import schedule_of
 from .._types import CronInfo
-from .surface import COUNT_BOUND, Pages, Refused
+from .surface import COUNT_BOUND, Done, Pages, Refused
 
 NEXT_FIRES = 5
 LOST_SHOWN = 20
@@ -25,18 +25,37 @@ def routes(d: Pages) -> list[Route]:
         async def body(user: str) -> dict[str, Any]:
             now = d.app.clock.now()
             found = await d.app.crons()
-            return {"crons": [(c, _next_fires(c, now)) for c in found]}
+            # Each cron's last row, for its outcome: a read by primary key per cron.
+            last = {c.name: await d.app.get(c.last_row_id) for c in found if c.last_row_id}
+            return {"crons": [(c, _next_fires(c, now), last.get(c.name)) for c in found]}
 
         return await d.page(request, "crons.html", body)
 
     async def cron_action(request: Request) -> Response:
-        async def act(user: str, form: Any) -> tuple[str, str]:
-            name, what = str(request.path_params["name"]), str(request.path_params["action"])
+        name, what = str(request.path_params["name"]), str(request.path_params["action"])
+        if request.method == "GET":  # only a removal asks first
+
+            async def confirm(user: str) -> dict[str, Any]:
+                if what != "remove":
+                    raise Refused(405, f"a cron's {what} is a POST from the crons page")
+                cron = await _cron(d, name)
+                return {
+                    "title": f"Remove the cron {name}?",
+                    "what": f"It runs {cron.function} ({cron.describe}). Removed, it schedules "
+                    "nothing more; rows it scheduled already stay. A cron declared in code "
+                    "comes back when a worker of that code starts: remove it from the code too.",
+                    "action": f"/crons/{name}/remove",
+                    "button": "Remove this cron",
+                    "back": "/crons",
+                }
+
+            return await d.page(request, "confirm_one.html", confirm)
+
+        async def act(user: str, form: Any) -> Done:
             if what not in CRON_ACTIONS:
                 raise Refused(404, f"no cron action {what!r}: one of {', '.join(CRON_ACTIONS)}")
-            if not any(c.name == name for c in await d.app.crons()):
-                raise Refused(404, f"no cron {name!r}")
-            back = str(request.url_for("crons"))
+            await _cron(d, name)
+            rows = 0
             if what == "enable":
                 await d.app.enable_cron(name)
                 said = f"cron {name} enabled"
@@ -45,12 +64,11 @@ def routes(d: Pages) -> list[Route]:
                 said = f"cron {name} disabled"
             elif what == "trigger":
                 id = await d.app.trigger_cron(name)
-                said = f"cron {name} triggered: row {id}"
+                said, rows = f"cron {name} triggered: row {id}", 1
             else:
                 await d.app.remove_cron(name)
                 said = f"cron {name} removed"
-            d.record(user, f"{what} cron {name}", 1 if what == "trigger" else 0)
-            return said, back
+            return Done(said, "/crons", f"cron {what}", name, rows)
 
         return await d.act(request, act)
 
@@ -62,7 +80,7 @@ def routes(d: Pages) -> list[Route]:
         return await d.page(request, "queues.html", body)
 
     async def queue_action(request: Request) -> Response:
-        async def act(user: str, form: Any) -> tuple[str, str]:
+        async def act(user: str, form: Any) -> Done:
             name, what = str(request.path_params["name"]), str(request.path_params["action"])
             if what not in ("pause", "resume"):
                 raise Refused(404, f"no queue action {what!r}: pause or resume")
@@ -70,10 +88,8 @@ def routes(d: Pages) -> list[Route]:
                 raise Refused(404, f"no queue {name!r}")
             change = d.app.pause_queue if what == "pause" else d.app.resume_queue
             changed = await change(name)
-            d.record(user, f"{what} queue {name}", changed)
-            return f"queue {name} {'paused' if what == 'pause' else 'resumed'}", str(
-                request.url_for("queues")
-            )
+            said = f"queue {name} {'paused' if what == 'pause' else 'resumed'}"
+            return Done(said, "/queues", f"queue {what}", name, changed)
 
         return await d.act(request, act)
 
@@ -89,11 +105,18 @@ def routes(d: Pages) -> list[Route]:
 
     return [
         Route("/crons", crons),
-        Route("/crons/{name}/{action}", cron_action, methods=["POST"]),
+        Route("/crons/{name}/{action}", cron_action, methods=["GET", "POST"]),
         Route("/queues", queues),
         Route("/queues/{name}/{action}", queue_action, methods=["POST"]),
         Route("/workers", workers),
     ]
+
+
+async def _cron(d: Pages, name: str) -> CronInfo:
+    for cron in await d.app.crons():
+        if cron.name == name:
+            return cron
+    raise Refused(404, f"no cron {name!r}")
 
 
 def _next_fires(cron: CronInfo, now: float) -> list[tuple[datetime, str | None]]:

@@ -15,7 +15,8 @@ from starlette.routing import Route
 
 from .._checks import argument_filters
 from .._kinds import State
-from .surface import COUNT_BOUND, Pages, Refused
+from .surface import COUNT_BOUND, Done, Pages, Refused
+from .values import as_json
 
 PAGE_SIZE = 50
 SCAN = 10_000
@@ -97,26 +98,61 @@ def routes(d: Pages) -> list[Route]:
         return await d.page(request, "row.html", body)
 
     async def cancel(request: Request) -> Response:
-        async def act(user: str, form: Any) -> tuple[str, str]:
+        if request.method == "GET":  # the confirmation: one click never cancels
+
+            async def confirm(user: str) -> dict[str, Any]:
+                found = await d.app.get(request.path_params["id"])
+                if found is None:
+                    raise Refused(404, f"no scheduled function {request.path_params['id']!r}")
+                return {
+                    "title": f"Cancel {found.name}?",
+                    "what": f"Row {found.id}, {found.state.value}, scheduled for "
+                    f"{found.scheduled_time.isoformat()}. A Pending row never runs; a running "
+                    "action is told, its result discarded, and the rows it scheduled that "
+                    "have not finished are canceled too.",
+                    "action": f"/rows/{found.id}/cancel",
+                    "button": "Cancel this row",
+                    "back": f"/rows/{found.id}",
+                }
+
+            return await d.page(request, "confirm_one.html", confirm)
+
+        async def act(user: str, form: Any) -> Done:
             id = await _existing(d, request)
             result = await d.app.cancel(id)
-            d.record(user, f"cancel {id}", int(result.canceled))
-            back = str(request.url_for("row", id=id))
-            if result.canceled:
-                return f"canceled (it was {result.previous_state.value})", back
-            return f"not canceled: it had ended ({result.previous_state.value})", back
+            said = (
+                f"canceled (it was {result.previous_state.value})"
+                if result.canceled
+                else f"not canceled: it had ended ({result.previous_state.value})"
+            )
+            return Done(said, f"/rows/{id}", "cancel", id, int(result.canceled))
 
         return await d.act(request, act)
 
     async def retry(request: Request) -> Response:
-        async def act(user: str, form: Any) -> tuple[str, str]:
+        async def act(user: str, form: Any) -> Done:
             id = await _existing(d, request)
             moved = await d.app.retry([id])
-            d.record(user, f"retry {id}", len(moved))
-            back = str(request.url_for("row", id=id))
-            return ("retried" if moved else "not Failed: nothing to retry"), back
+            said = "retried" if moved else "not Failed: nothing to retry"
+            return Done(said, f"/rows/{id}", "retry", id, len(moved))
 
         return await d.act(request, act)
+
+    async def download(request: Request) -> Response:
+        """A row's whole argument or result, as a JSON file (the page shows a bound)."""
+        if await d.visitor(request) is None:
+            return Response("not allowed\n", status_code=403, media_type="text/plain")
+        if d.hide_args:
+            return Response("arguments and results are hidden\n", 403, media_type="text/plain")
+        id, part = str(request.path_params["id"]), str(request.path_params["part"])
+        found = await d.app.get(id)
+        if found is None or part not in ("args", "result"):
+            return Response(f"no {part} of a row {id!r}\n", 404, media_type="text/plain")
+        return Response(
+            as_json(getattr(found, part), indent=2),
+            media_type="application/json",
+            headers={"content-disposition": f'attachment; filename="{id}-{part}.json"'},
+        )
 
     async def act_on_matching(request: Request) -> Response:
         verb = str(request.path_params["verb"])
@@ -134,7 +170,7 @@ def routes(d: Pages) -> list[Route]:
 
             return await d.page(request, "confirm.html", body)
 
-        async def act(user: str, form: Any) -> tuple[str, str]:
+        async def act(user: str, form: Any) -> Done:
             chosen = _text_filters(form)
             _require_filter(chosen)
             shown_filters = {k: v for k, v in chosen.items() if v}
@@ -149,10 +185,10 @@ def routes(d: Pages) -> list[Route]:
                 run_at, priority = _new_time_and_priority(form)
                 count = await d.app.reschedule(run_at=run_at, priority=priority, **chosen)
                 shown += f" to {_said_change(run_at, priority)}"
-            d.record(user, f"{verb} every {bulk.state.value} row where {shown}", count)
             query = urlencode({**shown_filters, "state": bulk.after.value})
-            back = str(request.url_for("rows")) + "?" + query
-            return f"{bulk.done} {count} {bulk.state.value} rows where {shown}", back
+            said = f"{bulk.done} {count} {bulk.state.value} rows where {shown}"
+            action = f"{verb} every {bulk.state.value} row"
+            return Done(said, "/rows?" + query, action, shown, count)
 
         return await d.act(request, act)
 
@@ -160,8 +196,9 @@ def routes(d: Pages) -> list[Route]:
         Route("/rows", rows),
         Route("/rows/{verb}-matching", act_on_matching, methods=["GET", "POST"]),
         Route("/rows/{id}", row),
-        Route("/rows/{id}/cancel", cancel, methods=["POST"]),
+        Route("/rows/{id}/cancel", cancel, methods=["GET", "POST"]),
         Route("/rows/{id}/retry", retry, methods=["POST"]),
+        Route("/rows/{id}/{part}.json", download),
     ]
 
 

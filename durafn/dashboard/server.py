@@ -1,16 +1,18 @@
-"""The dashboard's core: who may see it (``access``), how a page and an action are
-answered, and the routes of its parts (``rows``: the scheduled functions; ``operations``:
-crons, queues and flow keys, workers). Pages are server-rendered (Jinja2, every value
-escaped) over the same ``App`` methods the command line calls (``surface.App``).
+"""The dashboard's core: who may see it (``access``; the host names it answers to,
+``hosts``), how a page and an action are answered, and the routes of its parts
+(``rows``: the scheduled functions; ``operations``: crons, queues and flow keys,
+workers). Pages are server-rendered (Jinja2, every value escaped) over the same ``App``
+methods the command line calls (``surface.App``).
 
-Every action is a POST, checked in this order: a visitor (``access``), not read-only
-(403), the CSRF token and ``Origin`` (403), then the action; it answers with a redirect
-to a page that says what was done, and goes into the audit log.
+Every request's ``Host`` is checked first (``hosts.HostCheck``). Every action is a POST,
+checked in this order: a visitor (``access``), not read-only (403), not cross-origin
+(403), the session's CSRF token (403), then the action; it answers with a redirect to a
+page that says what was done, and goes into the audit trail (``app.record_action``).
+Links and redirects are paths under the dashboard's root, never built from ``Host``.
 """
 
 from __future__ import annotations
 
-import json
 import secrets
 from collections import OrderedDict
 from pathlib import Path
@@ -22,39 +24,39 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from .._clock import to_datetime
 from .._errors import DurafnError
-from . import activity, live, operations, rows
-from .access import SESSION_COOKIE, Access
-from .audit import AuditLog
+from . import activity, live, operations, rows, values
+from .access import LOGGED_IN, SESSION_COOKIE, Access, cross_origin
+from .hosts import HostCheck
 from .surface import COUNT_BOUND, Act, App, Body, Refused
 
 _templates = Environment(
     loader=FileSystemLoader(Path(__file__).parent / "templates"),
     autoescape=select_autoescape(default=True, default_for_string=True),
 )
-# Arguments and results as JSON text, then escaped like every other value: Jinja's
-# ``tojson`` writes ``<`` as ``\\u003c``, safe in a script but unreadable on a page.
 _templates.filters["bounded"] = lambda n: f"{n:,}+" if n >= COUNT_BOUND else f"{n:,}"
-_templates.filters["as_json"] = lambda value, indent=None: json.dumps(
-    value, indent=indent, ensure_ascii=False, default=str
-)
+_templates.filters["preview"] = values.preview
+_templates.filters["shown"] = values.shown
+_templates.filters["size"] = values.size
 
 
 SAID_KEPT = 1000
 """Messages of actions kept for the page their redirect shows (the oldest go first)."""
+AUDIT_SHOWN = 20
+"""Entries of the audit trail the overview shows a page."""
 
 
 class Dashboard:
     """One app's dashboard (``App.dashboard``)."""
 
-    def __init__(self, app: App, access: Access, hide_args: bool) -> None:
+    def __init__(
+        self, app: App, access: Access, hide_args: bool, allowed_hosts: tuple[str, ...]
+    ) -> None:
         self.app = app
         self.access = access
         self.hide_args = hide_args
-        self.audit = AuditLog()
         self._said: OrderedDict[str, str] = OrderedDict()
-        self.asgi = Starlette(
+        routes = Starlette(
             routes=[
                 Route("/", self.overview),
                 *rows.routes(self),
@@ -65,16 +67,24 @@ class Dashboard:
                 Route("/logout", self.logout, methods=["POST"]),
             ]
         )
+        self.asgi = HostCheck(routes, allowed_hosts)
 
     async def overview(self, request: Request) -> Response:
         async def body(user: str) -> dict[str, Any]:
             recent = await self.app.finished(within=activity.WINDOW, limit=activity.SAMPLE)
+            before = request.query_params.get("audit_before") or None
+            if before is not None and not before.isdigit():
+                raise Refused(400, f"audit_before {before!r} is not an entry's id")
+            audit = await self.app.audit_log(
+                limit=AUDIT_SHOWN + 1, before=None if before is None else int(before)
+            )
             return {
                 "activity": activity.summarize(recent, self.app.clock.now()),
                 "stats": await self.app.stats(bound=COUNT_BOUND),
                 "queues": await self.app.queues(bound=COUNT_BOUND),
                 "workers": await self.app.workers(),
-                "audit": self.audit.recent(),
+                "audit": audit[:AUDIT_SHOWN],
+                "audit_older": audit[AUDIT_SHOWN - 1].id if len(audit) > AUDIT_SHOWN else None,
             }
 
         return await self.page(request, "overview.html", body)
@@ -93,21 +103,25 @@ class Dashboard:
     async def login(self, request: Request) -> Response:
         if request.method == "GET" or not self.access.login_required:
             return self.render(request, "login.html", {"error": None, "user": None})
+        if why := cross_origin(request):
+            return self.refusal(request, 403, _cross_origin_said(why))
         form = await request.form()
         if not self.access.token_matches(str(form.get("token", ""))):
             return self.render(request, "login.html", {"error": "wrong token", "user": None}, 403)
-        done = RedirectResponse(str(request.url_for("overview")), status_code=303)
-        done.set_cookie(
-            SESSION_COOKIE, self.access.session_value(), httponly=True, samesite="strict"
-        )
+        done = RedirectResponse(root(request) + "/", status_code=303)
+        # A new session at login: one a page of the dashboard handed out before (whoever
+        # may have seen its id) never becomes a logged-in one.
+        self.access.set_cookie(done, request, self.access.new_session(LOGGED_IN))
         return done
 
     async def logout(self, request: Request) -> Response:
         form = await request.form()
+        if why := cross_origin(request):
+            return self.refusal(request, 403, _cross_origin_said(why))
         if not self.access.csrf_ok(request, str(form.get("csrf", ""))):
-            return self.refusal(request, 403, "a form without this page's CSRF token")
-        done = RedirectResponse(str(request.url_for("login")), status_code=303)
-        done.delete_cookie(SESSION_COOKIE)
+            return self.refusal(request, 403, CSRF_SAID)
+        done = RedirectResponse(root(request) + "/login", status_code=303)
+        done.delete_cookie(SESSION_COOKIE, path=root(request) + "/")
         return done
 
     # -- what every page and action shares -----------------------------------------------
@@ -134,49 +148,78 @@ class Dashboard:
             return self._not_in(request)
         if self.access.read_only:
             return self.refusal(request, 403, "this dashboard is read-only")
+        if why := cross_origin(request):
+            return self.refusal(request, 403, _cross_origin_said(why))
         form = await request.form()
         if not self.access.csrf_ok(request, str(form.get("csrf", ""))):
-            return self.refusal(request, 403, "a form without this page's CSRF token")
+            return self.refusal(request, 403, CSRF_SAID)
         try:
-            said, back = await act(user, form)
+            done = await act(user, form)
         except Refused as exc:
             return self.refusal(request, exc.status, str(exc))
         except DurafnError as exc:
             return self.refusal(request, 400, str(exc))
+        await self.app.record_action(
+            who=user,
+            via="dashboard",
+            action=done.action,
+            target=done.target,
+            rows=done.rows,
+            outcome=done.said,
+        )
         # What was done is kept here and named in the URL by a random key: a message in
         # the URL itself would let any link show any text on the dashboard's page.
         key = secrets.token_urlsafe(12)
-        self._said[key] = said
+        self._said[key] = done.said
         while len(self._said) > SAID_KEPT:
             self._said.popitem(last=False)
-        separator = "&" if "?" in back else "?"
-        return RedirectResponse(f"{back}{separator}done={key}", status_code=303)
-
-    def record(self, user: str, what: str, rows: int) -> None:
-        self.audit.record(to_datetime(self.app.clock.now()), user, what, rows)
+        separator = "&" if "?" in done.back else "?"
+        return RedirectResponse(f"{root(request)}{done.back}{separator}done={key}", 303)
 
     def render(
         self, request: Request, template: str, context: dict[str, Any], status: int = 200
     ) -> HTMLResponse:
+        session = self.access.session(request)
         html = _templates.get_template(template).render(
             request=request,
             done=self._said.get(request.query_params.get("done", "")),
-            csrf=self.access.csrf_token(request),
+            csrf=self.access.csrf_token(session),
             read_only=self.access.read_only,
             hide_args=self.hide_args,
             bound=COUNT_BOUND,
-            root=str(request.url_for("overview")).rstrip("/"),
+            root=root(request),
             **context,
         )
-        return HTMLResponse(html, status_code=status)
+        response = HTMLResponse(html, status_code=status)
+        if session.fresh:
+            self.access.set_cookie(response, request, session)
+        return response
 
     def refusal(self, request: Request, status: int, message: str) -> Response:
         return self.render(request, "refused.html", {"message": message, "user": None}, status)
 
     def _not_in(self, request: Request) -> Response:
         if self.access.login_required:
-            return RedirectResponse(str(request.url_for("login")), status_code=303)
+            return RedirectResponse(root(request) + "/login", status_code=303)
         return self.refusal(request, 403, "not allowed (the host application's auth refused)")
+
+
+CSRF_SAID = (
+    "a form without this page's CSRF token, or from another session: reload the page and try again"
+)
+
+
+def _cross_origin_said(why: str) -> str:
+    return (
+        f"a cross-origin request is refused ({why}): the dashboard's actions are taken "
+        "from its own pages only"
+    )
+
+
+def root(request: Request) -> str:
+    """Where the dashboard is mounted (the ASGI ``root_path``): every link and redirect
+    is a path under it, never a URL built from the request's ``Host``."""
+    return str(request.scope.get("root_path") or "").rstrip("/")
 
 
 class _Delegate(Response):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import builtins
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
@@ -17,6 +18,7 @@ from .._clock import Clock
 from .._explain import Explanation, FlowKeyInfo
 from .._kinds import ScheduledFunctionId, State
 from .._types import (
+    AuditEntry,
     CancelResult,
     CronInfo,
     LostWorker,
@@ -109,6 +111,12 @@ class App(Protocol):
     async def remove_cron(self, name: str) -> bool: ...
     async def pause_queue(self, *names: str) -> int: ...
     async def resume_queue(self, *names: str) -> int: ...
+    async def record_action(
+        self, *, who: str, action: str, target: str, rows: int, outcome: str, via: str = "api"
+    ) -> AuditEntry: ...
+    async def audit_log(
+        self, *, limit: int = 50, before: int | None = None
+    ) -> builtins.list[AuditEntry]: ...
 
 
 COUNT_BOUND = 10_000
@@ -125,11 +133,23 @@ class Refused(Exception):
         self.status = status
 
 
+@dataclass(frozen=True)
+class Done:
+    """What an action did: said on the page it returns to, and recorded in the audit
+    trail as ``action`` on ``target``, ``rows`` rows changed."""
+
+    said: str
+    back: str
+    """The page to return to: a path under the dashboard's root (``/rows/...``)."""
+    action: str
+    target: str
+    rows: int
+
+
 Body = Callable[[str], Awaitable[dict[str, Any]]]
 """A page's content for a visitor (their name): the template's context."""
-Act = Callable[[str, Any], Awaitable[tuple[str, str]]]
-"""An action for a visitor, given the form: what it did (said on the page it returns to)
-and that page's URL."""
+Act = Callable[[str, Any], Awaitable[Done]]
+"""An action for a visitor, given the form."""
 
 
 class Pages(Protocol):
@@ -137,7 +157,8 @@ class Pages(Protocol):
 
     @property
     def app(self) -> App: ...
+    @property
+    def hide_args(self) -> bool: ...
     async def visitor(self, request: Request) -> str | None: ...
     async def page(self, request: Request, template: str, body: Body) -> Response: ...
     async def act(self, request: Request, act: Act) -> Response: ...
-    def record(self, user: str, what: str, rows: int) -> None: ...

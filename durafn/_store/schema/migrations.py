@@ -29,6 +29,7 @@ from .dependencies import create_release_function, create_release_trigger
 from .tables import (
     ERROR_KEYS,
     ID_TYPE,
+    audit,
     crons,
     dependencies,
     flow_keys,
@@ -379,6 +380,12 @@ def _step_20(conn: Connection) -> None:
         create_schedule_function(conn)
 
 
+def _step_21(conn: Connection) -> None:
+    """Version 21: ``_durafn_audit``, what operators did, kept across restarts (the
+    dashboard kept its last 200 actions in memory)."""
+    audit.create(conn, checkfirst=True)  # and its index
+
+
 def create_sql_functions(conn: Connection) -> None:
     """What the migrations install besides tables: the release trigger (both engines)
     and, on PostgreSQL, ``durafn.schedule``."""
@@ -409,5 +416,6 @@ MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     18: _step_18,
     19: _step_19,
     20: _step_20,
+    21: _step_21,
 }
 """Steps from version N-1 to N. A fresh database gets the latest tables in one go."""

@@ -26,7 +26,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import JSONB
 
-SCHEMA_VERSION = 20
+SCHEMA_VERSION = 21
 """Bump with a new step in ``migrations.MIGRATIONS`` whenever the tables change."""
 
 metadata = MetaData()
@@ -313,6 +313,25 @@ lost_workers = Table(
 )
 # The newest first, and the pruning of the oldest.
 Index("ix_durafn_lost_workers_lost_at", lost_workers.c.lost_at)
+
+# Version 21: what operators did (the dashboard's actions and the command line's
+# changes): when, who, through what, which action on what, how many rows, and what came
+# of it. Written in the action's own statement after it; kept for the retention period
+# (the executor's retention pass removes the older entries, in pages).
+audit = Table(
+    "_durafn_audit",
+    metadata,
+    Column("id", BigInteger().with_variant(Integer(), "sqlite"), primary_key=True),
+    Column("at", Double, nullable=False),
+    Column("who", Text, nullable=False),  # the visitor: "local", "token", the host's user
+    Column("via", String(16), nullable=False),  # "dashboard" or "cli"
+    Column("action", Text, nullable=False),  # "cancel", "retry", "cron remove", ...
+    Column("target", Text, nullable=False),  # a row's id, a filter, a cron or queue name
+    Column("rows", Integer, nullable=False),  # how many rows it changed
+    Column("outcome", Text, nullable=False),  # what was said on the page
+)
+# The pages, newest first, read the primary key; the retention pass ranges over ``at``.
+Index("ix_durafn_audit_at", audit.c.at)
 
 dependencies = Table(
     "_durafn_dependencies",
