@@ -1,14 +1,16 @@
 """What operators rely on, through the dashboard's ASGI app and the command line, on both
 engines: the audit trail kept in the database (paged, pruned with the retention period,
-read by ``durafn audit``), a confirmation before a row's cancel and a cron's removal,
-values of any size shown bounded (a one-line preview in lists, a folded view and a
-download on a row's page, ``durafn show`` cut unless ``--full``), and the crons' last
-runs."""
+read by ``durafn audit``; the command line's changes in it too), a confirmation before a
+row's cancel and a cron's removal, values of any size shown bounded (a one-line preview
+in lists, a folded view and a download on a row's page, ``durafn show`` cut unless
+``--full``), and the crons' last runs."""
 
 from __future__ import annotations
 
+import getpass
 import json
 import re
+import socket
 from datetime import UTC, datetime
 
 import anyio
@@ -179,3 +181,36 @@ async def test_the_crons_page_shows_the_last_run_its_outcome_and_its_rows(
     assert f'<a href="/rows/{last[0].last_row_id}" class="state-Failed">Failed</a>' in after.text
     assert "(ValueError: the report&#39;s source is down)" in after.text
     assert 'class="cron-rows" href="/rows?name=reports%3Aflaky"' in after.text
+
+
+async def test_the_command_lines_changes_are_in_the_audit_trail(
+    app: durafn.App, rows: dict[str, str], db_url: str
+) -> None:
+    @app.mutation(name="reports:nightly")
+    async def nightly(ctx: MutationCtx) -> None:
+        pass
+
+    @app.mutation(name="mail:queued")
+    async def queued(ctx: MutationCtx) -> None:
+        pass
+
+    app.cron("nightly", "30 1 * * *", nightly)
+    await app.executor().run_until_idle()
+    await app.scheduler().run_after(60, queued.options(queue="mail"))
+    for command in (
+        ("cancel", rows["pending"]),
+        ("retry", "--name", "mail:broken", "--yes"),
+        ("queue", "pause", "mail"),
+        ("cron", "disable", "nightly"),
+    ):
+        done = await invoke(*command, "--url", db_url)
+        assert done.exit_code == 0, done.output
+    who = f"{getpass.getuser()}@{socket.gethostname()}"
+    entries = await app.audit_log()
+    assert {(e.who, e.via) for e in entries} == {(who, "cli")}
+    assert [(e.action, e.target, e.rows, e.outcome) for e in reversed(entries)] == [
+        ("cancel", rows["pending"], 1, f"canceled {rows['pending']} (was Pending)"),
+        ("retry every Failed row", "name=mail:broken", 1, "1 Failed row put back to Pending"),
+        ("queue pause", "mail", 1, "1 queue paused"),
+        ("cron disable", "nightly", 0, "cron nightly disabled"),
+    ]

@@ -19,7 +19,7 @@ from .options import app_options, output_options, to_datetime_option
 from .output import Output, plural
 from .prompt import confirm
 from .rows import filter_options
-from .running import fail, run_with_app
+from .running import Audited, fail, run_with_app
 
 if TYPE_CHECKING:
     from .._app import App
@@ -57,7 +57,18 @@ def cancel(
     if filters:
         raise click.UsageError("give ids or filters, not both")
     outcomes = run_with_app(
-        app_ref, url, functools.partial(cancel_each, function_ids), verbose=verbose
+        app_ref,
+        url,
+        functools.partial(cancel_each, function_ids),
+        verbose=verbose,
+        audited=Audited(
+            "cancel",
+            " ".join(function_ids),
+            lambda found: sum(1 for o in found if not isinstance(o, NotFoundError) and o.canceled),
+            lambda found: "; ".join(
+                str(o) if isinstance(o, NotFoundError) else describe_cancel(o) for o in found
+            ),
+        ),
     )
     results = [o for o in outcomes if not isinstance(o, NotFoundError)]
     out = Output(as_json)
@@ -131,7 +142,16 @@ def reschedule(
             "reschedule", State.PENDING, filters, yes, app_ref, url, as_json, verbose, change
         )
         return
-    count = run_with_app(app_ref, url, change, verbose=verbose)
+    said = _said_change(run_at, priority, max_attempts)
+    count = run_with_app(
+        app_ref,
+        url,
+        change,
+        verbose=verbose,
+        audited=Audited(
+            "reschedule", " ".join(function_ids), int, lambda n: f"{n} rescheduled to {said}"
+        ),
+    )
     if as_json:
         Output(True).json({"rescheduled": count})
     else:
@@ -186,7 +206,18 @@ def retry(
                 left[id] = None if row is None else row.state
         return moved, left
 
-    moved, left = run_with_app(app_ref, url, _retry, verbose=verbose)
+    moved, left = run_with_app(
+        app_ref,
+        url,
+        _retry,
+        verbose=verbose,
+        audited=Audited(
+            "retry",
+            " ".join(function_ids),
+            lambda result: len(result[0]),
+            lambda result: f"{len(result[0])} put back to Pending",
+        ),
+    )
     not_failed = [id for id, state in left.items() if state is not None]
     not_found = [id for id, state in left.items() if state is None]
     if as_json:
@@ -264,7 +295,16 @@ def _every_matching(
     def where(app: App) -> Awaitable[int]:
         return app.cancel_where(**filters) if verb == "cancel" else app.retry_where(**filters)
 
-    count = run_with_app(app_ref, url, change or where, verbose=verbose)
+    target = ", ".join(f"{k}={v}" for k, v in counted.items()) or "every row"
+    count = run_with_app(
+        app_ref,
+        url,
+        change or where,
+        verbose=verbose,
+        audited=Audited(
+            f"{verb} every {state.value} row", target, int, lambda n: f"{plural(n, rows)} {done}"
+        ),
+    )
     if as_json:
         Output(True).json({key: count})
     else:
@@ -280,6 +320,13 @@ async def cancel_each(function_ids: Sequence[str], app: App) -> list[CancelResul
         except NotFoundError as exc:
             outcomes.append(exc)
     return outcomes
+
+
+def _said_change(run_at: datetime | None, priority: int | None, attempts: int | None) -> str:
+    parts = [f"run at {run_at.isoformat()}"] if run_at else []
+    parts += [f"priority {priority}"] if priority is not None else []
+    parts += [f"max attempts {attempts}"] if attempts is not None else []
+    return " and ".join(parts)
 
 
 def describe_cancel(result: CancelResult) -> str:

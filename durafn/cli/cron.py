@@ -13,7 +13,7 @@ from rich.table import Column
 from .._errors import DurafnError
 from .options import app_options, output_options, to_datetime_option, verbose_option
 from .output import Output
-from .running import fail, run_with_app
+from .running import Audited, fail, run_with_app
 
 if TYPE_CHECKING:
     from .._types import CronInfo
@@ -141,7 +141,20 @@ def _change(
     """Run ``App.<verb>_cron(name)`` and say what it did."""
     method = {"enabled": "enable", "disabled": "disable", "removed": "remove"}.get(verb, "trigger")
     result = run_with_app(
-        app_ref, url, lambda app: getattr(app, f"{method}_cron")(name), verbose=verbose
+        app_ref,
+        url,
+        lambda app: getattr(app, f"{method}_cron")(name),
+        verbose=verbose,
+        audited=Audited(
+            f"cron {method}",
+            name,
+            lambda r: 1 if verb == "triggered" else 0,
+            lambda r: (
+                f"no cron named {name!r}"
+                if verb == "removed" and not r
+                else f"cron {name} {verb}" + (f": row {r}" if verb == "triggered" else "")
+            ),
+        ),
     )
     if verb == "removed" and not result:
         fail(f"no cron named {name!r} (durafn crons lists them)")
@@ -188,7 +201,15 @@ def remove(name: str, app_ref: str | None, url: str | None, as_json: bool, verbo
 @output_options
 def skip(name: str, app_ref: str | None, url: str | None, as_json: bool, verbose: bool) -> None:
     """Skip cron NAME's next tick: it runs next at the one after."""
-    skipped = run_with_app(app_ref, url, lambda app: app.skip_next_tick(name), verbose=verbose)
+    skipped = run_with_app(
+        app_ref,
+        url,
+        lambda app: app.skip_next_tick(name),
+        verbose=verbose,
+        audited=Audited(
+            "cron skip", name, lambda _: 0, lambda at: f"the tick at {at.isoformat()} skipped"
+        ),
+    )
     out = Output(as_json)
     if as_json:
         out.json({"cron": name, "skipped": skipped.isoformat()})

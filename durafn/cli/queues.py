@@ -10,7 +10,7 @@ from rich.table import Column
 
 from .options import app_options, output_options
 from .output import Output, plural
-from .running import run_with_app
+from .running import Audited, run_with_app
 
 if TYPE_CHECKING:
     from .._types import QueueInfo
@@ -67,7 +67,13 @@ def pause(
     names: tuple[str, ...], app_ref: str | None, url: str | None, as_json: bool, verbose: bool
 ) -> None:
     """Stop these queues' rows from starting; they stay Pending (running ones finish)."""
-    changed = run_with_app(app_ref, url, lambda app: app.pause_queue(*names), verbose=verbose)
+    changed = run_with_app(
+        app_ref,
+        url,
+        lambda app: app.pause_queue(*names),
+        verbose=verbose,
+        audited=_audited("pause", names),
+    )
     _report(Output(as_json), names, changed, "paused")
 
 
@@ -79,8 +85,19 @@ def resume(
     names: tuple[str, ...], app_ref: str | None, url: str | None, as_json: bool, verbose: bool
 ) -> None:
     """Let paused queues' rows start again."""
-    changed = run_with_app(app_ref, url, lambda app: app.resume_queue(*names), verbose=verbose)
+    changed = run_with_app(
+        app_ref,
+        url,
+        lambda app: app.resume_queue(*names),
+        verbose=verbose,
+        audited=_audited("resume", names),
+    )
     _report(Output(as_json), names, changed, "resumed")
+
+
+def _audited(verb: str, names: Sequence[str]) -> Audited:
+    done = f"{verb}d"
+    return Audited(f"queue {verb}", " ".join(names), int, lambda n: f"{plural(n, 'queue')} {done}")
 
 
 def _report(out: Output, names: Sequence[str], changed: int, done: str) -> None:

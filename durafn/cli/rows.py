@@ -38,7 +38,7 @@ from .output import (
     state_text,
 )
 from .prompt import confirm
-from .running import fail, run_with_app
+from .running import Audited, fail, run_with_app
 
 if TYPE_CHECKING:
     from .._app import App
@@ -317,7 +317,16 @@ def clear(
     deleted = 0
     if count:
         deleted = run_with_app(
-            app_ref, url, functools.partial(delete_rows, states, before), verbose=verbose
+            app_ref,
+            url,
+            functools.partial(delete_rows, states, before),
+            verbose=verbose,
+            audited=Audited(
+                "clear",
+                f"{'/'.join(s.value for s in states)} rows completed before {before.isoformat()}",
+                int,
+                lambda n: f"deleted {plural(n, 'finished row')}",
+            ),
         )
     if as_json:
         Output(True).json({"deleted": deleted})

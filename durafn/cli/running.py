@@ -4,12 +4,15 @@ one line on stderr and exit status 1 (``--verbose`` adds the traceback)."""
 from __future__ import annotations
 
 import functools
+import getpass
 import importlib
 import os
+import socket
 import sys
 import traceback
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, NoReturn, TypeVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 
@@ -136,6 +139,18 @@ def run(body: Callable[[], Awaitable[T]], *, verbose: bool) -> T:
         )
 
 
+@dataclass(frozen=True)
+class Audited:
+    """A change a command makes, recorded in the audit trail once made (``via="cli"``,
+    who: ``user@host``): ``action`` on ``target``, and from the body's result how many
+    rows it changed and what came of it."""
+
+    action: str
+    target: str
+    rows: Callable[[Any], int]
+    outcome: Callable[[Any], str]
+
+
 def run_with_app(
     app_ref: str | None,
     url: str | None,
@@ -143,14 +158,39 @@ def run_with_app(
     *,
     verbose: bool,
     create: bool = False,
+    audited: Audited | None = None,
 ) -> T:
-    """``run`` a body that needs the app, opened as ``open_app`` does and always closed."""
+    """``run`` a body that needs the app, opened as ``open_app`` does and always closed;
+    if it makes a change (``audited``), record it in the audit trail."""
 
     async def _run() -> T:
         app = open_app(app_ref, url, create=create)
         try:
-            return await body(app)
+            result = await body(app)
+            if audited is not None:
+                await _record(app, audited, result)
+            return result
         finally:
             await app.aclose()
 
     return run(_run, verbose=verbose)
+
+
+def _printable(text: str) -> str:
+    """An argument as stored text: bytes that were not UTF-8 (a lone surrogate here) as
+    escapes, NUL as ``\\x00``."""
+    return text.encode("utf-8", "backslashreplace").decode().replace("\x00", "\\x00")
+
+
+async def _record(app: App, audited: Audited, result: Any) -> None:
+    try:
+        await app.record_action(
+            who=f"{getpass.getuser()}@{socket.gethostname()}",
+            via="cli",
+            action=audited.action,
+            target=_printable(audited.target),
+            rows=audited.rows(result),
+            outcome=_printable(audited.outcome(result)),
+        )
+    except DurafnError as exc:  # the change is made: say so, and what was not recorded
+        click.echo(f"warning: done, but not recorded in the audit trail: {exc}", err=True)
