@@ -379,6 +379,15 @@ def _step_20(conn: Connection) -> None:
         create_schedule_function(conn)
 
 
+def _step_21(conn: Connection) -> None:
+    """Version 21: on PostgreSQL, ``durafn.schedule`` made again: ``options => NULL`` is
+    no options, as ``'{}'`` is (it was refused as not a JSON object)."""
+    if conn.dialect.name == "postgresql":
+        from .schedule_function import create_schedule_function
+
+        create_schedule_function(conn)
+
+
 def create_sql_functions(conn: Connection) -> None:
     """What the migrations install besides tables: the release trigger (both engines)
     and, on PostgreSQL, ``durafn.schedule``."""
@@ -409,5 +418,6 @@ MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     18: _step_18,
     19: _step_19,
     20: _step_20,
+    21: _step_21,
 }
 """Steps from version N-1 to N. A fresh database gets the latest tables in one go."""

@@ -26,7 +26,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import JSONB
 
-SCHEMA_VERSION = 20
+SCHEMA_VERSION = 21
 """Bump with a new step in ``migrations.MIGRATIONS`` whenever the tables change."""
 
 metadata = MetaData()
