@@ -22,7 +22,9 @@ class Clock(Protocol):
     """What the runtime needs from a clock."""
 
     def now(self) -> float:
-        """Current time, seconds since the epoch."""
+        """Current time, seconds since the epoch. Also called on a database driver's
+        thread: SQLite reads an action's start there, once its claim holds the write
+        lock (``_store/claim/columns.StartTime``), so keep it a plain read."""
         ...
 
     async def sleep_until(self, deadline: float) -> None:

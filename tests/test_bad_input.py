@@ -86,6 +86,70 @@ async def test_arguments_round_trip(app: durafn.App, clock: FakeClock) -> None:
     assert row.result == {"city": "Oslo", "zip": "0150"}
 
 
+async def test_stored_arguments_that_leave_out_a_parameter_with_a_default_take_it(
+    app: durafn.App, db_url: str, clock: FakeClock
+) -> None:
+    """One rule on every route: a parameter left out takes its default when the row runs.
+    Rows stored without it (scheduled before the parameter was added, as here, or from
+    SQL, which cannot see defaults) ran into ``loud: Field required``. The default
+    reaches the function as Python's own scheduling would have stored it (validated,
+    then through JSON); a parameter without a default is still required."""
+
+    @app.mutation(name="r:greet")
+    async def greet(ctx: MutationCtx, name: str) -> None:
+        pass
+
+    @app.action(name="r:greet_later")
+    async def greet_later(ctx: ActionCtx, name: str) -> None:
+        pass
+
+    @app.mutation(name="r:strict")
+    async def strict(ctx: MutationCtx, name: str) -> None:
+        pass
+
+    sched = app.scheduler()
+    ids = [
+        await sched.run_after(0, greet, "ada"),
+        await sched.run_after(0, greet_later, "bob"),
+        await sched.run_after(0, strict, "eve"),
+    ]
+    seen: list[tuple[str, bool, Address, datetime]] = []
+    noon = datetime(2031, 5, 6, 12, tzinfo=UTC)
+    async with durafn.App(db_url, clock=clock) as again:  # the next deploy adds parameters
+
+        @again.mutation(name="r:greet")
+        async def greet2(
+            ctx: MutationCtx,
+            name: str,
+            loud: bool = False,
+            address: Address = Address(city="Oslo", zip="0150"),  # noqa: B008
+            when: datetime = noon,
+        ) -> None:
+            seen.append((name, loud, address, when))
+
+        @again.action(name="r:greet_later")
+        async def greet_later2(ctx: ActionCtx, name: str, times: int = 2) -> int:
+            return times
+
+        @again.mutation(name="r:strict")
+        async def strict2(ctx: MutationCtx, name: str, level: int) -> None:
+            pass
+
+        await again.executor().run_until_idle()
+        rows = [await again.get(id) for id in ids]
+    assert seen == [("ada", False, Address(city="Oslo", zip="0150"), noon)]
+    assert [(r.state, r.result) for r in rows if r is not None][:2] == [
+        (State.SUCCESS, None),
+        (State.SUCCESS, 2),
+    ]
+    failed = rows[2]
+    assert failed is not None and failed.state is State.FAILED
+    assert failed.error is not None
+    assert failed.error.message == (
+        "stored arguments no longer match 'r:strict': level: Field required"
+    )
+
+
 async def test_unknown_function(app: durafn.App) -> None:
     other = durafn.App("sqlite+aiosqlite:///unused.sqlite3")
 

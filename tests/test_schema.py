@@ -315,6 +315,50 @@ async def test_version_20_makes_durafn_schedule_refuse_a_queue_name_workers_cann
         await app.aclose()
 
 
+@pytest.mark.postgres_only  # durafn.schedule is PostgreSQL's
+async def test_version_21_makes_durafn_schedule_take_null_options_as_none(
+    postgres_url: str,
+) -> None:
+    """A version 20 database: its ``durafn.schedule`` (this one with NULL refused again,
+    as it was) refuses ``options => NULL``. Migrated, the call writes a row without
+    options."""
+    import asyncpg
+
+    app = durafn.App(postgres_url)
+    try:
+        await app.migrate()
+        async with app.engine.begin() as conn:
+            current = (
+                await conn.execute(
+                    text(
+                        "SELECT pg_get_functiondef('durafn.schedule(text,jsonb,timestamptz,jsonb)'"
+                        "::regprocedure)"
+                    )
+                )
+            ).scalar_one()
+            coalesced = "options := coalesce(options, '{}'::jsonb);"
+            assert coalesced in current
+            refused = (
+                "IF options IS NULL THEN RAISE EXCEPTION 'durafn.schedule: options must be "
+                "a JSON object, not NULL' USING ERRCODE = '22023'; END IF;"
+            )
+            await conn.execute(text(current.replace(coalesced, refused)))  # version 20's
+            await conn.execute(delete(schema_version))
+            await conn.execute(insert(schema_version).values(version=20, applied_at=0))
+        raw = await asyncpg.connect(postgres_url.replace("+asyncpg", ""))
+        try:
+            call = "SELECT durafn.schedule('x', '{}', NULL, NULL)"
+            with pytest.raises(asyncpg.InvalidParameterValueError, match="JSON object"):
+                await raw.fetchval(call)
+            await app.aclose()
+            assert await app.migrate() == durafn.SCHEMA_VERSION
+            assert await raw.fetchval(call) is not None
+        finally:
+            await raw.close()
+    finally:
+        await app.aclose()
+
+
 async def test_a_version_1_database_is_upgraded_in_place(
     db_url: str, engine_name: str, clock: FakeClock
 ) -> None:

@@ -163,3 +163,45 @@ async def test_a_batched_action_scheduled_from_sql_runs_as_a_batch_of_one(
         assert (calls, row.state, row.result) == ([[41]], State.SUCCESS, 42)
     finally:
         await app.aclose()
+
+
+async def test_a_parameter_left_out_takes_its_default_and_null_options_are_none(
+    postgres_url: str, clock: FakeClock
+) -> None:
+    """The issue's case: a row scheduled from SQL that left out ``loud`` failed with
+    ``loud: Field required``, where ``run_after`` stored the default. And ``options =>
+    NULL`` was refused as not a JSON object: it means no options, as ``'{}'`` does."""
+    app = durafn.App(postgres_url, clock=clock)
+    await app.migrate()
+    heard: list[tuple[str, bool]] = []
+
+    @app.action(name="r:greet")
+    async def greet(ctx: ActionCtx, name: str, loud: bool = False) -> None:
+        heard.append((name, loud))
+
+    try:
+        async with app.engine.begin() as conn:
+            quiet = (
+                await conn.execute(
+                    text("SELECT durafn.schedule('r:greet', '{\"name\": \"ada\"}', NULL, NULL)")
+                )
+            ).scalar_one()
+            await conn.execute(
+                text(
+                    "SELECT durafn.schedule(name => 'r:greet', "
+                    'args => \'{"name": "bob", "loud": true}\', options => NULL)'
+                )
+            )
+        row = await row_of(app, str(quiet))
+        assert (row.kind, row.priority, row.queue, row.flags, row.args) == (
+            durafn.FunctionKind.ACTION,
+            0,
+            None,
+            [],
+            {"name": "ada"},
+        )
+        await app.executor().run_until_idle()
+        assert sorted(heard) == [("ada", False), ("bob", True)]
+        assert (await row_of(app, str(quiet))).state is State.SUCCESS
+    finally:
+        await app.aclose()

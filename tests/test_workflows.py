@@ -21,7 +21,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 import durafn
 from durafn import ActionCtx, Fixed, MutationCtx, Retry, Snooze, State
-from durafn.testing import FakeClock
+from durafn._store import Claimed, Outcome
+from durafn.testing import FakeClock, all_rows
 
 from .conftest import BARE_DSN
 from .helpers import CEILING, effects, row_of, wait_until
@@ -820,3 +821,81 @@ async def test_rows_a_transaction_marks_awaited_are_claimed_once_it_commits(
     finally:
         await writer.aclose()
         await worker.aclose()
+
+
+async def _times_agree_with_the_order_of_events(app: durafn.App) -> None:
+    """Every row started no later than it ended, and every dependent started no earlier
+    than the last of its dependencies ended (their completions committed before it could
+    be claimed). Dependents are told by name: ``join*`` waits for every ``part*``."""
+    rows = await all_rows(app)
+    for row in rows:
+        if row.started_time is not None and row.completed_time is not None:
+            assert row.started_time <= row.completed_time, row
+    last = max(r.completed_time for r in rows if r.name.startswith("part") and r.completed_time)
+    for join in (r for r in rows if r.name.startswith("join")):
+        assert join.started_time is not None and join.started_time >= last, (join, last)
+
+
+@pytest.mark.parametrize("wait", ["connection", "write lock"])
+async def test_a_start_is_read_once_the_claim_holds_its_lock(
+    db_url: str, engine_name: str, clock: FakeClock, wait: str
+) -> None:
+    """The issue's fan-in on SQLite, made deterministic. A claim that read the time, then
+    waited (for SQLite's write lock, held by another writer; for a pooled connection, on
+    both engines) while the last dependency's finish committed, claimed the dependent
+    with the time it had read: its ``started_time`` came before the dependency's
+    ``completed_time``, though it ran after. The start is now read once the claim holds
+    its lock (SQLite: as its statement binds, on the connection's thread, after BEGIN
+    IMMEDIATE; PostgreSQL: as the statement is sent on the connection it waited for).
+    The claim's own ``now`` (the dispatcher's, read before it claims) still decides what
+    is due."""
+    if wait == "write lock" and engine_name == "postgres":
+        pytest.skip("PostgreSQL's claims take rows SKIP LOCKED: they wait for no finish's lock")
+    app = durafn.App(db_url, clock=clock, max_connections=1 if wait == "connection" else None)
+    await app.migrate()
+
+    @app.action(name="part")
+    async def part(ctx: ActionCtx, n: int) -> None:
+        pass
+
+    @app.action(name="join")
+    async def join(ctx: ActionCtx) -> None:
+        pass
+
+    try:
+        parts = await app.scheduler().run_many([part.call(n) for n in range(50)])
+        await app.scheduler().run_after(0, join.options(after=parts))
+        executor = app.executor()
+        claims, finisher = executor._claims, executor._finisher
+        claimed = await claims.claim(50)
+        assert sorted(r.id for r in claimed) == sorted(parts)
+        for row in claimed[:-1]:  # all but the last end, a second apart
+            clock.advance(1)
+            await finisher.write([Outcome(row.id, State.SUCCESS)])
+        last = claimed[-1]
+        read = clock.now()  # what the dispatcher read before its claim
+        got: list[list[Claimed]] = []
+
+        async def claim() -> None:
+            got.append(await claims.claim(10, read, retries=0))
+
+        async with anyio.create_task_group() as tg, app.engine.connect() as held:
+            await held.begin()  # SQLite: BEGIN IMMEDIATE, the write lock
+            tg.start_soon(claim)  # it waits for ``held`` (its connection, or its lock)
+            clock.advance(5)
+            driver = app._rt.driver
+            worker = claims.worker_id()
+            finished = await driver.finish_in_progress(
+                held, clock.now(), [Outcome(last.id, State.SUCCESS)], worker
+            )
+            assert finished == 1
+            await held.commit()
+        [[dependent]] = got
+        assert dependent.name == "join"
+        joined = await row_of(app, dependent.id)
+        assert joined.started_time is not None
+        assert joined.started_time.timestamp() == clock.now() > read
+        await finisher.write([Outcome(dependent.id, State.SUCCESS)])
+        await _times_agree_with_the_order_of_events(app)
+    finally:
+        await app.aclose()

@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from .._errors import DatabaseError
 from .._kinds import FunctionKind, ScheduledFunctionId, State
 from .._runtime import Runtime, one_line
-from .._store import SERVE_ALL, Claimed, ClaimFilter, FastPathHint
+from .._store import SERVE_ALL, Claimed, ClaimFilter, FastPathHint, StartTime
 from .outcomes import log_fields
 
 logger = logging.getLogger("durafn.executor")
@@ -72,18 +72,25 @@ class ActionClaims:
         outcome would leave the first one's rows InProgress, unstarted; the next claim
         adopts them (below).
         """
-        now = self._rt.clock.now() if now is None else now
+        clock = self._rt.clock
+        now = clock.now() if now is None else now
         driver = self._rt.driver
         worker_id = self._worker_id()
 
+        # ``now`` decides what is due; the rows' start is read once the claim holds its
+        # connection and lock (``StartTime``): a finish that committed while it waited
+        # came before the rows it released.
         async def _fast(conn: AsyncConnection) -> list[Claimed]:
-            return await driver.claim_actions_fast(
-                conn, now, limit - len(adopted), worker_id, self.serve
-            )
+            room = limit - len(adopted)
+            started = StartTime(clock)
+            return await driver.claim_actions_fast(conn, now, room, worker_id, self.serve, started)
 
         async def _claim(conn: AsyncConnection) -> list[Claimed]:
             room = limit - len(adopted) - len(rows)
-            return await driver.claim_actions(conn, now, room, worker_id, self.serve, self.hint)
+            started = StartTime(clock)
+            return await driver.claim_actions(
+                conn, now, room, worker_id, self.serve, self.hint, started
+            )
 
         async def _ours(conn: AsyncConnection) -> list[Claimed]:
             return await driver.claimed_by(conn, worker_id)
@@ -174,7 +181,8 @@ class ActionClaims:
 
         async def _claim(conn: AsyncConnection) -> list[Claimed]:
             now = self._rt.clock.now()
-            return await driver.claim_ids(conn, FunctionKind.ACTION, ids, now, worker_id)
+            started = StartTime(self._rt.clock)
+            return await driver.claim_ids(conn, FunctionKind.ACTION, ids, now, worker_id, started)
 
         rows = await self._rt.transaction(_claim, doing="claiming actions to run inline")
         self.unrecorded.update(r.id for r in rows)

@@ -27,7 +27,7 @@ from .._errors import DatabaseError
 from .._invoke import Invoker, timeout_error
 from .._kinds import FunctionKind
 from .._runtime import Runtime
-from .._store import BatchClaim, BatchSpec, Claimed, Outcome
+from .._store import BatchClaim, BatchSpec, Claimed, Outcome, StartTime
 from .action_claims import ActionClaims
 from .deadlines import DeadlineWatch, Slot
 from .outcomes import failed, stopped, succeeded
@@ -109,7 +109,10 @@ class BatchClaims:
         worker_id = claims.worker_id()
 
         async def _claim(conn: AsyncConnection) -> BatchClaim:
-            return await driver.claim_batches(conn, now, worker_id, specs, limit, claims.serve)
+            started = StartTime(self._rt.clock)  # read once the claim holds its lock
+            return await driver.claim_batches(
+                conn, now, worker_id, specs, limit, claims.serve, started
+            )
 
         async with claims.claiming():
             try:

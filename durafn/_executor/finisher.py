@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from .._errors import DatabaseError
 from .._kinds import FunctionKind, ScheduledFunctionId
 from .._runtime import Runtime
-from .._store import Claimed, Outcome
+from .._store import Claimed, Outcome, StartTime
 from .action_claims import ActionClaims
 from .outcomes import Tally, failed
 from .retrying import keep_trace, retried, settle, will_retry
@@ -169,7 +169,11 @@ class Finisher:
                 written = await settle(self._rt, conn, now, outcomes, ACTION, worker_id)
                 if room:
                     serve = self._claims.serve
-                    handed = await driver.hand_off(conn, now, list(ended), room, worker_id, serve)
+                    # Started once the finish holds its lock, as a claim's rows are.
+                    started = StartTime(self._rt.clock)
+                    handed = await driver.hand_off(
+                        conn, now, list(ended), room, worker_id, serve, started
+                    )
                 # Every slot these ends freed is taken again: a claimer woken now would
                 # find every queue as busy as before (and a claim costs six statements).
                 refilled = Counter(r.queue_name for r in handed) == ended

@@ -8,6 +8,7 @@ from sqlalchemy.exc import ArgumentError as _SAArgumentError
 from .._errors import DatabaseError
 from .after_commit import AfterCommit, take_notes
 from .claim.batched import BatchClaim, BatchSpec
+from .claim.columns import StartTime
 from .claim.flow import FlowCursor
 from .claim.hints import FastPathHint, LevelFloor
 from .claim.take import SERVE_ALL, ClaimFilter
@@ -37,6 +38,7 @@ __all__ = [
     "LostAction",
     "Outcome",
     "RowFilter",
+    "StartTime",
     "take_notes",
     "tick_id",
     "decode_cursor",

@@ -33,7 +33,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ..rows import Claimed
 from ..schema.tables import BATCHED, sf
-from .columns import claimed
+from .columns import StartTime, claimed
 from .take import ClaimFilter, _starting, flags_allowed
 
 SCAN = 1000
@@ -130,9 +130,10 @@ async def claim_batches(
     room: int,
     serve: ClaimFilter,
     try_lock: Callable[[AsyncConnection, str], Awaitable[bool]],
+    started: StartTime | float | None = None,
 ) -> BatchClaim:
-    """Start up to ``room`` ready batches of ``functions`` under ``worker_id`` (the
-    module docstring); commit before running them."""
+    """Start up to ``room`` ready batches of ``functions`` under ``worker_id``, at
+    ``started`` (default ``now``; the module docstring); commit before running them."""
     found = BatchClaim()
     if serve.queues is not None:  # a worker of named queues only: batched rows are unqueued
         return found
@@ -157,7 +158,8 @@ async def claim_batches(
                 if len(due) < spec.max_size and ready_at > now:
                     found.wake(ready_at)
                     break
-                rows = claimed(list(await conn.execute(st.take, params | {"worker_id": worker_id})))
+                starting = {"worker_id": worker_id, "started": now if started is None else started}
+                rows = claimed(list(await conn.execute(st.take, params | starting)))
                 if not rows:
                     break  # another worker's (SKIP LOCKED)
                 found.batches.append(rows)

@@ -11,7 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from ..._kinds import FunctionKind
 from ..._options import PRIORITY_RANGE
 from ..rows import CLAIM_ORDER, Claimed
-from .columns import CLAIM_COLUMNS, claimed
+from .columns import CLAIM_COLUMNS, StartTime, claimed
 from .hints import LevelFloor
 from .take import SECOND_LEVEL, ClaimFilter, statements
 
@@ -41,12 +41,19 @@ async def start_fast(
     worker_id: str,
     serve: ClaimFilter,
     lateral: bool = False,
+    started: StartTime | float | None = None,
 ) -> list[Claimed]:
-    """The fast path for actions, started in the same statements."""
+    """The fast path for actions, started (at ``started``, default ``now``) in the same
+    statements."""
     st = statements(serve, lateral)
     if st.first_actions is None or st.fast_actions is None:
         return []
-    params = {"b_kind": FunctionKind.ACTION.value, "now": now, "worker_id": worker_id}
+    params = {
+        "b_kind": FunctionKind.ACTION.value,
+        "now": now,
+        "worker_id": worker_id,
+        "started": now if started is None else started,
+    }
     return await _by_level(conn, st.first_actions, st.fast_actions, params, limit)
 
 

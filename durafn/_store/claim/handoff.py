@@ -43,7 +43,7 @@ from ..._kinds import FunctionKind
 from ..rows import Claimed
 from ..schema.tables import sf
 from ..sql import PENDING, RUNNING
-from .columns import CLAIM_COLUMNS, STARTED, claimed
+from .columns import CLAIM_COLUMNS, STARTED, StartTime, claimed
 from .queues import LOCK_QUEUES, in_queue_order
 from .take import ClaimFilter, flags_allowed
 
@@ -128,12 +128,14 @@ async def hand_off(
     room: int,
     worker_id: str,
     serve: ClaimFilter,
+    started: StartTime | float | None = None,
 ) -> list[Claimed]:
     """Start the successors of ``names`` (the queues of actions this transaction has just
-    finished), at most ``room``, under ``worker_id``; the rows started."""
+    finished), at most ``room``, under ``worker_id``, at ``started`` (default ``now``);
+    the rows started."""
     names = sorted({n for n in names if serve.queues is None or n in serve.queues})
     statement = successor(serve.forbidden_flags)
-    started: list[Any] = []
+    taken: list[Any] = []
     for name in names[:room]:
         # One queue's lock at a time: a lock held on a queue this finish then leaves
         # alone would make the claims that meet it skip it until the commit.
@@ -141,11 +143,14 @@ async def hand_off(
         if lock is None or lock.concurrency is None:  # a claim's, paused, or unlimited
             break
         params = {"queue": name, "now": now, "concurrency": lock.concurrency}
-        found = (await conn.execute(statement, {**params, "worker_id": worker_id})).all()
+        at = now if started is None else started
+        found = (
+            await conn.execute(statement, {**params, "worker_id": worker_id, "started": at})
+        ).all()
         if not found:
             # Mostly the claim order: rows of other queues are due before this one's
             # next, and so before the others' (1000 queues of interleaved rows). A
             # statement per queue for nothing halved that drain: stop at the first miss.
             break
-        started.extend(found)
-    return claimed(started)
+        taken.extend(found)
+    return claimed(taken)

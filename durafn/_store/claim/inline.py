@@ -18,7 +18,7 @@ from ..._kinds import FunctionKind, ScheduledFunctionId
 from ..rows import Claimed
 from ..schema.tables import sf
 from ..sql import PENDING
-from .columns import CLAIM_COLUMNS, STARTED, claimed
+from .columns import CLAIM_COLUMNS, STARTED, StartTime, claimed
 
 
 class InlineStatements:
@@ -31,11 +31,12 @@ class InlineStatements:
         ids: Sequence[ScheduledFunctionId],
         now: float,
         worker_id: str | None = None,
+        started: StartTime | float | None = None,
     ) -> list[Claimed]:
         """The rows of ``ids`` still Pending, of ``kind``, in no named queue and with no flow
         key: mutations
         locked until this transaction ends, actions started under ``worker_id`` (by
-        primary key)."""
+        primary key), at ``started`` (default ``now``: ``columns.StartTime``)."""
         where = (
             sf.c.id.in_(ids),
             sf.c.state == PENDING,
@@ -47,4 +48,5 @@ class InlineStatements:
             locked = select(*CLAIM_COLUMNS).where(*where).with_for_update(skip_locked=True)
             return claimed((await conn.execute(locked)).all())
         start = update(sf).where(*where).values(STARTED).returning(*CLAIM_COLUMNS)
-        return claimed((await conn.execute(start, {"now": now, "worker_id": worker_id})).all())
+        params = {"worker_id": worker_id, "started": now if started is None else started}
+        return claimed((await conn.execute(start, params)).all())

@@ -18,7 +18,7 @@ from ..engine import EngineDriver
 from ..rows import Claimed
 from ..schema.tables import sf
 from .batched import BatchClaim, BatchSpec, claim_batches
-from .columns import CLAIM_COLUMNS, claimed
+from .columns import CLAIM_COLUMNS, StartTime, claimed
 from .fast import start_fast, take_fast
 from .handoff import hand_off
 from .hints import FastPathHint, LevelFloor
@@ -61,9 +61,11 @@ class ClaimStatements(EngineDriver):
         worker_id: str,
         serve: ClaimFilter = SERVE_ALL,
         hint: FastPathHint | None = None,
+        started: StartTime | float | None = None,
     ) -> list[Claimed]:
         """Pending -> InProgress for up to ``limit`` due actions (``take``, after
-        ``claim_actions_fast``); commit before running them."""
+        ``claim_actions_fast``), at ``started`` (default ``now``; ``StartTime``: read once
+        this claim holds its lock); commit before running them."""
         rows = await take(
             conn,
             FunctionKind.ACTION,
@@ -74,7 +76,7 @@ class ClaimStatements(EngineDriver):
             hint,
             self.lateral_claims,
         )
-        return await start_actions(conn, rows, now, worker_id)
+        return await start_actions(conn, rows, now if started is None else started, worker_id)
 
     async def claim_actions_fast(
         self,
@@ -83,11 +85,13 @@ class ClaimStatements(EngineDriver):
         limit: int,
         worker_id: str,
         serve: ClaimFilter = SERVE_ALL,
+        started: StartTime | float | None = None,
     ) -> list[Claimed]:
-        """Pending -> InProgress for up to ``limit`` due unqueued actions, by level, when
-        no queued action is due (``fast.start_fast``); commit before running them.
-        None found: ``claim_actions`` (the full claim) may find queued ones."""
-        return await start_fast(conn, now, limit, worker_id, serve, self.lateral_claims)
+        """Pending -> InProgress at ``started`` (default ``now``) for up to ``limit`` due
+        unqueued actions, by level, when no queued action is due (``fast.start_fast``);
+        commit before running them. None found: ``claim_actions`` (the full claim) may
+        find queued ones."""
+        return await start_fast(conn, now, limit, worker_id, serve, self.lateral_claims, started)
 
     async def claim_batches(
         self,
@@ -97,10 +101,13 @@ class ClaimStatements(EngineDriver):
         functions: Sequence[BatchSpec],
         room: int,
         serve: ClaimFilter = SERVE_ALL,
+        started: StartTime | float | None = None,
     ) -> BatchClaim:
-        """Pending -> InProgress for up to ``room`` ready batches of these batched
-        actions (``batched``); commit before running them."""
-        return await claim_batches(conn, now, worker_id, functions, room, serve, self.try_lock)
+        """Pending -> InProgress at ``started`` (default ``now``) for up to ``room`` ready
+        batches of these batched actions (``batched``); commit before running them."""
+        return await claim_batches(
+            conn, now, worker_id, functions, room, serve, self.try_lock, started
+        )
 
     async def hand_off(
         self,
@@ -110,11 +117,12 @@ class ClaimStatements(EngineDriver):
         room: int,
         worker_id: str,
         serve: ClaimFilter = SERVE_ALL,
+        started: StartTime | float | None = None,
     ) -> list[Claimed]:
         """In the transaction that has just finished actions of ``queues``: start each
         queue's next row under ``worker_id`` where the claim would have (``handoff``), at
-        most ``room``; commit before running them."""
-        return await hand_off(conn, now, queues, room, worker_id, serve)
+        most ``room``, at ``started`` (default ``now``); commit before running them."""
+        return await hand_off(conn, now, queues, room, worker_id, serve, started)
 
     async def release_unstarted(
         self, conn: AsyncConnection, ids: Sequence[ScheduledFunctionId], worker_id: str

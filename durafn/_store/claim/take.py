@@ -70,7 +70,7 @@ from ..._kinds import FunctionKind
 from ..rows import CLAIM_ORDER, Claimed
 from ..schema.tables import BATCHED, dependencies, queues, sf
 from ..sql import PENDING, carries
-from .columns import CLAIM_COLUMNS, STARTED, claimed
+from .columns import CLAIM_COLUMNS, STARTED, StartTime, claimed
 from .flow import FlowCursor, FlowStatements, fair_order, flow_heads, flow_statements, keyed
 from .hints import FastPathHint
 from .queues import heads_only, queue_heads, queue_may_run
@@ -487,13 +487,13 @@ async def _take_unkeyed(
 async def start_actions(
     conn: AsyncConnection,
     rows: list[Claimed],
-    now: float,
+    started: StartTime | float,
     worker_id: str,
 ) -> list[Claimed]:
-    """Pending -> InProgress for chosen (locked) actions, guarded by state."""
+    """Pending -> InProgress at ``started`` for chosen (locked) actions, guarded by state."""
     if not rows:
         return []
     result = await conn.execute(
-        START_ACTIONS, {"ids": [r.id for r in rows], "now": now, "worker_id": worker_id}
+        START_ACTIONS, {"ids": [r.id for r in rows], "started": started, "worker_id": worker_id}
     )
     return claimed(list(result))

@@ -381,7 +381,16 @@ def _step_20(conn: Connection) -> None:
 
 
 def _step_21(conn: Connection) -> None:
-    """Version 21: ``_durafn_audit``, what operators did, kept across restarts (the
+    """Version 21: on PostgreSQL, ``durafn.schedule`` made again: ``options => NULL`` is
+    no options, as ``'{}'`` is (it was refused as not a JSON object)."""
+    if conn.dialect.name == "postgresql":
+        from .schedule_function import create_schedule_function
+
+        create_schedule_function(conn)
+
+
+def _step_22(conn: Connection) -> None:
+    """Version 22: ``_durafn_audit``, what operators did, kept across restarts (the
     dashboard kept its last 200 actions in memory)."""
     audit.create(conn, checkfirst=True)  # and its index
 
@@ -417,5 +426,6 @@ MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     19: _step_19,
     20: _step_20,
     21: _step_21,
+    22: _step_22,
 }
 """Steps from version N-1 to N. A fresh database gets the latest tables in one go."""

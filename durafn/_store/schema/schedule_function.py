@@ -10,8 +10,9 @@ starts ``durafn.schedule:``; nothing is written then.
   written, as ``run_after("name")`` writes it: the worker records the row Failed with
   ``UnknownFunctionError``). ``args``: a JSON object of the arguments by name, checked by
   the worker against the function's signature when it runs (a mismatch fails the row
-  with ``ArgumentError``). ``run_at``: when (NULL: now).
-* ``options``: ``kind`` (``"action"``, the default, or ``"mutation"``: SQL cannot see
+  with ``ArgumentError``; a parameter left out takes its default then, as from Python:
+  ``FunctionRef.decode_args``). ``run_at``: when (NULL: now).
+* ``options`` (NULL: none, as ``{}``): ``kind`` (``"action"``, the default, or ``"mutation"``: SQL cannot see
   the registry), ``priority`` (a 32-bit integer), ``queue`` (1 to 255 characters; a new
   queue is serial, as from Python), ``flags`` (an array of up to 32 flags of 1 to 64 of
   ``A-Z a-z 0-9 _ . : @ / + -``). Job keys, retry policies, flow control and
@@ -60,9 +61,11 @@ BEGIN
         RAISE EXCEPTION 'durafn.schedule: args must be a JSON object of the arguments by name, not %',
             coalesce(args::text, 'NULL') USING ERRCODE = '22023';
     END IF;
-    IF options IS NULL OR jsonb_typeof(options) <> 'object' THEN
+    -- NULL is no options, as '{{}}' is (version 21: it was refused).
+    options := coalesce(options, '{{}}'::jsonb);
+    IF jsonb_typeof(options) <> 'object' THEN
         RAISE EXCEPTION 'durafn.schedule: options must be a JSON object, not %',
-            coalesce(options::text, 'NULL') USING ERRCODE = '22023';
+            options::text USING ERRCODE = '22023';
     END IF;
     SELECT string_agg(k, ', ' ORDER BY k) INTO v_unknown
       FROM jsonb_object_keys(options) AS k

@@ -26,7 +26,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import JSONB
 
-SCHEMA_VERSION = 21
+SCHEMA_VERSION = 22
 """Bump with a new step in ``migrations.MIGRATIONS`` whenever the tables change."""
 
 metadata = MetaData()
@@ -314,7 +314,7 @@ lost_workers = Table(
 # The newest first, and the pruning of the oldest.
 Index("ix_durafn_lost_workers_lost_at", lost_workers.c.lost_at)
 
-# Version 21: what operators did (the dashboard's actions and the command line's
+# Version 22: what operators did (the dashboard's actions and the command line's
 # changes): when, who, through what, which action on what, how many rows, and what came
 # of it. Written in the action's own statement after it; kept for the retention period
 # (the executor's retention pass removes the older entries, in pages).
