@@ -41,7 +41,13 @@ from ._options import AfterPolicy, JobOptions, KeyMode
 from ._public import publish
 from ._retention import Retention
 from ._retries import SNOOZE_LIMIT, Retry
-from ._signatures import describe, parse_signature, problems, refuse_non_finite
+from ._signatures import (
+    StoredDefaults,
+    describe,
+    parse_signature,
+    problems,
+    refuse_non_finite,
+)
 from ._types import Completion
 
 P = ParamSpec("P")
@@ -127,8 +133,7 @@ class FunctionRef(Generic[P, R]):
                 "it names at module level"
             ) from exc
         fields = {p.name: hints.get(p.name, Any) for p in self._params}
-        self._fields = fields
-        self._stored_defaults: dict[str, Any] | None = None  # built when first needed
+        self._stored_defaults = StoredDefaults(self.name, fields, self._defaults, _ARGS_CONFIG)
         # A TypedDict, not a pydantic model: parameter names such as ``json`` or ``copy``
         # would collide with BaseModel attributes, and a dict maps straight onto **kwargs.
         typed_dict: Any = cast(Any, typing_extensions.TypedDict)(f"{self.name}:args", fields)
@@ -225,7 +230,7 @@ class FunctionRef(Generic[P, R]):
         try:
             return self._args_adapter.validate_json(text)
         except pydantic.ValidationError as exc:
-            filled = self._with_defaults(text, exc)
+            filled = self._stored_defaults.fill_in(text, exc)
             if filled is None:
                 raise ArgumentError(
                     f"stored arguments no longer match {self.name!r}: {problems(exc)}"
@@ -236,53 +241,6 @@ class FunctionRef(Generic[P, R]):
             raise ArgumentError(
                 f"stored arguments no longer match {self.name!r}: {problems(exc)}"
             ) from None
-
-    def _with_defaults(self, text: str, exc: pydantic.ValidationError) -> bytes | None:
-        """Stored arguments that leave out parameters with defaults, with those defaults
-        put in; None if none of the problems is such a parameter.
-
-        One rule on every route: a parameter left out takes its default. Scheduling from
-        Python stores the defaults with the call; a row from SQL (``durafn.schedule``,
-        which cannot see them) or one scheduled before the parameter was added has them
-        put in here, when it runs, as Python would have stored them (validated, then
-        JSON), so both reach the function as the same value. Only rows that lack one pay
-        for it: the hot path is the one ``validate_json`` above."""
-        missing = {
-            str(e["loc"][0]) for e in exc.errors() if e["type"] == "missing" and len(e["loc"]) == 1
-        } & self._defaults.keys()
-        if not missing:
-            return None
-        defaults = self._default_values()
-        added = {name: defaults[name] for name in missing if name in defaults}
-        if not added:
-            return None
-        # A JSON object (pydantic reports missing fields of nothing else); duplicate keys
-        # were already folded by the parse the error came from, as here.
-        stored: dict[str, Any] = pydantic_core.from_json(text)
-        return pydantic_core.to_json(stored | added)
-
-    def _default_values(self) -> dict[str, Any]:
-        """Each default as scheduling from Python stores it, as JSON values (made once, on
-        the first row that needs one). A default that cannot be stored (``object()``) is
-        left out: a row without that parameter fails naming it, as a Python call without
-        it cannot be scheduled."""
-        if self._stored_defaults is None:
-            fields = {name: self._fields[name] for name in self._defaults}
-            typed_dict: Any = cast(Any, typing_extensions.TypedDict)(
-                f"{self.name}:defaults", fields, total=False
-            )
-            typed_dict.__pydantic_config__ = _ARGS_CONFIG
-            adapter: TypeAdapter[dict[str, Any]] = TypeAdapter(typed_dict)
-            values: dict[str, Any] = {}
-            for name, default in self._defaults.items():
-                try:
-                    values |= adapter.dump_python(
-                        adapter.validate_python({name: default}), mode="json"
-                    )
-                except (pydantic.ValidationError, pydantic_core.PydanticSerializationError):
-                    continue
-            self._stored_defaults = values
-        return self._stored_defaults
 
     def encode_result(self, value: object) -> str | None:
         if value is None:

@@ -1,6 +1,7 @@
 """A durable function's signature, and its arguments as JSON can hold them: the context
 parameter checked, named parameters only, NaN and infinities refused, pydantic's errors
-as one line (what ``FunctionRef`` reads when a function is registered or called).
+as one line, the defaults a stored row leaves out (what ``FunctionRef`` reads when a
+function is registered, called or run).
 """
 
 from __future__ import annotations
@@ -9,9 +10,12 @@ import dataclasses
 import inspect
 import math
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, cast
 
 import pydantic
+import pydantic_core
+import typing_extensions
+from pydantic import ConfigDict, TypeAdapter
 
 from ._errors import ArgumentError, RegistrationError
 from ._kinds import FunctionKind
@@ -121,3 +125,63 @@ def parse_signature(
 def a_word(word: str) -> str:
     """``a mutation``, ``an action``."""
     return f"an {word}" if word[:1].lower() in "aeiou" else f"a {word}"
+
+
+class StoredDefaults:
+    """A function's defaults as scheduling from Python stores them, put into stored
+    arguments that leave their parameters out.
+
+    One rule on every route: a parameter left out takes its default. Scheduling from
+    Python stores the defaults with the call; a row from SQL (``durafn.schedule``, which
+    cannot see them) or one scheduled before the parameter was added has them put in when
+    it runs, as Python would have stored them (validated, then JSON), so both reach the
+    function as the same value. Only rows that lack one pay for it: the hot path is the
+    first ``validate_json`` of ``FunctionRef.decode_args``."""
+
+    def __init__(
+        self, name: str, fields: dict[str, Any], defaults: dict[str, Any], config: ConfigDict
+    ) -> None:
+        self._name = name
+        self._fields = fields
+        self._defaults = defaults
+        self._config = config
+        self._stored: dict[str, Any] | None = None  # made on the first row that needs one
+
+    def fill_in(self, text: str, exc: pydantic.ValidationError) -> bytes | None:
+        """``text`` with the defaults of the parameters ``exc`` says are missing put in;
+        None if none of its problems is such a parameter."""
+        missing = {
+            str(e["loc"][0]) for e in exc.errors() if e["type"] == "missing" and len(e["loc"]) == 1
+        } & self._defaults.keys()
+        if not missing:
+            return None
+        defaults = self._values()
+        added = {name: defaults[name] for name in missing if name in defaults}
+        if not added:
+            return None
+        # A JSON object (pydantic reports missing fields of nothing else); duplicate keys
+        # were already folded by the parse the error came from, as here.
+        stored: dict[str, Any] = pydantic_core.from_json(text)
+        return pydantic_core.to_json(stored | added)
+
+    def _values(self) -> dict[str, Any]:
+        """Each default as JSON values. A default that cannot be stored (``object()``) is
+        left out: a row without that parameter fails naming it, as a Python call without
+        it cannot be scheduled."""
+        if self._stored is None:
+            fields = {name: self._fields[name] for name in self._defaults}
+            typed_dict: Any = cast(Any, typing_extensions.TypedDict)(
+                f"{self._name}:defaults", fields, total=False
+            )
+            typed_dict.__pydantic_config__ = self._config
+            adapter: TypeAdapter[dict[str, Any]] = TypeAdapter(typed_dict)
+            values: dict[str, Any] = {}
+            for name, default in self._defaults.items():
+                try:
+                    values |= adapter.dump_python(
+                        adapter.validate_python({name: default}), mode="json"
+                    )
+                except (pydantic.ValidationError, pydantic_core.PydanticSerializationError):
+                    continue
+            self._stored = values
+        return self._stored
