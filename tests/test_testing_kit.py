@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import require_postgres
+from .conftest import KIT_URL, require_postgres
 
 pytest_plugins = ["pytester"]
 
@@ -154,8 +154,7 @@ def test_the_kit_on_sqlite(project: pytest.Pytester) -> None:
 
 def test_the_kit_on_postgres(project: pytest.Pytester) -> None:
     require_postgres()
-    url = "postgresql+asyncpg://postgres@127.0.0.1:5432/durafn_kit"
-    result = project.runpytest("-p", "no:cacheprovider", f"--durafn-url={url}")
+    result = project.runpytest("-p", "no:cacheprovider", f"--durafn-url={KIT_URL}")
     result.assert_outcomes(passed=6)
 
 
@@ -215,5 +214,5 @@ def test_the_pages_on_the_kit_run_as_written(
     args = ["-p", "no:cacheprovider"]
     if engine == "postgres":
         require_postgres()
-        args.append("--durafn-url=postgresql+asyncpg://postgres@127.0.0.1:5432/durafn_kit")
+        args.append(f"--durafn-url={KIT_URL}")
     pytester.runpytest(*args).assert_outcomes(passed=passing)
