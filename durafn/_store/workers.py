@@ -100,6 +100,7 @@ class WorkerStatements:
                 sf.c.on_complete,
                 sf.c.flow_key,
                 sf.c.trace_context,
+                sf.c.attempts,
             )
         )
         # The failures returned count this one: the retry's count is of those before it.
@@ -114,8 +115,9 @@ class WorkerStatements:
                 callback,
                 key,
                 trace,
+                attempts,
             )
-            for i, n, w, m, q, retry, most, failures, callback, key, trace in result
+            for i, n, w, m, q, retry, most, failures, callback, key, trace, attempts in result
         ]
         return lost
 
