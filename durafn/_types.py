@@ -237,11 +237,14 @@ class LostWorker(BaseModel):
     lost_at: datetime
     """When another worker's rescue declared it lost."""
     rescued_by: str
-    """The worker that rescued its actions."""
+    """The worker that declared it lost (and rescued its actions)."""
     failed: int
-    """Its running actions recorded Failed (``WorkerLostError``) for good."""
+    """Its running actions recorded Failed (``WorkerLostError``) for good: by the rescue
+    that declared it lost, and by later ones (an action is rescued a whole timeout after
+    its claim: one claimed after the worker's last heartbeat, at a later heartbeat)."""
     retried: int
-    """Its running actions put back to Pending by their retry policy."""
+    """Its running actions put back to Pending by their retry policy (by every rescue,
+    as ``failed``)."""
 
 
 class QueueInfo(BaseModel):

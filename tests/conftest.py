@@ -27,7 +27,9 @@ PG_ADMIN_DSN = os.environ.get(
 )
 # Another database name lets two suites run at once on one server (each resets its schema);
 # so does each of pytest-xdist's workers (``-n 2``, the default), with a database of its own.
-PG_DATABASE = os.environ.get("DURAFN_TEST_PG_DATABASE", "durafn_test") + (
+# Every database the suite uses on the server is named from PG_BASE (tests/test_suite.py).
+PG_BASE = os.environ.get("DURAFN_TEST_PG_DATABASE", "durafn_test")
+PG_DATABASE = PG_BASE + (
     f"_{os.environ['PYTEST_XDIST_WORKER']}" if "PYTEST_XDIST_WORKER" in os.environ else ""
 )
 PG_URL = f"postgresql+asyncpg://postgres@127.0.0.1:5432/{PG_DATABASE}"
@@ -39,6 +41,10 @@ PG_DSN = f"postgresql://postgres@127.0.0.1:5432/{PG_DATABASE}"
 BARE_DATABASE = f"{PG_DATABASE}_bare"
 BARE_URL = f"postgresql+asyncpg://postgres@127.0.0.1:5432/{BARE_DATABASE}"
 BARE_DSN = f"postgresql://postgres@127.0.0.1:5432/{BARE_DATABASE}"
+# The database the test kit's tests hand the pytest plugin (``--durafn-url``), which adds
+# the pytest-xdist worker's suffix itself (``durafn_test_kit_gw0``): a third of its own,
+# as the plugin empties durafn's tables and migrates as it sees fit.
+KIT_URL = f"postgresql+asyncpg://postgres@127.0.0.1:5432/{PG_BASE}_kit"
 
 _pg_problem: str | None = None
 _pg_checked = False

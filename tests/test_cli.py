@@ -35,6 +35,7 @@ from durafn.cli.output import duration, iso
 from durafn.testing import FakeClock
 
 from .cli_app import ADD, NOTIFY, make_app
+from .conftest import PG_BASE
 from .helpers import CEILING
 from .processes import owned_sync, run_all, tagged
 
@@ -704,9 +705,10 @@ def test_bad_urls_are_one_line_errors() -> None:
 @pytest.mark.postgres_only  # a server that answers, for a database it does not have
 def test_an_unknown_postgres_database_is_a_one_line_error(postgres_url: str) -> None:
     # asyncpg raises this one past SQLAlchemy unwrapped: it must still be one line.
-    url = postgres_url.rsplit("/", 1)[0] + "/durafn_no_such_db"
+    missing = f"{PG_BASE}_no_such_db"  # named from the suite's, as every test database
+    url = postgres_url.rsplit("/", 1)[0] + f"/{missing}"
     [(code, stderr)] = durafn_processes(["migrate", "--url", url])
-    assert_one_line_error(code, stderr, 'database "durafn_no_such_db" does not exist')
+    assert_one_line_error(code, stderr, f'database "{missing}" does not exist')
 
 
 def _aiosqlite_threads() -> list[threading.Thread]:

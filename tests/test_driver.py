@@ -678,6 +678,16 @@ async def test_rescue_fails_the_running_actions_of_lost_workers_only(store: Stor
         1,
         0,
     )
+    # Its row claimed since that cutoff is rescued by a later rescue, once as old: counted
+    # on the same record (a worker with no record, never declared lost, has none).
+    later_lost = await store.run(lambda conn: driver.rescue_lost(conn, T0 + 30, T0, "{worker}"))
+    assert [(r.id, r.worker_id) for r in later_lost] == [(new_dead, "dead")]
+    counts: dict[str | None, tuple[int, int]] = {"dead": (0, 1), "never-registered": (1, 0)}
+    assert not await store.run(
+        lambda conn: driver.remove_lost_workers(conn, T0 + 30, T0, "alive", counts)
+    )
+    [record] = await store.run(lambda conn: driver.list_lost_workers(conn, 10))
+    assert (record.id, record.rescued_by, record.failed, record.retried) == ("dead", "alive", 1, 1)
     # Kept 7 days: a rescue a week later forgets it (and finds "alive" silent since).
     week = T0 + 7 * 86400 + 1
     await store.run(lambda conn: driver.remove_lost_workers(conn, week, week - 30, "x", {}))

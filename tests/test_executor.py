@@ -600,6 +600,114 @@ async def test_run_until_idle_stops_runaway_self_scheduling(
         await finish_all(app.executor(), clock, max_steps=5)
 
 
+async def test_finish_all_finishes_an_app_with_crons(app: durafn.App, clock: FakeClock) -> None:
+    """A cron always has a next tick: ``finish_all`` never moves the clock to one, but runs
+    each tick the clock passes on its way to the rows, at its own time, and what the
+    tick's run schedules; it ends when nothing is Pending."""
+    ran: list[str] = []
+
+    def at(ctx: MutationCtx, what: str) -> None:
+        ran.append(f"{what} {ctx.now():%H:%M}")
+
+    @app.mutation(name="fa:countdown")
+    async def countdown(ctx: MutationCtx, n: int) -> None:
+        at(ctx, f"countdown {n}")
+        if n:
+            await ctx.scheduler.run_after(25 * 60, countdown, n=n - 1)
+
+    @app.mutation(name="fa:follow_up")
+    async def follow_up(ctx: MutationCtx) -> None:
+        at(ctx, "follow-up")
+
+    @app.mutation(name="fa:ten")
+    async def ten(ctx: MutationCtx) -> None:
+        at(ctx, "ten")
+        await ctx.scheduler.run_after(60, follow_up)  # before the next tick
+
+    @app.mutation(name="fa:nightly")
+    async def nightly(ctx: MutationCtx) -> None:
+        at(ctx, "nightly")
+
+    app.cron("fa-ten", "*/10 * * * *", ten)
+    app.cron("fa-nightly", "0 2 * * *", nightly)
+    start = clock.now()
+    executor = app.executor()
+    assert await finish_all(executor, clock) == 0  # only crons: nothing to finish
+    assert clock.now() == start and ran == []
+
+    await app.scheduler().run_after(0, countdown, n=2)
+    assert await finish_all(executor, clock) == 3 + 2 * 5
+    assert clock.now() == start + 51 * 60  # the last follow-up's time
+    ticks = [f"ten 00:{m}0" for m in range(1, 6)]
+    follow_ups = [f"follow-up 00:{m}1" for m in range(1, 6)]
+    assert sorted(ran) == sorted(
+        ["countdown 2 00:00", "countdown 1 00:25", "countdown 0 00:50", *ticks, *follow_ups]
+    )
+    assert await app.list(state=State.PENDING) == durafn.Page(items=[], next_cursor=None)
+    # The next tick is still to come, at its time.
+    assert await durafn.testing.advance(executor, clock, 9 * 60) == 1
+    assert ran[-1] == "ten 01:00"
+
+
+async def test_finish_all_names_the_function_that_reschedules_itself(
+    app: durafn.App, clock: FakeClock
+) -> None:
+    @app.mutation(name="fa:every_minute")
+    async def every_minute(ctx: MutationCtx) -> None:
+        await ctx.scheduler.run_after(60, every_minute)
+
+    await app.scheduler().run_after(0, every_minute)
+    with pytest.raises(durafn.RunawayError) as raised:
+        await finish_all(app.executor(), clock, max_steps=5)
+    message = str(raised.value)
+    assert "fa:every_minute, due 2030-01-01T00:06:00+00:00, reschedules itself" in message, message
+    assert "after 5 steps (6 functions run)" in message and "advance(" in message, message
+
+
+async def test_finish_all_names_the_cron_whose_ticks_keep_it_going(
+    app: durafn.App, clock: FakeClock
+) -> None:
+    """A cron whose runs schedule work past its next tick: each step to that work passes
+    another tick. The message names the cron, not only the function still scheduled."""
+
+    @app.mutation(name="fa:reminder")
+    async def reminder(ctx: MutationCtx) -> None:
+        pass
+
+    @app.mutation(name="fa:hourly")
+    async def hourly(ctx: MutationCtx) -> None:
+        await ctx.scheduler.run_after(2 * 3600, reminder)
+
+    @app.mutation(name="fa:later")
+    async def later(ctx: MutationCtx) -> None:
+        pass
+
+    app.cron("fa-hourly", "0 * * * *", hourly)
+    await app.scheduler().run_after(90 * 60, later)
+    with pytest.raises(durafn.RunawayError) as raised:
+        await finish_all(app.executor(), clock, max_steps=5)
+    message = str(raised.value)
+    assert "fa:reminder" in message and "cron 'fa-hourly'" in message, message
+    assert "advance(" in message, message
+
+
+async def test_finish_all_names_a_row_held_at_its_time(app: durafn.App, clock: FakeClock) -> None:
+    """A row that never starts (its queue paused) keeps the clock where it is: the message
+    says it is due, and where to look, rather than blaming a function that reschedules."""
+
+    @app.mutation(name="fa:queued")
+    async def queued(ctx: MutationCtx) -> None:
+        pass
+
+    await app.pause_queue("fa-paused")
+    sid = await app.scheduler().run_after(60, queued.options(queue="fa-paused"))
+    with pytest.raises(durafn.RunawayError) as raised:
+        await finish_all(app.executor(), clock, max_steps=5)
+    message = str(raised.value)
+    assert "fa:queued, due 2030-01-01T00:01:00+00:00 but not started" in message, message
+    assert f"app.explain('{sid}')" in message, message
+
+
 async def test_finish_all_advances_the_clock(app: durafn.App, clock: FakeClock) -> None:
     @app.mutation
     async def countdown(ctx: MutationCtx, n: int) -> None:

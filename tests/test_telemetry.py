@@ -6,6 +6,7 @@ count, the Prometheus text parsed by prometheus-client's own parser; and, withou
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
@@ -32,7 +33,9 @@ import durafn
 from durafn import ActionCtx, MutationCtx
 from durafn.testing import FakeClock
 
-from .helpers import wait_until
+from .helpers import has_beaten, true, wait_until
+from .test_heartbeats import OPTIONS as HEARTBEATS
+from .test_heartbeats import _dead_worker_claims
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import ReadableSpan
@@ -378,6 +381,138 @@ async def test_json_logs_carry_a_runs_fields_and_its_trace_id(app: durafn.App, o
     [span] = _named(otel.spans.get_finished_spans(), "durafn.run logged:fails")
     assert ended["trace_id"] == inside["trace_id"] == f"{span.context.trace_id:032x}"
     assert inside["span_id"] == f"{span.context.span_id:016x}"
+
+
+@contextlib.contextmanager
+def json_lines(level: int = logging.DEBUG) -> Iterator[list[dict[str, Any]]]:
+    """durafn's log records, as ``json_log_formatter`` writes them (parsed at the end)."""
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(durafn.json_log_formatter())
+    logger = logging.getLogger("durafn")
+    before = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(level)
+    found: list[dict[str, Any]] = []
+    try:
+        yield found
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(before)
+        found.extend(json.loads(line) for line in stream.getvalue().splitlines())
+
+
+def _runs(otel: Otel) -> dict[tuple[str, int], ReadableSpan]:
+    """The runs' spans by (row id, attempt)."""
+    found = {}
+    for span in otel.spans.get_finished_spans():
+        attributes = span.attributes or {}
+        if span.name.startswith("durafn.run ") and "durafn.attempt" in attributes:
+            key = (str(attributes["messaging.message.id"]), int(str(attributes["durafn.attempt"])))
+            assert key not in found, key
+            found[key] = span
+    return found
+
+
+def _assert_lines_carry_their_spans(
+    lines: list[dict[str, Any]], spans: dict[tuple[str, int], ReadableSpan]
+) -> None:
+    """Each line about a run names its run's span: the trace and span ids, the attempt
+    and the worker its span has."""
+    assert lines
+    for line in lines:
+        span = spans.get((str(line["id"]), int(line.get("attempt") or 0)))
+        assert span is not None, f"no span for the run of this line: {line}"
+        attributes = span.attributes or {}
+        assert span.context is not None
+        assert (line["trace_id"], line["span_id"], line["worker"]) == (
+            f"{span.context.trace_id:032x}",
+            f"{span.context.span_id:016x}",
+            attributes["durafn.worker"],
+        ), line
+
+
+@pytest.mark.parametrize("how", ["run_until_idle", "a running executor"])
+async def test_every_json_line_about_a_run_carries_its_spans_fields(
+    app: durafn.App, clock: FakeClock, otel: Otel, how: str
+) -> None:
+    """Every line durafn writes about a run (its start, its end, its retry), down to
+    DEBUG, carries the run's ``trace_id``, ``span_id``, ``attempt`` and ``worker``, as its
+    span has them: an action's first line was written at its claim, before its span
+    began, with none of the four."""
+    failures: list[int] = []
+
+    @app.mutation(name="lines:mutate")
+    async def mutate(ctx: MutationCtx) -> None:
+        pass
+
+    @app.action(name="lines:act")
+    async def act(ctx: ActionCtx, n: int) -> int:
+        return n
+
+    @app.action(name="lines:flaky", retry=durafn.Retry(2, backoff=durafn.Fixed(0)))
+    async def flaky(ctx: ActionCtx) -> None:
+        if not failures:
+            failures.append(1)
+            raise ValueError("the first run fails")
+
+    @app.action(name="lines:batched", batch=durafn.Batch(max_size=10, max_wait=0))
+    async def batched(ctx: ActionCtx, items: list[int]) -> list[int]:
+        return items
+
+    executor = app.executor()
+    with json_lines() as lines:
+        scheduler = app.scheduler()
+        ids = [
+            await scheduler.run_after(0, mutate),
+            await scheduler.run_after(0, act, 1),
+            await scheduler.run_after(0, flaky),
+            await scheduler.run_after(0, batched, 1),
+            await scheduler.run_after(0, batched, 2),
+        ]
+        if how == "run_until_idle":
+            await executor.run_until_idle()
+        else:
+            async with executor:
+                for id in ids:
+                    await executor.wait_for(id)
+    about_runs = [line for line in lines if line.get("id") is not None]
+    assert {line["id"] for line in about_runs} == set(ids)
+    started = [line for line in about_runs if "-> InProgress" in line["message"]]
+    # Each action's runs: the flaky one's two, each batched item's.
+    assert sorted((line["function"], line.get("attempt")) for line in started) == [
+        ("lines:act", 1),
+        ("lines:batched", 1),
+        ("lines:batched", 1),
+        ("lines:flaky", 1),
+        ("lines:flaky", 2),
+    ]
+    _assert_lines_carry_their_spans(about_runs, _runs(otel))
+
+
+async def test_a_lost_runs_line_carries_its_rescues_span(
+    app: durafn.App, clock: FakeClock, otel: Otel
+) -> None:
+    """A run lost with its worker is a short span on the worker that rescues it: the
+    rescue's line carries that span's ids, its worker (the rescuer), the run's attempt,
+    and the lost worker."""
+    sid = await _dead_worker_claims(app, "elsewhere:4242:dead")
+    with json_lines(logging.WARNING) as lines:
+        async with app.run_executor(**HEARTBEATS) as rescuer:
+            worker = rescuer.worker_id  # this run's (the next has another)
+            await wait_until(lambda: has_beaten(app, rescuer.worker_id, clock.now()), "a beat")
+            for _ in range(6):  # past the 5 s timeout of the rescuer's own beats
+                clock.advance(1)
+                await wait_until(lambda: has_beaten(app, rescuer.worker_id, clock.now()), "a beat")
+            finished = otel.spans.get_finished_spans
+            await wait_until(
+                lambda: true(bool(_named(finished(), "durafn.run victim"))), "the rescue's span"
+            )
+    [line] = [line for line in lines if line.get("id") == sid]
+    assert "its worker was lost" in line["message"]
+    assert (line.get("attempt"), line.get("lost_worker")) == (1, "elsewhere:4242:dead")
+    assert line.get("worker") == worker
+    _assert_lines_carry_their_spans([line], _runs(otel))
 
 
 def test_without_the_extra_nothing_is_imported_nor_stored(tmp_path: Path) -> None:

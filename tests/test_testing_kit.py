@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import require_postgres
+from .conftest import KIT_URL, require_postgres
 
 pytest_plugins = ["pytester"]
 
@@ -109,6 +109,11 @@ async def nightly(ctx: MutationCtx) -> None:
     ticks.append(ctx.now().isoformat())
 
 
+@app.mutation(name="users:remind")
+async def remind(ctx: MutationCtx, who: str) -> None:
+    ticks.append(f"remind {who} {ctx.now().isoformat()}")
+
+
 app.cron("nightly", "0 2 * * *", nightly, timezone="Europe/Paris")
 """
 
@@ -137,6 +142,20 @@ async def test_crons(durafn):
         await durafn.assert_cron_fires("hourly", at=[])
     assert await durafn.advance(timedelta(days=2)) == 2
     assert mycrons.ticks[-2:] == ["2030-01-01T01:00:00+00:00", "2030-01-02T01:00:00+00:00"]
+
+
+async def test_finish_all_with_a_cron(durafn):
+    # The clock goes to the reminder's time, not to the cron's next tick, and the ticks
+    # it passes on the way run at their own times.
+    await durafn.app.scheduler().run_after(timedelta(days=1, hours=12), mycrons.remind, "ann")
+    before = len(mycrons.ticks)
+    assert await durafn.finish_all() == 3
+    assert mycrons.ticks[before:] == [
+        "2030-01-01T01:00:00+00:00",
+        "2030-01-02T01:00:00+00:00",
+        "remind ann 2030-01-02T12:00:00+00:00",
+    ]
+    assert durafn.clock.now_datetime() == datetime(2030, 1, 2, 12, tzinfo=UTC)
 """
 
 
@@ -149,14 +168,13 @@ def project(pytester: pytest.Pytester) -> pytest.Pytester:
 
 def test_the_kit_on_sqlite(project: pytest.Pytester) -> None:
     result = project.runpytest("-p", "no:cacheprovider")
-    result.assert_outcomes(passed=6)
+    result.assert_outcomes(passed=7)
 
 
 def test_the_kit_on_postgres(project: pytest.Pytester) -> None:
     require_postgres()
-    url = "postgresql+asyncpg://postgres@127.0.0.1:5432/durafn_kit"
-    result = project.runpytest("-p", "no:cacheprovider", f"--durafn-url={url}")
-    result.assert_outcomes(passed=6)
+    result = project.runpytest("-p", "no:cacheprovider", f"--durafn-url={KIT_URL}")
+    result.assert_outcomes(passed=7)
 
 
 # -- the pages that teach the kit run, as written, with the plugin ------------------------
@@ -215,5 +233,5 @@ def test_the_pages_on_the_kit_run_as_written(
     args = ["-p", "no:cacheprovider"]
     if engine == "postgres":
         require_postgres()
-        args.append("--durafn-url=postgresql+asyncpg://postgres@127.0.0.1:5432/durafn_kit")
+        args.append(f"--durafn-url={KIT_URL}")
     pytester.runpytest(*args).assert_outcomes(passed=passing)

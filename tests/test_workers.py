@@ -26,10 +26,11 @@ from sqlalchemy import func, select
 
 import durafn
 from durafn import State, cli, scheduled_functions
+from durafn.testing import FakeClock
 
 from . import cron_app
 from .conftest import BARE_DSN
-from .helpers import CEILING, equals, true, wait_until
+from .helpers import CEILING, equals, row_of, true, wait_until
 from .processes import alive, carrying, owned
 from .worker_app import Applied, Base, Functions, register
 
@@ -257,6 +258,79 @@ async def test_kill_9_mid_action_is_recorded_lost_and_the_others_carry_on(
     assert {f"{sid} Failed", f"{again} Success", f"{canceled} Canceled"} <= applied
     assert f"{interrupted} Canceled" in applied
     assert "Traceback" not in logs_of(tmp_path)
+
+
+async def test_a_lost_workers_record_counts_the_rows_rescued_after_the_loss(
+    wapp: tuple[durafn.App, Functions], db_url: str, tmp_path: Path
+) -> None:
+    """A worker killed (``kill -9``) with actions it claimed after its last heartbeat:
+    the rescue that declares it lost finds it silent for a whole timeout, but not yet those
+    rows, which a later rescue records. The loss's record counts them too. (A soak's
+    killed worker read 0 failed and 0 retried with 9 of its actions handled at the next
+    heartbeat.)
+
+    The rescuer runs here on a fake clock set to the real one's times, so that which rows
+    each rescue handles is decided by the test: the killed worker's beat, then its first
+    claim, the first rescue (the loss declared, the first row recorded Failed), its second
+    claim, the second rescue (the second row, whose policy retries it)."""
+    app, fns = wapp
+    trace = tmp_path / "trace.txt"
+    # One heartbeat (its registration) while the test lasts: every claim comes after it.
+    slow = ["--heartbeat-interval", "30", "--worker-timeout", "90", "--poll-interval", "0.05"]
+    async with worker_processes(db_url, 1, tmp_path, *slow) as [victim]:
+        await wait_until(lambda: equals(live_workers(app), 1), "the worker registered")
+        [worker] = await app.workers()
+        failing = await app.scheduler().run_after(0, fns.hang, 1, str(trace))
+        await wait_until(lambda: true(len(trace_of(trace)) == 1), "the first action started")
+        retried = await app.scheduler().run_after(0, fns.hang_once, 2, str(trace))
+        await wait_until(lambda: true(len(trace_of(trace)) == 2), "the second one started")
+        victim.kill()
+        await victim.wait()
+    beat = worker.heartbeat_at.timestamp()
+    first, second = [(await row_of(app, id)).started_time for id in (failing, retried)]
+    assert first is not None and second is not None
+    claimed = [first.timestamp(), second.timestamp()]
+    assert beat < claimed[0] < claimed[1], (beat, claimed)
+
+    # The rescuer beats every second and rescues from its sixth beat on (a 5 s timeout):
+    # that first rescue's cutoff falls between the two claims.
+    clock = FakeClock(start=(claimed[0] + claimed[1]) / 2)
+    rescuer_app = durafn.App(db_url, clock=clock)
+    register(rescuer_app)
+
+    async def has_beaten(app: durafn.App, id: str, at: float) -> bool:
+        # A time of the real clock's, with more digits than a datetime's microseconds.
+        return any(
+            w.id == id and abs(w.heartbeat_at.timestamp() - at) < 1e-3 for w in await app.workers()
+        )
+
+    try:
+        async with rescuer_app.run_executor(heartbeat_interval=1.0, worker_timeout=5.0) as r:
+            for _ in range(5):
+                await wait_until(lambda: has_beaten(app, r.worker_id, clock.now()), "a beat")
+                clock.advance(1)
+            await wait_until(lambda: equals(_row_state(app, failing), State.FAILED), "rescued")
+            # Declared lost, with the one row this rescue handled; the other's claim is
+            # too recent for it yet.
+            [lost] = await app.lost_workers()
+            assert (lost.id, lost.failed, lost.retried) == (worker.id, 1, 0)
+            assert await _row_state(app, retried) is State.IN_PROGRESS
+            while await _row_state(app, retried) is State.IN_PROGRESS:
+                await wait_until(lambda: has_beaten(app, r.worker_id, clock.now()), "a beat")
+                clock.advance(1)
+            await wait_until(lambda: equals(_row_state(app, retried), State.SUCCESS), "re-run")
+    finally:
+        await rescuer_app.aclose()
+    # The record counts every run recorded lost with that worker (each in its row's
+    # history): those whose rows stayed Failed, and those retried.
+    rows = [await row_of(app, id) for id in (failing, retried)]
+    lost_runs = sum(worker.id in h.error.message for row in rows for h in row.history)
+    failed = sum(
+        row.state is State.FAILED and row.error is not None and worker.id in row.error.message
+        for row in rows
+    )
+    [lost] = await app.lost_workers()
+    assert (lost.failed, lost.retried) == (failed, lost_runs - failed) == (1, 1)
 
 
 async def test_sigterm_lets_running_actions_finish_then_cancels_the_rest(

@@ -15,10 +15,9 @@ import anyio
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from .._errors import DatabaseError
-from .._kinds import FunctionKind, ScheduledFunctionId, State
+from .._kinds import FunctionKind, ScheduledFunctionId
 from .._runtime import Runtime, one_line
 from .._store import SERVE_ALL, Claimed, ClaimFilter, FastPathHint, StartTime
-from .outcomes import log_fields
 
 logger = logging.getLogger("durafn.executor")
 
@@ -144,7 +143,6 @@ class ActionClaims:
                 self.unrecorded.update(r.id for r in rows)
             finally:
                 self.in_flight -= 1
-        self._log_started(rows)
         return rows
 
     @contextlib.asynccontextmanager
@@ -158,22 +156,10 @@ class ActionClaims:
             finally:
                 self.in_flight -= 1
 
-    @staticmethod
-    def _log_started(rows: list[Claimed]) -> None:
-        if logger.isEnabledFor(logging.DEBUG):
-            for row in rows:
-                logger.debug(
-                    "action %s (%s) Pending -> InProgress",
-                    row.id,
-                    row.name,
-                    extra=log_fields(FunctionKind.ACTION, row.id, row.name, State.IN_PROGRESS),
-                )
-
     def handed(self, rows: list[Claimed]) -> None:
         """Rows a finish of this worker started (``Finisher``: a queue's next row), or a
         claim of batches: in the ledger, as any claimed row."""
         self.unrecorded.update(r.id for r in rows)
-        self._log_started(rows)
 
     async def claim_ids(self, ids: list[ScheduledFunctionId]) -> list[Claimed]:
         """Pending -> InProgress for these rows (inline mode: due or not), committed."""

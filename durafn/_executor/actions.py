@@ -34,7 +34,7 @@ from .batched import BatchClaims, BatchRunning, Unit
 from .config import ExecutorConfig
 from .deadlines import DeadlineWatch, Slot
 from .finisher import Finisher
-from .outcomes import failed, held_back, stopped, succeeded
+from .outcomes import failed, held_back, log_start, stopped, succeeded
 from .tasks import Pace, Signal, first_of
 from .wakeups import Wakeups
 
@@ -284,10 +284,12 @@ class ActionPool(BatchRunning):
         cancels = self._rt.cancels
         cancel = cancels.start(row.id, slot.interrupt if ref.cancel == "interrupt" else None)
         now, worker = self._rt.clock.now(), self._claims.worker_id()
-        run = self._rt.telemetry.running(ACTION, row, now, worker)
+        telemetry = self._rt.telemetry
+        run = telemetry.running(ACTION, row, now, worker)
         try:
             try:
-                with run:  # its span current inside the function
+                with run:  # its span current inside the function (and its start's line)
+                    log_start(row, telemetry.fields)
                     result = await ref.fn(ctx, **values)
             finally:
                 cancels.end(row.id)
@@ -390,9 +392,11 @@ class ActionPool(BatchRunning):
                     row.id, scope.cancel if ref.cancel == "interrupt" else None
                 )
                 now = self._rt.clock.now()
-                run = self._rt.telemetry.running(ACTION, row, now, self._claims.worker_id())
+                telemetry = self._rt.telemetry
+                run = telemetry.running(ACTION, row, now, self._claims.worker_id())
                 try:
-                    with run:  # its span current inside the function
+                    with run:  # its span current inside the function (and its start's line)
+                        log_start(row, telemetry.fields)
                         result = await ref.fn(ctx, **values)
                     finished = True
                 finally:

@@ -30,7 +30,7 @@ from .._runtime import Runtime
 from .._store import BatchClaim, BatchSpec, Claimed, Outcome, StartTime
 from .action_claims import ActionClaims
 from .deadlines import DeadlineWatch, Slot
-from .outcomes import failed, stopped, succeeded
+from .outcomes import failed, log_start, stopped, succeeded
 from .tasks import Pace
 
 ACTION = FunctionKind.ACTION
@@ -219,6 +219,7 @@ class BatchRunning:
             now, worker = rt.clock.now(), self._claims.worker_id()
             for row in rows:  # a span each, the call's context the last one's
                 runs.enter_context(rt.telemetry.running(ACTION, row, now, worker))
+                log_start(row, rt.telemetry.fields)  # in its own span's context
             ctx = self._invoker.action_ctx(rows[0].id)
             return ctx, runs, self._invoker.timeouts.for_(call.ref)
         except Exception as exc:

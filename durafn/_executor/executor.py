@@ -40,8 +40,10 @@ from .wakeups import KINDS, Wakeups
 
 
 class RunawayError(DurafnError, RuntimeError):
-    """``run_until_idle`` found work still due after its round limit: a function keeps
-    scheduling itself with no delay."""
+    """Work that keeps scheduling more: ``run_until_idle`` found work still due after its
+    round limit (a function scheduling itself with no delay), ``advance`` due times still
+    ahead after its stops, or ``finish_all`` rows still Pending after its steps (its
+    message names what keeps scheduling them; ``advance`` runs such work up to a time)."""
 
 
 class Executor:
@@ -201,12 +203,14 @@ class Executor:
         """Delete finished rows older than the retention period; returns how many."""
         return await self._maintenance.run_once()
 
-    async def next_due(self, *, after: float | None = None) -> float | None:
+    async def next_due(self, *, after: float | None = None, crons: bool = True) -> float | None:
         """The earliest time (epoch seconds) any Pending row becomes due, or a cron of the
         app's runs next, or None. Rows due already that this executor's last claims left
         for a flow key's spent rate budget count from when the budget allows a start.
         ``after``: only times later than it (after ``run_until_idle`` at that time, the
-        rows still due are held: a paused queue, a full key, another executor's)."""
+        rows still due are held: a paused queue, a full key, another executor's).
+        ``crons=False``: the rows' times only (``finish_all``: a cron always has a next
+        tick)."""
         driver = self._rt.driver
         now = self._rt.clock.now()
         held = [w for w in (self._mutations.hint.flow.wake_at, self._claims.hint.flow.wake_at) if w]
@@ -217,7 +221,7 @@ class Executor:
                 if after is None:
                     times = [await driver.next_due(conn, kind, now) for kind in KINDS]
                 times.append(min(held))
-            if self._crons.active:
+            if crons and self._crons.active:
                 times.append(await driver.next_cron(conn))
             return times
 

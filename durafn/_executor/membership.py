@@ -255,20 +255,20 @@ class Membership:
         lost = await rt.transaction(_rescue, doing="rescuing the actions of lost workers")
         if any(o.retry_at is not None for o in lost):
             rt.wake({FunctionKind.ACTION})
+        # Counted as lost, not as the Failed row it became; each run's rescue is a span,
+        # whose fields its line carries.
+        runs = rt.telemetry.lost(rows, self.worker_id) if lost and rt.telemetry.on else {}
         for o in lost:
             retried = o.retry_at is not None
+            state = State.PENDING if retried else State.FAILED
             logger.warning(
                 "action %s (%s) InProgress -> %s: its worker was lost (%s)",
                 o.id,
                 o.name,
                 "Pending, to be retried" if retried else "Failed",
                 o.error_message,
-                extra=log_fields(
-                    FunctionKind.ACTION, o.id, o.name, State.PENDING if retried else State.FAILED
-                ),
+                extra=log_fields(FunctionKind.ACTION, o.id, o.name, state, runs.get(o.id)),
             )
         if lost:
             self._progress.fire()
-            if rt.telemetry.on:  # counted as lost, not as the Failed row it became
-                rt.telemetry.lost(rows, self.worker_id)
             await rt.hooks.finished(FunctionKind.ACTION, lost, measured=False)

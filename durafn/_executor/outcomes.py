@@ -157,6 +157,21 @@ def log_fields(
     return fields if run is None else fields | run
 
 
+def log_start(row: Claimed, run_fields: Callable[[str], dict[str, Any]]) -> None:
+    """An action's start, at DEBUG: written inside its run (``Telemetry.running``), so
+    that the line carries the run's fields (``run_fields``: ``Telemetry.fields``), its
+    span's ids among them. At its claim, the line had none of them: the span begins when
+    the function is called, and a row claimed ahead waits for a free worker first."""
+    if logger.isEnabledFor(logging.DEBUG):
+        run = run_fields(row.id)
+        logger.debug(
+            "action %s (%s) Pending -> InProgress: started",
+            row.id,
+            row.name,
+            extra=log_fields(FunctionKind.ACTION, row.id, row.name, State.IN_PROGRESS, run),
+        )
+
+
 class Tally:
     """Counts (``stats``) and logs committed outcomes, and signals ``progress``."""
 

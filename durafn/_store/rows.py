@@ -223,6 +223,8 @@ class LostAction(NamedTuple):
     on_complete: str | None
     flow_key: str | None
     trace_context: str | None = None
+    attempts: int = 0
+    """The lost run's attempt (the row's ``attempts``: a claim counts it)."""
 
 
 def is_id(id: object) -> bool:

@@ -7,7 +7,17 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
-from sqlalchemy import CursorResult, delete, func, insert, literal, or_, select, update
+from sqlalchemy import (
+    CursorResult,
+    bindparam,
+    delete,
+    func,
+    insert,
+    literal,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from .._clock import to_datetime
@@ -100,6 +110,7 @@ class WorkerStatements:
                 sf.c.on_complete,
                 sf.c.flow_key,
                 sf.c.trace_context,
+                sf.c.attempts,
             )
         )
         # The failures returned count this one: the retry's count is of those before it.
@@ -114,8 +125,9 @@ class WorkerStatements:
                 callback,
                 key,
                 trace,
+                attempts,
             )
-            for i, n, w, m, q, retry, most, failures, callback, key, trace in result
+            for i, n, w, m, q, retry, most, failures, callback, key, trace, attempts in result
         ]
         return lost
 
@@ -129,8 +141,10 @@ class WorkerStatements:
     ) -> int:
         """Remove the rows of the workers that sent no heartbeat since ``cutoff`` and
         record each in ``_durafn_lost_workers`` with what the rescue ``by`` did to its
-        actions (``rescued``: worker id -> (recorded Failed, retried)); forget the lost
-        workers of more than ``LOST_KEPT`` seconds ago. Returns how many were removed."""
+        actions (``rescued``: worker id -> (recorded Failed, retried)); add to the record
+        of a worker declared lost before what this rescue did to its actions; forget the
+        lost workers of more than ``LOST_KEPT`` seconds ago. Returns how many were removed.
+        """
         gone = await conn.execute(
             delete(workers)
             .where(workers.c.heartbeat_at < cutoff)
@@ -165,6 +179,27 @@ class WorkerStatements:
                     index_elements=[lost_workers.c.id],
                     set_={c.name: stmt.excluded[c.name] for c in lost_workers.c if c.name != "id"},
                 )
+            )
+        # A row is rescued a whole timeout after its claim, and a worker once silent for
+        # one: the actions a worker claimed after its last heartbeat are rescued after
+        # the rescue that declared it lost, and are counted on that record here. (A
+        # worker with no record, one that unregistered with actions unrecorded, has none
+        # to count on.)
+        declared = {row["id"] for row in found}
+        later = [
+            {"lost_id": id, "more_failed": failed, "more_retried": retried}
+            for id, (failed, retried) in rescued.items()
+            if id is not None and id not in declared and (failed or retried)
+        ]
+        if later:
+            await conn.execute(
+                update(lost_workers)
+                .where(lost_workers.c.id == bindparam("lost_id"))  # its primary key
+                .values(
+                    failed=lost_workers.c.failed + bindparam("more_failed"),
+                    retried=lost_workers.c.retried + bindparam("more_retried"),
+                ),
+                later,
             )
         # ix_durafn_lost_workers_lost_at
         await conn.execute(delete(lost_workers).where(lost_workers.c.lost_at < now - LOST_KEPT))

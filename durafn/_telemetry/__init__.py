@@ -249,21 +249,33 @@ class Telemetry:
                 run.tracing.event(run.span, "durafn.cancel", {})
                 run.tracing.end(run.span, "canceled", {})
 
-    def lost(self, rows: Sequence[Any], worker: str) -> None:
-        """Runs of lost workers, rescued by ``worker`` (the store's ``LostAction``s)."""
+    def lost(self, rows: Sequence[Any], worker: str) -> dict[str, dict[str, Any]]:
+        """Runs of lost workers, rescued by ``worker`` (the store's ``LostAction``s); each
+        one's fields for its log line (``logs``), as its rescue's span has them."""
         tracing = self.tracing
+        found: dict[str, dict[str, Any]] = {}
         for row in rows:
             if self.metrics is not None:
                 self.metrics.ended(row.name, FunctionKind.ACTION, "lost", None)
+            fields = found[row.id] = {
+                "durafn_attempt": row.attempts,
+                "durafn_worker": worker,
+                "durafn_lost_worker": row.worker_id or "",
+            }
             if tracing is not None:
                 attributes = {
                     "messaging.message.id": str(row.id),
                     "durafn.function": row.name,
                     "durafn.kind": FunctionKind.ACTION.value,
+                    "durafn.attempt": row.attempts,
                     "durafn.worker": worker,
                     "durafn.lost_worker": row.worker_id or "",
                 }
-                tracing.rescued(row.name, row.trace_context, attributes)
+                context = tracing.rescued(row.name, row.trace_context, attributes)
+                if context.is_valid:
+                    fields["trace_id"] = f"{context.trace_id:032x}"
+                    fields["span_id"] = f"{context.span_id:016x}"
+        return found
 
     def tick(self, cron: str, outcome: str) -> None:
         if self.metrics is not None:

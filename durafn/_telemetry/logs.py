@@ -4,7 +4,8 @@ attributes have, so that a log line and a trace join on ``trace_id``.
 Built on python-json-logger's formatter; durafn's records carry their fields as
 ``extra`` (``durafn_id``, ``durafn_function``, ``durafn_kind``, ``durafn_state``, and
 for a run ``durafn_attempt``, ``durafn_lag``, ``durafn_duration``, ``durafn_worker``,
-``trace_id``, ``span_id``), renamed here without the prefix. A record logged inside a
+``trace_id``, ``span_id``; for a run lost with its worker, ``durafn_lost_worker``), renamed
+here without the prefix. A record logged inside a
 run (the user's own ``logging`` calls) gets the current span's ids.
 """
 
@@ -18,7 +19,7 @@ _PREFIX = "durafn_"
 in_use = False
 """Whether a JSON formatter of durafn's was made: the executor then keeps each run's
 fields for its log line (``Telemetry.on``), whether or not traces or metrics are on."""
-FIELDS = ("id", "function", "kind", "state", "attempt", "lag", "duration", "worker")
+FIELDS = ("id", "function", "kind", "state", "attempt", "lag", "duration", "worker", "lost_worker")
 
 
 def _current_span() -> dict[str, str]:

@@ -159,9 +159,10 @@ class Tracing:
     def event(self, span: Any, name: str, attributes: dict[str, Any]) -> None:
         span.add_event(name, attributes)
 
-    def rescued(self, name: str, stored: str | None, attributes: dict[str, Any]) -> None:
+    def rescued(self, name: str, stored: str | None, attributes: dict[str, Any]) -> Any:
         """A lost run, as the worker that rescued it saw it: a short span linked to the
-        trace the row was scheduled in, with the rescue as its event."""
+        trace the row was scheduled in, with the rescue as its event; its span context
+        (the ids the rescue's log line carries)."""
         links: list[Any] = []
         if stored is not None:
             carrier = json.loads(stored)
@@ -177,3 +178,4 @@ class Tracing:
         )
         span.add_event("durafn.rescue", {"durafn.worker": attributes.get("durafn.worker", "")})
         self.end(span, "lost", {})
+        return span.get_span_context()

@@ -44,9 +44,10 @@ class Harness:
         return await self.executor.run_until_idle()
 
     async def finish_all(self, *, max_steps: int = 100) -> int:
-        """Run everything scheduled, moving the clock to each due time until nothing is
-        Pending (``RunawayError`` after ``max_steps`` times: a function rescheduling
-        itself forever)."""
+        """Run everything scheduled, moving the clock to each row's due time until nothing
+        is Pending; the cron ticks the clock passes run at their own times, and never move
+        it (``RunawayError`` after ``max_steps`` moves, naming what keeps scheduling work
+        ahead: a function rescheduling itself, a cron; use ``advance`` for those)."""
         return await finish_all(self.executor, self.clock, max_steps=max_steps)
 
     async def advance(self, by: float | timedelta) -> int:

@@ -10,25 +10,27 @@ from .._executor import Executor, RunawayError
 from .._kinds import State
 from .._types import ScheduledFunction
 from .clock import FakeClock
+from .runaway import runaway_message
 
 
 async def finish_all(executor: Executor, clock: FakeClock, *, max_steps: int = 100) -> int:
-    """Run scheduled work until nothing is Pending, advancing ``clock`` to each due time.
+    """Run scheduled work until nothing is Pending, moving ``clock`` to each row's due time.
 
-    Returns how many functions ran. Raises RunawayError after ``max_steps`` time steps,
-    which catches a function that keeps rescheduling itself.
+    A cron never moves the clock (it always has a next tick, and following them would
+    never end): the ticks the clock passes on its way to a row run at their own times, as
+    ``advance`` runs them, and what their runs schedule is finished too. Returns how many
+    functions ran. Raises ``RunawayError`` after ``max_steps`` moves of the clock, naming
+    what kept scheduling work ahead (a function that reschedules itself, a cron whose runs
+    schedule work past its next tick): run such work up to a time with ``advance``.
     """
-    total = 0
+    total = await executor.run_until_idle()
     for _ in range(max_steps):
-        total += await executor.run_until_idle()
-        next_due = await executor.next_due()
+        next_due = await executor.next_due(crons=False)
         if next_due is None:
             return total
-        clock.set(max(clock.now(), next_due))
-    raise RunawayError(
-        f"scheduled work remained after {max_steps} time steps; a function probably "
-        "reschedules itself forever"
-    )
+        # To the row's time, stopping at the crons' ticks on the way.
+        total += await advance(executor, clock, max(0.0, next_due - clock.now()))
+    raise RunawayError(await runaway_message(executor._rt, clock.now(), max_steps, total))
 
 
 async def advance(
