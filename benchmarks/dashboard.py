@@ -99,7 +99,7 @@ async def measure(engine: str, rows: int, loads: int) -> dict[str, tuple[float, 
         some = (await app.list(limit=1, state=durafn.State.FAILED)).items[0]
         transport = httpx2.ASGITransport(app=app.dashboard())
         out: dict[str, tuple[float, float]] = {}
-        async with httpx2.AsyncClient(transport=transport, base_url="http://bench") as web:
+        async with httpx2.AsyncClient(transport=transport, base_url="http://localhost") as web:
             for page in PAGES:
                 path = f"/rows/{some.id}" if page == "{row}" else page
                 times: list[float] = []

@@ -341,7 +341,7 @@ async def test_the_dashboard_serves_the_metrics_to_a_scraper_with_the_token(
 ) -> None:
     asgi = app.dashboard(token="s3cret")
     transport = httpx2.ASGITransport(app=asgi)
-    async with httpx2.AsyncClient(transport=transport, base_url="http://dash") as client:
+    async with httpx2.AsyncClient(transport=transport, base_url="http://localhost") as client:
         refused = await client.get("/metrics")
         wrong = await client.get("/metrics", headers={"authorization": "Bearer nope"})
         served = await client.get("/metrics", headers={"authorization": "Bearer s3cret"})
