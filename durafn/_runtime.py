@@ -28,7 +28,6 @@ from ._options import JobOptions, Queue, RowOptions, resolve
 from ._registry import Registry
 from ._retries import Retry
 from ._store import AfterCommit, CronRow, Driver, new_row_model, take_notes
-from ._store.sqlite.driver import READ_ONLY_OPTION
 from ._telemetry import Telemetry
 from ._telemetry.reading import read_gauges
 from ._types import ScheduledFunction
@@ -288,7 +287,7 @@ class Runtime:
         """Execution options for a connection running a transaction of that sort (see
         ``transaction``): on SQLite a reader begins DEFERRED; on PostgreSQL one statement
         runs in autocommit."""
-        options: dict[str, Any] = {READ_ONLY_OPTION: True} if read_only else {}
+        options: dict[str, Any] = dict(self.driver.read_only_options) if read_only else {}
         if single_statement:
             options.update(self.driver.single_statement_options)
         return options

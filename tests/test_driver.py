@@ -819,3 +819,33 @@ def _all_rows(
         return driver.list(conn, where=RowFilter(states=states), limit=limit, cursor=cursor)
 
     return _list
+
+
+def test_a_dialect_without_what_durafn_needs_is_refused_naming_what_it_lacks() -> None:
+    """A third engine's driver that provides only part of the dialect is refused when it
+    is made, naming every part it lacks; and the SQL each engine writes its own way
+    refuses to compile for any other, naming itself."""
+    from sqlalchemy.dialects import mysql
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import CompileError
+
+    from durafn import DatabaseError
+    from durafn._store import Driver
+    from durafn._store.sql import carries, next_seq
+
+    class Half(Driver):
+        name = "Half"
+        max_mutation_lanes = 1
+
+    with pytest.raises(DatabaseError) as refused:
+        Half(make_url("mysql+aiomysql://app@db/app"))
+    assert str(refused.value) == (
+        "durafn cannot run on mysql: its driver Half lacks default_poll_interval, "
+        "auto_migrate, default_max_connections, dialect_insert, create_engine, insert_rows, "
+        "install_release_trigger, add_seq_column, SQL for within, SQL for next_seq, "
+        "SQL for arg_equals, SQL for arg_contains (interface.Dialect lists what a dialect "
+        "must provide)"
+    )
+    for element, name in ((carries("x"), "within"), (next_seq(), "next_seq")):
+        with pytest.raises(CompileError, match=f"durafn has no SQL for '{name}' on mysql"):
+            element.compile(dialect=mysql.dialect())

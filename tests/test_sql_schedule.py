@@ -81,11 +81,11 @@ async def test_a_trigger_schedules_in_the_user_s_transaction(
 
 
 def test_the_sql_functions_notify_the_executors_channel() -> None:
+    from durafn._store.postgres import functions, schedule_function
     from durafn._store.postgres.batches import CHANNEL
-    from durafn._store.schema import dependencies, schedule_function
 
     assert f"pg_notify('{CHANNEL}'" in schedule_function.FUNCTION
-    assert f"pg_notify('{CHANNEL}'" in dependencies._POSTGRES_FUNCTION
+    assert f"pg_notify('{CHANNEL}'" in functions.RELEASE_DEPENDENTS
 
 
 async def test_bad_input_is_a_typed_sql_error_and_writes_nothing(

@@ -18,8 +18,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from .._errors import DatabaseError, SchemaError
 from .._kinds import FunctionKind
-from .schema.migrations import MIGRATIONS, create_sql_functions
+from .schema.migrations import MIGRATIONS, install_functions
 from .schema.tables import SCHEMA_VERSION, metadata, schema_version, sf
+from .sql import missing_sql
 
 
 class EngineDriver:
@@ -42,17 +43,39 @@ class EngineDriver:
     """The engine has LATERAL joins: the claim's fast path reads every priority level."""
     dialect_insert: ClassVar[Callable[..., Any]]
     """The dialect's ``insert`` construct (it has the upsert clauses)."""
+    read_only_options: ClassVar[dict[str, Any]] = {}
+    """Execution options for a read-only transaction's connection: on SQLite, what makes
+    its driver begin DEFERRED (``read_only`` then makes the transaction refuse writes)."""
     single_statement_options: ClassVar[dict[str, Any]] = {}
     """Execution options for a transaction that is one statement: on PostgreSQL,
     autocommit, which saves the BEGIN and COMMIT round trips."""
 
     def __init__(self, url: URL) -> None:
         self.url = url
+        if lacking := self.lacks():
+            raise DatabaseError(
+                f"durafn cannot run on {url.get_backend_name()}: its driver "
+                f"{type(self).__name__} lacks {', '.join(lacking)} (interface.Dialect "
+                "lists what a dialect must provide)"
+            )
         self.migrated_functions = False
         """The database has this version's SQL functions and triggers, made by
         ``migrate`` (found at this version, or migrated by this app). Tables created from
         ``durafn.metadata`` by the user's own migrations have none: the hot finish on
         PostgreSQL then leaves the release of dependents to the trigger, as it can."""
+
+    def lacks(self) -> list[str]:
+        """What this driver's dialect must provide and does not (``MUST_PROVIDE``, and
+        SQL for every element of ``sql.py``)."""
+        cls = type(self)
+        missing = [
+            name
+            for name in MUST_PROVIDE
+            if not hasattr(cls, name)
+            or getattr(cls, name) is getattr(EngineDriver, name, None)
+            or getattr(cls, name) is getattr(_neutral_driver(), name, None)
+        ]
+        return missing + [f"SQL for {e}" for e in missing_sql(self.url.get_backend_name())]
 
     async def try_lock(self, conn: AsyncConnection, name: str) -> bool:
         """Take the lock ``name`` for the rest of ``conn``'s transaction, unless another
@@ -165,14 +188,14 @@ class EngineDriver:
         if current is not None and current > SCHEMA_VERSION:
             raise _too_new(current)
         if current is None:
-            await conn.run_sync(_create_all)
+            await conn.run_sync(self._create_all)
             await conn.execute(
                 insert(schema_version).values(version=SCHEMA_VERSION, applied_at=now)
             )
             self.migrated_functions = True
             return SCHEMA_VERSION
         for version in range(current + 1, SCHEMA_VERSION + 1):
-            await conn.run_sync(MIGRATIONS[version])
+            await conn.run_sync(MIGRATIONS[version], self)
             await conn.execute(insert(schema_version).values(version=version, applied_at=now))
         self.migrated_functions = True
         return SCHEMA_VERSION
@@ -211,19 +234,54 @@ class EngineDriver:
             )
         self.migrated_functions = True
 
+    def _create_all(self, conn: Connection) -> None:
+        # Indexes too: tables a user created from an older durafn.metadata (Alembic) and
+        # that ``migrate`` now adopts may lack this version's, and create_all skips
+        # existing tables.
+        metadata.create_all(conn, checkfirst=True)
+        for table in metadata.tables.values():
+            for index in table.indexes:
+                index.create(conn, checkfirst=True)
+        install_functions(conn, self)
+
+    # -- the schema's SQL each engine writes its own way (``migrations.SchemaDialect``) ----
+
+    def install_release_trigger(self, conn: Connection) -> None:
+        raise NotImplementedError
+
+    def install_release_functions(self, conn: Connection) -> None:
+        """The hot finish's functions (only PostgreSQL's finish has them)."""
+
+    def install_schedule_function(self, conn: Connection) -> None:
+        """``durafn.schedule`` in SQL (only PostgreSQL has it)."""
+
+    def add_seq_column(self, conn: Connection) -> None:
+        raise NotImplementedError
+
     async def _current_version(self, conn: AsyncConnection) -> int | None:
         version = (await conn.execute(select(func.max(schema_version.c.version)))).scalar()
         return None if version is None else int(version)
 
 
-def _create_all(conn: Connection) -> None:
-    # Indexes too: tables a user created from an older durafn.metadata (Alembic) and that
-    # ``migrate`` now adopts may lack this version's, and create_all skips existing tables.
-    metadata.create_all(conn, checkfirst=True)
-    for table in metadata.tables.values():
-        for index in table.indexes:
-            index.create(conn, checkfirst=True)
-    create_sql_functions(conn)
+MUST_PROVIDE = (
+    "name",
+    "max_mutation_lanes",
+    "default_poll_interval",
+    "auto_migrate",
+    "default_max_connections",
+    "dialect_insert",
+    "create_engine",
+    "insert_rows",
+    "install_release_trigger",
+    "add_seq_column",
+)
+"""What a dialect's driver must define (``interface.Dialect``: the rest it may)."""
+
+
+def _neutral_driver() -> type:
+    from .driver import Driver  # the statements' class: its insert_rows only refuses
+
+    return Driver
 
 
 def _too_new(version: int) -> SchemaError:

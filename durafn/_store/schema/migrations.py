@@ -7,7 +7,7 @@ one recorded step per version (``engine.migrate``).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import (
     Column,
@@ -25,7 +25,6 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Connection
 
-from .dependencies import create_release_function, create_release_trigger
 from .tables import (
     ERROR_KEYS,
     ID_TYPE,
@@ -41,6 +40,24 @@ from .tables import (
     scheduled_functions,
     workers,
 )
+
+
+class SchemaDialect(Protocol):
+    """What a migration asks of its engine (the driver's schema hooks, ``EngineDriver``):
+    the SQL each engine writes its own way, so that no step asks which engine it is on."""
+
+    def install_release_trigger(self, conn: Connection) -> None:
+        """The release trigger of ``dependencies.py`` (and whatever it calls)."""
+
+    def install_release_functions(self, conn: Connection) -> None:
+        """The hot finish's functions, made again (an engine whose finish has none: nothing)."""
+
+    def install_schedule_function(self, conn: Connection) -> None:
+        """``durafn.schedule`` in SQL (an engine without one: nothing)."""
+
+    def add_seq_column(self, conn: Connection) -> None:
+        """``seq`` added to ``_scheduled_functions`` and numbered (version 11)."""
+
 
 # Versions 5 to 9 kept every failed run of a row in a table of its own; version 10 moves
 # them into the row's ``errors`` and drops it. Not in ``metadata``: only the steps use it.
@@ -60,13 +77,13 @@ failed_attempts = Table(
 Index("ix_durafn_failed_attempts_function", failed_attempts.c.function_id, failed_attempts.c.id)
 
 
-def _step_2(conn: Connection) -> None:
+def _step_2(conn: Connection, dialect: SchemaDialect) -> None:
     """Version 2: worker heartbeats (``_durafn_workers``) and the running-actions index."""
     workers.create(conn, checkfirst=True)
     ix_running.create(conn, checkfirst=True)
 
 
-def _step_3(conn: Connection) -> None:
+def _step_3(conn: Connection, dialect: SchemaDialect) -> None:
     """Version 3: a failed run's traceback (``error_traceback``). A nullable column without
     a default: a change of the catalogue only, on both engines, however many rows."""
     columns = {c["name"] for c in inspect(conn).get_columns(scheduled_functions.name)}
@@ -74,7 +91,7 @@ def _step_3(conn: Connection) -> None:
         conn.execute(text("ALTER TABLE _scheduled_functions ADD COLUMN error_traceback TEXT"))
 
 
-def _step_4(conn: Connection) -> None:
+def _step_4(conn: Connection, dialect: SchemaDialect) -> None:
     """Version 4: job options. ``flags``; the claim index with priority before time (it
     replaces ``ix_scheduled_functions_due``); queue heads; job keys; ``_durafn_queues``.
     Building the indexes reads the table once (seconds at 10^6 rows, writes wait)."""
@@ -89,7 +106,7 @@ def _step_4(conn: Connection) -> None:
     queues.create(conn, checkfirst=True)  # with its index
 
 
-def _step_5(conn: Connection) -> None:
+def _step_5(conn: Connection, dialect: SchemaDialect) -> None:
     """Version 5: retry policies. ``retry``, ``failures`` (a constant default: a change of
     the catalogue only on both engines) and ``_durafn_failed_attempts``."""
     columns = {c["name"] for c in inspect(conn).get_columns(scheduled_functions.name)}
@@ -102,14 +119,14 @@ def _step_5(conn: Connection) -> None:
     failed_attempts.create(conn, checkfirst=True)  # with its index
 
 
-def _step_6(conn: Connection) -> None:
+def _step_6(conn: Connection, dialect: SchemaDialect) -> None:
     """Version 6: completion callbacks, ``on_complete``."""
     columns = {c["name"] for c in inspect(conn).get_columns(scheduled_functions.name)}
     if "on_complete" not in columns:
         conn.execute(text("ALTER TABLE _scheduled_functions ADD COLUMN on_complete TEXT"))
 
 
-def _step_7(conn: Connection) -> None:
+def _step_7(conn: Connection, dialect: SchemaDialect) -> None:
     """Version 7: the cron registry and the leader's lease (new tables only)."""
     crons.create(conn, checkfirst=True)  # with its index
     leases.create(conn, checkfirst=True)
@@ -143,7 +160,7 @@ _ENDING_WITH_SEQ = (
 """Ended with ``id`` until version 11."""
 
 
-def _step_8(conn: Connection) -> None:
+def _step_8(conn: Connection, dialect: SchemaDialect) -> None:
     """Version 8: flow control. Three nullable columns (a change of the catalogue only),
     the claim indexes rebuilt without keyed rows (each reads the table once: seconds at
     10^6 rows, while writes wait), the keyed rows' indexes, ``_durafn_flow_keys``."""
@@ -164,12 +181,12 @@ def _step_8(conn: Connection) -> None:
     flow_keys.create(conn, checkfirst=True)
 
 
-def _step_9(conn: Connection) -> None:
+def _step_9(conn: Connection, dialect: SchemaDialect) -> None:
     """Version 9: leading-edge debounce and throttle, ``_durafn_flow_windows``."""
     flow_windows.create(conn, checkfirst=True)
 
 
-def _step_10(conn: Connection) -> None:
+def _step_10(conn: Connection, dialect: SchemaDialect) -> None:
     """Version 10: the failed runs move into their rows (``errors``, a nullable column: a
     change of the catalogue only), read out of ``_durafn_failed_attempts`` in order, a
     thousand rows' at a time, which is then dropped."""
@@ -226,7 +243,7 @@ _OLD_ENTRY = (
 )
 
 
-def _step_11(conn: Connection) -> None:
+def _step_11(conn: Connection, dialect: SchemaDialect) -> None:
     """Version 11: the order rows were written in, ``seq`` (claims take rows due at the
     same instant in that order), numbered in the order the rows lie in the table (which is
     the order they were written, near enough: ids made by one process were), and the four
@@ -235,19 +252,7 @@ def _step_11(conn: Connection) -> None:
     column: a change of the catalogue only)."""
     columns = {c["name"] for c in inspect(conn).get_columns(scheduled_functions.name)}
     if "seq" not in columns:
-        if conn.dialect.name == "postgresql":
-            # Numbers the rows there are as it rewrites the table.
-            conn.execute(
-                text(
-                    "ALTER TABLE _scheduled_functions "
-                    "ADD COLUMN seq BIGINT GENERATED BY DEFAULT AS IDENTITY"
-                )
-            )
-        else:  # SQLite: a new row's seq is its rowid (sql.next_seq)
-            conn.execute(
-                text("ALTER TABLE _scheduled_functions ADD COLUMN seq BIGINT NOT NULL DEFAULT 0")
-            )
-            conn.execute(text("UPDATE _scheduled_functions SET seq = rowid"))
+        dialect.add_seq_column(conn)
     for name in _ENDING_WITH_SEQ:
         conn.execute(text(f"DROP INDEX IF EXISTS {name}"))
     for index in scheduled_functions.indexes:
@@ -258,13 +263,13 @@ def _step_11(conn: Connection) -> None:
         conn.execute(text("ALTER TABLE _durafn_crons ADD COLUMN operator_enabled BOOLEAN"))
 
 
-def _step_12(conn: Connection) -> None:
+def _step_12(conn: Connection, dialect: SchemaDialect) -> None:
     """Version 12: the workers declared lost, with what their rescue did
     (``_durafn_lost_workers``): a new table, nothing else read or rewritten."""
     lost_workers.create(conn, checkfirst=True)
 
 
-def _step_13(conn: Connection) -> None:
+def _step_13(conn: Connection, dialect: SchemaDialect) -> None:
     """Version 13: the trace context a row was scheduled in (``trace_context``): a
     nullable column without a default, a change of the catalogue only."""
     columns = {c["name"] for c in inspect(conn).get_columns(scheduled_functions.name)}
@@ -272,7 +277,7 @@ def _step_13(conn: Connection) -> None:
         conn.execute(text("ALTER TABLE _scheduled_functions ADD COLUMN trace_context TEXT"))
 
 
-def _step_14(conn: Connection) -> None:
+def _step_14(conn: Connection, dialect: SchemaDialect) -> None:
     """Version 14: a row's snoozes (``snoozes``, 0 for every row written before) and
     its progress (``progress``, ``progress_message``): a catalogue change only on both
     engines (PostgreSQL 11+ keeps a constant default without rewriting the table)."""
@@ -296,7 +301,7 @@ def _add_columns(conn: Connection, table: str, added: dict[str, str]) -> None:
             conn.execute(text(f"ALTER TABLE {table} ADD COLUMN {name} {ddl}"))
 
 
-def _step_15(conn: Connection) -> None:
+def _step_15(conn: Connection, dialect: SchemaDialect) -> None:
     """Version 15: dependencies (``after=``): the table of edges, four columns with
     constant defaults (a catalogue change on both engines), and the trigger that deletes
     a finished row's edges (``dependencies.py``)."""
@@ -313,10 +318,10 @@ def _step_15(conn: Connection) -> None:
             "dependents": "INTEGER NOT NULL DEFAULT 0",
         },
     )
-    create_release_trigger(conn)
+    dialect.install_release_trigger(conn)
 
 
-def _step_16(conn: Connection) -> None:
+def _step_16(conn: Connection, dialect: SchemaDialect) -> None:
     """Version 16: the SQL schedule function ``durafn.schedule`` (PostgreSQL only:
     ``schedule_function.py``), and the crons' extras (``limits``, and the
     count of consecutive failed ticks): three columns, a catalogue change."""
@@ -325,7 +330,7 @@ def _step_16(conn: Connection) -> None:
         crons.name,
         {"limits": "TEXT", "failed_ticks": "INTEGER NOT NULL DEFAULT 0", "failed_row": "TEXT"},
     )
-    create_sql_functions(conn)
+    install_functions(conn, dialect)
 
 
 _VERSION_17 = frozenset(
@@ -338,7 +343,7 @@ _VERSION_17 = frozenset(
 """Indexes whose predicates name ``batch_key`` (version 17): made by its step."""
 
 
-def _step_17(conn: Connection) -> None:
+def _step_17(conn: Connection, dialect: SchemaDialect) -> None:
     """Version 17: batched actions (``durafn.Batch``). Their rows carry ``batch_key``
     (a catalogue change) and leave the unqueued claim index, which is made again with
     ``batch_key IS NULL`` in its predicate, for two indexes of their own."""
@@ -349,14 +354,14 @@ def _step_17(conn: Connection) -> None:
             index.create(conn, checkfirst=True)
 
 
-def _step_18(conn: Connection) -> None:
+def _step_18(conn: Connection, dialect: SchemaDialect) -> None:
     """Version 18: on PostgreSQL, ``durafn_release``, with which the hot finish releases
     its rows' dependents itself (``dependencies.py``). The trigger is unchanged: not made
     again, since dropping it would lock the table against every claim and finish."""
-    create_release_function(conn)
+    dialect.install_release_functions(conn)
 
 
-def _step_19(conn: Connection) -> None:
+def _step_19(conn: Connection, dialect: SchemaDialect) -> None:
     """Version 19: on PostgreSQL, ``durafn_release`` returns the rows waiting for those
     its finish released and sends no NOTIFY; ``durafn_may_be_free`` is new; the executor
     looks with it after the commit and sends the NOTIFY for rows left with no edge only
@@ -366,46 +371,37 @@ def _step_19(conn: Connection) -> None:
     conn.execute(text("DROP INDEX IF EXISTS ix_durafn_dependencies_row"))
     for index in dependencies.indexes:
         index.create(conn, checkfirst=True)
-    create_release_function(conn)
+    dialect.install_release_functions(conn)
 
 
-def _step_20(conn: Connection) -> None:
+def _step_20(conn: Connection, dialect: SchemaDialect) -> None:
     """Version 20: on PostgreSQL, ``durafn.schedule`` made again: it refuses a queue name
     with a comma or a space at an end, as scheduling from Python now does (a worker's
     ``--queues`` separates names with commas and strips them: such a queue's rows could
     never be served by name)."""
-    if conn.dialect.name == "postgresql":
-        from .schedule_function import create_schedule_function
-
-        create_schedule_function(conn)
+    dialect.install_schedule_function(conn)
 
 
-def _step_21(conn: Connection) -> None:
+def _step_21(conn: Connection, dialect: SchemaDialect) -> None:
     """Version 21: on PostgreSQL, ``durafn.schedule`` made again: ``options => NULL`` is
     no options, as ``'{}'`` is (it was refused as not a JSON object)."""
-    if conn.dialect.name == "postgresql":
-        from .schedule_function import create_schedule_function
-
-        create_schedule_function(conn)
+    dialect.install_schedule_function(conn)
 
 
-def _step_22(conn: Connection) -> None:
+def _step_22(conn: Connection, dialect: SchemaDialect) -> None:
     """Version 22: ``_durafn_audit``, what operators did, kept across restarts (the
     dashboard kept its last 200 actions in memory)."""
     audit.create(conn, checkfirst=True)  # and its index
 
 
-def create_sql_functions(conn: Connection) -> None:
-    """What the migrations install besides tables: the release trigger (both engines)
-    and, on PostgreSQL, ``durafn.schedule``."""
-    create_release_trigger(conn)
-    if conn.dialect.name == "postgresql":
-        from .schedule_function import create_schedule_function
-
-        create_schedule_function(conn)
+def install_functions(conn: Connection, dialect: SchemaDialect) -> None:
+    """What the migrations install besides tables: the release trigger (with, where the
+    dialect has them, the hot finish's functions) and the SQL ``durafn.schedule``."""
+    dialect.install_release_trigger(conn)
+    dialect.install_schedule_function(conn)
 
 
-MIGRATIONS: dict[int, Callable[[Connection], None]] = {
+MIGRATIONS: dict[int, Callable[[Connection, SchemaDialect], None]] = {
     2: _step_2,
     3: _step_3,
     4: _step_4,

@@ -5,6 +5,8 @@ Each hot query names the index it relies on; keep the two in step.
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import (
     JSON,
     BigInteger,
@@ -25,11 +27,19 @@ from sqlalchemy import (
     literal_column,
 )
 from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.sql.elements import ColumnElement
 
 SCHEMA_VERSION = 22
 """Bump with a new step in ``migrations.MIGRATIONS`` whenever the tables change."""
 
 metadata = MetaData()
+
+
+def partial(where: ColumnElement[bool]) -> dict[str, Any]:
+    """An index's predicate, for both engines (SQLAlchemy takes it per dialect): the one
+    place the schema names them."""
+    return {"postgresql_where": where, "sqlite_where": where}
+
 
 # Native uuid on PostgreSQL (16 bytes, cheap to compare); readable text on SQLite.
 ID_TYPE = Uuid(as_uuid=False).with_variant(String(36), "sqlite")
@@ -146,8 +156,7 @@ Index(
     sf.c.priority,
     sf.c.available_at,
     sf.c.seq,
-    postgresql_where=UNQUEUED,
-    sqlite_where=UNQUEUED,
+    **partial(UNQUEUED),
 )
 # queue_name last, so that finding which queues have due rows reads the index alone.
 Index(
@@ -157,8 +166,7 @@ Index(
     sf.c.available_at,
     sf.c.seq,
     sf.c.queue_name,
-    postgresql_where=QUEUED,
-    sqlite_where=QUEUED,
+    **partial(QUEUED),
 )
 # "Is a queued row due?": the fast path's guard, one probe (its first entry) planned in
 # microseconds (the same read over the priority levels took 0.3 ms to plan).
@@ -166,8 +174,7 @@ Index(
     "ix_scheduled_functions_queued_due",
     sf.c.kind,
     sf.c.available_at,
-    postgresql_where=QUEUED,
-    sqlite_where=QUEUED,
+    **partial(QUEUED),
 )
 # The head of each named queue: a claim that found rows of queue Q re-reads Q's first
 # due rows in queue order, holding Q's lock, so a queue starts its rows in order.
@@ -177,16 +184,14 @@ ix_queue = Index(
     sf.c.priority,
     sf.c.available_at,
     sf.c.seq,
-    postgresql_where=QUEUED,
-    sqlite_where=QUEUED,
+    **partial(QUEUED),
 )
 # Keyed rows. "Is a keyed row due?" (the fast path's guard, and the next due time).
 Index(
     "ix_scheduled_functions_keyed_due",
     sf.c.kind,
     sf.c.available_at,
-    postgresql_where=KEYED,
-    sqlite_where=KEYED,
+    **partial(KEYED),
 )
 # Which keys have due rows: a loose scan, one probe per key (claim/flow.py's DUE_KEYS).
 Index(
@@ -194,8 +199,7 @@ Index(
     sf.c.kind,
     sf.c.flow_key,
     sf.c.available_at,
-    postgresql_where=KEYED,
-    sqlite_where=KEYED,
+    **partial(KEYED),
 )
 # A key's head: its first due rows in claim order, read holding the key's lock.
 Index(
@@ -204,8 +208,7 @@ Index(
     sf.c.priority,
     sf.c.available_at,
     sf.c.seq,
-    postgresql_where=KEYED,
-    sqlite_where=KEYED,
+    **partial(KEYED),
 )
 # Batched rows. A batch: a key's first due rows, in order (claim/batched.py's PEEK, TAKE).
 Index(
@@ -214,8 +217,7 @@ Index(
     sf.c.batch_key,
     sf.c.available_at,
     sf.c.seq,
-    postgresql_where=BATCHED,
-    sqlite_where=BATCHED,
+    **partial(BATCHED),
 )
 # When the next batched row falls due (claim/take.py's NEXT_DUE), and which keys of a
 # function have due rows, oldest first (claim/batched.py's KEYS: one function's entries
@@ -225,8 +227,7 @@ Index(
     sf.c.kind,
     sf.c.available_at,
     sf.c.name,
-    postgresql_where=BATCHED,
-    sqlite_where=BATCHED,
+    **partial(BATCHED),
 )
 # How many rows of a key run: as many entries as keyed actions running anywhere.
 _IN_PROGRESS = sf.c.state == literal_column("'InProgress'")
@@ -234,8 +235,7 @@ RUNNING_KEYED = and_(_IN_PROGRESS, sf.c.flow_key.is_not(None))
 Index(
     "ix_scheduled_functions_key_running",
     sf.c.flow_key,
-    postgresql_where=RUNNING_KEYED,
-    sqlite_where=RUNNING_KEYED,
+    **partial(RUNNING_KEYED),
 )
 # Job keys: one row holds a key until it succeeds (or gives the key up to a new row).
 # Also the upserts' conflict target (``ON CONFLICT (job_key) WHERE <this>``), which is why
@@ -248,22 +248,19 @@ ix_key = Index(
     "ix_scheduled_functions_key",
     sf.c.job_key,
     unique=True,
-    postgresql_where=KEY_HOLDER,
-    sqlite_where=KEY_HOLDER,
+    **partial(KEY_HOLDER),
 )
 # Transitive cancel walks children by parent.
 Index(
     "ix_scheduled_functions_parent",
     sf.c.parent_id,
-    postgresql_where=sf.c.parent_id.is_not(None),
-    sqlite_where=sf.c.parent_id.is_not(None),
+    **partial(sf.c.parent_id.is_not(None)),
 )
 # Retention deletes the oldest finished rows first.
 Index(
     "ix_scheduled_functions_completed",
     sf.c.completed_time,
-    postgresql_where=sf.c.completed_time.is_not(None),
-    sqlite_where=sf.c.completed_time.is_not(None),
+    **partial(sf.c.completed_time.is_not(None)),
 )
 # Listing in time order, keyset-paginated.
 Index("ix_scheduled_functions_scheduled", sf.c.scheduled_time, sf.c.id)
@@ -273,8 +270,7 @@ RUNNING_ROWS = _IN_PROGRESS
 ix_running = Index(
     "ix_scheduled_functions_running",
     sf.c.worker_id,
-    postgresql_where=RUNNING_ROWS,
-    sqlite_where=RUNNING_ROWS,
+    **partial(RUNNING_ROWS),
 )
 
 workers = Table(
@@ -363,8 +359,7 @@ queues = Table(
 Index(
     "ix_durafn_queues_paused",
     queues.c.name,
-    postgresql_where=queues.c.paused,
-    sqlite_where=queues.c.paused,
+    **partial(queues.c.paused),
 )
 
 # The cron registry (version 7): one row per recurring schedule, declared in code (and
@@ -409,8 +404,7 @@ crons = Table(
 Index(
     "ix_durafn_crons_next",
     crons.c.next_run_at,
-    postgresql_where=crons.c.next_run_at.is_not(None),
-    sqlite_where=crons.c.next_run_at.is_not(None),
+    **partial(crons.c.next_run_at.is_not(None)),
 )
 # Flow keys (version 8): one row per key with rows scheduled, made by the first claim
 # that meets it. Claims lock it (FOR UPDATE SKIP LOCKED) while they choose the key's rows;

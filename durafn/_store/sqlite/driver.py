@@ -20,10 +20,11 @@ from typing import Any, ClassVar, TypeGuard
 
 import anyio
 import anyio.to_thread
-from sqlalchemy import event
+from sqlalchemy import event, text
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import URL
+from sqlalchemy.engine import Connection as SyncConnection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from ..._errors import DatabaseError, ReadOnlyError, SchemaError
@@ -31,8 +32,10 @@ from ..._kinds import FunctionKind
 from ..driver import Driver
 from ..engine import pool_arguments
 from ..rows import NEW_ROW_COLUMNS
+from . import sql as _sql  # noqa: F401  (its SQL for the elements of ../sql.py)
 from .batches import SQLiteBatches
 from .calls import BEGIN_WRITE, Connection, adopt, begin, turn_for
+from .triggers import install_release_trigger
 
 logger = logging.getLogger("durafn.store")
 
@@ -75,6 +78,7 @@ class SQLiteDriver(SQLiteBatches, Driver):
     auto_migrate: ClassVar[bool] = True
     default_max_connections: ClassVar[int] = 16
     single_statement_options: ClassVar[dict[str, Any]] = {ONE_CALL_OPTION: True}
+    read_only_options: ClassVar[dict[str, Any]] = {READ_ONLY_OPTION: True}
 
     busy_timeout: float = 30.0
     synchronous: str = "FULL"
@@ -82,6 +86,18 @@ class SQLiteDriver(SQLiteBatches, Driver):
     def __init__(self, url: URL) -> None:
         super().__init__(url)
         self._stopping: list[threading.Thread] = []
+
+    # -- the schema's SQL (``migrations.SchemaDialect``) ----------------------------------
+
+    def install_release_trigger(self, conn: SyncConnection) -> None:
+        install_release_trigger(conn)
+
+    def add_seq_column(self, conn: SyncConnection) -> None:
+        # A new row's seq is its rowid (sql.NextSeq): the rows there are numbered so too.
+        conn.execute(
+            text("ALTER TABLE _scheduled_functions ADD COLUMN seq BIGINT NOT NULL DEFAULT 0")
+        )
+        conn.execute(text("UPDATE _scheduled_functions SET seq = rowid"))
 
     def require_existing(self) -> None:
         # Opening a missing file creates it, so a mistyped path would otherwise look like

@@ -154,7 +154,7 @@ $$
 """
 
 
-def create_schedule_function(conn: Connection) -> None:
+def install_schedule_function(conn: Connection) -> None:
     """Create (or replace) ``durafn.schedule`` in the schema ``durafn``."""
     conn.execute(text("CREATE SCHEMA IF NOT EXISTS durafn"))
     conn.execute(text(RANDOM_BYTES))
