@@ -157,7 +157,7 @@ class App(Registration, Operations, Console, CronDeclarations, CronRegistry):
         if self._rt._engine is not None:
             raise ArgumentError("the app's database cannot change once it is in use")
         driver = driver_for_url(url)
-        if type(driver) is not type(self._rt.driver):
+        if driver.auto_migrate != self._rt.driver.auto_migrate:  # another engine
             self._rt.auto_migrate = driver.auto_migrate
         self._rt.driver = driver
         self._rt.health = Health(driver)

@@ -27,7 +27,7 @@ from ._kinds import FunctionKind, ScheduledFunctionId, State
 from ._options import JobOptions, Queue, RowOptions, resolve
 from ._registry import Registry
 from ._retries import Retry
-from ._store import AfterCommit, CronRow, Driver, new_row_model, take_notes
+from ._store import AfterCommit, CronRow, Store, new_row_model, take_notes
 from ._telemetry import Telemetry
 from ._telemetry.reading import read_gauges
 from ._types import ScheduledFunction
@@ -64,7 +64,7 @@ class Health:
     per event, not one per retry. Other transient faults (a deadlock, a busy SQLite file)
     are logged at INFO each time; they are rare and each is its own event."""
 
-    def __init__(self, driver: Driver) -> None:
+    def __init__(self, driver: Store) -> None:
         self._driver = driver
         self._down_since: float | None = None
 
@@ -100,7 +100,7 @@ class Health:
 @dataclass(eq=False)
 class Runtime:
     registry: Registry
-    driver: Driver
+    driver: Store
     clock: Clock
     limits: Limits
     backoff: Backoff

@@ -1,4 +1,6 @@
-"""The only package that knows SQL and which database it talks to."""
+"""The only package that knows SQL and which database it talks to. Its face to the rest
+of durafn is ``interface.Store`` (every operation, on one page) and what this module
+exports; ``Dialect`` says what an engine's driver provides."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from .claim.take import SERVE_ALL, ClaimFilter
 from .crons import CRON_LEASE, DECLARED, CronMove, CronRow, tick_id
 from .driver import Driver
 from .filters import RowFilter
+from .interface import Dialect, Store
 from .rows import Claimed, LostAction, Outcome, decode_cursor, new_id, new_row, new_row_model
 from .schema.tables import SCHEMA_VERSION, metadata, scheduled_functions, schema_version
 from .sqlite.driver import SQLiteDriver
@@ -31,6 +34,7 @@ __all__ = [
     "SERVE_ALL",
     "ClaimFilter",
     "Claimed",
+    "Dialect",
     "Driver",
     "FastPathHint",
     "FlowCursor",
@@ -39,6 +43,7 @@ __all__ = [
     "Outcome",
     "RowFilter",
     "StartTime",
+    "Store",
     "take_notes",
     "tick_id",
     "decode_cursor",

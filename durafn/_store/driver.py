@@ -22,7 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import ColumnElement
 
 from .._errors import ArgumentError
-from .._kinds import FINISHED_STATES, FunctionKind, ScheduledFunctionId, State
+from .._kinds import FINISHED_STATES, ScheduledFunctionId, State
 from .audit import AuditStatements
 from .claim.inline import InlineStatements
 from .claim.statements import ClaimStatements
@@ -74,16 +74,6 @@ class Driver(
         return State(value) if value is not None else None
 
     # -- scheduling ----------------------------------------------------------------------
-
-    async def insert_rows(
-        self,
-        conn: AsyncConnection,
-        rows: Sequence[dict[str, Any]],
-        notify: Collection[FunctionKind] = (),
-    ) -> None:
-        """Insert rows (their keys are ``NEW_ROW_COLUMNS``), and ``notify`` executors of
-        these kinds when this commits. Each driver has its own one-statement form."""
-        raise NotImplementedError
 
     async def insert_keyed(
         self, conn: AsyncConnection, rows: Sequence[dict[str, Any]]

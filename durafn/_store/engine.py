@@ -6,7 +6,7 @@ and ``PostgresDriver`` override its hooks.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Collection
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, ClassVar
 
@@ -73,7 +73,6 @@ class EngineDriver:
             for name in MUST_PROVIDE
             if not hasattr(cls, name)
             or getattr(cls, name) is getattr(EngineDriver, name, None)
-            or getattr(cls, name) is getattr(_neutral_driver(), name, None)
         ]
         return missing + [f"SQL for {e}" for e in missing_sql(self.url.get_backend_name())]
 
@@ -81,6 +80,16 @@ class EngineDriver:
         """Take the lock ``name`` for the rest of ``conn``'s transaction, unless another
         transaction holds it (then False, at once). SQLite's one writer holds them all."""
         return True
+
+    async def insert_rows(
+        self,
+        conn: AsyncConnection,
+        rows: Sequence[dict[str, Any]],
+        notify: Collection[FunctionKind] = (),
+    ) -> None:
+        """Insert rows (their keys are ``NEW_ROW_COLUMNS``), and ``notify`` executors of
+        these kinds when this commits: each dialect's own one-statement form."""
+        raise NotImplementedError
 
     # -- engine and errors ---------------------------------------------------------------
 
@@ -276,12 +285,6 @@ MUST_PROVIDE = (
     "add_seq_column",
 )
 """What a dialect's driver must define (``interface.Dialect``: the rest it may)."""
-
-
-def _neutral_driver() -> type:
-    from .driver import Driver  # the statements' class: its insert_rows only refuses
-
-    return Driver
 
 
 def _too_new(version: int) -> SchemaError:
