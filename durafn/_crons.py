@@ -33,7 +33,7 @@ from ._options import RowOptions
 from ._registry import Call, SchedulableRef
 from ._retries import GRAPHILE, Retry
 from ._runtime import Runtime
-from ._store import CronRow, new_id, new_row, tick_id
+from ._store import CronRow, NewRow, new_id, new_row, tick_id
 from ._types import CronTick
 from .cron import Schedule, parse, parse_cron_item, parse_crontab
 
@@ -243,7 +243,7 @@ def tick_rows(
     latest: float,
     *,
     triggered: bool = False,
-) -> list[dict[str, Any]]:
+) -> list[NewRow]:
     """The rows of a stored cron's ``ticks`` (``latest``: the one not backfilled), as the
     cron loop writes them and ``trigger_cron`` too: the cron's arguments, a ``CronTick``
     for a function that takes one, and its options. A tick's id is made from the cron and
@@ -264,7 +264,17 @@ def tick_rows(
         # Its run is a root span, named for its cron (``_telemetry``); nothing stored
         # where OpenTelemetry is not installed.
         marker = json.dumps({"cron": cron["name"]}) if rt.telemetry.tracing else None
-        row = new_row(id, function, kind, args, tick, None, options, options.flow_key, marker)
+        row = new_row(
+            id=id,
+            name=function,
+            kind=kind,
+            args=args,
+            due=tick,
+            parent_id=None,
+            options=options,
+            flow_key=options.flow_key,
+            trace_context=marker,
+        )
         if jitter:  # due a little later; the tick (and so the id) stays the tick's
             row["available_at"] = tick + random.Random(id).uniform(0, jitter)
         rows.append(row)

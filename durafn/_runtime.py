@@ -27,7 +27,7 @@ from ._kinds import FunctionKind, ScheduledFunctionId, State
 from ._options import JobOptions, Queue, RowOptions, resolve
 from ._registry import Registry
 from ._retries import Retry
-from ._store import AfterCommit, CronRow, Store, new_row_model, take_notes
+from ._store import AfterCommit, CronRow, NewRow, Store, new_row_model, take_notes
 from ._telemetry import Telemetry
 from ._telemetry.reading import read_gauges
 from ._types import ScheduledFunction
@@ -243,9 +243,7 @@ class Runtime:
             for listener in list(self._wake_listeners):
                 listener(kinds)
 
-    def inline_calls(
-        self, rows: list[dict[str, Any]], ids: list[ScheduledFunctionId]
-    ) -> list[Inline]:
+    def inline_calls(self, rows: list[NewRow], ids: list[ScheduledFunctionId]) -> list[Inline]:
         """The Pending rows written (``ids``: the one that runs for each) that inline mode
         runs at once: those its predicate accepts, in no named queue, with no flow key
         (their limits are the claim's to keep) and no dependencies (``after=``: a worker

@@ -27,7 +27,7 @@ from ._kinds import ScheduledFunctionId, State
 from ._public import publish
 from ._registry import Call, MutationRef, SchedulableRef
 from ._runtime import Limits, Runtime
-from ._store import new_id, new_row
+from ._store import NewRow, new_id, new_row
 from ._types import CancelResult
 
 P = ParamSpec("P")
@@ -42,7 +42,7 @@ limits, for all it schedules)."""
 
 
 class _Writer(Protocol):
-    async def add(self, rows: list[dict[str, Any]]) -> list[ScheduledFunctionId]: ...
+    async def add(self, rows: list[NewRow]) -> list[ScheduledFunctionId]: ...
 
     async def cancel(self, id: ScheduledFunctionId, now: float) -> State | None: ...
 
@@ -190,7 +190,7 @@ class Scheduler:
         if not batch:
             return []
         now = self._rt.clock.now()
-        rows: list[dict[str, Any]] = []
+        rows: list[NewRow] = []
         keys: set[str] = set()
         with self._counting(OUTSIDE_BATCH if self._per_call else None):
             for i, call in enumerate(batch):
@@ -250,7 +250,7 @@ class Scheduler:
         fn: SchedulableRef[Any, Any] | str,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
-    ) -> dict[str, Any]:
+    ) -> NewRow:
         if due - now > MAX_HORIZON:
             raise SchedulingError(
                 f"cannot schedule more than 5 years ahead ({(due - now) / 86400:.0f} days asked)"
@@ -290,17 +290,17 @@ class Scheduler:
         self._count += 1
         self._bytes += size
         return new_row(
-            new_id(now),
-            ref.name,
-            ref.kind.value,
-            args_json,
-            due,
-            self._parent_id,
-            options,
-            flow_key,
-            self._rt.telemetry.capture(),
-            after,
-            batch_key,
+            id=new_id(now),
+            name=ref.name,
+            kind=ref.kind.value,
+            args=args_json,
+            due=due,
+            parent_id=self._parent_id,
+            options=options,
+            flow_key=flow_key,
+            trace_context=self._rt.telemetry.capture(),
+            after=after,
+            batch_key=batch_key,
         )
 
     def _limit(self, message: str) -> None:

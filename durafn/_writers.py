@@ -24,7 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from ._kinds import FunctionKind, ScheduledFunctionId, State
 from ._runtime import Inline, Runtime
-from ._store import Outcome, take_notes
+from ._store import NewRow, Outcome, take_notes
 
 _PENDING = State.PENDING.value
 
@@ -32,7 +32,7 @@ _PENDING = State.PENDING.value
 Enqueued = tuple[ScheduledFunctionId, str, FunctionKind, str | None]
 
 
-def enqueued(rows: list[dict[str, Any]], ids: list[ScheduledFunctionId]) -> list[Enqueued]:
+def enqueued(rows: list[NewRow], ids: list[ScheduledFunctionId]) -> list[Enqueued]:
     """(id, name, kind, flow key) of the Pending rows written (for ``enqueue`` hooks)."""
     return [
         (id, row["name"], FunctionKind(row["kind"]), row["flow_key"])
@@ -41,7 +41,7 @@ def enqueued(rows: list[dict[str, Any]], ids: list[ScheduledFunctionId]) -> list
     ]
 
 
-def _pending_kinds(rows: list[dict[str, Any]]) -> set[FunctionKind]:
+def _pending_kinds(rows: list[NewRow]) -> set[FunctionKind]:
     return {FunctionKind(k) for k in {r["kind"] for r in rows if r["state"] == _PENDING}}
 
 
@@ -65,7 +65,7 @@ class BufferedWriter:
         self._running = running
         """The rows of the mutation batch writing through it (debounced calls never join
         a row that is running)."""
-        self._rows: list[dict[str, Any]] = []
+        self._rows: list[NewRow] = []
         self.woken: set[FunctionKind] = set()
         """Kinds of Pending rows written: wake executors for them once committed."""
         self.enqueued: list[Enqueued] = []
@@ -74,7 +74,7 @@ class BufferedWriter:
         self.inline: list[Inline] = []
         """Rows written that inline mode runs once committed."""
 
-    async def add(self, rows: list[dict[str, Any]]) -> list[ScheduledFunctionId]:
+    async def add(self, rows: list[NewRow]) -> list[ScheduledFunctionId]:
         if not all(_plain(row) and not row.get("after") for row in rows):
             # The id of a keyed, debounced or throttled row is the one that runs for it,
             # known only once written; a row's dependencies must exist (this batch's
@@ -114,7 +114,7 @@ class BufferedWriter:
             raise self._rt.driver.wrap(exc, doing) from exc
 
     def _written(
-        self, rows: list[dict[str, Any]], ids: list[ScheduledFunctionId], kinds: set[FunctionKind]
+        self, rows: list[NewRow], ids: list[ScheduledFunctionId], kinds: set[FunctionKind]
     ) -> None:
         self.woken |= kinds
         if self._rt.hooks.counting:
@@ -136,7 +136,7 @@ class BufferedWriter:
             return await self._rt.driver.cancel(self._conn, id, now)
 
 
-def _in_claim_order(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _in_claim_order(rows: list[NewRow]) -> list[NewRow]:
     """Rows written together, laid out in the order claims take them: priority, then due
     time (a stable sort, so call order, which is id order, holds within each).
 
@@ -154,7 +154,7 @@ def _in_claim_order(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 async def write(
     rt: Runtime,
     conn: AsyncConnection,
-    rows: list[dict[str, Any]],
+    rows: list[NewRow],
     check_parent: ScheduledFunctionId | None,
     notified: Collection[FunctionKind] = (),
     running: Collection[ScheduledFunctionId] = (),
@@ -173,9 +173,8 @@ async def write(
             now = rt.clock.now()
             for row in rows:
                 # Nor do they join, start or hold back a debounce or a throttle.
-                row.update(
-                    state=State.CANCELED.value, completed_time=now, job_key=None, debounce=None
-                )
+                row["state"], row["completed_time"] = State.CANCELED.value, now
+                row["job_key"], row["debounce"] = None, None
             # Finished for good at birth: their completion callbacks are due too.
             born = [
                 Outcome(r["id"], State.CANCELED, name=r["name"], on_complete=r["on_complete"])
@@ -217,7 +216,7 @@ async def write(
     return new, [ids[row["id"]] for row in rows]
 
 
-def _plain(row: dict[str, Any]) -> bool:
+def _plain(row: NewRow) -> bool:
     """Neither keyed nor debounced nor throttled: a plain INSERT."""
     return row["job_key"] is None and row["debounce"] is None
 
@@ -229,7 +228,7 @@ class DirectWriter:
         self._rt = runtime
         self._check_parent = check_parent
 
-    async def add(self, rows: list[dict[str, Any]]) -> list[ScheduledFunctionId]:
+    async def add(self, rows: list[NewRow]) -> list[ScheduledFunctionId]:
         rt = self._rt
 
         attempts = 0
@@ -304,7 +303,7 @@ class JoinedWriter:
             self._rt.mark_ready()
         return conn
 
-    async def add(self, rows: list[dict[str, Any]]) -> list[ScheduledFunctionId]:
+    async def add(self, rows: list[NewRow]) -> list[ScheduledFunctionId]:
         conn = await self._conn()
         try:
             # The caller may reuse this scheduler across transactions, so notify every

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import aiosqlite
 import pytest
@@ -33,6 +33,8 @@ from durafn._store import (
     Claimed,
     ClaimFilter,
     Driver,
+    NewRow,
+    NewRowColumns,
     Outcome,
     RowFilter,
     driver_for_url,
@@ -59,7 +61,7 @@ class Store:
         async with self.engine.begin() as conn:
             return await body(conn)
 
-    async def insert(self, *rows: dict[str, Any]) -> list[ScheduledFunctionId]:
+    async def insert(self, *rows: NewRowColumns) -> list[ScheduledFunctionId]:
         await self.run(lambda conn: self.driver.insert_rows(conn, rows))
         return [r["id"] for r in rows]
 
@@ -85,7 +87,7 @@ def new_row(
     name: str = "f",
     priority: int = 0,
     queue: str | None = None,
-) -> dict[str, Any]:
+) -> NewRowColumns:
     """A row as the scheduler writes it (the keys of ``NEW_ROW_COLUMNS``)."""
     return {
         "id": new_id(at),
@@ -96,7 +98,7 @@ def new_row(
         "scheduled_time": at,
         "available_at": at,
         "completed_time": completed,
-        "parent_id": parent,
+        "parent_id": ScheduledFunctionId(parent) if parent else None,
         "priority": priority,
         "queue_name": queue,
         "job_key": None,
@@ -152,8 +154,9 @@ async def test_seq_numbers_rows_in_the_order_they_were_written_by_every_insert(
     from the table's largest rowid: this checks that it reads them all before it writes."""
     driver = store.driver
 
-    def keyed(key: str, id: str) -> dict[str, Any]:
-        return new_row() | {"id": id, "job_key": key, "key_mode": "replace", "debounce": None}
+    def keyed(key: str, id: str) -> NewRow:
+        extra = {"key_mode": "replace", "debounce": None, "after": None, "after_policy": "run"}
+        return cast(NewRow, {**new_row(), "id": id, "job_key": key, **extra})
 
     first = await store.insert(new_row(), new_row())
     # Ids that sort backwards: as another process's may.
@@ -517,7 +520,7 @@ async def test_hand_off_starts_a_queues_next_action_only_where_the_claim_would(
     await store.run(lambda conn: driver.ensure_queues(conn, {"q": 1, "o": 1, "other": 1}, T0))
     assert [c.id for c in await store.claim_actions("w1", T0 - 15)] == [done]
     if others:
-        await store.insert(*({**row, "id": new_id(T0)} for row in others))
+        await store.insert(*(cast(NewRowColumns, {**row, "id": new_id(T0)}) for row in others))
 
     async def finish_and_hand_off(conn: AsyncConnection) -> list[Claimed]:
         await driver.finish_in_progress(conn, T0, [Outcome(done, State.SUCCESS, queue="q")])

@@ -36,7 +36,7 @@ from .._errors import DatabaseError
 from .._hooks import HookEvent, HookName
 from .._kinds import FunctionKind, ScheduledFunctionId, State
 from .._runtime import Runtime
-from .._store import CRON_LEASE, DECLARED, CronMove
+from .._store import CRON_LEASE, DECLARED, CronMove, NewRow
 from .._writers import write
 from .tasks import first_of
 
@@ -60,7 +60,7 @@ class _Plan:
     """Its next run as read: it moves on only from this."""
     latest: float
     following: float | None
-    rows: list[dict[str, Any]]
+    rows: list[NewRow]
     gaps: list[float]
     """Ticks daylight saving skipped since the last one (their wall times, as instants)."""
     now: float = 0.0

@@ -18,7 +18,17 @@ from .crons import CRON_LEASE, DECLARED, CronMove, CronRow, tick_id
 from .driver import Driver
 from .filters import RowFilter
 from .interface import Dialect, Store
-from .rows import Claimed, LostAction, Outcome, decode_cursor, new_id, new_row, new_row_model
+from .rows import (
+    Claimed,
+    LostAction,
+    NewRow,
+    NewRowColumns,
+    Outcome,
+    decode_cursor,
+    new_id,
+    new_row,
+    new_row_model,
+)
 from .schema.tables import SCHEMA_VERSION, metadata, scheduled_functions, schema_version
 from .sqlite.driver import SQLiteDriver
 
@@ -40,6 +50,8 @@ __all__ = [
     "FlowCursor",
     "LevelFloor",
     "LostAction",
+    "NewRow",
+    "NewRowColumns",
     "Outcome",
     "RowFilter",
     "StartTime",

@@ -11,11 +11,14 @@ rolled-back one may have left.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from .._kinds import FunctionKind
+
+if TYPE_CHECKING:
+    from .rows import NewRow
 
 _KEY = "durafn.after_commit"
 
@@ -26,7 +29,7 @@ class AfterCommit:
     """Kinds of rows written that this process's executors should look for."""
     canceled: set[str] = field(default_factory=set)
     """Rows cancelled: actions of theirs running here are told (``Runtime.cancels``)."""
-    written: list[dict[str, Any]] = field(default_factory=list)
+    written: list[NewRow] = field(default_factory=list)
     """Rows durafn wrote on its own (completion callbacks), for inline mode to run."""
     maybe_freed: set[str] = field(default_factory=set)
     """Rows waiting for others (``after=``) whose edges a finish here deleted: free if

@@ -32,6 +32,7 @@ from .filters import RowFilter
 from .queues import QueueStatements
 from .read.explain import ExplainStatements, FlowKeyStatements
 from .read.listing import ReadStatements
+from .rows import NewRow
 from .schema.tables import sf
 from .workers import WorkerStatements
 from .write.cancels import CANCEL, CANCELED_COLUMNS, CancelStatements
@@ -76,7 +77,7 @@ class Driver(
     # -- scheduling ----------------------------------------------------------------------
 
     async def insert_keyed(
-        self, conn: AsyncConnection, rows: Sequence[dict[str, Any]]
+        self, conn: AsyncConnection, rows: Sequence[NewRow]
     ) -> builtins.list[ScheduledFunctionId]:
         """Write rows that carry job keys (``write/keys.py``); returns the id that runs for each."""
         return await insert_keyed(conn, self.dialect_insert, rows)
@@ -84,7 +85,7 @@ class Driver(
     async def write_debounced(
         self,
         conn: AsyncConnection,
-        rows: Sequence[dict[str, Any]],
+        rows: Sequence[NewRow],
         running: Collection[ScheduledFunctionId] = (),
     ) -> builtins.list[ScheduledFunctionId]:
         """Write debounced and throttled calls (``write/debounce.py``); returns the id that runs for

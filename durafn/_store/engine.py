@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from .._errors import DatabaseError, SchemaError
 from .._kinds import FunctionKind
+from .rows import NewRowColumns
 from .schema.migrations import MIGRATIONS, install_functions
 from .schema.tables import SCHEMA_VERSION, metadata, schema_version, sf
 from .sql import missing_sql
@@ -71,8 +72,7 @@ class EngineDriver:
         missing = [
             name
             for name in MUST_PROVIDE
-            if not hasattr(cls, name)
-            or getattr(cls, name) is getattr(EngineDriver, name, None)
+            if not hasattr(cls, name) or getattr(cls, name) is getattr(EngineDriver, name, None)
         ]
         return missing + [f"SQL for {e}" for e in missing_sql(self.url.get_backend_name())]
 
@@ -84,7 +84,7 @@ class EngineDriver:
     async def insert_rows(
         self,
         conn: AsyncConnection,
-        rows: Sequence[dict[str, Any]],
+        rows: Sequence[NewRowColumns],
         notify: Collection[FunctionKind] = (),
     ) -> None:
         """Insert rows (their keys are ``NEW_ROW_COLUMNS``), and ``notify`` executors of

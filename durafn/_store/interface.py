@@ -33,7 +33,7 @@ from .claim.take import ClaimFilter
 from .crons import CronMove, CronRow
 from .filters import RowFilter
 from .read.explain import Facts, KeyCounts
-from .rows import Claimed, LostAction, Outcome, RetryState
+from .rows import Claimed, LostAction, NewRow, NewRowColumns, Outcome, RetryState
 
 Ids = Sequence[ScheduledFunctionId]
 IdList = builtins.list[ScheduledFunctionId]
@@ -82,18 +82,18 @@ class Store(Protocol):
 
     # -- scheduling: new rows (driver.py, write/keys.py, write/debounce.py, ...) ----------
     async def insert_rows(
-        self, conn: Conn, rows: Sequence[dict[str, Any]], notify: Collection[FunctionKind] = ...
+        self, conn: Conn, rows: Sequence[NewRowColumns], notify: Collection[FunctionKind] = ...
     ) -> None: ...  # one multi-row INSERT; NOTIFY at commit
     # Rows with job keys (ix_scheduled_functions_key): the id that runs for each.
-    async def insert_keyed(self, conn: Conn, rows: Sequence[dict[str, Any]]) -> IdList: ...
+    async def insert_keyed(self, conn: Conn, rows: Sequence[NewRow]) -> IdList: ...
     async def write_debounced(
         self,
         conn: Conn,
-        rows: Sequence[dict[str, Any]],
+        rows: Sequence[NewRow],
         running: Collection[ScheduledFunctionId] = ...,
     ) -> IdList: ...  # debounced and throttled calls (ix_scheduled_functions_key_head)
     async def prepare_waiting(
-        self, conn: Conn, rows: Sequence[dict[str, Any]]
+        self, conn: Conn, rows: Sequence[NewRow]
     ) -> tuple[builtins.list[dict[str, Any]], set[FunctionKind]]: ...  # before ``after=`` rows
     async def link_waiting(self, conn: Conn, links: Sequence[dict[str, Any]]) -> None: ...
     async def ensure_queues(
@@ -378,7 +378,7 @@ class Dialect(Protocol):
 
     def create_engine(self, max_connections: int) -> AsyncEngine: ...
     async def insert_rows(
-        self, conn: Conn, rows: Sequence[dict[str, Any]], notify: Collection[FunctionKind] = ...
+        self, conn: Conn, rows: Sequence[NewRowColumns], notify: Collection[FunctionKind] = ...
     ) -> None: ...  # its one-statement form of a multi-row INSERT
     def install_release_trigger(self, conn: Connection) -> None: ...  # schema/dependencies.py
     def add_seq_column(self, conn: Connection) -> None: ...  # migration step 11

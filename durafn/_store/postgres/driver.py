@@ -8,15 +8,16 @@ statement each, with an exact row count (``postgres/batches.py``).
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable, Collection, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import anyio
 import asyncpg
 from sqlalchemy import event, text
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.postgresql.base import PGDialect
 from sqlalchemy.engine import Connection as SyncConnection
 from sqlalchemy.engine import ExceptionContext
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
@@ -25,7 +26,8 @@ from ..._errors import ReadOnlyError
 from ..._kinds import FunctionKind, ScheduledFunctionId, State
 from ..driver import Driver
 from ..engine import pool_arguments
-from ..rows import NEW_ROW_COLUMNS
+from ..rows import NEW_ROW_COLUMNS, NewRowColumns
+from ..schema.tables import sf
 from . import sql as _sql  # noqa: F401  (its SQL for the elements of ../sql.py)
 from .batches import CHANNEL, PostgresBatches
 from .functions import install_release_functions, install_release_trigger
@@ -43,25 +45,23 @@ _ALL_KINDS = frozenset({FunctionKind.MUTATION, FunctionKind.ACTION})
 # too many connections (53300).
 _TRANSIENT_SQLSTATES = {"40001", "40P01", "55P03", "57P01", "57P02", "57P03", "53300"}
 
+
 # The NOTIFY rides in the INSERT's statement: one round trip fewer (0.4 ms here), and a
 # direct schedule is then one autocommit statement. A data-modifying CTE runs whether or
 # not the outer SELECT reads it; the outer SELECT notifies only if asked (payload not '').
+def _array_of(column: str) -> str:
+    """The column's type as an array, for ``unnest``: ``uuid[]``, ``text[]``, ..."""
+    return f"{sf.c[column].type.compile(dialect=PGDialect())}[]"  # type: ignore[no-untyped-call]
+
+
+# A multi-row INSERT of arrays, one per column (``NewRowColumns``: each its own
+# ``CAST(:id AS UUID[])``, ...), and the executors' NOTIFY, in one statement; its text is
+# ``_INSERT_SQL.text``.
 _INSERT_SQL = text(
-    """
+    f"""
     WITH inserted AS (
-        INSERT INTO _scheduled_functions
-            (id, name, kind, args, state, scheduled_time, available_at, completed_time, parent_id,
-             priority, queue_name, job_key, flags, retry, max_attempts, on_complete, flow_key,
-             flow, trace_context, batch_key)
-        SELECT * FROM unnest(
-            CAST(:id AS uuid[]), CAST(:name AS text[]), CAST(:kind AS text[]),
-            CAST(:args AS text[]), CAST(:state AS text[]), CAST(:scheduled_time AS float8[]),
-            CAST(:available_at AS float8[]), CAST(:completed_time AS float8[]),
-            CAST(:parent_id AS uuid[]), CAST(:priority AS int[]), CAST(:queue_name AS text[]),
-            CAST(:job_key AS text[]), CAST(:flags AS text[]), CAST(:retry AS text[]),
-            CAST(:max_attempts AS int[]), CAST(:on_complete AS text[]),
-            CAST(:flow_key AS text[]), CAST(:flow AS text[]), CAST(:trace_context AS text[]),
-            CAST(:batch_key AS text[]))
+        INSERT INTO _scheduled_functions ({", ".join(NEW_ROW_COLUMNS)})
+        SELECT * FROM unnest({", ".join(f"CAST(:{c} AS {_array_of(c)})" for c in NEW_ROW_COLUMNS)})
     )
     SELECT pg_notify(:channel, CAST(:payload AS text)) WHERE CAST(:payload AS text) <> ''
     """
@@ -323,13 +323,14 @@ class PostgresDriver(PostgresBatches, Driver):
     async def insert_rows(
         self,
         conn: AsyncConnection,
-        rows: Sequence[dict[str, Any]],
+        rows: Sequence[NewRowColumns],
         notify: Collection[FunctionKind] = (),
     ) -> None:
         # One statement with one array per column: a 1000-row schedule is one round trip
         # and one parse (asyncpg's executemany took ~30 ms for 1000 rows here).
+        by_name = cast(Sequence[Mapping[str, Any]], rows)
         params: dict[str, Any] = {
-            column: [row[column] for row in rows] for column in NEW_ROW_COLUMNS
+            column: [row[column] for row in by_name] for column in NEW_ROW_COLUMNS
         }
         params["channel"] = CHANNEL
         params["payload"] = ",".join(sorted(notify))

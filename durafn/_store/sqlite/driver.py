@@ -31,7 +31,7 @@ from ..._errors import DatabaseError, ReadOnlyError, SchemaError
 from ..._kinds import FunctionKind
 from ..driver import Driver
 from ..engine import pool_arguments
-from ..rows import NEW_ROW_COLUMNS
+from ..rows import NEW_ROW_COLUMNS, NewRowColumns
 from . import sql as _sql  # noqa: F401  (its SQL for the elements of ../sql.py)
 from .batches import SQLiteBatches
 from .calls import BEGIN_WRITE, Connection, adopt, begin, turn_for
@@ -237,7 +237,7 @@ class SQLiteDriver(SQLiteBatches, Driver):
     async def insert_rows(
         self,
         conn: AsyncConnection,
-        rows: Sequence[dict[str, Any]],
+        rows: Sequence[NewRowColumns],
         notify: Collection[FunctionKind] = (),
     ) -> None:
         # The values are SQLite's own types already (ids are text here), so the rows go to

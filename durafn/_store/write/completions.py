@@ -20,8 +20,9 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ..._kinds import FunctionKind, ScheduledFunctionId, State
+from ..._options import RowOptions
 from ..after_commit import note
-from ..rows import Outcome, new_id
+from ..rows import NewRow, NewRowColumns, Outcome, new_id, new_row
 
 _MUTATION = frozenset({FunctionKind.MUTATION})
 
@@ -35,7 +36,7 @@ def canceled(rows: Iterable[Sequence[Any]]) -> list[Outcome]:
     ]
 
 
-def _completion_row(now: float, outcome: Outcome) -> dict[str, Any]:
+def _completion_row(now: float, outcome: Outcome) -> tuple[NewRow, int | None]:
     """The callback row scheduled by ``outcome`` (which carries its ``on_complete``)."""
     assert outcome.on_complete is not None
     spec = json.loads(outcome.on_complete)
@@ -49,31 +50,24 @@ def _completion_row(now: float, outcome: Outcome) -> dict[str, Any]:
         "result": json.loads(outcome.result) if outcome.result is not None else None,
         "error": error,
     }
-    return {
-        "id": new_id(now),
-        "name": spec["name"],
-        "kind": FunctionKind.MUTATION.value,
-        "args": json.dumps({spec["param"]: completion}, separators=(",", ":")),
-        "state": State.PENDING.value,
-        "scheduled_time": now,
-        "available_at": now,
-        "completed_time": None,
-        "parent_id": None,
-        "priority": spec["priority"],
-        "queue_name": spec["queue"],
-        "job_key": None,
-        "key_mode": "replace",
-        "flags": spec["flags"],
-        "retry": spec["retry"],
-        "max_attempts": spec["max_attempts"],
-        "on_complete": None,
-        "flow_key": None,
-        "flow": None,
-        "trace_context": None,
-        "batch_key": None,
-        "debounce": None,
-        "concurrency": spec["concurrency"],
-    }
+    row = new_row(
+        id=new_id(now),
+        name=spec["name"],
+        kind=FunctionKind.MUTATION.value,
+        args=json.dumps({spec["param"]: completion}, separators=(",", ":")),
+        due=now,
+        parent_id=None,
+        options=RowOptions(
+            priority=spec["priority"],
+            queue=spec["queue"],
+            key=None,
+            key_mode="replace",
+            flags=spec["flags"],
+            retry=spec["retry"],
+            max_attempts=spec["max_attempts"],
+        ),
+    )
+    return row, spec["concurrency"]
 
 
 class CompletionStatements:
@@ -84,7 +78,7 @@ class CompletionStatements:
         async def insert_rows(
             self,
             conn: AsyncConnection,
-            rows: Sequence[dict[str, Any]],
+            rows: Sequence[NewRowColumns],
             notify: Collection[FunctionKind] = (),
         ) -> None: ...
 
@@ -98,10 +92,11 @@ class CompletionStatements:
         """Schedule the callbacks of rows this transaction finished for good (``finished``:
         only rows a guarded statement of this transaction moved; those without a callback
         are skipped). Executors are notified at commit."""
-        rows = [_completion_row(now, o) for o in finished if o.on_complete is not None]
-        if not rows:
+        made = [_completion_row(now, o) for o in finished if o.on_complete is not None]
+        if not made:
             return
-        queues = {row["queue_name"]: row["concurrency"] for row in rows if row["queue_name"]}
+        rows = [row for row, _ in made]
+        queues = {row["queue_name"]: c for row, c in made if row["queue_name"] is not None}
         if queues:
             await self.ensure_queues(conn, queues, now)
         await self.insert_rows(conn, rows, _MUTATION)

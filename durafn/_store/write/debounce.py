@@ -47,7 +47,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from ..._errors import DatabaseError
 from ..._flow import Debounce, FlowError, Throttle
 from ..._kinds import ScheduledFunctionId, State
-from ..rows import NEW_ROW_COLUMNS
+from ..rows import NewRow, column_values
 from ..schema.tables import KEY_HOLDER, flow_windows, sf
 from ..sql import PENDING, next_seq
 
@@ -85,7 +85,7 @@ def _merged(
 async def write_debounced(
     conn: AsyncConnection,
     insert: Callable[..., Any],
-    rows: Sequence[dict[str, Any]],
+    rows: Sequence[NewRow],
     running: Collection[ScheduledFunctionId] = (),
 ) -> list[ScheduledFunctionId]:
     """Write debounced and throttled calls (each row with its ``debounce``, and a trailing
@@ -96,7 +96,8 @@ async def write_debounced(
     ids = {str(i) for i in running}
     started = sf.c.id.in_(sorted(ids)) if ids else false()
     for row in rows:
-        rule: Debounce | Throttle = row["debounce"]
+        rule = row["debounce"]
+        assert rule is not None  # only debounced and throttled rows come here
         if isinstance(rule, Debounce) and rule.edge == "trailing":
             written.append(await _write_trailing(conn, insert, row, rule, started))
         else:
@@ -107,7 +108,7 @@ async def write_debounced(
 async def _write_trailing(
     conn: AsyncConnection,
     insert: Callable[..., Any],
-    row: dict[str, Any],
+    row: NewRow,
     debounce: Debounce,
     started: ColumnElement[bool],
 ) -> ScheduledFunctionId:
@@ -135,7 +136,7 @@ async def _write_trailing(
         )
         await conn.execute(given_up.values(job_key=None))
         _merged(row["name"], debounce.accumulate, "{}", row["args"], first=True)
-        values = {c: row[c] for c in NEW_ROW_COLUMNS} | {"seq": next_seq()}
+        values = column_values(row) | {"seq": next_seq()}
         values.update(available_at=due, scheduled_time=due)
         if debounce.max_wait is not None:
             values["flow_until"] = row["available_at"] + debounce.max_wait
@@ -155,7 +156,7 @@ async def _write_trailing(
 async def _write_windowed(
     conn: AsyncConnection,
     insert: Callable[..., Any],
-    row: dict[str, Any],
+    row: NewRow,
     rule: Debounce | Throttle,
     running: Collection[str],
 ) -> ScheduledFunctionId:
@@ -193,7 +194,7 @@ async def _write_windowed(
         _merged(name, rule.accumulate, "{}", row["args"], first=True, rule=rule)
         due = now if last is None else max(now, window.last_run + rule.per)
         quiet_until = None
-    values = {c: row[c] for c in NEW_ROW_COLUMNS} | {"seq": next_seq()}
+    values = column_values(row) | {"seq": next_seq()}
     # A throttled row due later says so (``flow_until``: explain's "throttled").
     values.update(available_at=due, scheduled_time=due, flow_until=due if due > now else None)
     await conn.execute(insert(sf).values(values))

@@ -24,6 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ..._errors import SchedulingError
 from ..._kinds import FINISHED_STATES, FunctionKind, ScheduledFunctionId, State
+from ..rows import NewRow
 from ..schema.tables import dependencies, sf
 
 _LINK = (
@@ -70,17 +71,18 @@ class DependencyStatements:
         return states, pending
 
     async def prepare_waiting(
-        self, conn: AsyncConnection, rows: Sequence[dict[str, Any]]
+        self, conn: AsyncConnection, rows: Sequence[NewRow]
     ) -> tuple[list[dict[str, Any]], set[FunctionKind]]:
         """Before ``rows`` (each with ``after``) are inserted: mark what they wait for,
         park those that must wait; returns what ``link_waiting`` writes after the insert,
         and the kinds to wake when the transaction commits (``mark_dependencies``)."""
-        wanted = list(dict.fromkeys(id for row in rows for id in row["after"]))
+        wanted = list(dict.fromkeys(id for row in rows for id in row["after"] or ()))
         states, locked = await self.mark_dependencies(conn, wanted)
         links: list[dict[str, Any]] = []
         for row in rows:
-            live = [id for id in row["after"] if states[id] not in FINISHED_STATES]
-            failed = sum(states[id] in (State.FAILED, State.CANCELED) for id in row["after"])
+            after = row["after"] or ()
+            live = [id for id in after if states[id] not in FINISHED_STATES]
+            failed = sum(states[id] in (State.FAILED, State.CANCELED) for id in after)
             policy = row["after_policy"]
             links.append(
                 {

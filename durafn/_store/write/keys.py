@@ -25,7 +25,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from ..._errors import DatabaseError
 from ..._kinds import ScheduledFunctionId
-from ..rows import NEW_ROW_COLUMNS
+from ..rows import NewRow, column_values
 from ..schema.tables import KEY_HOLDER, sf
 from ..sql import next_seq
 
@@ -46,12 +46,9 @@ _REPLACED = (
 )
 
 
-def _upsert(insert: Callable[..., Any], rows: Sequence[dict[str, Any]], mode: str) -> Any:
+def _upsert(insert: Callable[..., Any], rows: Sequence[NewRow], mode: str) -> Any:
     stmt = insert(sf).values(
-        [
-            {c: row[c] for c in NEW_ROW_COLUMNS} | {"seq": next_seq(n)}
-            for n, row in enumerate(rows, 1)
-        ]
+        [column_values(row) | {"seq": next_seq(n)} for n, row in enumerate(rows, 1)]
     )
     new = stmt.excluded
     if mode == "unsafe_dedupe":
@@ -74,7 +71,7 @@ def _upsert(insert: Callable[..., Any], rows: Sequence[dict[str, Any]], mode: st
 
 
 async def insert_keyed(
-    conn: AsyncConnection, insert: Callable[..., Any], rows: Sequence[dict[str, Any]]
+    conn: AsyncConnection, insert: Callable[..., Any], rows: Sequence[NewRow]
 ) -> list[ScheduledFunctionId]:
     """Write ``rows`` (each with a distinct ``job_key`` and its ``key_mode``); returns, per
     row, the id of the row that will run for it."""
@@ -96,4 +93,4 @@ async def insert_keyed(
             )
         if waiting:  # pragma: no cover - would take a holder re-created twice meanwhile
             raise DatabaseError(f"could not write the row of job key {waiting[0]['job_key']!r}")
-    return [ids[row["job_key"]] for row in rows]
+    return [ids[str(row["job_key"])] for row in rows]  # every row here has a key
