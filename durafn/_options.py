@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, fields, replace
-from typing import Any, Literal, Protocol, get_args
+from typing import Any, Literal, Protocol, cast, get_args
 
 from ._checks import Error, integer, is_integer, optional, scheduled_id, text
 from ._completions import CompletionCallback, check_on_complete
@@ -124,31 +124,19 @@ class JobOptions:
 
     @classmethod
     def checked(cls, error: Error = OptionError, **values: Any) -> JobOptions:
-        """Options from keyword values, each validated; unknown names are an error."""
-        known = {f.name for f in fields(cls)}
-        if unknown := sorted(set(values) - known):
+        """Options from keyword values, each validated by its check (``CHECKS``; None:
+        not set); unknown names are an error."""
+        if unknown := sorted(set(values) - set(CHECKS)):
             raise error(
                 f"unknown job option(s) {', '.join(unknown)}; the options are "
-                f"{', '.join(sorted(known))}"
+                f"{', '.join(sorted(CHECKS))}"
             )
-        key_mode = values.get("key_mode")
-        if key_mode is not None and key_mode not in KEY_MODES:
-            raise error(f"key_mode must be one of {', '.join(KEY_MODES)}, not {key_mode!r}")
         return cls(
-            priority=check_priority(values.get("priority"), "priority", error=error),
-            queue=optional(check_name, "queue", values.get("queue"), error=error),
-            key=optional(check_key, "key", values.get("key"), error=error),
-            key_mode=key_mode,
-            flags=optional(check_flags, "flags", values.get("flags"), error=error),
-            retry=optional(check_retry, "retry", values.get("retry"), error=error),
-            on_complete=optional(
-                check_on_complete, "on_complete", values.get("on_complete"), error=error
-            ),
-            flow=optional(check_flow, "flow", values.get("flow"), error=error),
-            after=optional(check_after, "after", values.get("after"), error=error),
-            after_policy=optional(
-                check_after_policy, "after_policy", values.get("after_policy"), error=error
-            ),
+            **{
+                name: CHECKS[name](name, value, error=error)
+                for name, value in values.items()
+                if value is not None
+            }
         )
 
     def over(self, base: JobOptions) -> JobOptions:
@@ -329,6 +317,32 @@ def check_flags(name: str, value: object, *, error: Error = OptionError) -> froz
     if len(flags) > MAX_FLAGS:
         raise error(f"{name}: at most {MAX_FLAGS} flags per row, not {len(flags)}")
     return flags
+
+
+def _check_key_mode(name: str, value: object, *, error: Error = OptionError) -> KeyMode:
+    if value not in KEY_MODES:
+        raise error(f"{name} must be one of {', '.join(KEY_MODES)}, not {value!r}")
+    return cast(KeyMode, value)
+
+
+def _check_priority(name: str, value: object, *, error: Error = OptionError) -> int | None:
+    return check_priority(value, name, error=error)
+
+
+CHECKS: dict[str, Callable[..., Any]] = {
+    "priority": _check_priority,
+    "queue": check_name,
+    "key": check_key,
+    "key_mode": _check_key_mode,
+    "flags": check_flags,
+    "retry": check_retry,
+    "on_complete": check_on_complete,
+    "flow": check_flow,
+    "after": check_after,
+    "after_policy": check_after_policy,
+}
+"""Each job option's check, by name: ``JobOptions``' fields, and the keyword arguments of
+``JobOptionArgs`` (a test holds the three together)."""
 
 
 publish(globals())

@@ -22,6 +22,7 @@ import pydantic
 import pydantic_core
 import typing_extensions
 from pydantic import ConfigDict, TypeAdapter
+from typing_extensions import Unpack
 
 from ._cancels import CancelMode
 from ._checks import optional, positive_seconds, text
@@ -304,20 +305,7 @@ class SchedulableRef(FunctionRef[P, R]):
         """This function called with these arguments, for ``scheduler.run_many``."""
         return Call(self, args, kwargs)
 
-    def options(
-        self,
-        *,
-        priority: int | None = None,
-        queue: str | None = None,
-        key: str | None = None,
-        key_mode: KeyMode | None = None,
-        flags: Iterable[str] | None = None,
-        retry: Retry | None = None,
-        on_complete: MutationRef[[Completion], Any] | None = None,
-        flow: Flow | None = None,
-        after: Iterable[str] | None = None,
-        after_policy: AfterPolicy | None = None,
-    ) -> Self:
+    def options(self, **options: Unpack[JobOptionArgs]) -> Self:
         """This function with job options for the calls scheduled through the result
         (which has the same parameters, so mypy still checks the arguments).
 
@@ -337,18 +325,7 @@ class SchedulableRef(FunctionRef[P, R]):
         if one of them ends Failed or Canceled (``"run"`` anyway, ``"cancel"``,
         ``"fail"``). Options not given keep the decorator's.
         """
-        chosen = JobOptions.checked(
-            priority=priority,
-            queue=queue,
-            key=key,
-            key_mode=key_mode,
-            flags=flags,
-            retry=retry,
-            on_complete=on_complete,
-            flow=flow,
-            after=after,
-            after_policy=after_policy,
-        )
+        chosen = JobOptions.checked(**options)
         if chosen.retry is not None and chosen.retry.to_json() is None:
             raise OptionError(
                 "a retry policy given per call keeps its backoff on the row, as data: use "
@@ -368,7 +345,9 @@ class MutationRef(SchedulableRef[P, R]):
 
 
 class JobOptionArgs(TypedDict, total=False):
-    """The job options as keyword arguments (of ``@app.mutation``/``@app.action``)."""
+    """The job options as keyword arguments (of ``@app.mutation``/``@app.action`` and
+    ``options(...)``): their one declaration for the type checker (``JobOptions`` is
+    their checked form, ``_options.CHECKS`` their checks)."""
 
     priority: int | None
     queue: str | None

@@ -793,3 +793,30 @@ async def test_queues_lists_each_queue_with_its_rows(app: durafn.App, clock: Fak
         ).scalar() == 1
     [a] = await app.queues()
     assert (a.name, a.due, a.pending, a.running, a.paused) == ("a", 1, 2, 0, False)
+
+
+def test_each_job_option_is_declared_once_and_every_route_knows_it() -> None:
+    """A job option is declared in ``JobOptionArgs`` (its type, for mypy) and checked by
+    its entry in ``CHECKS``; ``JobOptions`` holds the checked values: the three name the
+    same options. The SQL route takes some of them and refuses the others by name; the
+    row's columns and the claim's are each declared once and derived (NewRowColumns,
+    Claimed). docs/contributing.md lists the places a new option touches."""
+    import re
+    from dataclasses import fields
+
+    from durafn._options import CHECKS, JobOptions
+    from durafn._registry import JobOptionArgs
+    from durafn._store.claim.columns import CLAIM_COLUMNS
+    from durafn._store.postgres.schedule_function import FUNCTION
+    from durafn._store.rows import NEW_ROW_COLUMNS, Claimed
+
+    names = {f.name for f in fields(JobOptions)}
+    assert names == set(CHECKS) == set(JobOptionArgs.__annotations__)
+    taken = re.search(r"WHERE k NOT IN \(([^)]*)\)", FUNCTION)
+    assert taken is not None
+    in_sql = {n.strip(" '") for n in taken.group(1).split(",")} - {"kind"}
+    assert in_sql <= names
+    for name in in_sql:
+        assert f"options ? '{name}'" in FUNCTION, name  # each one taken is checked
+    assert [c.name for c in CLAIM_COLUMNS] == list(Claimed._fields)
+    assert len(set(NEW_ROW_COLUMNS)) == len(NEW_ROW_COLUMNS)
