@@ -1,8 +1,9 @@
 """The dashboard's core: who may see it (``access``; the host names it answers to,
 ``hosts``), how a page and an action are answered, and the routes of its parts
-(``rows``: the scheduled functions; ``operations``: crons, queues and flow keys,
-workers). Pages are server-rendered (Jinja2, every value escaped) over the same ``App``
-methods the command line calls (``surface.App``).
+(``rows``: the scheduled functions and a row; ``bulk``: every row a filter matches;
+``crons``; ``queues``: queues, flow keys and workers). Pages are server-rendered
+(Jinja2, every value escaped) over the same ``App`` methods the command line calls
+(``surface.App``).
 
 Every request's ``Host`` is checked first (``hosts.HostCheck``). Every action is a POST,
 checked in this order: a visitor (``access``), not read-only (403), not cross-origin
@@ -25,7 +26,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from .._errors import DurafnError
-from . import activity, live, operations, rows, values
+from . import activity, bulk, crons, live, queues, rows, values
 from .access import LOGGED_IN, SESSION_COOKIE, Access, cross_origin
 from .hosts import HostCheck
 from .surface import COUNT_BOUND, Act, App, Body, Refused
@@ -59,8 +60,10 @@ class Dashboard:
         routes = Starlette(
             routes=[
                 Route("/", self.overview),
+                *bulk.routes(self),  # before rows': /rows/cancel-matching is not a row
                 *rows.routes(self),
-                *operations.routes(self),
+                *crons.routes(self),
+                *queues.routes(self),
                 *live.routes(self),
                 Route("/metrics", self.metrics),
                 Route("/login", self.login, methods=["GET", "POST"]),
