@@ -115,6 +115,15 @@ def _ended(row: Any) -> str:
 
 def _holding(facts: Facts, now: float, batch: tuple[int, float] | None) -> list[_Held]:
     """Everything that holds a Pending row back, in the claim's order."""
+    return [
+        *_held_in_time(facts, now, batch),
+        *_held_by_workers(facts),
+        *_held_by_limits(facts, now),
+    ]
+
+
+def _held_in_time(facts: Facts, now: float, batch: tuple[int, float] | None) -> list[_Held]:
+    """Its batch, the rows it waits for, its due time (a debounce's, a throttle's)."""
     row, found = facts.row, []
     if batch is not None and row.batch_key is not None and row.available_at <= now:
         max_size, max_wait = batch
@@ -155,6 +164,12 @@ def _holding(facts: Facts, now: float, batch: tuple[int, float] | None) -> list[
             found.append(_Held("debounced", message, at))
         else:
             found.append(_Held("not_due", f"not due until {at.isoformat()}", at))
+    return found
+
+
+def _held_by_workers(facts: Facts) -> list[_Held]:
+    """Its queue paused; no live worker that serves it, or none that takes its flags."""
+    row, found = facts.row, []
     if facts.queue_paused:
         message = f"its queue {row.queue_name!r} is paused (durafn queue resume)"
         found.append(_Held("queue_paused", message))
@@ -172,6 +187,12 @@ def _holding(facts: Facts, now: float, batch: tuple[int, float] | None) -> list[
         refused = ", ".join(sorted(set().union(*(w.forbidden & flags for w in serving))))
         message = f"every live worker that serves it forbids its flag(s) {refused}"
         found.append(_Held("forbidden_flag", message))
+    return found
+
+
+def _held_by_limits(facts: Facts, now: float) -> list[_Held]:
+    """Its queue's concurrency and order; its flow key's concurrency and rate budget."""
+    row, found = facts.row, []
     limit = facts.queue_concurrency
     if row.queue_name is not None and row.flow_key is None and limit is not None:
         if facts.queue_running_count >= limit:
