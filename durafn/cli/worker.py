@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import sys
+from typing import Any
 
 import anyio
 import click
@@ -154,7 +155,7 @@ def worker(
     verbose: bool,
 ) -> None:
     """Run due scheduled functions until stopped (SIGTERM/SIGINT: graceful; twice: at once)."""
-    from .._worker import configure_logging, serve  # the app's imports: not for --help
+    from .._worker import configure_logging  # the app's imports: not for --help
 
     configure_logging(log_level, json=log_format == "json")
     if not app_ref:
@@ -185,37 +186,12 @@ def worker(
             )
     except DurafnError as exc:
         fail(str(exc), status=2)  # a bad option, or options that do not go together
-    if metrics_port is not None and (len(children) > 1 or pools):
-        from .._telemetry.endpoint import listen
-
-        try:  # each child binds its own port: one in use fails now, not five times a child
-            for i in range(len(children)):
-                listen(metrics_host, metrics_port + i).close()
-        except DurafnError as exc:
-            fail(str(exc))
     if len(children) > 1 or pools:
+        _check_ports(metrics_host, metrics_port, len(children))
         # Likewise a bad --app or a database that is not ready (not migrated, away): one
         # error line now, the one a single worker gives, not children dying for 18 s.
         run(functools.partial(_check_ready, app_ref, url), verbose=verbose)
-        args = ["--app", app_ref, "--log-level", log_level, "--log-format", log_format]
-        args += ["--metrics-host", metrics_host]
-        for flag, value in (
-            ("--url", url),
-            ("--concurrency", concurrency),
-            ("--grace-period", grace_period),
-            ("--heartbeat-interval", heartbeat_interval),
-            ("--worker-timeout", worker_timeout),
-            ("--batch-size", batch_size),
-            ("--poll-interval", poll_interval),
-            ("--name", worker_name),
-            ("--max-connections", max_connections),
-        ):
-            if value is not None:
-                args += [flag, str(value)]
-        for forbidden in forbidden_flags:
-            args += ["--forbid-flag", forbidden]
-        args += ["--exit-on-complete"] if exit_on_complete else []
-        args += ["--verbose"] if verbose else []
+        args = _child_args(click.get_current_context().params)
         every = [
             [
                 *args,
@@ -225,27 +201,82 @@ def worker(
             for i, child in enumerate(children)
         ]
         sys.exit(run(lambda: supervise(every), verbose=verbose))
+    serving = functools.partial(
+        _serve, app_ref, url, options, exit_on_complete, max_connections, metrics_host, metrics_port
+    )
+    sys.exit(run(serving, verbose=verbose))
 
-    async def _serve() -> int:
-        app = open_app(app_ref, url, create=True)
-        if max_connections is not None:
-            app._limit_connections(max_connections)
-        try:
-            if metrics_port is None:
-                return await serve(app, options, exit_on_complete=exit_on_complete)
-            from .._telemetry.endpoint import listen, serve_metrics
 
-            asgi = app.metrics_app()  # a clear error, before the worker starts, if missing
-            sock = listen(metrics_host, metrics_port)
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(serve_metrics, asgi, sock)
-                status = await serve(app, options, exit_on_complete=exit_on_complete)
-                tg.cancel_scope.cancel()
-            return status
-        finally:
-            await app.aclose()
+def _check_ports(host: str, first: int | None, count: int) -> None:
+    """Each child binds its own port: one in use fails now, not five times a child."""
+    if first is None:
+        return
+    from .._telemetry.endpoint import listen
 
-    sys.exit(run(_serve, verbose=verbose))
+    try:
+        for i in range(count):
+            listen(host, first + i).close()
+    except DurafnError as exc:
+        fail(str(exc))
+
+
+_PASSED_ON = (
+    ("url", "--url"),
+    ("concurrency", "--concurrency"),
+    ("grace_period", "--grace-period"),
+    ("heartbeat_interval", "--heartbeat-interval"),
+    ("worker_timeout", "--worker-timeout"),
+    ("batch_size", "--batch-size"),
+    ("poll_interval", "--poll-interval"),
+    ("worker_name", "--name"),
+    ("max_connections", "--max-connections"),
+)
+"""The options a supervisor passes on to each child as given (its own, --processes,
+--queues, --pool and --metrics-port, it decides per child)."""
+
+
+def _child_args(params: dict[str, Any]) -> list[str]:
+    args = ["--app", params["app_ref"], "--log-level", params["log_level"]]
+    args += ["--log-format", params["log_format"], "--metrics-host", params["metrics_host"]]
+    for name, flag in _PASSED_ON:
+        if params[name] is not None:
+            args += [flag, str(params[name])]
+    for forbidden in params["forbidden_flags"]:
+        args += ["--forbid-flag", forbidden]
+    args += ["--exit-on-complete"] if params["exit_on_complete"] else []
+    args += ["--verbose"] if params["verbose"] else []
+    return args
+
+
+async def _serve(
+    app_ref: str,
+    url: str | None,
+    options: ExecutorOptions,
+    exit_on_complete: bool,
+    max_connections: int | None,
+    metrics_host: str,
+    metrics_port: int | None,
+) -> int:
+    """One worker in this process, and its metrics endpoint if asked for."""
+    from .._worker import serve
+
+    app = open_app(app_ref, url, create=True)
+    if max_connections is not None:
+        app._limit_connections(max_connections)
+    try:
+        if metrics_port is None:
+            return await serve(app, options, exit_on_complete=exit_on_complete)
+        from .._telemetry.endpoint import listen, serve_metrics
+
+        asgi = app.metrics_app()  # a clear error, before the worker starts, if missing
+        sock = listen(metrics_host, metrics_port)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(serve_metrics, asgi, sock)
+            status = await serve(app, options, exit_on_complete=exit_on_complete)
+            tg.cancel_scope.cancel()
+        return status
+    finally:
+        await app.aclose()
 
 
 def _names(text: str, option: str) -> list[str]:
