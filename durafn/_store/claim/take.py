@@ -254,7 +254,7 @@ def _not_paused() -> ColumnElement[bool]:
 
 
 @dataclass(frozen=True, slots=True)
-class ClaimStatements:
+class ClaimQueries:
     """The statements of one ``ClaimFilter``, built once (see ``statements``)."""
 
     unqueued: Select[Any] | None
@@ -278,20 +278,10 @@ class ClaimStatements:
 
 
 @functools.cache
-def statements(serve: ClaimFilter, lateral: bool = False) -> ClaimStatements:
+def statements(serve: ClaimFilter, lateral: bool = False) -> ClaimQueries:
     """``lateral``: the engine joins a subquery per row of another (PostgreSQL's
     LATERAL), so the fast path reads every priority level in its one statement."""
     flags_ok = flags_allowed(serve.forbidden_flags)
-    unqueued = None
-    if serve.queues is None:
-        # ix_scheduled_functions_claim: (kind, priority, available_at, id), one range.
-        unqueued = (
-            select(*CLAIM_COLUMNS)
-            .where(*_due_at_level(False), flags_ok)
-            .order_by(sf.c.available_at, sf.c.seq)
-            .limit(bindparam("limit", type_=Integer))
-            .with_for_update(skip_locked=True)
-        )
     served = true() if serve.queues is None else sf.c.queue_name.in_(sorted(serve.queues))
     # ix_scheduled_functions_claim_queued, read alone (queue_name is its last column),
     # then each row's queue head (ix_scheduled_functions_queue): only heads we may run.
@@ -301,75 +291,92 @@ def statements(serve: ClaimFilter, lateral: bool = False) -> ClaimStatements:
         .order_by(sf.c.available_at, sf.c.seq)
         .limit(bindparam("limit", type_=Integer))
     )
-    first = first_actions = fast = fast_actions = None
-    if serve.queues is None:
-        # The lowest level from ``:from_level`` on: the first try reads from the lowest
-        # priority there is; a level change reruns it from the next level.
-        lowest = (
-            select(func.min(sf.c.priority))
-            .where(*_pending(False), sf.c.priority >= bindparam("from_level", type_=Integer))
-            .scalar_subquery()
-        )
-        first = (
-            select(*CLAIM_COLUMNS, HIGHEST)
-            .where(
-                *_pending(False),
-                sf.c.priority == lowest,
-                sf.c.available_at <= bindparam("now", type_=Double),
-                NO_QUEUED,
-                flags_ok,
-            )
-            .order_by(sf.c.available_at, sf.c.seq)
-            .limit(bindparam("limit", type_=Integer))
-            .with_for_update(skip_locked=True)
-        )
-        first_actions = _starting(first, HIGHEST)
-    if serve.queues is None and lateral:
-        # The second try, in one statement: every level, ascending, each its own locked
-        # range (a LATERAL subquery per level); the outer LIMIT ends the recursion once it
-        # has enough.
-        levels = _levels_cte(False)
-        at_level = (
-            select(*CLAIM_COLUMNS)
-            .where(
-                *_pending(False),
-                sf.c.priority == levels.c.p,
-                sf.c.available_at <= bindparam("now", type_=Double),
-                flags_ok,
-            )
-            .order_by(sf.c.available_at, sf.c.seq)
-            .limit(bindparam("limit", type_=Integer))
-            .with_for_update(skip_locked=True)
-            .lateral("at_level")
-        )
-        fast = (
-            select(*at_level.c)
-            .select_from(levels.join(at_level, true()))
-            .where(levels.c.p.is_not(None), NO_QUEUED)
-            .limit(bindparam("limit", type_=Integer))
-        )
-    elif serve.queues is None:
-        # Without LATERAL (SQLite): ``priority IN (the levels)``, which SQLite reads as one
-        # range per level in ascending order, so the ORDER BY needs no sort (no temporary
-        # B-tree in its plan) and the LIMIT ends it: 0.24 ms at 10^5 rows, where a
-        # statement per level cost 0.5 ms each through aiosqlite.
-        levels = _levels_cte(False)
-        fast = (
-            select(*CLAIM_COLUMNS)
-            .where(
-                *_pending(False),
-                sf.c.priority.in_(select(levels.c.p).where(levels.c.p.is_not(None))),
-                sf.c.available_at <= bindparam("now", type_=Double),
-                NO_QUEUED,
-                flags_ok,
-            )
-            .order_by(sf.c.priority, sf.c.available_at, sf.c.seq)
-            .limit(bindparam("limit", type_=Integer))
-        )
-    if fast is not None:
-        fast_actions = _starting(fast)
     flow = flow_statements((served, flags_ok, _not_paused()), lateral)
-    return ClaimStatements(unqueued, queued, first, first_actions, fast, fast_actions, flow)
+    if serve.queues is not None:  # queues only: no unqueued row is this claim's
+        return ClaimQueries(None, queued, None, None, None, None, flow)
+    # ix_scheduled_functions_claim: (kind, priority, available_at, id), one range.
+    unqueued = (
+        select(*CLAIM_COLUMNS)
+        .where(*_due_at_level(False), flags_ok)
+        .order_by(sf.c.available_at, sf.c.seq)
+        .limit(bindparam("limit", type_=Integer))
+        .with_for_update(skip_locked=True)
+    )
+    first = _first_level(flags_ok)
+    fast = _every_level(flags_ok) if lateral else _levels_in(flags_ok)
+    return ClaimQueries(
+        unqueued, queued, first, _starting(first, HIGHEST), fast, _starting(fast), flow
+    )
+
+
+def _first_level(flags_ok: ColumnElement[bool]) -> Select[Any]:
+    """The fast path's first try: due unqueued rows of the lowest level from
+    ``:from_level`` on (the lowest priority there is; a level change reruns it from the
+    next level), locked."""
+    lowest = (
+        select(func.min(sf.c.priority))
+        .where(*_pending(False), sf.c.priority >= bindparam("from_level", type_=Integer))
+        .scalar_subquery()
+    )
+    return (
+        select(*CLAIM_COLUMNS, HIGHEST)
+        .where(
+            *_pending(False),
+            sf.c.priority == lowest,
+            sf.c.available_at <= bindparam("now", type_=Double),
+            NO_QUEUED,
+            flags_ok,
+        )
+        .order_by(sf.c.available_at, sf.c.seq)
+        .limit(bindparam("limit", type_=Integer))
+        .with_for_update(skip_locked=True)
+    )
+
+
+def _every_level(flags_ok: ColumnElement[bool]) -> Select[Any]:
+    """The second try, in one statement, with LATERAL: every level, ascending, each its
+    own locked range (a LATERAL subquery per level); the outer LIMIT ends the recursion
+    once it has enough."""
+    levels = _levels_cte(False)
+    at_level = (
+        select(*CLAIM_COLUMNS)
+        .where(
+            *_pending(False),
+            sf.c.priority == levels.c.p,
+            sf.c.available_at <= bindparam("now", type_=Double),
+            flags_ok,
+        )
+        .order_by(sf.c.available_at, sf.c.seq)
+        .limit(bindparam("limit", type_=Integer))
+        .with_for_update(skip_locked=True)
+        .lateral("at_level")
+    )
+    return (
+        select(*at_level.c)
+        .select_from(levels.join(at_level, true()))
+        .where(levels.c.p.is_not(None), NO_QUEUED)
+        .limit(bindparam("limit", type_=Integer))
+    )
+
+
+def _levels_in(flags_ok: ColumnElement[bool]) -> Select[Any]:
+    """The second try without LATERAL (SQLite): ``priority IN (the levels)``, which SQLite
+    reads as one range per level in ascending order, so the ORDER BY needs no sort (no
+    temporary B-tree in its plan) and the LIMIT ends it: 0.24 ms at 10^5 rows, where a
+    statement per level cost 0.5 ms each through aiosqlite."""
+    levels = _levels_cte(False)
+    return (
+        select(*CLAIM_COLUMNS)
+        .where(
+            *_pending(False),
+            sf.c.priority.in_(select(levels.c.p).where(levels.c.p.is_not(None))),
+            sf.c.available_at <= bindparam("now", type_=Double),
+            NO_QUEUED,
+            flags_ok,
+        )
+        .order_by(sf.c.priority, sf.c.available_at, sf.c.seq)
+        .limit(bindparam("limit", type_=Integer))
+    )
 
 
 def _starting(chosen: Select[Any], *extra: Any) -> Any:
@@ -445,7 +452,7 @@ async def take(
 
 async def _take_unkeyed(
     conn: AsyncConnection,
-    st: ClaimStatements,
+    st: ClaimQueries,
     kind: FunctionKind,
     now: float,
     limit: int,
