@@ -222,6 +222,8 @@ class Wal:
     by_part: dict[str, list[int]] = field(default_factory=dict)
     """records, bytes, FPI bytes by relation filenode (``rel:FILENODE[:fork]``) or, for
     records that name none, by kind (``Transaction COMMIT``)."""
+    kinds: dict[str, dict[str, list[int]]] = field(default_factory=dict)
+    """Each part's records and bytes by kind of record (``Heap HOT_UPDATE``)."""
 
 
 _RECORD = re.compile(
@@ -260,7 +262,8 @@ def parse_waldump(lines: Iterable[str], db_oid: int) -> Wal:
             )
             if not (named or mine):
                 continue
-            part = f"{rmgr} {desc.split(' ', 1)[0]}".rstrip(" ,;")
+        kind = f"{rmgr} {desc.split(' ', 1)[0]}".rstrip(" ,;")
+        part = part or kind
         if xid:
             ours.add(xid)
         size, image = int(tot), int(tot) - int(rec)
@@ -272,6 +275,9 @@ def parse_waldump(lines: Iterable[str], db_oid: int) -> Wal:
         counts[0] += 1
         counts[1] += size
         counts[2] += image
+        of_kind = wal.kinds.setdefault(part, {}).setdefault(kind, [0, 0])
+        of_kind[0] += 1
+        of_kind[1] += size
     return wal
 
 
@@ -435,14 +441,19 @@ class Meter:
                     "records": round(counts[0] / jobs, 3),
                     "bytes": round(counts[1] / jobs, 1),
                     "fpi_bytes": round(counts[2] / jobs, 1),
+                    "kinds": {
+                        kind: {"records": round(k[0] / jobs, 3), "bytes": round(k[1] / jobs, 1)}
+                        for kind, k in sorted(kinds.items(), key=lambda kv: -kv[1][1])
+                    },
                 }
-                for name, counts in sorted(parts.items(), key=lambda kv: -kv[1][1])
+                for name, (counts, kinds) in sorted(parts.items(), key=lambda kv: -kv[1][0][1])
             },
             **({"wal_slot_problem": marks["slot_problem"]} if "slot_problem" in marks else {}),
         }
 
-    async def _name_parts(self, wal: Wal) -> dict[str, list[int]]:
-        """``rel:FILENODE`` parts named by ``pg_class`` (looked up in the run's database)."""
+    async def _name_parts(self, wal: Wal) -> dict[str, tuple[list[int], dict[str, list[int]]]]:
+        """``rel:FILENODE`` parts named by ``pg_class`` (looked up in the run's database),
+        each with its counts by kind of record."""
         filenodes = {int(part.split(":")[1]) for part in wal.by_part if part.startswith("rel:")}
         conn = await asyncpg.connect(PG_ADMIN.rsplit("/", 1)[0] + "/" + self.database)
         try:
@@ -454,14 +465,19 @@ class Meter:
         finally:
             await conn.close()
         names = {row["node"]: row["relname"] for row in rows}
-        named: dict[str, list[int]] = {}
+        named: dict[str, tuple[list[int], dict[str, list[int]]]] = {}
         for part, counts in wal.by_part.items():
+            name = part
             if part.startswith("rel:"):
                 _, node, *fork = part.split(":")
-                part = names.get(int(node), f"filenode {node}") + (f" ({fork[0]})" if fork else "")
-            total = named.setdefault(part, [0, 0, 0])
+                name = names.get(int(node), f"filenode {node}") + (f" ({fork[0]})" if fork else "")
+            total, kinds = named.setdefault(name, ([0, 0, 0], {}))
             for i, value in enumerate(counts):
                 total[i] += value
+            for kind, (records, size) in wal.kinds[part].items():
+                into = kinds.setdefault(kind, [0, 0])
+                into[0] += records
+                into[1] += size
         return named
 
     async def close(self) -> None:

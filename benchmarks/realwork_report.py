@@ -113,7 +113,7 @@ def wal_parts(report: dict[str, Any], top: int = 7) -> list[str]:
     """Each PostgreSQL system's WAL by relation, from its round with the median WAL."""
     lines = [
         "| workload | system | WAL bytes /job by relation (records /job), the round with "
-        "the median WAL |",
+        "the median WAL; the largest relation's by kind of record in brackets |",
         "|---|---|---|",
     ]
     for key, entry in report["workloads"].items():
@@ -125,6 +125,15 @@ def wal_parts(report: dict[str, Any], top: int = 7) -> list[str]:
             parts = list(run["wal_by_relation_per_job"].items())
             shown = [(name, p) for name, p in parts[:top] if p["bytes"] >= 1]
             text = [f"{name} {p['bytes']:,.0f} ({p['records']:.2f})" for name, p in shown]
+            if shown and len(kinds := shown[0][1].get("kinds", {})) > 1:  # the largest's
+                text[0] += (
+                    " ["
+                    + ", ".join(
+                        f"{kind} {k['bytes']:,.0f} ({k['records']:.2f})"
+                        for kind, k in kinds.items()
+                    )
+                    + "]"
+                )
             if rest := parts[len(shown) :]:
                 text.append(f"{len(rest)} others {sum(p['bytes'] for _, p in rest):,.1f}")
             lines.append(f"| {key} | {_label(label, run)} | {'; '.join(text)} |")

@@ -61,6 +61,8 @@ def test_waldump_counts_the_records_of_one_database_only() -> None:
         "Standby LOCK": [1, 42, 0],
         "rel:24580:vm": [1, 64, 0],
     }
+    assert wal.kinds["rel:24580"] == {"Heap INSERT": [2, 8251 + 59]}
+    assert wal.kinds["Transaction COMMIT"] == {"Transaction COMMIT": [2, 34 + 38]}
     other = pgcost.parse_waldump(LINES, OTHER)
     assert (other.records, other.bytes) == (2, 59 + 34)
 
