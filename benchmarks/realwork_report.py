@@ -167,4 +167,4 @@ def section(report: dict[str, Any] | None) -> list[str]:
     if not report:
         return []
     body = [report["skipped"]] if "skipped" in report else [markdown(report)]
-    return ["## Jobs that do work, against Graphile Worker", "", *body, "## No-op drains", ""]
+    return ["## Jobs that do work, against Graphile Worker", "", *body, "", "## No-op drains", ""]
