@@ -146,36 +146,46 @@ throughput: jobs fetched 500 at a time into a local queue, completions and failu
 written in batches."""
 
 
-async def graphile_drain(n: int, config: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Graphile Worker's no-op drain (``graphile/drain.mjs``) with ``config`` (its runner
-    options); jobs/s and the CPU per 1,000 jobs of its Node process and of PostgreSQL."""
+def graphile_node() -> str:
+    """Node's path, where Graphile Worker is installed beside it; else ``NotInstalled``."""
     node = shutil.which("node")
     if node is None:
         raise NotInstalled("skipped: Node is not installed")
     if not (GRAPHILE / "node_modules" / "graphile-worker").is_dir():
         raise NotInstalled("skipped: not installed (npm install --prefix benchmarks/graphile)")
+    return node
+
+
+class JsonLines:
+    """A child's stdout read as lines of JSON (a line of anything else is passed over)."""
+
+    def __init__(self, stdout: Any) -> None:
+        self._text = TextReceiveStream(stdout)
+        self._buffered = ""
+
+    async def next(self) -> dict[str, Any]:
+        while True:
+            while "\n" not in self._buffered:
+                self._buffered += await self._text.receive()
+            first, self._buffered = self._buffered.split("\n", 1)
+            if first.startswith("{"):
+                return dict(json.loads(first))
+
+
+async def graphile_drain(n: int, config: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Graphile Worker's no-op drain (``graphile/drain.mjs``) with ``config`` (its runner
+    options); jobs/s and the CPU per 1,000 jobs of its Node process and of PostgreSQL."""
+    node = graphile_node()
     dsn = (await _fresh_postgres()).replace("postgresql+asyncpg", "postgresql")
     options = json.dumps(config or GRAPHILE_DEFAULTS)
     command = [node, str(GRAPHILE / "drain.mjs"), dsn, str(n), options]
     async with await anyio.open_process(command) as process:
         assert process.stdin is not None and process.stdout is not None
-        lines = TextReceiveStream(process.stdout)
-        buffered = ""
-
-        async def line() -> dict[str, Any]:
-            """Its next line of JSON (a line of anything else is passed over)."""
-            nonlocal buffered
-            while True:
-                while "\n" not in buffered:
-                    buffered += await lines.receive()
-                first, buffered = buffered.split("\n", 1)
-                if first.startswith("{"):
-                    return dict(json.loads(first))
-
-        await line()  # {"ready": true}: its jobs are in
+        lines = JsonLines(process.stdout)
+        await lines.next()  # {"ready": true}: its jobs are in
         before = cost.read(process.pid)
         await process.stdin.send(b"go\n")
-        result = await line()
+        result = await lines.next()
         after = cost.read(process.pid)
         await process.stdin.send(b"stop\n")
         await process.wait()

@@ -34,6 +34,8 @@ from . import (
     flow,
     options,
     peers,
+    realwork,
+    realwork_report,
     retries,
     telemetry,
     throughput,
@@ -49,6 +51,7 @@ class Sizes:
     def __init__(self, quick: bool) -> None:
         self.quick = quick
         self.drain = 5_000 if quick else 20_000
+        self.realwork_jobs = 2_000 if quick else 20_000
         self.lag = 100 if quick else 300
         self.baseline_seconds = 2.0 if quick else 5.0
         self.single_schedules = 500 if quick else 3_000
@@ -104,6 +107,12 @@ async def run(sizes: Sizes, engines: list[str]) -> dict[str, Any]:
         async def url_for(engine: str, name: str) -> str:
             return await throughput.fresh_url(engine, tmp, name)
 
+        if "postgres" in engines:  # first: its table heads the results
+            results["realwork"] = await step(
+                f"postgres: jobs that do work, W1-W4, {sizes.repeats} rounds",
+                sizes.repeats,
+                lambda advance: realwork.for_suite(sizes.realwork_jobs, sizes.repeats, advance),
+            )
         seconds = sizes.baseline_seconds
         results["raw"] = await step(
             "raw database: single-row UPDATE transactions", 1, lambda _: baselines.measure(seconds)
@@ -344,6 +353,7 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         f"Machine: {report['machine']}. Command: `{report['command']}`.",
         "",
+        *realwork_report.section(results.get("realwork")),
         f"Drains (durafn's and the peers'): the median of {report['repeats']} runs; every "
         "run's rate is in latest.json.",
         "",
