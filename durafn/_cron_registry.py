@@ -38,6 +38,7 @@ from ._hooks import HookEvent
 from ._kinds import FunctionKind, ScheduledFunctionId, State
 from ._registry import Call, SchedulableRef
 from ._runtime import Runtime
+from ._store import StoredCron
 from ._types import CronInfo
 from ._writers import write
 
@@ -72,7 +73,7 @@ class CronRegistry:
             found = await rt.driver.stored_cron(conn, name, lock=True)
             if found is None:
                 await rt.driver.add_cron(conn, row, now, first_run(row, now))
-            elif found["source"] != "api":
+            elif found.source != "api":
                 raise RegistrationError(f"cron {name!r} is declared in code; give another name")
             elif (values := changes(row, found, now)) is not None:
                 await rt.driver.set_cron(conn, name, values)
@@ -86,7 +87,7 @@ class CronRegistry:
         """The registry's crons, by name (``enabled``: only those, or only the others)."""
         rt = self._rt
 
-        async def _read(conn: AsyncConnection) -> list[dict[str, Any]]:
+        async def _read(conn: AsyncConnection) -> list[StoredCron]:
             return await rt.driver.stored_crons(conn)
 
         rows = await rt.transaction(_read, read_only=True, doing="listing crons")
@@ -97,7 +98,7 @@ class CronRegistry:
         """One cron of the registry, or None."""
         rt = self._rt
 
-        async def _read(conn: AsyncConnection) -> dict[str, Any] | None:
+        async def _read(conn: AsyncConnection) -> StoredCron | None:
             return await rt.driver.stored_cron(conn, name)
 
         row = await rt.transaction(_read, read_only=True, doing="reading a cron")
@@ -122,14 +123,14 @@ class CronRegistry:
             if row is None:
                 return False
             now = rt.clock.now()
-            schedule = schedule_of(row["schedule"], row["timezone"], row["source"])
+            schedule = schedule_of(row.schedule, row.timezone, row.source)
             following = schedule.next_after(to_datetime(now)) if enabled else None
             await rt.driver.set_cron(
                 conn,
                 name,
                 {
                     # Only where it differs from the declaration (which then decides again).
-                    "operator_enabled": None if enabled == row["enabled"] else enabled,
+                    "operator_enabled": None if enabled == row.enabled else enabled,
                     "next_run_at": following.timestamp() if following is not None else None,
                     "updated_at": now,
                     # Resumed: its failed ticks count again from none (``pause_after``).
@@ -155,13 +156,13 @@ class CronRegistry:
                 raise ArgumentError(
                     f"no cron named {name!r} (app.crons() and durafn crons list them)"
                 )
-            skipped = row["next_run_at"]
+            skipped = row.next_run_at
             if skipped is None:
                 raise ArgumentError(
                     f"cron {name!r} has no next tick to skip (it is disabled, or has run its "
                     "course: until / max_runs)"
                 )
-            schedule = schedule_of(row["schedule"], row["timezone"], row["source"])
+            schedule = schedule_of(row.schedule, row.timezone, row.source)
             following = schedule.next_after(to_datetime(float(skipped)))
             await rt.driver.set_cron(
                 conn,
@@ -205,23 +206,23 @@ class CronRegistry:
                 raise ArgumentError(
                     f"no cron named {name!r} (app.crons() and durafn crons list them)"
                 )
-            if not isinstance(rt.registry.find(cron["function"]), SchedulableRef):
+            if not isinstance(rt.registry.find(cron.function), SchedulableRef):
                 raise ArgumentError(
-                    f"cron {name!r} runs {cron['function']!r}, which this app does not have: "
+                    f"cron {name!r} runs {cron.function!r}, which this app does not have: "
                     "trigger it with the app that declares it (durafn cron trigger --app ...)"
                 )
             now = rt.clock.now()
             [row] = tick_rows(rt, cron, [now], now, triggered=True)
-            previous = cron["last_row_id"]
+            previous = cron.last_row_id
             states = await rt.driver.row_states(conn, [previous]) if previous else {}
-            if states.get(previous) in (State.PENDING, State.IN_PROGRESS):
-                if cron["overlap"] == "skip":
+            if previous is not None and states.get(previous) in (State.PENDING, State.IN_PROGRESS):
+                if cron.overlap == "skip":
                     raise SchedulingError(
                         f"cron {name!r}: its previous run {previous} is still "
                         f"{states[previous].value}, and its overlap policy 'skip' keeps two "
                         "runs from overlapping; trigger it once that run ends, or cancel it"
                     )
-                if cron["overlap"] == "cancel_previous":
+                if cron.overlap == "cancel_previous":
                     await rt.driver.cancel(conn, previous, now)
             _, [id] = await write(rt, conn, [row], None)
             runs = await rt.driver.count_cron_run(conn, name, id)
@@ -249,44 +250,44 @@ class CronRegistry:
         return id
 
 
-def _describe(row: dict[str, Any]) -> str:
+def _describe(row: StoredCron) -> str:
     try:
-        return schedule_of(row["schedule"], row["timezone"], row["source"]).describe()
+        return schedule_of(row.schedule, row.timezone, row.source).describe()
     except CronSyntaxError as exc:  # stored by another version: listed all the same
         return f"cannot be read: {exc}"
 
 
-def _info(row: dict[str, Any]) -> CronInfo:
+def _info(row: StoredCron) -> CronInfo:
     def at(value: float | None) -> datetime | None:
         return to_datetime(value) if value is not None else None
 
-    switched = row["operator_enabled"]
-    limits = CronLimits.of(row["limits"])
+    switched = row.operator_enabled
+    limits = CronLimits.of(row.limits)
     return CronInfo(
-        name=row["name"],
-        schedule=row["schedule"],
-        timezone=row["timezone"],
+        name=row.name,
+        schedule=row.schedule,
+        timezone=row.timezone,
         describe=_describe(row),
-        function=row["function"],
-        kind=FunctionKind(row["kind"]),
-        args=json.loads(row["args"]),
-        overlap=row["overlap"],
-        catch_up=row["catch_up"],
-        enabled=row["enabled"] if switched is None else switched,
+        function=row.function,
+        kind=FunctionKind(row.kind),
+        args=json.loads(row.args),
+        overlap=row.overlap,
+        catch_up=row.catch_up,
+        enabled=row.enabled if switched is None else switched,
         switched_by_hand=switched is not None,
-        description=row["description"],
-        source=row["source"],
-        created_at=to_datetime(row["created_at"]),
-        updated_at=to_datetime(row["updated_at"]),
-        last_run_at=at(row["last_run_at"]),
-        next_run_at=at(row["next_run_at"]),
-        run_count=row["run_count"],
-        last_row_id=row["last_row_id"],
-        last_skip_at=at(row["last_skip_at"]),
-        last_skip_reason=row["last_skip_reason"],
+        description=row.description,
+        source=row.source,
+        created_at=to_datetime(row.created_at),
+        updated_at=to_datetime(row.updated_at),
+        last_run_at=at(row.last_run_at),
+        next_run_at=at(row.next_run_at),
+        run_count=row.run_count,
+        last_row_id=row.last_row_id,
+        last_skip_at=at(row.last_skip_at),
+        last_skip_reason=row.last_skip_reason,
         jitter=limits.jitter,
         max_runs=limits.max_runs,
         until=at(limits.until),
         pause_after=limits.pause_after,
-        failed_ticks=row["failed_ticks"],
+        failed_ticks=row.failed_ticks,
     )

@@ -33,7 +33,7 @@ from ._options import RowOptions
 from ._registry import Call, SchedulableRef
 from ._retries import GRAPHILE, Retry
 from ._runtime import Runtime
-from ._store import CronRow, new_id, new_row, tick_id
+from ._store import CronRow, StoredCron, new_id, new_row, tick_id
 from ._types import CronTick
 from .cron import Schedule, parse, parse_cron_item, parse_crontab
 
@@ -220,17 +220,17 @@ class CronDeclarations:
         return [row.name for row in rows]
 
 
-def changes(row: CronRow, stored: dict[str, Any], now: float) -> dict[str, Any] | None:
+def changes(row: CronRow, stored: StoredCron, now: float) -> dict[str, Any] | None:
     """What a declaration (or a registration) changes in its stored cron, or None. An
     ``enabled`` that changed is a new decision, and clears the operator's switch
     (``_cron_registry``); the next run is recomputed when the schedule, the zone or the
     cron's being enabled changed."""
     if not row.differs(stored):
         return None
-    switched = None if row.enabled != stored["enabled"] else stored["operator_enabled"]
+    switched = None if row.enabled != stored.enabled else stored.operator_enabled
     values = dataclasses.asdict(row) | {"operator_enabled": switched, "updated_at": now}
     enabled = row.enabled if switched is None else switched
-    was_enabled = stored["next_run_at"] is not None
+    was_enabled = stored.next_run_at is not None
     if row.timing_differs(stored) or enabled != was_enabled:
         values["next_run_at"] = first_run(dataclasses.replace(row, enabled=enabled), now)
     return values
@@ -238,7 +238,7 @@ def changes(row: CronRow, stored: dict[str, Any], now: float) -> dict[str, Any] 
 
 def tick_rows(
     rt: Runtime,
-    cron: dict[str, Any],
+    cron: StoredCron,
     ticks: Sequence[float],
     latest: float,
     *,
@@ -249,21 +249,21 @@ def tick_rows(
     for a function that takes one, and its options. A tick's id is made from the cron and
     the tick (``tick_id``: a second writer of it writes nothing); a triggered run's is new.
     """
-    options = RowOptions(**json.loads(cron["options"]))
-    jitter = CronLimits.of(cron.get("limits")).jitter
-    ref = rt.registry.find(cron["function"])
+    options = RowOptions(**json.loads(cron.options))
+    jitter = CronLimits.of(cron.limits).jitter
+    ref = rt.registry.find(cron.function)
     param = tick_parameter(ref) if isinstance(ref, SchedulableRef) else None
     rows = []
     for tick in ticks:
-        args = cron["args"]
+        args = cron.args
         if param is not None:  # a function that takes a CronTick is given one
             given = CronTick(ts=to_datetime(tick), backfilled=tick != latest, triggered=triggered)
             args = json.dumps(json.loads(args) | {param: given.model_dump(mode="json")})
-        id = new_id(tick) if triggered else tick_id(cron["name"], tick)
-        function, kind = cron["function"], cron["kind"]
+        id = new_id(tick) if triggered else tick_id(cron.name, tick)
+        function, kind = cron.function, cron.kind
         # Its run is a root span, named for its cron (``_telemetry``); nothing stored
         # where OpenTelemetry is not installed.
-        marker = json.dumps({"cron": cron["name"]}) if rt.telemetry.tracing else None
+        marker = json.dumps({"cron": cron.name}) if rt.telemetry.tracing else None
         row = new_row(id, function, kind, args, tick, None, options, options.flow_key, marker)
         if jitter:  # due a little later; the tick (and so the id) stays the tick's
             row["available_at"] = tick + random.Random(id).uniform(0, jitter)

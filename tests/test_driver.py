@@ -771,14 +771,14 @@ async def test_due_crons_are_the_enabled_ones_due_by_now_earliest_first(store: S
     await store.run(lambda conn: driver.add_crons(conn, [(_cron("b"), T0 + 999)], T0 + 1))
     assert await store.run(driver.next_cron) == T0 + 60
     due = await store.run(lambda conn: driver.due_crons(conn, T0 + 120, 10))
-    assert [c["name"] for c in due] == ["b", "a"]
-    assert [
-        c["name"] for c in await store.run(lambda conn: driver.due_crons(conn, T0 + 60, 10))
-    ] == ["b"]
-    assert [c["name"] for c in await store.run(driver.stored_crons)] == ["a", "b", "off"]
+    assert [c.name for c in due] == ["b", "a"]
+    assert [c.name for c in await store.run(lambda conn: driver.due_crons(conn, T0 + 60, 10))] == [
+        "b"
+    ]
+    assert [c.name for c in await store.run(driver.stored_crons)] == ["a", "b", "off"]
     b = await store.run(lambda conn: driver.stored_cron(conn, "b"))
     assert b is not None
-    assert (b["next_run_at"], b["run_count"], b["created_at"]) == (T0 + 60, 0, T0)
+    assert (b.next_run_at, b.run_count, b.created_at) == (T0 + 60, 0, T0)
     assert await store.run(lambda conn: driver.stored_cron(conn, "none")) is None
 
 
@@ -788,17 +788,10 @@ async def test_advance_crons_moves_a_cron_only_from_the_next_run_it_was_read_wit
     driver = store.driver
     await store.run(lambda conn: driver.add_crons(conn, [(_cron("a"), T0), (_cron("b"), T0)], T0))
     ran = CronMove(
-        b_name="a",
-        b_expected=T0,
-        b_next=T0 + 60,
-        b_last_run=T0,
-        b_row="row-1",
-        b_runs=1,
-        b_skip_at=None,
-        b_skip_reason=None,
+        name="a", expected=T0, next_run_at=T0 + 60, last_run_at=T0, last_row_id="row-1", runs=1
     )
-    skipped = ran._replace(
-        b_name="b", b_last_run=None, b_row=None, b_runs=0, b_skip_at=T0, b_skip_reason="missed"
+    skipped = CronMove(
+        name="b", expected=T0, next_run_at=T0 + 60, last_skip_at=T0, last_skip_reason="missed"
     )
     assert await store.run(lambda conn: driver.advance_crons(conn, [ran, skipped])) == 2
     # Moved already (another leader's second write of the same ticks): nothing moves.
@@ -806,27 +799,32 @@ async def test_advance_crons_moves_a_cron_only_from_the_next_run_it_was_read_wit
     a = await store.run(lambda conn: driver.stored_cron(conn, "a"))
     b = await store.run(lambda conn: driver.stored_cron(conn, "b"))
     assert a is not None and b is not None
-    assert (a["next_run_at"], a["last_run_at"], a["last_row_id"], a["run_count"]) == (
+    assert (a.next_run_at, a.last_run_at, a.last_row_id, a.run_count) == (
         T0 + 60,
         T0,
         "row-1",
         1,
     )
-    assert (a["last_skip_at"], a["last_skip_reason"]) == (None, None)
+    assert (a.last_skip_at, a.last_skip_reason) == (None, None)
     # A skip leaves the last run as it was, and records itself.
-    later = ran._replace(b_expected=T0 + 60, b_next=None, b_last_run=None, b_row=None, b_runs=0)
-    later = later._replace(b_skip_at=T0 + 60, b_skip_reason="paused")
+    later = CronMove(
+        name="a",
+        expected=T0 + 60,
+        next_run_at=None,
+        last_skip_at=T0 + 60,
+        last_skip_reason="paused",
+    )
     assert await store.run(lambda conn: driver.advance_crons(conn, [later])) == 1
     a = await store.run(lambda conn: driver.stored_cron(conn, "a"))
     assert a is not None
-    assert (a["next_run_at"], a["last_run_at"], a["last_row_id"], a["run_count"]) == (
+    assert (a.next_run_at, a.last_run_at, a.last_row_id, a.run_count) == (
         None,
         T0,
         "row-1",
         1,
     )
-    assert (a["last_skip_at"], a["last_skip_reason"]) == (T0 + 60, "paused")
-    assert (b["last_run_at"], b["last_skip_at"], b["last_skip_reason"]) == (None, T0, "missed")
+    assert (a.last_skip_at, a.last_skip_reason) == (T0 + 60, "paused")
+    assert (b.last_run_at, b.last_skip_at, b.last_skip_reason) == (None, T0, "missed")
 
 
 async def test_the_cron_lease_is_one_holders_until_it_expires(store: Store) -> None:

@@ -36,7 +36,7 @@ from .._errors import DatabaseError
 from .._hooks import HookEvent, HookName
 from .._kinds import FunctionKind, ScheduledFunctionId, State
 from .._runtime import Runtime
-from .._store import CRON_LEASE, DECLARED, CronMove
+from .._store import CRON_LEASE, DECLARED, CronMove, StoredCron
 from .._writers import write
 from .tasks import first_of
 
@@ -55,7 +55,7 @@ DUE_BATCH = 1000
 class _Plan:
     """One due cron's ticks, worked out before the transaction that writes them."""
 
-    cron: dict[str, Any]
+    cron: StoredCron
     expected: float
     """Its next run as read: it moves on only from this."""
     latest: float
@@ -74,10 +74,10 @@ class _Plan:
         return HookEvent(
             hook,
             ScheduledFunctionId(id),
-            self.cron["function"],
-            FunctionKind(self.cron["kind"]),
+            self.cron.function,
+            FunctionKind(self.cron.kind),
             state=State.PENDING if hook == "cron.triggered" else None,
-            cron=self.cron["name"],
+            cron=self.cron.name,
             actual_at=to_datetime(self.now),
             **more,
         )
@@ -131,18 +131,18 @@ class CronLoop:
 
         async def _reconcile(conn: AsyncConnection) -> list[str]:
             now = rt.clock.now()
-            stored = {row["name"]: row for row in await rt.driver.stored_crons(conn)}
+            stored = {row.name: row for row in await rt.driver.stored_crons(conn)}
             changed, added = [], []
             for name, row in declared.items():
                 found = stored.get(name)
                 if found is None:
                     added.append((row, first_run(row, now)))
                     changed.append(f"added {name}")
-                elif found["source"] in DECLARED and (values := changes(row, found, now)):
+                elif found.source in DECLARED and (values := changes(row, found, now)):
                     await rt.driver.set_cron(conn, name, values)
                     changed.append(f"changed {name}")
             await rt.driver.add_crons(conn, added, now)
-            gone = [n for n, r in stored.items() if r["source"] in DECLARED and n not in declared]
+            gone = [n for n, r in stored.items() if r.source in DECLARED and n not in declared]
             if gone:
                 await rt.driver.remove_crons(conn, gone)
                 changed += [f"removed {name}" for name in gone]
@@ -159,7 +159,7 @@ class CronLoop:
         if not await self._lead():
             return 0, None
 
-        async def _due(conn: AsyncConnection) -> tuple[list[dict[str, Any]], float | None]:
+        async def _due(conn: AsyncConnection) -> tuple[list[StoredCron], float | None]:
             found = await rt.driver.due_crons(conn, rt.clock.now(), DUE_BATCH)
             return found, None if found else await rt.driver.next_cron(conn)
 
@@ -175,7 +175,7 @@ class CronLoop:
             try:
                 plans.append(self._plan(cron, now))
             except Exception as exc:  # this cron cannot be evaluated: disable it, go on
-                await self._disable(cron["name"], exc)
+                await self._disable(cron.name, exc)
         written = 0
         if due:
 
@@ -243,17 +243,18 @@ class CronLoop:
                 logger.info("cron %s: tick %s written, row %s", event.cron, when, event.id)
             await self._rt.hooks.fire(event)  # the hooks, and the ticks' metrics
 
-    def _plan(self, cron: dict[str, Any], now: float) -> _Plan:
+    def _plan(self, cron: StoredCron, now: float) -> _Plan:
         """What a due cron's ticks are (with ``backfill``, each missed tick in the window;
         none when missed and not caught up), its next run, and its tick rows as written
         unless its overlap says otherwise. No I/O: a cron that cannot be read raises."""
-        schedule = schedule_of(cron["schedule"], cron["timezone"], cron["source"])
-        expected = float(cron["next_run_at"])
+        schedule = schedule_of(cron.schedule, cron.timezone, cron.source)
+        assert cron.next_run_at is not None  # due: read by its next run
+        expected = float(cron.next_run_at)
         # The latest tick due by now and the one after it, however long the downtime
         # (found by bisection, not by stepping through every missed tick).
         last = schedule.last_until(to_datetime(expected), to_datetime(now))
         latest, following = last.timestamp(), schedule.next_after(last)
-        catch_up: str = cron["catch_up"]
+        catch_up: str = cron.catch_up
         if catch_up == "latest":
             ticks = [latest]
         elif catch_up == "none":
@@ -268,7 +269,7 @@ class CronLoop:
                     logger.warning(
                         "cron %s: its backfill window holds more than %d ticks; the rest "
                         "up to %s are skipped",
-                        cron["name"],
+                        cron.name,
                         MAX_FILL,
                         last.isoformat(),
                     )
@@ -277,13 +278,13 @@ class CronLoop:
                 ticks.append(t.timestamp())
         # The operator's limits: no tick past ``until`` nor beyond ``max_runs``, and no next
         # run once either is reached (the cron has run its course: next_run_at None).
-        limits = CronLimits.of(cron["limits"])
+        limits = CronLimits.of(cron.limits)
         following_at, ended = _stamp(following), None
         if limits.until is not None:
             ticks = [t for t in ticks if t <= limits.until]
             if following_at is not None and following_at > limits.until:
                 following_at, ended = None, "until"
-        left = limits.runs_left(cron["run_count"])
+        left = limits.runs_left(cron.run_count)
         if left is not None:
             ticks = ticks[:left]
             if left - len(ticks) <= 0:
@@ -292,7 +293,7 @@ class CronLoop:
         rows = tick_rows(self._rt, cron, ticks, latest)
         # Fixed wall times daylight saving skipped since the last tick (or registration),
         # reported rather than silent (OJS's dst_skip).
-        since = cron["last_run_at"] if cron["last_run_at"] is not None else cron["updated_at"]
+        since = cron.last_run_at if cron.last_run_at is not None else cron.updated_at
         gaps = [
             wall.replace(tzinfo=schedule.zone).astimezone(UTC).timestamp()
             for wall in schedule.skipped(to_datetime(float(since)), to_datetime(latest))
@@ -307,12 +308,12 @@ class CronLoop:
         cron moved on from the next run it was read with; returns the events."""
         rt = self._rt
         judged = [
-            p.cron["last_row_id"]
+            p.cron.last_row_id
             for p in plans
-            if p.cron["last_row_id"]
+            if p.cron.last_row_id
             and (
-                (p.rows and p.cron["overlap"] in ("skip", "cancel_previous"))
-                or CronLimits.of(p.cron["limits"]).pause_after
+                (p.rows and p.cron.overlap in ("skip", "cancel_previous"))
+                or CronLimits.of(p.cron.limits).pause_after
             )
         ]
         ids = [row["id"] for p in plans for row in p.rows]
@@ -322,30 +323,28 @@ class CronLoop:
             cron = plan.cron
             for gap in plan.gaps:
                 events.append(plan.event("cron.skipped", "", scheduled_at=gap, reason="dst_skip"))
-            previous = states.get(cron["last_row_id"]) if cron["last_row_id"] else None
+            previous = states.get(cron.last_row_id) if cron.last_row_id else None
             busy = previous in (State.PENDING, State.IN_PROGRESS)
             skip = (plan.ended or "missed") if not plan.rows else None
             if await self._failed_too_often(conn, cron, previous):
                 skip, plan.following = "paused", None
-            if skip is None and busy and cron["overlap"] == "skip":
+            if skip is None and busy and cron.overlap == "skip":
                 skip = "overlap_skip"
-            elif skip is None and busy and cron["overlap"] == "cancel_previous":
+            elif skip is None and busy and cron.overlap == "cancel_previous":
                 # Cancelled with these ticks' commit (a running action is told).
-                await rt.driver.cancel(conn, cron["last_row_id"], now)
+                assert cron.last_row_id is not None  # busy: its state was read
+                await rt.driver.cancel(conn, cron.last_row_id, now)
             if skip is not None:
                 moves.append(
                     CronMove(
-                        cron["name"],
-                        plan.expected,
-                        plan.following,
-                        None,
-                        None,
-                        0,
-                        plan.latest,
-                        skip,
+                        name=cron.name,
+                        expected=plan.expected,
+                        next_run_at=plan.following,
+                        last_skip_at=plan.latest,
+                        last_skip_reason=skip,
                     )
                 )
-                events.append(plan.event("cron.skipped", cron["last_row_id"] or "", reason=skip))
+                events.append(plan.event("cron.skipped", cron.last_row_id or "", reason=skip))
                 continue
             for n, row in enumerate(plan.rows, start=1):
                 if row["id"] in states:  # written by another leader already
@@ -356,21 +355,21 @@ class CronLoop:
                         "cron.triggered",
                         row["id"],
                         scheduled_at=row["scheduled_time"],
-                        run_count=cron["run_count"] + n,
+                        run_count=cron.run_count + n,
                     )
                 )
             last = plan.rows[-1]
             last_gap = plan.gaps[-1] if plan.gaps else None
             moves.append(
                 CronMove(
-                    cron["name"],
-                    plan.expected,
-                    plan.following,
-                    last["scheduled_time"],
-                    last["id"],
-                    len(plan.rows),
-                    last_gap,
-                    "dst_skip" if last_gap is not None else None,
+                    name=cron.name,
+                    expected=plan.expected,
+                    next_run_at=plan.following,
+                    last_run_at=last["scheduled_time"],
+                    last_row_id=last["id"],
+                    runs=len(plan.rows),
+                    last_skip_at=last_gap,
+                    last_skip_reason="dst_skip" if last_gap is not None else None,
                 )
             )
         if await rt.driver.advance_crons(conn, moves) != len(moves):
@@ -378,8 +377,8 @@ class CronLoop:
         if rows:
             await write(rt, conn, rows, None)
         for plan in plans:
-            if plan.cron["overlap"] == "enqueue" and plan.rows:
-                name = plan.cron["name"]
+            if plan.cron.overlap == "enqueue" and plan.rows:
+                name = plan.cron.name
                 waiting = await rt.driver.pending_in_queue(conn, f"cron:{name}")
                 if waiting > 2:
                     logger.warning(
@@ -391,29 +390,29 @@ class CronLoop:
         return events
 
     async def _failed_too_often(
-        self, conn: AsyncConnection, cron: dict[str, Any], previous: State | None
+        self, conn: AsyncConnection, cron: StoredCron, previous: State | None
     ) -> bool:
         """Count the cron's previous row (once) among its consecutive failed ticks, where
         it has ``pause_after``; True when they reach it: the cron is disabled (as by
         ``disable_cron``, until ``enable_cron``) and this tick skipped, reason ``paused``."""
-        limit = CronLimits.of(cron["limits"]).pause_after
-        row = cron["last_row_id"]
-        if not limit or row is None or row == cron["failed_row"] or previous is None:
+        limit = CronLimits.of(cron.limits).pause_after
+        row = cron.last_row_id
+        if not limit or row is None or row == cron.failed_row or previous is None:
             return False
         if previous in (State.PENDING, State.IN_PROGRESS):
             return False  # not finished: judged at a later tick
-        failed = cron["failed_ticks"] + 1 if previous is State.FAILED else 0
+        failed = cron.failed_ticks + 1 if previous is State.FAILED else 0
         values: dict[str, Any] = {"failed_ticks": failed, "failed_row": row}
         if failed >= limit:
-            values |= {"enabled": cron["enabled"], "operator_enabled": False}
+            values |= {"enabled": cron.enabled, "operator_enabled": False}
             logger.warning(
                 "cron %s paused: its last %d ticks failed (pause_after=%d); "
                 "enable_cron / durafn cron enable resumes it",
-                cron["name"],
+                cron.name,
                 failed,
                 limit,
             )
-        await self._rt.driver.set_cron(conn, cron["name"], values)
+        await self._rt.driver.set_cron(conn, cron.name, values)
         return failed >= limit
 
     async def loop(self, stopping: anyio.Event) -> None:
