@@ -2,7 +2,7 @@
 removed and triggered by hand (``app.register_cron``, ``crons``, ``get_cron``,
 ``enable_cron``, ``disable_cron``, ``remove_cron``, ``trigger_cron``; ``durafn crons`` and
 ``durafn cron ...``). Declarations in code are ``_crons.py``'s; the loop that writes the
-ticks is ``_executor/crons.py``'s.
+ticks is ``_executor/crons.py``'s; the rules they follow, ``_cron_rules.py``'s.
 
 **Switched by hand.** A cron's ``enabled`` column is its declaration's (or registration's);
 ``enable_cron`` and ``disable_cron`` record the operator's switch beside it
@@ -23,16 +23,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from typing_extensions import Unpack
 
 from ._clock import to_datetime
-from ._crons import (
-    CronLimits,
-    CronSettings,
-    changes,
-    check_settings,
-    declare,
-    first_run,
-    schedule_of,
-    tick_rows,
-)
+from ._cron_rules import CronLimits, changes, first_run, schedule_of, tick_rows
+from ._crons import CronSettings, check_settings, declare
 from ._errors import ArgumentError, CronSyntaxError, RegistrationError, SchedulingError
 from ._hooks import HookEvent
 from ._kinds import FunctionKind, ScheduledFunctionId, State
@@ -212,7 +204,14 @@ class CronRegistry:
                     "trigger it with the app that declares it (durafn cron trigger --app ...)"
                 )
             now = rt.clock.now()
-            [row] = tick_rows(rt, cron, [now], now, triggered=True)
+            [row] = tick_rows(
+                cron,
+                [now],
+                latest=now,
+                registry=rt.registry,
+                tracing=bool(rt.telemetry.tracing),
+                triggered=True,
+            )
             previous = cron.last_row_id
             states = await rt.driver.row_states(conn, [previous]) if previous else {}
             if previous is not None and states.get(previous) in (State.PENDING, State.IN_PROGRESS):

@@ -10,12 +10,13 @@ from the registry's index), the lease's renewal, or the stop. Ticks are written 
 happens (``_store/crons.py``): a tick's row has an id made from the cron and the tick,
 and the registry moves on only from the next run it was read with.
 
-After downtime, ``catch_up="latest"`` runs the latest missed tick once and goes on from
-now; ``"none"`` skips ticks more than ``LATE`` seconds old; a backfill window (stored as
-``fill:<seconds>``) runs every missed tick inside it, oldest first. While the cron's previous
-run is Pending or InProgress, ``overlap="skip"`` records a tick as skipped,
-``"cancel_previous"`` cancels that run in the tick's transaction, ``"enqueue"`` lets the
-new run wait in the cron's serial queue (a warning once more than two wait).
+What each due cron's ticks are (catch-up after downtime, backfill windows, the limits,
+daylight saving's gaps) and the rows they write is decided in ``_cron_rules.py``
+(``plan_ticks``), with no I/O; this loop reads the due crons, judges each plan against
+its cron's previous run and writes it. While that run is Pending or InProgress,
+``overlap="skip"`` records a tick as skipped, ``"cancel_previous"`` cancels that run in
+the tick's transaction, ``"enqueue"`` lets the new run wait in the cron's serial queue (a
+warning once more than two wait).
 """
 
 from __future__ import annotations
@@ -23,18 +24,15 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 import anyio
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from .._clock import to_datetime
-from .._crons import MAX_FILL, CronLimits, changes, first_run, schedule_of, tick_rows
+from .._cron_rules import MAX_FILL, CronLimits, TickPlan, changes, first_run, plan_ticks
 from .._errors import DatabaseError
-from .._hooks import HookEvent, HookName
-from .._kinds import FunctionKind, ScheduledFunctionId, State
+from .._hooks import HookEvent
+from .._kinds import FunctionKind, State
 from .._runtime import Runtime
 from .._store import CRON_LEASE, DECLARED, CronMove, StoredCron
 from .._writers import write
@@ -45,42 +43,8 @@ logger = logging.getLogger("durafn.cron")
 LEASE_SHARE = 3
 """The cron leader's lease lasts a third of the worker timeout (10 s by default), and is
 renewed every third of that: a dead leader is replaced in well under a worker timeout."""
-LATE = 60.0
-"""A tick older than this when the loop reaches it was missed (downtime)."""
 DUE_BATCH = 1000
 """Due crons handled per tick."""
-
-
-@dataclass(slots=True)
-class _Plan:
-    """One due cron's ticks, worked out before the transaction that writes them."""
-
-    cron: StoredCron
-    expected: float
-    """Its next run as read: it moves on only from this."""
-    latest: float
-    following: float | None
-    rows: list[dict[str, Any]]
-    gaps: list[float]
-    """Ticks daylight saving skipped since the last one (their wall times, as instants)."""
-    now: float = 0.0
-    """When the leader evaluated it (the events' ``actual_at``)."""
-    ended: str | None = None
-    """Why it has no tick to write and no next run: ``until`` or ``max_runs`` reached."""
-
-    def event(self, hook: HookName, id: str, **more: Any) -> HookEvent:
-        more.setdefault("scheduled_at", self.latest)
-        more["scheduled_at"] = to_datetime(more["scheduled_at"])
-        return HookEvent(
-            hook,
-            ScheduledFunctionId(id),
-            self.cron.function,
-            FunctionKind(self.cron.kind),
-            state=State.PENDING if hook == "cron.triggered" else None,
-            cron=self.cron.name,
-            actual_at=to_datetime(self.now),
-            **more,
-        )
 
 
 class _MovedOn(Exception):
@@ -173,9 +137,21 @@ class CronLoop:
         plans = []
         for cron in due:
             try:
-                plans.append(self._plan(cron, now))
+                found = plan_ticks(
+                    cron, now, registry=rt.registry, tracing=bool(rt.telemetry.tracing)
+                )
             except Exception as exc:  # this cron cannot be evaluated: disable it, go on
                 await self._disable(cron.name, exc)
+                continue
+            if found.overfull is not None:  # a window declared before the bound (declare)
+                logger.warning(
+                    "cron %s: its backfill window holds more than %d ticks; the rest "
+                    "up to %s are skipped",
+                    cron.name,
+                    MAX_FILL,
+                    found.overfull.isoformat(),
+                )
+            plans.append(found)
         written = 0
         if due:
 
@@ -243,65 +219,8 @@ class CronLoop:
                 logger.info("cron %s: tick %s written, row %s", event.cron, when, event.id)
             await self._rt.hooks.fire(event)  # the hooks, and the ticks' metrics
 
-    def _plan(self, cron: StoredCron, now: float) -> _Plan:
-        """What a due cron's ticks are (with ``backfill``, each missed tick in the window;
-        none when missed and not caught up), its next run, and its tick rows as written
-        unless its overlap says otherwise. No I/O: a cron that cannot be read raises."""
-        schedule = schedule_of(cron.schedule, cron.timezone, cron.source)
-        assert cron.next_run_at is not None  # due: read by its next run
-        expected = float(cron.next_run_at)
-        # The latest tick due by now and the one after it, however long the downtime
-        # (found by bisection, not by stepping through every missed tick).
-        last = schedule.last_until(to_datetime(expected), to_datetime(now))
-        latest, following = last.timestamp(), schedule.next_after(last)
-        catch_up: str = cron.catch_up
-        if catch_up == "latest":
-            ticks = [latest]
-        elif catch_up == "none":
-            ticks = [latest] if now - latest <= LATE else []
-        else:  # "fill:<seconds>": every missed tick of the window, oldest first
-            start = max(expected, now - int(catch_up.removeprefix("fill:")))
-            ticks = []
-            for t in schedule.iter_from(to_datetime(expected), to_datetime(start)):
-                if t.timestamp() > now:
-                    break
-                if len(ticks) == MAX_FILL:  # a window declared before the bound (below)
-                    logger.warning(
-                        "cron %s: its backfill window holds more than %d ticks; the rest "
-                        "up to %s are skipped",
-                        cron.name,
-                        MAX_FILL,
-                        last.isoformat(),
-                    )
-                    ticks[-1] = latest
-                    break
-                ticks.append(t.timestamp())
-        # The operator's limits: no tick past ``until`` nor beyond ``max_runs``, and no next
-        # run once either is reached (the cron has run its course: next_run_at None).
-        limits = CronLimits.of(cron.limits)
-        following_at, ended = _stamp(following), None
-        if limits.until is not None:
-            ticks = [t for t in ticks if t <= limits.until]
-            if following_at is not None and following_at > limits.until:
-                following_at, ended = None, "until"
-        left = limits.runs_left(cron.run_count)
-        if left is not None:
-            ticks = ticks[:left]
-            if left - len(ticks) <= 0:
-                following_at, ended = None, "max_runs"
-        latest = ticks[-1] if ticks else latest
-        rows = tick_rows(self._rt, cron, ticks, latest)
-        # Fixed wall times daylight saving skipped since the last tick (or registration),
-        # reported rather than silent (OJS's dst_skip).
-        since = cron.last_run_at if cron.last_run_at is not None else cron.updated_at
-        gaps = [
-            wall.replace(tzinfo=schedule.zone).astimezone(UTC).timestamp()
-            for wall in schedule.skipped(to_datetime(float(since)), to_datetime(latest))
-        ]
-        return _Plan(cron, expected, latest, following_at, rows, gaps, now, ended)
-
     async def _write_all(
-        self, plans: list[_Plan], now: float, conn: AsyncConnection
+        self, plans: list[TickPlan], now: float, conn: AsyncConnection
     ) -> list[HookEvent]:
         """The due crons' ticks in one transaction: their overlaps judged, their rows
         written (but those another leader wrote already: a tick's id is the tick's), each
@@ -432,7 +351,3 @@ class CronLoop:
             if next_run is not None:
                 wake = min(wake, next_run)
             await first_of(stopping.wait, functools.partial(rt.clock.sleep_until, wake))
-
-
-def _stamp(t: datetime | None) -> float | None:
-    return t.timestamp() if t is not None else None

@@ -58,7 +58,7 @@ class CronRow:
     """``code`` (``app.cron``), ``crontab`` (``app.crontab``: Graphile's day rule) or
     ``api``."""
     limits: str | None = None
-    """The operator's extras, as JSON (``_crons.CronLimits``): ``jitter``, ``max_runs``,
+    """The operator's extras, as JSON (``_cron_rules.CronLimits``): ``jitter``, ``max_runs``,
     ``until``, ``pause_after``; None: none."""
 
     def differs(self, stored: StoredCron) -> bool:
