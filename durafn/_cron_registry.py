@@ -23,7 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from typing_extensions import Unpack
 
 from ._clock import to_datetime
-from ._cron_rules import CronLimits, changes, first_run, schedule_of, tick_rows
+from ._cron_rules import BUSY, CronLimits, changes, first_run, schedule_of, tick_rows
 from ._crons import CronSettings, check_settings, declare
 from ._errors import ArgumentError, CronSyntaxError, RegistrationError, SchedulingError
 from ._hooks import HookEvent
@@ -214,7 +214,7 @@ class CronRegistry:
             )
             previous = cron.last_row_id
             states = await rt.driver.row_states(conn, [previous]) if previous else {}
-            if previous is not None and states.get(previous) in (State.PENDING, State.IN_PROGRESS):
+            if previous is not None and states.get(previous) in BUSY:  # as the loop judges
                 if cron.overlap == "skip":
                     raise SchedulingError(
                         f"cron {name!r}: its previous run {previous} is still "

@@ -16,7 +16,11 @@ How a due cron is planned::
         the limits (CronLimits): no tick past ``until`` nor beyond ``max_runs``
         the wall times daylight saving skipped since the last tick (reported, dst_skip)
         the ticks' rows (tick_rows): arguments, a CronTick, options, an id per tick
-    ─▶ TickPlan: what the loop judges against the previous run and writes
+    ─▶ TickPlan, judged against the cron's previous run (its state read by the loop):
+        count_failed: a finished run counted among its failed ticks (pause_after)
+        skip_reason: paused; no tick to write (until, max_runs, missed); overlap_skip
+        to_cancel: the previous run its ticks cancel (cancel_previous)
+    ─▶ CronMove (moved, skipped): the cron moved on from the next run it was read with
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from ._hooks import HookEvent, HookName
 from ._kinds import FunctionKind, ScheduledFunctionId, State
 from ._options import RowOptions
 from ._registry import Registry, SchedulableRef
-from ._store import CronRow, StoredCron, new_id, new_row, tick_id
+from ._store import CronMove, CronRow, StoredCron, new_id, new_row, tick_id
 from ._types import CronTick
 from .cron import Schedule, parse, parse_cron_item
 
@@ -160,9 +164,15 @@ def tick_rows(
     return rows
 
 
-@dataclass(slots=True)
+BUSY = (State.PENDING, State.IN_PROGRESS)
+"""A cron's previous run in one of these states overlaps a new one (its ``overlap``)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class TickPlan:
-    """One due cron's ticks, worked out before the transaction that writes them."""
+    """One due cron's ticks, worked out before the transaction that writes them, and how
+    it is judged against its previous run (``judged``, ``skip_reason``, ``to_cancel``)
+    and moved on (``moved``, ``skipped``)."""
 
     cron: StoredCron
     expected: float
@@ -180,6 +190,65 @@ class TickPlan:
     """Its backfill window held more than ``MAX_FILL`` ticks: those after the first
     ``MAX_FILL - 1`` are skipped up to this one (the last), to be logged."""
 
+    @property
+    def judged(self) -> ScheduledFunctionId | None:
+        """The previous run whose state its judgement reads, if any: where its overlap
+        may keep its ticks from running (``skip``) or cancel that run
+        (``cancel_previous``), or where its failures are counted (``pause_after``)."""
+        cron = self.cron
+        if cron.last_row_id and (
+            (self.rows and cron.overlap in ("skip", "cancel_previous"))
+            or CronLimits.of(cron.limits).pause_after
+        ):
+            return cron.last_row_id
+        return None
+
+    def skip_reason(self, previous: State | None, *, paused: bool) -> str | None:
+        """Why its ticks are not written (the reason its skip records), or None: they
+        are. ``previous``: its previous run's state (None: not read, or gone);
+        ``paused``: its failed ticks reached ``pause_after`` (``count_failed``)."""
+        if paused:
+            return "paused"
+        if not self.rows:
+            return self.ended or "missed"
+        if previous in BUSY and self.cron.overlap == "skip":
+            return "overlap_skip"
+        return None
+
+    def to_cancel(self, previous: State | None) -> ScheduledFunctionId | None:
+        """The previous run its ticks cancel (``cancel_previous``, while that run is Pending
+        or InProgress), if any: with their commit, a running action told."""
+        if previous in BUSY and self.cron.overlap == "cancel_previous":
+            return self.cron.last_row_id
+        return None
+
+    def moved(self) -> CronMove:
+        """How the cron moves on once its ticks are written: its last tick and row, its
+        runs counted, and the last wall time daylight saving skipped (if any)."""
+        last = self.rows[-1]
+        last_gap = self.gaps[-1] if self.gaps else None
+        return CronMove(
+            name=self.cron.name,
+            expected=self.expected,
+            next_run_at=self.following,
+            last_run_at=last["scheduled_time"],
+            last_row_id=last["id"],
+            runs=len(self.rows),
+            last_skip_at=last_gap,
+            last_skip_reason="dst_skip" if last_gap is not None else None,
+        )
+
+    def skipped(self, reason: str) -> CronMove:
+        """How the cron moves on with its ticks skipped for ``reason``: a paused cron has
+        no next run (``enable_cron`` gives it one)."""
+        return CronMove(
+            name=self.cron.name,
+            expected=self.expected,
+            next_run_at=None if reason == "paused" else self.following,
+            last_skip_at=self.latest,
+            last_skip_reason=reason,
+        )
+
     def event(self, hook: HookName, id: str, **more: Any) -> HookEvent:
         more.setdefault("scheduled_at", self.latest)
         more["scheduled_at"] = to_datetime(more["scheduled_at"])
@@ -193,6 +262,43 @@ class TickPlan:
             actual_at=to_datetime(self.now),
             **more,
         )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FailedTicks:
+    """A cron's consecutive failed ticks (``pause_after``), its previous run counted."""
+
+    count: int
+    row: ScheduledFunctionId
+    """That run: each counted once (``failed_row``)."""
+    limit: int
+
+    @property
+    def paused(self) -> bool:
+        """They reached ``pause_after``: the cron is disabled (as by ``disable_cron``,
+        until ``enable_cron``), and this tick skipped (``paused``)."""
+        return self.count >= self.limit
+
+    def values(self, cron: StoredCron) -> dict[str, Any]:
+        """The columns of ``cron`` the count writes."""
+        values: dict[str, Any] = {"failed_ticks": self.count, "failed_row": self.row}
+        if self.paused:
+            values |= {"enabled": cron.enabled, "operator_enabled": False}
+        return values
+
+
+def count_failed(cron: StoredCron, previous: State | None) -> FailedTicks | None:
+    """The cron's previous run counted (once) among its consecutive failed ticks, where it
+    has ``pause_after`` and that run has finished (``previous``: its state); None: nothing
+    to count."""
+    limit = CronLimits.of(cron.limits).pause_after
+    row = cron.last_row_id
+    if not limit or row is None or row == cron.failed_row or previous is None:
+        return None
+    if previous in BUSY:
+        return None  # not finished: judged at a later tick
+    failed = cron.failed_ticks + 1 if previous is State.FAILED else 0
+    return FailedTicks(count=failed, row=row, limit=limit)
 
 
 def plan_ticks(cron: StoredCron, now: float, *, registry: Registry, tracing: bool) -> TickPlan:
@@ -244,7 +350,17 @@ def plan_ticks(cron: StoredCron, now: float, *, registry: Registry, tracing: boo
         wall.replace(tzinfo=schedule.zone).astimezone(UTC).timestamp()
         for wall in schedule.skipped(to_datetime(float(since)), to_datetime(latest))
     ]
-    return TickPlan(cron, expected, latest, following_at, rows, gaps, now, ended, overfull)
+    return TickPlan(
+        cron=cron,
+        expected=expected,
+        latest=latest,
+        following=following_at,
+        rows=rows,
+        gaps=gaps,
+        now=now,
+        ended=ended,
+        overfull=overfull,
+    )
 
 
 def _stamp(t: datetime | None) -> float | None:

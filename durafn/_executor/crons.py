@@ -24,17 +24,16 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable
-from typing import Any
 
 import anyio
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from .._cron_rules import MAX_FILL, CronLimits, TickPlan, changes, first_run, plan_ticks
+from .._cron_rules import MAX_FILL, TickPlan, changes, count_failed, first_run, plan_ticks
 from .._errors import DatabaseError
 from .._hooks import HookEvent
 from .._kinds import FunctionKind, State
 from .._runtime import Runtime
-from .._store import CRON_LEASE, DECLARED, CronMove, StoredCron
+from .._store import CRON_LEASE, DECLARED, StoredCron
 from .._writers import write
 from .tasks import first_of
 
@@ -226,15 +225,7 @@ class CronLoop:
         written (but those another leader wrote already: a tick's id is the tick's), each
         cron moved on from the next run it was read with; returns the events."""
         rt = self._rt
-        judged = [
-            p.cron.last_row_id
-            for p in plans
-            if p.cron.last_row_id
-            and (
-                (p.rows and p.cron.overlap in ("skip", "cancel_previous"))
-                or CronLimits.of(p.cron.limits).pause_after
-            )
-        ]
+        judged = [id for p in plans if (id := p.judged) is not None]
         ids = [row["id"] for p in plans for row in p.rows]
         states = await rt.driver.row_states(conn, judged + ids)
         rows, events, moves = [], [], []
@@ -243,28 +234,14 @@ class CronLoop:
             for gap in plan.gaps:
                 events.append(plan.event("cron.skipped", "", scheduled_at=gap, reason="dst_skip"))
             previous = states.get(cron.last_row_id) if cron.last_row_id else None
-            busy = previous in (State.PENDING, State.IN_PROGRESS)
-            skip = (plan.ended or "missed") if not plan.rows else None
-            if await self._failed_too_often(conn, cron, previous):
-                skip, plan.following = "paused", None
-            if skip is None and busy and cron.overlap == "skip":
-                skip = "overlap_skip"
-            elif skip is None and busy and cron.overlap == "cancel_previous":
-                # Cancelled with these ticks' commit (a running action is told).
-                assert cron.last_row_id is not None  # busy: its state was read
-                await rt.driver.cancel(conn, cron.last_row_id, now)
+            paused = await self._count_failed(conn, cron, previous)
+            skip = plan.skip_reason(previous, paused=paused)
             if skip is not None:
-                moves.append(
-                    CronMove(
-                        name=cron.name,
-                        expected=plan.expected,
-                        next_run_at=plan.following,
-                        last_skip_at=plan.latest,
-                        last_skip_reason=skip,
-                    )
-                )
+                moves.append(plan.skipped(skip))
                 events.append(plan.event("cron.skipped", cron.last_row_id or "", reason=skip))
                 continue
+            if (cancel := plan.to_cancel(previous)) is not None:
+                await rt.driver.cancel(conn, cancel, now)  # with these ticks' commit
             for n, row in enumerate(plan.rows, start=1):
                 if row["id"] in states:  # written by another leader already
                     continue
@@ -277,20 +254,7 @@ class CronLoop:
                         run_count=cron.run_count + n,
                     )
                 )
-            last = plan.rows[-1]
-            last_gap = plan.gaps[-1] if plan.gaps else None
-            moves.append(
-                CronMove(
-                    name=cron.name,
-                    expected=plan.expected,
-                    next_run_at=plan.following,
-                    last_run_at=last["scheduled_time"],
-                    last_row_id=last["id"],
-                    runs=len(plan.rows),
-                    last_skip_at=last_gap,
-                    last_skip_reason="dst_skip" if last_gap is not None else None,
-                )
-            )
+            moves.append(plan.moved())
         if await rt.driver.advance_crons(conn, moves) != len(moves):
             raise _MovedOn()
         if rows:
@@ -308,31 +272,24 @@ class CronLoop:
                     )
         return events
 
-    async def _failed_too_often(
+    async def _count_failed(
         self, conn: AsyncConnection, cron: StoredCron, previous: State | None
     ) -> bool:
-        """Count the cron's previous row (once) among its consecutive failed ticks, where
-        it has ``pause_after``; True when they reach it: the cron is disabled (as by
-        ``disable_cron``, until ``enable_cron``) and this tick skipped, reason ``paused``."""
-        limit = CronLimits.of(cron.limits).pause_after
-        row = cron.last_row_id
-        if not limit or row is None or row == cron.failed_row or previous is None:
+        """Count the cron's previous run among its failed ticks (``count_failed``); True
+        when they reach ``pause_after``: the cron is paused, this tick skipped."""
+        failed = count_failed(cron, previous)
+        if failed is None:
             return False
-        if previous in (State.PENDING, State.IN_PROGRESS):
-            return False  # not finished: judged at a later tick
-        failed = cron.failed_ticks + 1 if previous is State.FAILED else 0
-        values: dict[str, Any] = {"failed_ticks": failed, "failed_row": row}
-        if failed >= limit:
-            values |= {"enabled": cron.enabled, "operator_enabled": False}
+        if failed.paused:
             logger.warning(
                 "cron %s paused: its last %d ticks failed (pause_after=%d); "
                 "enable_cron / durafn cron enable resumes it",
                 cron.name,
-                failed,
-                limit,
+                failed.count,
+                failed.limit,
             )
-        await self._rt.driver.set_cron(conn, cron.name, values)
-        return failed >= limit
+        await self._rt.driver.set_cron(conn, cron.name, failed.values(cron))
+        return failed.paused
 
     async def loop(self, stopping: anyio.Event) -> None:
         """Lead when possible, write ticks, sleep until the next one; until stopped. With
