@@ -30,7 +30,7 @@ from ._hooks import HookEvent
 from ._kinds import FunctionKind, ScheduledFunctionId, State
 from ._registry import Call, SchedulableRef
 from ._runtime import Runtime
-from ._store import StoredCron
+from ._store import NewCron, StoredCron
 from ._types import CronInfo
 from ._writers import write
 
@@ -64,7 +64,9 @@ class CronRegistry:
             now = rt.clock.now()
             found = await rt.driver.stored_cron(conn, name, lock=True)
             if found is None:
-                await rt.driver.add_cron(conn, row, now, first_run(row, now))
+                await rt.driver.add_crons(
+                    conn, [NewCron(row=row, next_run_at=first_run(row, now))], now=now
+                )
             elif found.source != "api":
                 raise RegistrationError(f"cron {name!r} is declared in code; give another name")
             elif (values := changes(row, found, now)) is not None:

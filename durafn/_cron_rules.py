@@ -153,11 +153,18 @@ def tick_rows(
             given = CronTick(ts=to_datetime(tick), backfilled=tick != latest, triggered=triggered)
             args = json.dumps(json.loads(args) | {param: given.model_dump(mode="json")})
         id = new_id(tick) if triggered else tick_id(cron.name, tick)
-        function, kind = cron.function, cron.kind
-        # Its run is a root span, named for its cron (``_telemetry``); nothing stored
-        # where OpenTelemetry is not installed.
-        marker = json.dumps({"cron": cron.name}) if tracing else None
-        row = new_row(id, function, kind, args, tick, None, options, options.flow_key, marker)
+        row = new_row(
+            id=id,
+            name=cron.function,
+            kind=cron.kind,
+            args=args,
+            due=tick,
+            options=options,
+            flow_key=options.flow_key,
+            # Its run is a root span, named for its cron (``_telemetry``); nothing stored
+            # where OpenTelemetry is not installed.
+            trace_context=json.dumps({"cron": cron.name}) if tracing else None,
+        )
         if jitter:  # due a little later; the tick (and so the id) stays the tick's
             row["available_at"] = tick + random.Random(id).uniform(0, jitter)
         rows.append(row)

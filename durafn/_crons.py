@@ -29,6 +29,7 @@ from ._checks import aware_time, integer, optional
 from ._clock import to_datetime
 from ._cron_rules import MAX_FILL, CronLimits, schedule_of, tick_parameter
 from ._errors import CronSyntaxError, DurafnError, RegistrationError
+from ._options import RowOptions
 from ._registry import Call, SchedulableRef
 from ._retries import GRAPHILE, Retry
 from ._runtime import Runtime
@@ -79,6 +80,7 @@ MAX_JITTER = 86_400.0
 
 def _limits(
     name: str,
+    *,
     jitter: float | None,
     max_runs: int | None,
     until: datetime | None,
@@ -99,7 +101,12 @@ def _limits(
         integer, f"cron {name!r}: pause_after", pause_after, high=10_000, error=RegistrationError
     )
     stop = optional(aware_time, f"cron {name!r}: until", until, error=RegistrationError)
-    return CronLimits(float(jitter) if jitter is not None else None, max_runs, stop, pause_after)
+    return CronLimits(
+        jitter=float(jitter) if jitter is not None else None,
+        max_runs=max_runs,
+        until=stop,
+        pause_after=pause_after,
+    )
 
 
 OVERLAPS: tuple[str, ...] = get_args(Overlap)
@@ -261,9 +268,36 @@ def declare(
     stored_catch_up = catch_up if backfill is None else f"fill:{int(seconds)}"
     if not isinstance(enabled, bool):
         raise RegistrationError(f"enabled must be True or False, not {enabled!r}")
-    limits = _limits(name, jitter, max_runs, until, pause_after)
+    limits = _limits(name, jitter=jitter, max_runs=max_runs, until=until, pause_after=pause_after)
     if description is not None and not isinstance(description, str):
         raise RegistrationError(f"description must be a string, not {description!r}")
+    ref, args, values = _checked_call(name, call)
+    options = _tick_options(rt, name, ref, values, overlap=overlap)
+    row = CronRow(
+        name=name,
+        schedule=schedule,
+        timezone=timezone,
+        function=ref.name,
+        kind=ref.kind.value,
+        args=args,
+        options=json.dumps(dataclasses.asdict(options)),
+        overlap=overlap,
+        catch_up=stored_catch_up,
+        enabled=enabled,
+        description=description,
+        source=source,
+        limits=limits.stored(),
+    )
+    if source != "api" and keep:
+        rt.crons[name] = row
+    return row
+
+
+def _checked_call(
+    name: str, call: Call | SchedulableRef[[], Any]
+) -> tuple[SchedulableRef[Any, Any], str, dict[str, Any]]:
+    """The cron's function, and its arguments checked against its signature: as stored
+    (JSON) and as values, without the ``CronTick`` parameter that each tick gives."""
     if isinstance(call, SchedulableRef):
         call = call.call()
     if not isinstance(call, Call) or call.delay is not None or call.when is not None:
@@ -283,8 +317,22 @@ def declare(
         del stored[tick]
         args = json.dumps(stored, separators=(",", ":"))
         values = {name: value for name, value in values.items() if name != tick}
+    return ref, args, values
+
+
+def _tick_options(
+    rt: Runtime,
+    name: str,
+    ref: SchedulableRef[Any, Any],
+    values: dict[str, Any],
+    *,
+    overlap: Overlap,
+) -> RowOptions:
+    """The options of the cron's tick rows, resolved once: its function's, with their
+    flow key computed (the arguments are fixed) and, for ``overlap="enqueue"``, the
+    cron's serial queue."""
     options = rt.row_options(ref.job_options)
-    if options.flow is not None:  # the ticks' flow key, computed once: the arguments are fixed
+    if options.flow is not None:
         if options.flow.coalesce is not None:
             raise RegistrationError(
                 f"cron {name!r}: {ref.name!r} is debounced or throttled, but a cron writes one "
@@ -299,21 +347,4 @@ def declare(
                 f"(cron:{name}); its function already has queue {options.queue!r}"
             )
         options = dataclasses.replace(options, queue=f"cron:{name}")
-    row = CronRow(
-        name=name,
-        schedule=schedule,
-        timezone=timezone,
-        function=ref.name,
-        kind=ref.kind.value,
-        args=args,
-        options=json.dumps(dataclasses.asdict(options)),
-        overlap=overlap,
-        catch_up=stored_catch_up,
-        enabled=enabled,
-        description=description,
-        source=source,
-        limits=limits.stored(),
-    )
-    if source != "api" and keep:
-        rt.crons[name] = row
-    return row
+    return options

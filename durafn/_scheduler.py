@@ -290,17 +290,17 @@ class Scheduler:
         self._count += 1
         self._bytes += size
         return new_row(
-            new_id(now),
-            ref.name,
-            ref.kind.value,
-            args_json,
-            due,
-            self._parent_id,
-            options,
-            flow_key,
-            self._rt.telemetry.capture(),
-            after,
-            batch_key,
+            id=new_id(now),
+            name=ref.name,
+            kind=ref.kind.value,
+            args=args_json,
+            due=due,
+            options=options,
+            parent_id=self._parent_id,
+            flow_key=flow_key,
+            trace_context=self._rt.telemetry.capture(),
+            after=after,
+            batch_key=batch_key,
         )
 
     def _limit(self, message: str) -> None:

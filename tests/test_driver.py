@@ -35,6 +35,7 @@ from durafn._store import (
     CronMove,
     CronRow,
     Driver,
+    NewCron,
     Outcome,
     RowFilter,
     driver_for_url,
@@ -747,6 +748,10 @@ async def test_state_reads_a_row(store: Store) -> None:
 # -- the cron registry and the cron lease -------------------------------------------------
 
 
+def _new(name: str, next_run_at: float | None, *, enabled: bool = True) -> NewCron:
+    return NewCron(row=_cron(name, enabled=enabled), next_run_at=next_run_at)
+
+
 def _cron(name: str, *, enabled: bool = True) -> CronRow:
     return CronRow(
         name=name,
@@ -765,10 +770,10 @@ def _cron(name: str, *, enabled: bool = True) -> CronRow:
 
 async def test_due_crons_are_the_enabled_ones_due_by_now_earliest_first(store: Store) -> None:
     driver = store.driver
-    crons = [(_cron("b"), T0 + 60), (_cron("a"), T0 + 120), (_cron("off", enabled=False), None)]
-    await store.run(lambda conn: driver.add_crons(conn, crons, T0))
+    crons = [_new("b", T0 + 60), _new("a", T0 + 120), _new("off", None, enabled=False)]
+    await store.run(lambda conn: driver.add_crons(conn, crons, now=T0))
     # A name already there is left as it is.
-    await store.run(lambda conn: driver.add_crons(conn, [(_cron("b"), T0 + 999)], T0 + 1))
+    await store.run(lambda conn: driver.add_crons(conn, [_new("b", T0 + 999)], now=T0 + 1))
     assert await store.run(driver.next_cron) == T0 + 60
     due = await store.run(lambda conn: driver.due_crons(conn, T0 + 120, 10))
     assert [c.name for c in due] == ["b", "a"]
@@ -786,7 +791,7 @@ async def test_advance_crons_moves_a_cron_only_from_the_next_run_it_was_read_wit
     store: Store,
 ) -> None:
     driver = store.driver
-    await store.run(lambda conn: driver.add_crons(conn, [(_cron("a"), T0), (_cron("b"), T0)], T0))
+    await store.run(lambda conn: driver.add_crons(conn, [_new("a", T0), _new("b", T0)], now=T0))
     ran = CronMove(
         name="a", expected=T0, next_run_at=T0 + 60, last_run_at=T0, last_row_id="row-1", runs=1
     )
@@ -831,7 +836,7 @@ async def test_the_cron_lease_is_one_holders_until_it_expires(store: Store) -> N
     driver = store.driver
 
     def take(holder: str, now: float) -> Callable[[AsyncConnection], Awaitable[bool]]:
-        return lambda conn: driver.take_lease(conn, "cron", holder, now, now + 10)
+        return lambda conn: driver.take_lease(conn, "cron", holder=holder, now=now, until=now + 10)
 
     assert await store.run(take("w1", T0))
     assert not await store.run(take("w2", T0 + 5))

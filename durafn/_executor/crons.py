@@ -33,7 +33,7 @@ from .._errors import DatabaseError
 from .._hooks import HookEvent
 from .._kinds import FunctionKind, State
 from .._runtime import Runtime
-from .._store import CRON_LEASE, DECLARED, StoredCron
+from .._store import CRON_LEASE, DECLARED, NewCron, StoredCron
 from .._writers import write
 from .tasks import first_of
 
@@ -99,12 +99,12 @@ class CronLoop:
             for name, row in declared.items():
                 found = stored.get(name)
                 if found is None:
-                    added.append((row, first_run(row, now)))
+                    added.append(NewCron(row=row, next_run_at=first_run(row, now)))
                     changed.append(f"added {name}")
                 elif found.source in DECLARED and (values := changes(row, found, now)):
                     await rt.driver.set_cron(conn, name, values)
                     changed.append(f"changed {name}")
-            await rt.driver.add_crons(conn, added, now)
+            await rt.driver.add_crons(conn, added, now=now)
             gone = [n for n, r in stored.items() if r.source in DECLARED and n not in declared]
             if gone:
                 await rt.driver.remove_crons(conn, gone)
@@ -178,7 +178,9 @@ class CronLoop:
         holder = self._worker_id()
 
         async def _take(conn: AsyncConnection) -> bool:
-            return await rt.driver.take_lease(conn, CRON_LEASE, holder, now, now + self._lease)
+            return await rt.driver.take_lease(
+                conn, CRON_LEASE, holder=holder, now=now, until=now + self._lease
+            )
 
         taken = await rt.transaction(_take, doing="taking the cron lease")
         self._held = (now, now + self._lease / LEASE_SHARE) if taken else None

@@ -72,6 +72,15 @@ _TIMING = ("schedule", "timezone", "enabled")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class NewCron:
+    """A cron to add to the registry (``add_crons``): its declaration, and its first run
+    (None: disabled)."""
+
+    row: CronRow
+    next_run_at: float | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class StoredCron:
     """A cron as the registry holds it: a row of ``_durafn_crons``, a field per column
     (made by ``_stored`` alone). Its declaration (``CronRow``'s fields) and its state."""
@@ -182,21 +191,16 @@ class CronStatements:
         rows = await conn.execute(select(crons).order_by(crons.c.name))
         return [_stored(row) for row in rows]
 
-    async def add_cron(
-        self, conn: AsyncConnection, row: CronRow, now: float, next_run: float | None
-    ) -> None:
-        await self.add_crons(conn, [(row, next_run)], now)
-
     async def add_crons(
-        self, conn: AsyncConnection, rows: Sequence[tuple[CronRow, float | None]], now: float
+        self, conn: AsyncConnection, added: Sequence[NewCron], *, now: float
     ) -> None:
         """New crons (with their first runs), a name already there left as it is. One
         statement for them all (one per cron: 0.9 ms each, 9 s to start a worker that
         declares 10,000)."""
-        if not rows:
+        if not added:
             return
         stamps = {"created_at": now, "updated_at": now, "run_count": 0}
-        values = [asdict(row) | stamps | {"next_run_at": next_run} for row, next_run in rows]
+        values = [asdict(c.row) | stamps | {"next_run_at": c.next_run_at} for c in added]
         stmt = self.dialect_insert(crons).on_conflict_do_nothing(index_elements=[crons.c.name])
         await conn.execute(stmt, values)
 
@@ -267,7 +271,7 @@ class CronStatements:
         return int((await conn.execute(stmt)).scalar_one())
 
     async def take_lease(
-        self, conn: AsyncConnection, name: str, holder: str, now: float, until: float
+        self, conn: AsyncConnection, name: str, *, holder: str, now: float, until: float
     ) -> bool:
         """Take or renew lease ``name`` for ``holder`` until ``until``: it is free, expired
         by ``now``, or already ``holder``'s. Returns whether ``holder`` has it."""

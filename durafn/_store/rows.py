@@ -298,13 +298,14 @@ DEBOUNCE_KEY = "debounce:"
 
 
 def new_row(
+    *,
     id: ScheduledFunctionId,
     name: str,
     kind: str,
     args: str,
     due: float,
-    parent_id: ScheduledFunctionId | None,
     options: RowOptions,
+    parent_id: ScheduledFunctionId | None = None,
     flow_key: str | None = None,
     trace_context: str | None = None,
     after: Sequence[str] | None = None,
