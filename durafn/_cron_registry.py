@@ -30,7 +30,7 @@ from ._hooks import HookEvent
 from ._kinds import FunctionKind, ScheduledFunctionId, State
 from ._registry import Call, SchedulableRef
 from ._runtime import Runtime
-from ._store import NewCron, StoredCron
+from ._store import CronChange, NewCron, StoredCron
 from ._types import CronInfo
 from ._writers import write
 
@@ -70,7 +70,7 @@ class CronRegistry:
             elif found.source != "api":
                 raise RegistrationError(f"cron {name!r} is declared in code; give another name")
             elif (values := changes(row, found, now)) is not None:
-                await rt.driver.set_cron(conn, name, values)
+                await rt.driver.set_cron(conn, name, **values)
 
         await rt.transaction(_write, doing="registering a cron")
         info = await self.get_cron(name)
@@ -119,18 +119,15 @@ class CronRegistry:
             now = rt.clock.now()
             schedule = schedule_of(row.schedule, row.timezone, row.source)
             following = schedule.next_after(to_datetime(now)) if enabled else None
-            await rt.driver.set_cron(
-                conn,
-                name,
-                {
-                    # Only where it differs from the declaration (which then decides again).
-                    "operator_enabled": None if enabled == row.enabled else enabled,
-                    "next_run_at": following.timestamp() if following is not None else None,
-                    "updated_at": now,
-                    # Resumed: its failed ticks count again from none (``pause_after``).
-                    **({"failed_ticks": 0} if enabled else {}),
-                },
-            )
+            values: CronChange = {
+                # Only where it differs from the declaration (which then decides again).
+                "operator_enabled": None if enabled == row.enabled else enabled,
+                "next_run_at": following.timestamp() if following is not None else None,
+                "updated_at": now,
+            }
+            if enabled:  # resumed: its failed ticks count again from none (``pause_after``)
+                values["failed_ticks"] = 0
+            await rt.driver.set_cron(conn, name, **values)
             return True
 
         # The leader sees it at its next look (every third of its lease at most).
@@ -161,12 +158,10 @@ class CronRegistry:
             await rt.driver.set_cron(
                 conn,
                 name,
-                {
-                    "next_run_at": following.timestamp() if following is not None else None,
-                    "last_skip_at": skipped,
-                    "last_skip_reason": "skipped_by_operator",
-                    "updated_at": rt.clock.now(),
-                },
+                next_run_at=following.timestamp() if following is not None else None,
+                last_skip_at=skipped,
+                last_skip_reason="skipped_by_operator",
+                updated_at=rt.clock.now(),
             )
             return float(skipped)
 

@@ -41,7 +41,7 @@ from ._hooks import HookEvent, HookName
 from ._kinds import FunctionKind, ScheduledFunctionId, State
 from ._options import RowOptions
 from ._registry import Registry, SchedulableRef
-from ._store import CronMove, CronRow, StoredCron, new_id, new_row, tick_id
+from ._store import CronChange, CronMove, CronRow, StoredCron, new_id, new_row, tick_id
 from ._types import CronTick
 from .cron import Schedule, parse, parse_cron_item
 
@@ -98,7 +98,7 @@ def first_run(row: CronRow, now: float) -> float | None:
     return following.timestamp() if following is not None else None
 
 
-def changes(row: CronRow, stored: StoredCron, now: float) -> dict[str, Any] | None:
+def changes(row: CronRow, stored: StoredCron, now: float) -> CronChange | None:
     """What a declaration (or a registration) changes in its stored cron, or None. An
     ``enabled`` that changed is a new decision, and clears the operator's switch
     (``_cron_registry``); the next run is recomputed when the schedule, the zone or the
@@ -106,7 +106,7 @@ def changes(row: CronRow, stored: StoredCron, now: float) -> dict[str, Any] | No
     if not row.differs(stored):
         return None
     switched = None if row.enabled != stored.enabled else stored.operator_enabled
-    values = dataclasses.asdict(row) | {"operator_enabled": switched, "updated_at": now}
+    values: CronChange = {**row.columns(), "operator_enabled": switched, "updated_at": now}
     enabled = row.enabled if switched is None else switched
     was_enabled = stored.next_run_at is not None
     if row.timing_differs(stored) or enabled != was_enabled:
@@ -286,9 +286,9 @@ class FailedTicks:
         until ``enable_cron``), and this tick skipped (``paused``)."""
         return self.count >= self.limit
 
-    def values(self, cron: StoredCron) -> dict[str, Any]:
+    def values(self, cron: StoredCron) -> CronChange:
         """The columns of ``cron`` the count writes."""
-        values: dict[str, Any] = {"failed_ticks": self.count, "failed_row": self.row}
+        values: CronChange = {"failed_ticks": self.count, "failed_row": self.row}
         if self.paused:
             values |= {"enabled": cron.enabled, "operator_enabled": False}
         return values

@@ -785,6 +785,18 @@ async def test_due_crons_are_the_enabled_ones_due_by_now_earliest_first(store: S
     assert b is not None
     assert (b.next_run_at, b.run_count, b.created_at) == (T0 + 60, 0, T0)
     assert await store.run(lambda conn: driver.stored_cron(conn, "none")) is None
+    # set_cron sets the columns named and keeps the others.
+    await store.run(lambda conn: driver.set_cron(conn, "a", next_run_at=None, updated_at=T0 + 5))
+    due = await store.run(lambda conn: driver.due_crons(conn, T0 + 999, 10))
+    assert [c.name for c in due] == ["b"]
+    a = await store.run(lambda conn: driver.stored_cron(conn, "a"))
+    assert a is not None
+    assert (a.next_run_at, a.updated_at, a.created_at, a.schedule) == (
+        None,
+        T0 + 5,
+        T0,
+        "* * * * *",
+    )
 
 
 async def test_advance_crons_moves_a_cron_only_from_the_next_run_it_was_read_with(

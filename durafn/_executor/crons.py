@@ -102,7 +102,7 @@ class CronLoop:
                     added.append(NewCron(row=row, next_run_at=first_run(row, now)))
                     changed.append(f"added {name}")
                 elif found.source in DECLARED and (values := changes(row, found, now)):
-                    await rt.driver.set_cron(conn, name, values)
+                    await rt.driver.set_cron(conn, name, **values)
                     changed.append(f"changed {name}")
             await rt.driver.add_crons(conn, added, now=now)
             gone = [n for n, r in stored.items() if r.source in DECLARED and n not in declared]
@@ -199,13 +199,11 @@ class CronLoop:
             await rt.driver.set_cron(
                 conn,
                 name,
-                {
-                    "enabled": False,
-                    "next_run_at": None,
-                    "last_skip_at": now,
-                    "last_skip_reason": reason,
-                    "updated_at": now,
-                },
+                enabled=False,
+                next_run_at=None,
+                last_skip_at=now,
+                last_skip_reason=reason,
+                updated_at=now,
             )
 
         await rt.transaction(_write, doing=f"disabling cron {name}")
@@ -290,7 +288,7 @@ class CronLoop:
                 failed.count,
                 failed.limit,
             )
-        await self._rt.driver.set_cron(conn, cron.name, failed.values(cron))
+        await self._rt.driver.set_cron(conn, cron.name, **failed.values(cron))
         return failed.paused
 
     async def loop(self, stopping: anyio.Event) -> None:

@@ -12,7 +12,16 @@ from .claim.columns import StartTime
 from .claim.flow import FlowCursor
 from .claim.hints import FastPathHint, LevelFloor
 from .claim.take import SERVE_ALL, ClaimFilter
-from .crons import CRON_LEASE, DECLARED, CronMove, CronRow, NewCron, StoredCron, tick_id
+from .crons import (
+    CRON_LEASE,
+    DECLARED,
+    CronChange,
+    CronMove,
+    CronRow,
+    NewCron,
+    StoredCron,
+    tick_id,
+)
 from .driver import Driver
 from .filters import RowFilter
 from .rows import Claimed, LostAction, Outcome, decode_cursor, new_id, new_row, new_row_model
@@ -25,6 +34,7 @@ __all__ = [
     "AfterCommit",
     "BatchClaim",
     "BatchSpec",
+    "CronChange",
     "CronMove",
     "CronRow",
     "SCHEMA_VERSION",

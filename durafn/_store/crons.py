@@ -13,7 +13,7 @@ import builtins
 import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypedDict
 
 from sqlalchemy import (
     CursorResult,
@@ -28,6 +28,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.ext.asyncio import AsyncConnection
+from typing_extensions import Unpack
 
 from .._kinds import ScheduledFunctionId, State
 from .schema.tables import crons, leases, sf
@@ -61,6 +62,23 @@ class CronRow:
     """The operator's extras, as JSON (``_cron_rules.CronLimits``): ``jitter``, ``max_runs``,
     ``until``, ``pause_after``; None: none."""
 
+    def columns(self) -> CronChange:
+        """What it declares, as the columns it sets in its stored cron (``set_cron``)."""
+        return {
+            "schedule": self.schedule,
+            "timezone": self.timezone,
+            "function": self.function,
+            "kind": self.kind,
+            "args": self.args,
+            "options": self.options,
+            "overlap": self.overlap,
+            "catch_up": self.catch_up,
+            "enabled": self.enabled,
+            "description": self.description,
+            "source": self.source,
+            "limits": self.limits,
+        }
+
     def differs(self, stored: StoredCron) -> bool:
         return any(getattr(stored, k) != v for k, v in asdict(self).items())
 
@@ -69,6 +87,30 @@ class CronRow:
 
 
 _TIMING = ("schedule", "timezone", "enabled")
+
+
+class CronChange(TypedDict, total=False):
+    """The columns of a stored cron that ``set_cron`` sets (those left out keep theirs)."""
+
+    schedule: str
+    timezone: str
+    function: str
+    kind: str
+    args: str
+    options: str
+    overlap: str
+    catch_up: str
+    enabled: bool
+    description: str | None
+    source: str
+    limits: str | None
+    updated_at: float
+    next_run_at: float | None
+    last_skip_at: float | None
+    last_skip_reason: str | None
+    operator_enabled: bool | None
+    failed_ticks: int
+    failed_row: ScheduledFunctionId | None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -212,7 +254,10 @@ class CronStatements:
         row = (await conn.execute(stmt.with_for_update() if lock else stmt)).first()
         return None if row is None else _stored(row)
 
-    async def set_cron(self, conn: AsyncConnection, name: str, values: dict[str, Any]) -> None:
+    async def set_cron(
+        self, conn: AsyncConnection, name: str, **values: Unpack[CronChange]
+    ) -> None:
+        """Set these columns of cron ``name`` (by primary key)."""
         await conn.execute(update(crons).where(crons.c.name == name).values(**values))
 
     async def count_cron_run(self, conn: AsyncConnection, name: str, row_id: str) -> int:
