@@ -1,8 +1,8 @@
 """The cron registry at run time: crons registered by API, listed, switched on and off,
 removed and triggered by hand (``app.register_cron``, ``crons``, ``get_cron``,
 ``enable_cron``, ``disable_cron``, ``remove_cron``, ``trigger_cron``; ``durafn crons`` and
-``durafn cron ...``). Declarations in code are ``_crons.py``'s; the loop that writes the
-ticks is ``_executor/crons.py``'s; the rules they follow, ``_cron_rules.py``'s.
+``durafn cron ...``). Declarations in code are ``_cron_declarations.py``'s; the loop that
+writes the ticks is ``_executor/crons.py``'s; the rules they follow, ``_cron_rules.py``'s.
 
 **Switched by hand.** A cron's ``enabled`` column is its declaration's (or registration's);
 ``enable_cron`` and ``disable_cron`` record the operator's switch beside it
@@ -23,8 +23,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from typing_extensions import Unpack
 
 from ._clock import to_datetime
+from ._cron_declarations import CronSettings, check_settings, declare
 from ._cron_rules import BUSY, CronLimits, changes, first_run, schedule_of, tick_rows
-from ._crons import CronSettings, check_settings, declare
 from ._errors import ArgumentError, CronSyntaxError, RegistrationError, SchedulingError
 from ._hooks import HookEvent
 from ._kinds import FunctionKind, ScheduledFunctionId, State

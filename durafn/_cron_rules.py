@@ -1,11 +1,12 @@
 """The cron rules: when a cron fires and what each of its ticks writes, decided without I/O.
 
-Both sides read them here. The declaring side (``_crons.py``: ``app.cron``,
-``app.crontab``; ``_cron_registry.py``: the registry's API) reads a schedule
-(``schedule_of``), a cron's first run and what a declaration changes in its stored cron;
-the cron loop (``_executor/crons.py``) asks each due cron's ``plan_ticks`` and writes what it
-says through ``_store/crons.py``'s statements. Nothing here reads the clock or the
-database: times come in as arguments, stored crons as ``StoredCron``.
+Both sides read them here. The declaring side (``_cron_declarations.py``:
+``app.cron``, ``app.crontab``; ``_cron_registry.py``: the registry's API) reads a
+schedule (``schedule_of``), a cron's first run and what a declaration changes in its
+stored cron; the cron loop (``_executor/crons.py``) asks each due cron's ``plan_ticks``,
+reads the state of its previous run, and writes what the plan says through
+``_store/crons.py``'s statements. Nothing here reads the clock or the database: times
+come in as arguments, stored crons as ``StoredCron``.
 
 How a due cron is planned::
 

@@ -54,11 +54,12 @@ claimed (priority levels, named queues, pauses, flags, a worker's pools) is
 ``_store/claim/take.py``, reached through the driver's ``claim_mutations`` and
 ``claim_actions``/``claim_actions_fast``, called from ``MutationBatch.run`` and
 ``ActionClaims.claim`` with the executor's ``ClaimFilter``. Cron ticks: what a due cron
-writes (catch-up, backfill, limits, daylight saving's gaps, the rows) is decided with no
-I/O by ``_cron_rules.plan_ticks``, the rules the declarations (``_crons.py``) and the
-registry's API (``_cron_registry.py``) read too; ``CronLoop`` (``crons.py``) reads the due
-crons, judges each plan against the cron's previous run, and writes it through
-``_store/crons.py``.
+writes (catch-up, backfill, limits, daylight saving's gaps, the rows) and how it is judged
+against its previous run (overlap, pause_after) is decided with no I/O in
+``_cron_rules.py`` (``plan_ticks``, ``TickPlan``), the rules that the declarations
+(``_cron_declarations.py``) and the registry's API (``_cron_registry.py``) read too;
+``CronLoop`` (``crons.py``) reads the due crons and their previous runs' states, and
+writes what the rules decide through ``_store/crons.py``.
 """
 
 from typing import TYPE_CHECKING, Any

@@ -166,7 +166,7 @@ _SETTLE_SQL = text(
     """
 )
 
-# _crons._ADVANCE for many crons as one statement that says how many moved (asyncpg's
+# ../crons.py's _ADVANCE for many crons as one statement that says how many moved (asyncpg's
 # executemany reports no row count).
 _ADVANCE_SQL = text(
     """
