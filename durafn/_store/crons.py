@@ -5,6 +5,11 @@ Exactly one row per tick, whatever runs: a tick's row id is made from the cron's
 the tick's time (``tick_id``), so a second writer of the same tick (two leaders for a
 moment, a retry after an unseen commit) finds it there and writes nothing; and the
 registry row moves on only from the ``next_run_at`` it was read with (a guarded UPDATE).
+
+What crosses this seam is typed, a field per column: a declaration in (``CronRow``, with
+its first run as a ``NewCron``), a stored cron out (``StoredCron``, made by ``_stored``
+alone), and the two updates: the loop's guarded move (``CronMove``) and a change of named
+columns (``CronChange``, ``set_cron``'s keywords).
 """
 
 from __future__ import annotations
