@@ -17,8 +17,8 @@ from ._checks import flag, integer, optional, positive_seconds, text
 from ._clock import Clock, SystemClock
 from ._console import Console
 from ._context import SystemTable
+from ._cron_declarations import CronDeclarations
 from ._cron_registry import CronRegistry
-from ._crons import CronDeclarations
 from ._errors import ArgumentError, DatabaseError
 from ._executor import Executor, ExecutorOptions, make_config
 from ._invoke import Invoker, Timeouts

@@ -1,8 +1,8 @@
 """The cron registry at run time: crons registered by API, listed, switched on and off,
 removed and triggered by hand (``app.register_cron``, ``crons``, ``get_cron``,
 ``enable_cron``, ``disable_cron``, ``remove_cron``, ``trigger_cron``; ``durafn crons`` and
-``durafn cron ...``). Declarations in code are ``_crons.py``'s; the loop that writes the
-ticks is ``_executor/crons.py``'s.
+``durafn cron ...``). Declarations in code are ``_cron_declarations.py``'s; the loop that
+writes the ticks is ``_executor/crons.py``'s; the rules they follow, ``_cron_rules.py``'s.
 
 **Switched by hand.** A cron's ``enabled`` column is its declaration's (or registration's);
 ``enable_cron`` and ``disable_cron`` record the operator's switch beside it
@@ -23,21 +23,14 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from typing_extensions import Unpack
 
 from ._clock import to_datetime
-from ._crons import (
-    CronLimits,
-    CronSettings,
-    changes,
-    check_settings,
-    declare,
-    first_run,
-    schedule_of,
-    tick_rows,
-)
+from ._cron_declarations import CronSettings, check_settings, declare
+from ._cron_rules import BUSY, CronLimits, changes, first_run, schedule_of, tick_rows
 from ._errors import ArgumentError, CronSyntaxError, RegistrationError, SchedulingError
 from ._hooks import HookEvent
 from ._kinds import FunctionKind, ScheduledFunctionId, State
 from ._registry import Call, SchedulableRef
 from ._runtime import Runtime
+from ._store import CronChange, NewCron, StoredCron
 from ._types import CronInfo
 from ._writers import write
 
@@ -71,11 +64,13 @@ class CronRegistry:
             now = rt.clock.now()
             found = await rt.driver.stored_cron(conn, name, lock=True)
             if found is None:
-                await rt.driver.add_cron(conn, row, now, first_run(row, now))
-            elif found["source"] != "api":
+                await rt.driver.add_crons(
+                    conn, [NewCron(row=row, next_run_at=first_run(row, now))], now=now
+                )
+            elif found.source != "api":
                 raise RegistrationError(f"cron {name!r} is declared in code; give another name")
             elif (values := changes(row, found, now)) is not None:
-                await rt.driver.set_cron(conn, name, values)
+                await rt.driver.set_cron(conn, name, **values)
 
         await rt.transaction(_write, doing="registering a cron")
         info = await self.get_cron(name)
@@ -86,7 +81,7 @@ class CronRegistry:
         """The registry's crons, by name (``enabled``: only those, or only the others)."""
         rt = self._rt
 
-        async def _read(conn: AsyncConnection) -> list[dict[str, Any]]:
+        async def _read(conn: AsyncConnection) -> list[StoredCron]:
             return await rt.driver.stored_crons(conn)
 
         rows = await rt.transaction(_read, read_only=True, doing="listing crons")
@@ -97,7 +92,7 @@ class CronRegistry:
         """One cron of the registry, or None."""
         rt = self._rt
 
-        async def _read(conn: AsyncConnection) -> dict[str, Any] | None:
+        async def _read(conn: AsyncConnection) -> StoredCron | None:
             return await rt.driver.stored_cron(conn, name)
 
         row = await rt.transaction(_read, read_only=True, doing="reading a cron")
@@ -122,20 +117,17 @@ class CronRegistry:
             if row is None:
                 return False
             now = rt.clock.now()
-            schedule = schedule_of(row["schedule"], row["timezone"], row["source"])
+            schedule = schedule_of(row.schedule, row.timezone, row.source)
             following = schedule.next_after(to_datetime(now)) if enabled else None
-            await rt.driver.set_cron(
-                conn,
-                name,
-                {
-                    # Only where it differs from the declaration (which then decides again).
-                    "operator_enabled": None if enabled == row["enabled"] else enabled,
-                    "next_run_at": following.timestamp() if following is not None else None,
-                    "updated_at": now,
-                    # Resumed: its failed ticks count again from none (``pause_after``).
-                    **({"failed_ticks": 0} if enabled else {}),
-                },
-            )
+            values: CronChange = {
+                # Only where it differs from the declaration (which then decides again).
+                "operator_enabled": None if enabled == row.enabled else enabled,
+                "next_run_at": following.timestamp() if following is not None else None,
+                "updated_at": now,
+            }
+            if enabled:  # resumed: its failed ticks count again from none (``pause_after``)
+                values["failed_ticks"] = 0
+            await rt.driver.set_cron(conn, name, **values)
             return True
 
         # The leader sees it at its next look (every third of its lease at most).
@@ -155,23 +147,21 @@ class CronRegistry:
                 raise ArgumentError(
                     f"no cron named {name!r} (app.crons() and durafn crons list them)"
                 )
-            skipped = row["next_run_at"]
+            skipped = row.next_run_at
             if skipped is None:
                 raise ArgumentError(
                     f"cron {name!r} has no next tick to skip (it is disabled, or has run its "
                     "course: until / max_runs)"
                 )
-            schedule = schedule_of(row["schedule"], row["timezone"], row["source"])
+            schedule = schedule_of(row.schedule, row.timezone, row.source)
             following = schedule.next_after(to_datetime(float(skipped)))
             await rt.driver.set_cron(
                 conn,
                 name,
-                {
-                    "next_run_at": following.timestamp() if following is not None else None,
-                    "last_skip_at": skipped,
-                    "last_skip_reason": "skipped_by_operator",
-                    "updated_at": rt.clock.now(),
-                },
+                next_run_at=following.timestamp() if following is not None else None,
+                last_skip_at=skipped,
+                last_skip_reason="skipped_by_operator",
+                updated_at=rt.clock.now(),
             )
             return float(skipped)
 
@@ -205,23 +195,30 @@ class CronRegistry:
                 raise ArgumentError(
                     f"no cron named {name!r} (app.crons() and durafn crons list them)"
                 )
-            if not isinstance(rt.registry.find(cron["function"]), SchedulableRef):
+            if not isinstance(rt.registry.find(cron.function), SchedulableRef):
                 raise ArgumentError(
-                    f"cron {name!r} runs {cron['function']!r}, which this app does not have: "
+                    f"cron {name!r} runs {cron.function!r}, which this app does not have: "
                     "trigger it with the app that declares it (durafn cron trigger --app ...)"
                 )
             now = rt.clock.now()
-            [row] = tick_rows(rt, cron, [now], now, triggered=True)
-            previous = cron["last_row_id"]
+            [row] = tick_rows(
+                cron,
+                [now],
+                latest=now,
+                registry=rt.registry,
+                tracing=bool(rt.telemetry.tracing),
+                triggered=True,
+            )
+            previous = cron.last_row_id
             states = await rt.driver.row_states(conn, [previous]) if previous else {}
-            if states.get(previous) in (State.PENDING, State.IN_PROGRESS):
-                if cron["overlap"] == "skip":
+            if previous is not None and states.get(previous) in BUSY:  # as the loop judges
+                if cron.overlap == "skip":
                     raise SchedulingError(
                         f"cron {name!r}: its previous run {previous} is still "
                         f"{states[previous].value}, and its overlap policy 'skip' keeps two "
                         "runs from overlapping; trigger it once that run ends, or cancel it"
                     )
-                if cron["overlap"] == "cancel_previous":
+                if cron.overlap == "cancel_previous":
                     await rt.driver.cancel(conn, previous, now)
             _, [id] = await write(rt, conn, [row], None)
             runs = await rt.driver.count_cron_run(conn, name, id)
@@ -249,44 +246,44 @@ class CronRegistry:
         return id
 
 
-def _describe(row: dict[str, Any]) -> str:
+def _describe(row: StoredCron) -> str:
     try:
-        return schedule_of(row["schedule"], row["timezone"], row["source"]).describe()
+        return schedule_of(row.schedule, row.timezone, row.source).describe()
     except CronSyntaxError as exc:  # stored by another version: listed all the same
         return f"cannot be read: {exc}"
 
 
-def _info(row: dict[str, Any]) -> CronInfo:
+def _info(row: StoredCron) -> CronInfo:
     def at(value: float | None) -> datetime | None:
         return to_datetime(value) if value is not None else None
 
-    switched = row["operator_enabled"]
-    limits = CronLimits.of(row["limits"])
+    switched = row.operator_enabled
+    limits = CronLimits.of(row.limits)
     return CronInfo(
-        name=row["name"],
-        schedule=row["schedule"],
-        timezone=row["timezone"],
+        name=row.name,
+        schedule=row.schedule,
+        timezone=row.timezone,
         describe=_describe(row),
-        function=row["function"],
-        kind=FunctionKind(row["kind"]),
-        args=json.loads(row["args"]),
-        overlap=row["overlap"],
-        catch_up=row["catch_up"],
-        enabled=row["enabled"] if switched is None else switched,
+        function=row.function,
+        kind=FunctionKind(row.kind),
+        args=json.loads(row.args),
+        overlap=row.overlap,
+        catch_up=row.catch_up,
+        enabled=row.enabled if switched is None else switched,
         switched_by_hand=switched is not None,
-        description=row["description"],
-        source=row["source"],
-        created_at=to_datetime(row["created_at"]),
-        updated_at=to_datetime(row["updated_at"]),
-        last_run_at=at(row["last_run_at"]),
-        next_run_at=at(row["next_run_at"]),
-        run_count=row["run_count"],
-        last_row_id=row["last_row_id"],
-        last_skip_at=at(row["last_skip_at"]),
-        last_skip_reason=row["last_skip_reason"],
+        description=row.description,
+        source=row.source,
+        created_at=to_datetime(row.created_at),
+        updated_at=to_datetime(row.updated_at),
+        last_run_at=at(row.last_run_at),
+        next_run_at=at(row.next_run_at),
+        run_count=row.run_count,
+        last_row_id=row.last_row_id,
+        last_skip_at=at(row.last_skip_at),
+        last_skip_reason=row.last_skip_reason,
         jitter=limits.jitter,
         max_runs=limits.max_runs,
         until=at(limits.until),
         pause_after=limits.pause_after,
-        failed_ticks=row["failed_ticks"],
+        failed_ticks=row.failed_ticks,
     )

@@ -32,7 +32,10 @@ from durafn._store import (
     SCHEMA_VERSION,
     Claimed,
     ClaimFilter,
+    CronMove,
+    CronRow,
     Driver,
+    NewCron,
     NewRow,
     NewRowColumns,
     Outcome,
@@ -743,6 +746,119 @@ async def test_state_reads_a_row(store: Store) -> None:
     assert await store.run(lambda conn: driver.lock_for_share(conn, id)) is State.PENDING
     missing = new_id(T0)
     assert await store.run(lambda conn: driver.lock_for_share(conn, missing)) is None
+
+
+# -- the cron registry and the cron lease -------------------------------------------------
+
+
+def _new(name: str, next_run_at: float | None, *, enabled: bool = True) -> NewCron:
+    return NewCron(row=_cron(name, enabled=enabled), next_run_at=next_run_at)
+
+
+def _cron(name: str, *, enabled: bool = True) -> CronRow:
+    return CronRow(
+        name=name,
+        schedule="* * * * *",
+        timezone="UTC",
+        function="f",
+        kind="mutation",
+        args="{}",
+        options="{}",
+        overlap="skip",
+        catch_up="latest",
+        enabled=enabled,
+        description=None,
+    )
+
+
+async def test_due_crons_are_the_enabled_ones_due_by_now_earliest_first(store: Store) -> None:
+    driver = store.driver
+    crons = [_new("b", T0 + 60), _new("a", T0 + 120), _new("off", None, enabled=False)]
+    await store.run(lambda conn: driver.add_crons(conn, crons, now=T0))
+    # A name already there is left as it is.
+    await store.run(lambda conn: driver.add_crons(conn, [_new("b", T0 + 999)], now=T0 + 1))
+    assert await store.run(driver.next_cron) == T0 + 60
+    due = await store.run(lambda conn: driver.due_crons(conn, T0 + 120, 10))
+    assert [c.name for c in due] == ["b", "a"]
+    assert [c.name for c in await store.run(lambda conn: driver.due_crons(conn, T0 + 60, 10))] == [
+        "b"
+    ]
+    assert [c.name for c in await store.run(driver.stored_crons)] == ["a", "b", "off"]
+    b = await store.run(lambda conn: driver.stored_cron(conn, "b"))
+    assert b is not None
+    assert (b.next_run_at, b.run_count, b.created_at) == (T0 + 60, 0, T0)
+    assert await store.run(lambda conn: driver.stored_cron(conn, "none")) is None
+    # set_cron sets the columns named and keeps the others.
+    await store.run(lambda conn: driver.set_cron(conn, "a", next_run_at=None, updated_at=T0 + 5))
+    due = await store.run(lambda conn: driver.due_crons(conn, T0 + 999, 10))
+    assert [c.name for c in due] == ["b"]
+    a = await store.run(lambda conn: driver.stored_cron(conn, "a"))
+    assert a is not None
+    assert (a.next_run_at, a.updated_at, a.created_at, a.schedule) == (
+        None,
+        T0 + 5,
+        T0,
+        "* * * * *",
+    )
+
+
+async def test_advance_crons_moves_a_cron_only_from_the_next_run_it_was_read_with(
+    store: Store,
+) -> None:
+    driver = store.driver
+    await store.run(lambda conn: driver.add_crons(conn, [_new("a", T0), _new("b", T0)], now=T0))
+    ran = CronMove(
+        name="a", expected=T0, next_run_at=T0 + 60, last_run_at=T0, last_row_id="row-1", runs=1
+    )
+    skipped = CronMove(
+        name="b", expected=T0, next_run_at=T0 + 60, last_skip_at=T0, last_skip_reason="missed"
+    )
+    assert await store.run(lambda conn: driver.advance_crons(conn, [ran, skipped])) == 2
+    # Moved already (another leader's second write of the same ticks): nothing moves.
+    assert await store.run(lambda conn: driver.advance_crons(conn, [ran, skipped])) == 0
+    a = await store.run(lambda conn: driver.stored_cron(conn, "a"))
+    b = await store.run(lambda conn: driver.stored_cron(conn, "b"))
+    assert a is not None and b is not None
+    assert (a.next_run_at, a.last_run_at, a.last_row_id, a.run_count) == (
+        T0 + 60,
+        T0,
+        "row-1",
+        1,
+    )
+    assert (a.last_skip_at, a.last_skip_reason) == (None, None)
+    # A skip leaves the last run as it was, and records itself.
+    later = CronMove(
+        name="a",
+        expected=T0 + 60,
+        next_run_at=None,
+        last_skip_at=T0 + 60,
+        last_skip_reason="paused",
+    )
+    assert await store.run(lambda conn: driver.advance_crons(conn, [later])) == 1
+    a = await store.run(lambda conn: driver.stored_cron(conn, "a"))
+    assert a is not None
+    assert (a.next_run_at, a.last_run_at, a.last_row_id, a.run_count) == (
+        None,
+        T0,
+        "row-1",
+        1,
+    )
+    assert (a.last_skip_at, a.last_skip_reason) == (T0 + 60, "paused")
+    assert (b.last_run_at, b.last_skip_at, b.last_skip_reason) == (None, T0, "missed")
+
+
+async def test_the_cron_lease_is_one_holders_until_it_expires(store: Store) -> None:
+    driver = store.driver
+
+    def take(holder: str, now: float) -> Callable[[AsyncConnection], Awaitable[bool]]:
+        return lambda conn: driver.take_lease(conn, "cron", holder=holder, now=now, until=now + 10)
+
+    assert await store.run(take("w1", T0))
+    assert not await store.run(take("w2", T0 + 5))
+    assert await store.run(take("w1", T0 + 5))  # renewed: until T0 + 15
+    assert not await store.run(take("w2", T0 + 12))
+    assert await store.run(take("w2", T0 + 16))
+    assert not await store.run(take("w1", T0 + 17))
 
 
 # -- next due, retention and reads ----------------------------------------------------------

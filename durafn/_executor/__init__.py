@@ -24,9 +24,10 @@ How a row travels, and which task owns each step (every box is a module here)::
               outcomes.py: Tally.record (stats, one log line per row, progress signal)
 
     Beside them: wakeups.py (what wakes the claiming loops, the idle wait), membership.py
-    (heartbeat task, lost-worker rescue), maintenance.py (retention task), config.py,
-    tasks.py (Signal, Pace, shielded, first_of). executor.py builds the parts, starts the
-    tasks in one task group, and runs the stop sequence.
+    (heartbeat task, lost-worker rescue), maintenance.py (retention task), crons.py (the
+    cron task: while it leads, each due tick written once as a Pending row above),
+    config.py, tasks.py (Signal, Pace, shielded, first_of). executor.py builds the parts,
+    starts the tasks in one task group, and runs the stop sequence.
 
 Where the guarantees are kept:
 
@@ -52,8 +53,13 @@ statements; the lost-worker path is ``Membership._rescue_lost``. Which due rows 
 claimed (priority levels, named queues, pauses, flags, a worker's pools) is
 ``_store/claim/take.py``, reached through the driver's ``claim_mutations`` and
 ``claim_actions``/``claim_actions_fast``, called from ``MutationBatch.run`` and
-``ActionClaims.claim`` with the executor's ``ClaimFilter``. Periodic work (cron ticks)
-is another pass of ``Maintenance.loop``.
+``ActionClaims.claim`` with the executor's ``ClaimFilter``. Cron ticks: what a due cron
+writes (catch-up, backfill, limits, daylight saving's gaps, the rows) and how it is judged
+against its previous run (overlap, pause_after) is decided with no I/O in
+``_cron_rules.py`` (``plan_ticks``, ``TickPlan``), the rules that the declarations
+(``_cron_declarations.py``) and the registry's API (``_cron_registry.py``) read too;
+``CronLoop`` (``crons.py``) reads the due crons and their previous runs' states, and
+writes what the rules decide through ``_store/crons.py``.
 """
 
 from typing import TYPE_CHECKING, Any

@@ -10,12 +10,13 @@ from the registry's index), the lease's renewal, or the stop. Ticks are written 
 happens (``_store/crons.py``): a tick's row has an id made from the cron and the tick,
 and the registry moves on only from the next run it was read with.
 
-After downtime, ``catch_up="latest"`` runs the latest missed tick once and goes on from
-now; ``"none"`` skips ticks more than ``LATE`` seconds old; a backfill window (stored as
-``fill:<seconds>``) runs every missed tick inside it, oldest first. While the cron's previous
-run is Pending or InProgress, ``overlap="skip"`` records a tick as skipped,
-``"cancel_previous"`` cancels that run in the tick's transaction, ``"enqueue"`` lets the
-new run wait in the cron's serial queue (a warning once more than two wait).
+What each due cron's ticks are (catch-up after downtime, backfill windows, the limits,
+daylight saving's gaps) and the rows they write is decided in ``_cron_rules.py``
+(``plan_ticks``), with no I/O; this loop reads the due crons, judges each plan against
+its cron's previous run and writes it. While that run is Pending or InProgress,
+``overlap="skip"`` records a tick as skipped, ``"cancel_previous"`` cancels that run in
+the tick's transaction, ``"enqueue"`` lets the new run wait in the cron's serial queue (a
+warning once more than two wait).
 """
 
 from __future__ import annotations
@@ -23,20 +24,16 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
-from datetime import UTC, datetime
-from typing import Any
 
 import anyio
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from .._clock import to_datetime
-from .._crons import MAX_FILL, CronLimits, changes, first_run, schedule_of, tick_rows
+from .._cron_rules import MAX_FILL, TickPlan, changes, count_failed, first_run, plan_ticks
 from .._errors import DatabaseError
-from .._hooks import HookEvent, HookName
-from .._kinds import FunctionKind, ScheduledFunctionId, State
+from .._hooks import HookEvent
+from .._kinds import FunctionKind, State
 from .._runtime import Runtime
-from .._store import CRON_LEASE, DECLARED, CronMove, NewRow
+from .._store import CRON_LEASE, DECLARED, NewCron, StoredCron
 from .._writers import write
 from .tasks import first_of
 
@@ -45,42 +42,8 @@ logger = logging.getLogger("durafn.cron")
 LEASE_SHARE = 3
 """The cron leader's lease lasts a third of the worker timeout (10 s by default), and is
 renewed every third of that: a dead leader is replaced in well under a worker timeout."""
-LATE = 60.0
-"""A tick older than this when the loop reaches it was missed (downtime)."""
 DUE_BATCH = 1000
 """Due crons handled per tick."""
-
-
-@dataclass(slots=True)
-class _Plan:
-    """One due cron's ticks, worked out before the transaction that writes them."""
-
-    cron: dict[str, Any]
-    expected: float
-    """Its next run as read: it moves on only from this."""
-    latest: float
-    following: float | None
-    rows: list[NewRow]
-    gaps: list[float]
-    """Ticks daylight saving skipped since the last one (their wall times, as instants)."""
-    now: float = 0.0
-    """When the leader evaluated it (the events' ``actual_at``)."""
-    ended: str | None = None
-    """Why it has no tick to write and no next run: ``until`` or ``max_runs`` reached."""
-
-    def event(self, hook: HookName, id: str, **more: Any) -> HookEvent:
-        more.setdefault("scheduled_at", self.latest)
-        more["scheduled_at"] = to_datetime(more["scheduled_at"])
-        return HookEvent(
-            hook,
-            ScheduledFunctionId(id),
-            self.cron["function"],
-            FunctionKind(self.cron["kind"]),
-            state=State.PENDING if hook == "cron.triggered" else None,
-            cron=self.cron["name"],
-            actual_at=to_datetime(self.now),
-            **more,
-        )
 
 
 class _MovedOn(Exception):
@@ -131,18 +94,18 @@ class CronLoop:
 
         async def _reconcile(conn: AsyncConnection) -> list[str]:
             now = rt.clock.now()
-            stored = {row["name"]: row for row in await rt.driver.stored_crons(conn)}
+            stored = {row.name: row for row in await rt.driver.stored_crons(conn)}
             changed, added = [], []
             for name, row in declared.items():
                 found = stored.get(name)
                 if found is None:
-                    added.append((row, first_run(row, now)))
+                    added.append(NewCron(row=row, next_run_at=first_run(row, now)))
                     changed.append(f"added {name}")
-                elif found["source"] in DECLARED and (values := changes(row, found, now)):
-                    await rt.driver.set_cron(conn, name, values)
+                elif found.source in DECLARED and (values := changes(row, found, now)):
+                    await rt.driver.set_cron(conn, name, **values)
                     changed.append(f"changed {name}")
-            await rt.driver.add_crons(conn, added, now)
-            gone = [n for n, r in stored.items() if r["source"] in DECLARED and n not in declared]
+            await rt.driver.add_crons(conn, added, now=now)
+            gone = [n for n, r in stored.items() if r.source in DECLARED and n not in declared]
             if gone:
                 await rt.driver.remove_crons(conn, gone)
                 changed += [f"removed {name}" for name in gone]
@@ -159,7 +122,7 @@ class CronLoop:
         if not await self._lead():
             return 0, None
 
-        async def _due(conn: AsyncConnection) -> tuple[list[dict[str, Any]], float | None]:
+        async def _due(conn: AsyncConnection) -> tuple[list[StoredCron], float | None]:
             found = await rt.driver.due_crons(conn, rt.clock.now(), DUE_BATCH)
             return found, None if found else await rt.driver.next_cron(conn)
 
@@ -173,9 +136,21 @@ class CronLoop:
         plans = []
         for cron in due:
             try:
-                plans.append(self._plan(cron, now))
+                found = plan_ticks(
+                    cron, now, registry=rt.registry, tracing=bool(rt.telemetry.tracing)
+                )
             except Exception as exc:  # this cron cannot be evaluated: disable it, go on
-                await self._disable(cron["name"], exc)
+                await self._disable(cron.name, exc)
+                continue
+            if found.overfull is not None:  # a window declared before the bound (declare)
+                logger.warning(
+                    "cron %s: its backfill window holds more than %d ticks; the rest "
+                    "up to %s are skipped",
+                    cron.name,
+                    MAX_FILL,
+                    found.overfull.isoformat(),
+                )
+            plans.append(found)
         written = 0
         if due:
 
@@ -203,7 +178,9 @@ class CronLoop:
         holder = self._worker_id()
 
         async def _take(conn: AsyncConnection) -> bool:
-            return await rt.driver.take_lease(conn, CRON_LEASE, holder, now, now + self._lease)
+            return await rt.driver.take_lease(
+                conn, CRON_LEASE, holder=holder, now=now, until=now + self._lease
+            )
 
         taken = await rt.transaction(_take, doing="taking the cron lease")
         self._held = (now, now + self._lease / LEASE_SHARE) if taken else None
@@ -222,13 +199,11 @@ class CronLoop:
             await rt.driver.set_cron(
                 conn,
                 name,
-                {
-                    "enabled": False,
-                    "next_run_at": None,
-                    "last_skip_at": now,
-                    "last_skip_reason": reason,
-                    "updated_at": now,
-                },
+                enabled=False,
+                next_run_at=None,
+                last_skip_at=now,
+                last_skip_reason=reason,
+                updated_at=now,
             )
 
         await rt.transaction(_write, doing=f"disabling cron {name}")
@@ -243,78 +218,14 @@ class CronLoop:
                 logger.info("cron %s: tick %s written, row %s", event.cron, when, event.id)
             await self._rt.hooks.fire(event)  # the hooks, and the ticks' metrics
 
-    def _plan(self, cron: dict[str, Any], now: float) -> _Plan:
-        """What a due cron's ticks are (with ``backfill``, each missed tick in the window;
-        none when missed and not caught up), its next run, and its tick rows as written
-        unless its overlap says otherwise. No I/O: a cron that cannot be read raises."""
-        schedule = schedule_of(cron["schedule"], cron["timezone"], cron["source"])
-        expected = float(cron["next_run_at"])
-        # The latest tick due by now and the one after it, however long the downtime
-        # (found by bisection, not by stepping through every missed tick).
-        last = schedule.last_until(to_datetime(expected), to_datetime(now))
-        latest, following = last.timestamp(), schedule.next_after(last)
-        catch_up: str = cron["catch_up"]
-        if catch_up == "latest":
-            ticks = [latest]
-        elif catch_up == "none":
-            ticks = [latest] if now - latest <= LATE else []
-        else:  # "fill:<seconds>": every missed tick of the window, oldest first
-            start = max(expected, now - int(catch_up.removeprefix("fill:")))
-            ticks = []
-            for t in schedule.iter_from(to_datetime(expected), to_datetime(start)):
-                if t.timestamp() > now:
-                    break
-                if len(ticks) == MAX_FILL:  # a window declared before the bound (below)
-                    logger.warning(
-                        "cron %s: its backfill window holds more than %d ticks; the rest "
-                        "up to %s are skipped",
-                        cron["name"],
-                        MAX_FILL,
-                        last.isoformat(),
-                    )
-                    ticks[-1] = latest
-                    break
-                ticks.append(t.timestamp())
-        # The operator's limits: no tick past ``until`` nor beyond ``max_runs``, and no next
-        # run once either is reached (the cron has run its course: next_run_at None).
-        limits = CronLimits.of(cron["limits"])
-        following_at, ended = _stamp(following), None
-        if limits.until is not None:
-            ticks = [t for t in ticks if t <= limits.until]
-            if following_at is not None and following_at > limits.until:
-                following_at, ended = None, "until"
-        left = limits.runs_left(cron["run_count"])
-        if left is not None:
-            ticks = ticks[:left]
-            if left - len(ticks) <= 0:
-                following_at, ended = None, "max_runs"
-        latest = ticks[-1] if ticks else latest
-        rows = tick_rows(self._rt, cron, ticks, latest)
-        # Fixed wall times daylight saving skipped since the last tick (or registration),
-        # reported rather than silent (OJS's dst_skip).
-        since = cron["last_run_at"] if cron["last_run_at"] is not None else cron["updated_at"]
-        gaps = [
-            wall.replace(tzinfo=schedule.zone).astimezone(UTC).timestamp()
-            for wall in schedule.skipped(to_datetime(float(since)), to_datetime(latest))
-        ]
-        return _Plan(cron, expected, latest, following_at, rows, gaps, now, ended)
-
     async def _write_all(
-        self, plans: list[_Plan], now: float, conn: AsyncConnection
+        self, plans: list[TickPlan], now: float, conn: AsyncConnection
     ) -> list[HookEvent]:
         """The due crons' ticks in one transaction: their overlaps judged, their rows
         written (but those another leader wrote already: a tick's id is the tick's), each
         cron moved on from the next run it was read with; returns the events."""
         rt = self._rt
-        judged = [
-            p.cron["last_row_id"]
-            for p in plans
-            if p.cron["last_row_id"]
-            and (
-                (p.rows and p.cron["overlap"] in ("skip", "cancel_previous"))
-                or CronLimits.of(p.cron["limits"]).pause_after
-            )
-        ]
+        judged = [id for p in plans if (id := p.judged) is not None]
         ids = [row["id"] for p in plans for row in p.rows]
         states = await rt.driver.row_states(conn, judged + ids)
         rows, events, moves = [], [], []
@@ -322,31 +233,15 @@ class CronLoop:
             cron = plan.cron
             for gap in plan.gaps:
                 events.append(plan.event("cron.skipped", "", scheduled_at=gap, reason="dst_skip"))
-            previous = states.get(cron["last_row_id"]) if cron["last_row_id"] else None
-            busy = previous in (State.PENDING, State.IN_PROGRESS)
-            skip = (plan.ended or "missed") if not plan.rows else None
-            if await self._failed_too_often(conn, cron, previous):
-                skip, plan.following = "paused", None
-            if skip is None and busy and cron["overlap"] == "skip":
-                skip = "overlap_skip"
-            elif skip is None and busy and cron["overlap"] == "cancel_previous":
-                # Cancelled with these ticks' commit (a running action is told).
-                await rt.driver.cancel(conn, cron["last_row_id"], now)
+            previous = states.get(cron.last_row_id) if cron.last_row_id else None
+            paused = await self._count_failed(conn, cron, previous)
+            skip = plan.skip_reason(previous, paused=paused)
             if skip is not None:
-                moves.append(
-                    CronMove(
-                        cron["name"],
-                        plan.expected,
-                        plan.following,
-                        None,
-                        None,
-                        0,
-                        plan.latest,
-                        skip,
-                    )
-                )
-                events.append(plan.event("cron.skipped", cron["last_row_id"] or "", reason=skip))
+                moves.append(plan.skipped(skip))
+                events.append(plan.event("cron.skipped", cron.last_row_id or "", reason=skip))
                 continue
+            if (cancel := plan.to_cancel(previous)) is not None:
+                await rt.driver.cancel(conn, cancel, now)  # with these ticks' commit
             for n, row in enumerate(plan.rows, start=1):
                 if row["id"] in states:  # written by another leader already
                     continue
@@ -356,30 +251,17 @@ class CronLoop:
                         "cron.triggered",
                         row["id"],
                         scheduled_at=row["scheduled_time"],
-                        run_count=cron["run_count"] + n,
+                        run_count=cron.run_count + n,
                     )
                 )
-            last = plan.rows[-1]
-            last_gap = plan.gaps[-1] if plan.gaps else None
-            moves.append(
-                CronMove(
-                    cron["name"],
-                    plan.expected,
-                    plan.following,
-                    last["scheduled_time"],
-                    last["id"],
-                    len(plan.rows),
-                    last_gap,
-                    "dst_skip" if last_gap is not None else None,
-                )
-            )
+            moves.append(plan.moved())
         if await rt.driver.advance_crons(conn, moves) != len(moves):
             raise _MovedOn()
         if rows:
             await write(rt, conn, rows, None)
         for plan in plans:
-            if plan.cron["overlap"] == "enqueue" and plan.rows:
-                name = plan.cron["name"]
+            if plan.cron.overlap == "enqueue" and plan.rows:
+                name = plan.cron.name
                 waiting = await rt.driver.pending_in_queue(conn, f"cron:{name}")
                 if waiting > 2:
                     logger.warning(
@@ -390,31 +272,24 @@ class CronLoop:
                     )
         return events
 
-    async def _failed_too_often(
-        self, conn: AsyncConnection, cron: dict[str, Any], previous: State | None
+    async def _count_failed(
+        self, conn: AsyncConnection, cron: StoredCron, previous: State | None
     ) -> bool:
-        """Count the cron's previous row (once) among its consecutive failed ticks, where
-        it has ``pause_after``; True when they reach it: the cron is disabled (as by
-        ``disable_cron``, until ``enable_cron``) and this tick skipped, reason ``paused``."""
-        limit = CronLimits.of(cron["limits"]).pause_after
-        row = cron["last_row_id"]
-        if not limit or row is None or row == cron["failed_row"] or previous is None:
+        """Count the cron's previous run among its failed ticks (``count_failed``); True
+        when they reach ``pause_after``: the cron is paused, this tick skipped."""
+        failed = count_failed(cron, previous)
+        if failed is None:
             return False
-        if previous in (State.PENDING, State.IN_PROGRESS):
-            return False  # not finished: judged at a later tick
-        failed = cron["failed_ticks"] + 1 if previous is State.FAILED else 0
-        values: dict[str, Any] = {"failed_ticks": failed, "failed_row": row}
-        if failed >= limit:
-            values |= {"enabled": cron["enabled"], "operator_enabled": False}
+        if failed.paused:
             logger.warning(
                 "cron %s paused: its last %d ticks failed (pause_after=%d); "
                 "enable_cron / durafn cron enable resumes it",
-                cron["name"],
-                failed,
-                limit,
+                cron.name,
+                failed.count,
+                failed.limit,
             )
-        await self._rt.driver.set_cron(conn, cron["name"], values)
-        return failed >= limit
+        await self._rt.driver.set_cron(conn, cron.name, **failed.values(cron))
+        return failed.paused
 
     async def loop(self, stopping: anyio.Event) -> None:
         """Lead when possible, write ticks, sleep until the next one; until stopped. With
@@ -433,7 +308,3 @@ class CronLoop:
             if next_run is not None:
                 wake = min(wake, next_run)
             await first_of(stopping.wait, functools.partial(rt.clock.sleep_until, wake))
-
-
-def _stamp(t: datetime | None) -> float | None:
-    return t.timestamp() if t is not None else None

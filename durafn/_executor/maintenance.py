@@ -5,7 +5,8 @@ Today that is retention: finished rows older than their period (the executor's
 deleted in bounded batches (``ix_scheduled_functions_completed``), so no pass holds locks
 for long; so are the audit trail's entries older than the longest of the executor's
 periods (``ix_durafn_audit_at``). Every worker runs it; the batches make concurrent
-passes harmless. Recurring (cron) ticks belong here too, as another pass of the same loop.
+passes harmless. Recurring (cron) ticks have a loop of their own, which one leader runs
+(``crons.py``).
 """
 
 from __future__ import annotations

@@ -14,7 +14,16 @@ from .claim.columns import StartTime
 from .claim.flow import FlowCursor
 from .claim.hints import FastPathHint, LevelFloor
 from .claim.take import SERVE_ALL, ClaimFilter
-from .crons import CRON_LEASE, DECLARED, CronMove, CronRow, tick_id
+from .crons import (
+    CRON_LEASE,
+    DECLARED,
+    CronChange,
+    CronMove,
+    CronRow,
+    NewCron,
+    StoredCron,
+    tick_id,
+)
 from .driver import Driver
 from .filters import RowFilter
 from .interface import Dialect, Store
@@ -38,6 +47,7 @@ __all__ = [
     "AfterCommit",
     "BatchClaim",
     "BatchSpec",
+    "CronChange",
     "CronMove",
     "CronRow",
     "SCHEMA_VERSION",
@@ -50,12 +60,14 @@ __all__ = [
     "FlowCursor",
     "LevelFloor",
     "LostAction",
+    "NewCron",
     "NewRow",
     "NewRowColumns",
     "Outcome",
     "RowFilter",
     "StartTime",
     "Store",
+    "StoredCron",
     "take_notes",
     "tick_id",
     "decode_cursor",

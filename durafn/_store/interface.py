@@ -22,6 +22,7 @@ from typing import Any, ClassVar, Protocol
 from sqlalchemy.engine import URL, Connection
 from sqlalchemy.ext.asyncio import AsyncConnection as Conn
 from sqlalchemy.ext.asyncio import AsyncEngine
+from typing_extensions import Unpack
 
 from .._errors import DatabaseError
 from .._kinds import FunctionKind, ScheduledFunctionId, State
@@ -30,7 +31,7 @@ from .claim.batched import BatchClaim, BatchSpec
 from .claim.columns import StartTime
 from .claim.hints import FastPathHint, LevelFloor
 from .claim.take import ClaimFilter
-from .crons import CronMove, CronRow
+from .crons import CronChange, CronMove, NewCron, StoredCron
 from .filters import RowFilter
 from .read.explain import Facts, KeyCounts
 from .rows import Claimed, LostAction, NewRow, NewRowColumns, Outcome, RetryState
@@ -287,23 +288,16 @@ class Store(Protocol):
         limit: int | None = ...,
     ) -> builtins.list[QueueInfo]: ...  # (primary key; ix_scheduled_functions_queue, _running)
 
-    # -- crons (crons.py) -----------------------------------------------------------------
-    async def stored_crons(self, conn: Conn) -> builtins.list[dict[str, Any]]: ...
+    # -- crons (crons.py; the rules they follow: _cron_rules.py) -------------------------
+    async def stored_crons(self, conn: Conn) -> builtins.list[StoredCron]: ...  # by name
     async def stored_cron(
         self, conn: Conn, name: str, *, lock: bool = ...
-    ) -> dict[str, Any] | None: ...  # (primary key)
-    async def add_cron(
-        self, conn: Conn, row: CronRow, now: float, next_run: float | None
-    ) -> None: ...
-    async def add_crons(
-        self, conn: Conn, rows: Sequence[tuple[CronRow, float | None]], now: float
-    ) -> None: ...  # a name already there left as it is
-    async def set_cron(self, conn: Conn, name: str, values: dict[str, Any]) -> None: ...
+    ) -> StoredCron | None: ...  # (primary key)
+    async def add_crons(self, conn: Conn, added: Sequence[NewCron], *, now: float) -> None: ...
+    async def set_cron(self, conn: Conn, name: str, **values: Unpack[CronChange]) -> None: ...
     async def remove_crons(self, conn: Conn, names: Sequence[str]) -> int: ...
     # Enabled crons due by ``now``, earliest first (ix_durafn_crons_next).
-    async def due_crons(
-        self, conn: Conn, now: float, limit: int
-    ) -> builtins.list[dict[str, Any]]: ...
+    async def due_crons(self, conn: Conn, now: float, limit: int) -> builtins.list[StoredCron]: ...
     async def next_cron(self, conn: Conn) -> float | None: ...  # (ix_durafn_crons_next)
     # Each cron on from the next run it was read with, if still that (primary key).
     async def advance_crons(self, conn: Conn, moves: Sequence[CronMove]) -> int: ...
@@ -311,7 +305,7 @@ class Store(Protocol):
     async def row_states(self, conn: Conn, ids: Sequence[str]) -> dict[str, State]: ...  # (pk)
     async def pending_in_queue(self, conn: Conn, queue: str) -> int: ...  # (_claim_queued)
     async def take_lease(
-        self, conn: Conn, name: str, holder: str, now: float, until: float
+        self, conn: Conn, name: str, *, holder: str, now: float, until: float
     ) -> bool: ...  # the cron leader's lease (primary key)
 
     # -- workers (workers.py) -------------------------------------------------------------

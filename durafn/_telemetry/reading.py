@@ -57,7 +57,7 @@ async def read_gauges(rt: _Runtime) -> Reading:
             # Never negative: a host whose clock is behind the tick's (skew, a fake clock)
             # reads 0, not a tick from the future.
             crons=[
-                (c["name"], None if c["last_run_at"] is None else max(0.0, now - c["last_run_at"]))
+                (c.name, None if c.last_run_at is None else max(0.0, now - c.last_run_at))
                 for c in crons
             ],
         )

@@ -90,7 +90,7 @@ def fire_times(c: CronInfo, count: int, now: datetime | None = None) -> list[str
     (OJS's dst_skip), or one the autumn fold repeats (which of the two it is). A next run
     already past (no worker has ticked since) is marked missed, and the times after it
     are those to come."""
-    from .._crons import schedule_of
+    from .._cron_rules import schedule_of
 
     if c.next_run_at is None:
         return []

@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from .._crons import schedule_of
+from .._cron_rules import schedule_of
 from .._types import CronInfo
 from .surface import Done, Pages, Refused
 

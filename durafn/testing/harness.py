@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 from typing import Any, ParamSpec, TypeVar
 
 from .._app import App
-from .._crons import schedule_of
+from .._cron_rules import schedule_of
 from .._executor import Executor
 from .._kinds import State
 from .._registry import ActionRef, FunctionRef, MutationRef, QueryRef

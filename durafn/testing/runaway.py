@@ -47,7 +47,7 @@ async def _cron_names(rt: Runtime) -> set[str]:
     """The app's crons, declared or registered at run time."""
 
     async def _read(conn: AsyncConnection) -> list[str]:
-        return [str(c["name"]) for c in await rt.driver.stored_crons(conn)]
+        return [c.name for c in await rt.driver.stored_crons(conn)]
 
     stored = await rt.transaction(_read, read_only=True, doing="listing crons")
     return set(rt.crons) | set(stored)

@@ -166,7 +166,7 @@ _SETTLE_SQL = text(
     """
 )
 
-# _crons._ADVANCE for many crons as one statement that says how many moved (asyncpg's
+# ../crons.py's _ADVANCE for many crons as one statement that says how many moved (asyncpg's
 # executemany reports no row count).
 _ADVANCE_SQL = text(
     """
@@ -318,14 +318,14 @@ class PostgresBatches(Driver):
         result = await conn.execute(
             _ADVANCE_SQL,
             {
-                "names": [m.b_name for m in moves],
-                "expected": [m.b_expected for m in moves],
-                "next": [m.b_next for m in moves],
-                "last_run": [m.b_last_run for m in moves],
-                "row_ids": [m.b_row for m in moves],
-                "runs": [m.b_runs for m in moves],
-                "skip_at": [m.b_skip_at for m in moves],
-                "skip_reason": [m.b_skip_reason for m in moves],
+                "names": [m.name for m in moves],
+                "expected": [m.expected for m in moves],
+                "next": [m.next_run_at for m in moves],
+                "last_run": [m.last_run_at for m in moves],
+                "row_ids": [m.last_row_id for m in moves],
+                "runs": [m.runs for m in moves],
+                "skip_at": [m.last_skip_at for m in moves],
+                "skip_reason": [m.last_skip_reason for m in moves],
             },
         )
         assert isinstance(result, CursorResult)

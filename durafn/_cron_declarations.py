@@ -4,7 +4,9 @@ A cron runs a registered function (a mutation or an action, with the options its
 reference carries) on a schedule in a time zone. Declarations are checked at once (the
 name, the schedule, the arguments against the function's signature) and kept as data
 (``CronRow``): an executor reconciles them with the registry table when it starts, and
-the cron loop writes each tick as an ordinary row (``_executor/crons.py``).
+the cron loop writes each tick as an ordinary row (``_executor/crons.py``). The rules
+both sides follow (a stored schedule read, a first run, what a tick writes) are
+``_cron_rules.py``'s.
 
 The schedules: a cron expression (``durafn.cron``'s grammar) or one of its helpers
 (``every(minutes=5)``, ``daily(hour=9)``, ...).
@@ -13,13 +15,10 @@ The schedules: a cron expression (``durafn.cron``'s grammar) or one of its helpe
 from __future__ import annotations
 
 import dataclasses
-import functools
 import itertools
 import json
-import random
 import re
-import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal, TypedDict, get_args
@@ -28,14 +27,15 @@ from typing_extensions import Unpack
 
 from ._checks import aware_time, integer, optional
 from ._clock import to_datetime
+from ._cron_rules import MAX_FILL, CronLimits, schedule_of, tick_parameter
 from ._errors import CronSyntaxError, DurafnError, RegistrationError
 from ._options import RowOptions
 from ._registry import Call, SchedulableRef
 from ._retries import GRAPHILE, Retry
 from ._runtime import Runtime
-from ._store import CronRow, NewRow, new_id, new_row, tick_id
+from ._store import CronRow
 from ._types import CronTick
-from .cron import Schedule, parse, parse_cron_item, parse_crontab
+from .cron import Schedule, parse_crontab
 
 Overlap = Literal["skip", "allow", "cancel_previous", "enqueue"]
 """What a tick does while the cron's previous run is still Pending or InProgress (OJS):
@@ -78,38 +78,9 @@ MAX_JITTER = 86_400.0
 """Seconds a tick's row may be spread over (``jitter``): a day."""
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class CronLimits:
-    """A cron's extras (Temporal's, Convex's, Oban Web's), stored as JSON on its row.
-
-    ``jitter``: each tick's row is due at a random offset of 0 to ``jitter`` seconds
-    after its tick (its id is still the tick's: written once); ``max_runs``: the cron
-    stops after that many runs; ``until``: it stops after that time (epoch seconds);
-    ``pause_after``: it is disabled after that many consecutive ticks whose rows ended
-    Failed (``enable_cron`` resumes it)."""
-
-    jitter: float | None = None
-    max_runs: int | None = None
-    until: float | None = None
-    pause_after: int | None = None
-
-    def stored(self) -> str | None:
-        values = {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
-        return json.dumps(values, separators=(",", ":"), sort_keys=True) if values else None
-
-    @classmethod
-    def of(cls, stored: str | None) -> CronLimits:
-        return cls(**json.loads(stored)) if stored else _NO_LIMITS
-
-    def runs_left(self, run_count: int) -> int | None:
-        return None if self.max_runs is None else max(0, self.max_runs - run_count)
-
-
-_NO_LIMITS = CronLimits()
-
-
 def _limits(
     name: str,
+    *,
     jitter: float | None,
     max_runs: int | None,
     until: datetime | None,
@@ -130,7 +101,12 @@ def _limits(
         integer, f"cron {name!r}: pause_after", pause_after, high=10_000, error=RegistrationError
     )
     stop = optional(aware_time, f"cron {name!r}: until", until, error=RegistrationError)
-    return CronLimits(float(jitter) if jitter is not None else None, max_runs, stop, pause_after)
+    return CronLimits(
+        jitter=float(jitter) if jitter is not None else None,
+        max_runs=max_runs,
+        until=stop,
+        pause_after=pause_after,
+    )
 
 
 OVERLAPS: tuple[str, ...] = get_args(Overlap)
@@ -220,87 +196,7 @@ class CronDeclarations:
         return [row.name for row in rows]
 
 
-def changes(row: CronRow, stored: dict[str, Any], now: float) -> dict[str, Any] | None:
-    """What a declaration (or a registration) changes in its stored cron, or None. An
-    ``enabled`` that changed is a new decision, and clears the operator's switch
-    (``_cron_registry``); the next run is recomputed when the schedule, the zone or the
-    cron's being enabled changed."""
-    if not row.differs(stored):
-        return None
-    switched = None if row.enabled != stored["enabled"] else stored["operator_enabled"]
-    values = dataclasses.asdict(row) | {"operator_enabled": switched, "updated_at": now}
-    enabled = row.enabled if switched is None else switched
-    was_enabled = stored["next_run_at"] is not None
-    if row.timing_differs(stored) or enabled != was_enabled:
-        values["next_run_at"] = first_run(dataclasses.replace(row, enabled=enabled), now)
-    return values
-
-
-def tick_rows(
-    rt: Runtime,
-    cron: dict[str, Any],
-    ticks: Sequence[float],
-    latest: float,
-    *,
-    triggered: bool = False,
-) -> list[NewRow]:
-    """The rows of a stored cron's ``ticks`` (``latest``: the one not backfilled), as the
-    cron loop writes them and ``trigger_cron`` too: the cron's arguments, a ``CronTick``
-    for a function that takes one, and its options. A tick's id is made from the cron and
-    the tick (``tick_id``: a second writer of it writes nothing); a triggered run's is new.
-    """
-    options = RowOptions(**json.loads(cron["options"]))
-    jitter = CronLimits.of(cron.get("limits")).jitter
-    ref = rt.registry.find(cron["function"])
-    param = tick_parameter(ref) if isinstance(ref, SchedulableRef) else None
-    rows = []
-    for tick in ticks:
-        args = cron["args"]
-        if param is not None:  # a function that takes a CronTick is given one
-            given = CronTick(ts=to_datetime(tick), backfilled=tick != latest, triggered=triggered)
-            args = json.dumps(json.loads(args) | {param: given.model_dump(mode="json")})
-        id = new_id(tick) if triggered else tick_id(cron["name"], tick)
-        function, kind = cron["function"], cron["kind"]
-        # Its run is a root span, named for its cron (``_telemetry``); nothing stored
-        # where OpenTelemetry is not installed.
-        marker = json.dumps({"cron": cron["name"]}) if rt.telemetry.tracing else None
-        row = new_row(
-            id=id,
-            name=function,
-            kind=kind,
-            args=args,
-            due=tick,
-            parent_id=None,
-            options=options,
-            flow_key=options.flow_key,
-            trace_context=marker,
-        )
-        if jitter:  # due a little later; the tick (and so the id) stays the tick's
-            row["available_at"] = tick + random.Random(id).uniform(0, jitter)
-        rows.append(row)
-    return rows
-
-
-def first_run(row: CronRow, now: float) -> float | None:
-    """A cron's first run after ``now`` (None while disabled)."""
-    if not row.enabled:
-        return None
-    following = schedule_of(row.schedule, row.timezone, row.source).next_after(to_datetime(now))
-    return following.timestamp() if following is not None else None
-
-
-def schedule_of(expression: str, timezone: str, source: str) -> Schedule:
-    """A registered cron's schedule: a crontab line's five fields keep Graphile's day rule
-    (``cron.parse_cron_item``), the others are read as ``cron.parse`` reads them."""
-    if source == "crontab":
-        return parse_cron_item(f"{expression} x").schedule
-    return parse(expression, timezone)
-
-
 MAX_BACKFILL = 366 * 86400
-MAX_FILL = 100_000
-"""The most ticks a backfill writes at once (one transaction): a backfill window may span
-at most this many of its schedule's ticks (a second-by-second cron, 27 hours)."""
 _SAMPLE = 500
 _SAMPLE_FROM = datetime(2001, 1, 1, tzinfo=UTC)
 
@@ -319,20 +215,6 @@ def _check_fill(name: str, schedule: Schedule, seconds: float) -> None:
             f"{MAX_FILL:,} one catch-up writes; make it at most "
             f"{timedelta(seconds=MAX_FILL * shortest)}"
         )
-
-
-_TICK_TYPES = (CronTick, CronTick | None)
-
-
-@functools.lru_cache(maxsize=256)
-def tick_parameter(ref: SchedulableRef[Any, Any]) -> str | None:
-    """The parameter of ``ref``'s function typed ``CronTick`` (or ``CronTick | None``, so
-    that mypy lets a cron's call leave it out), if any: the cron gives it."""
-    hints = typing.get_type_hints(ref.fn)
-    found = [name for name in ref.parameters if hints.get(name) in _TICK_TYPES]
-    if len(found) > 1:
-        raise RegistrationError(f"{ref.name!r} has more than one CronTick parameter")
-    return found[0] if found else None
 
 
 def declare(
@@ -386,9 +268,36 @@ def declare(
     stored_catch_up = catch_up if backfill is None else f"fill:{int(seconds)}"
     if not isinstance(enabled, bool):
         raise RegistrationError(f"enabled must be True or False, not {enabled!r}")
-    limits = _limits(name, jitter, max_runs, until, pause_after)
+    limits = _limits(name, jitter=jitter, max_runs=max_runs, until=until, pause_after=pause_after)
     if description is not None and not isinstance(description, str):
         raise RegistrationError(f"description must be a string, not {description!r}")
+    ref, args, values = _checked_call(name, call)
+    options = _tick_options(rt, name, ref, values, overlap=overlap)
+    row = CronRow(
+        name=name,
+        schedule=schedule,
+        timezone=timezone,
+        function=ref.name,
+        kind=ref.kind.value,
+        args=args,
+        options=json.dumps(dataclasses.asdict(options)),
+        overlap=overlap,
+        catch_up=stored_catch_up,
+        enabled=enabled,
+        description=description,
+        source=source,
+        limits=limits.stored(),
+    )
+    if source != "api" and keep:
+        rt.crons[name] = row
+    return row
+
+
+def _checked_call(
+    name: str, call: Call | SchedulableRef[[], Any]
+) -> tuple[SchedulableRef[Any, Any], str, dict[str, Any]]:
+    """The cron's function, and its arguments checked against its signature: as stored
+    (JSON) and as values, without the ``CronTick`` parameter that each tick gives."""
     if isinstance(call, SchedulableRef):
         call = call.call()
     if not isinstance(call, Call) or call.delay is not None or call.when is not None:
@@ -408,8 +317,22 @@ def declare(
         del stored[tick]
         args = json.dumps(stored, separators=(",", ":"))
         values = {name: value for name, value in values.items() if name != tick}
+    return ref, args, values
+
+
+def _tick_options(
+    rt: Runtime,
+    name: str,
+    ref: SchedulableRef[Any, Any],
+    values: dict[str, Any],
+    *,
+    overlap: Overlap,
+) -> RowOptions:
+    """The options of the cron's tick rows, resolved once: its function's, with their
+    flow key computed (the arguments are fixed) and, for ``overlap="enqueue"``, the
+    cron's serial queue."""
     options = rt.row_options(ref.job_options)
-    if options.flow is not None:  # the ticks' flow key, computed once: the arguments are fixed
+    if options.flow is not None:
         if options.flow.coalesce is not None:
             raise RegistrationError(
                 f"cron {name!r}: {ref.name!r} is debounced or throttled, but a cron writes one "
@@ -424,21 +347,4 @@ def declare(
                 f"(cron:{name}); its function already has queue {options.queue!r}"
             )
         options = dataclasses.replace(options, queue=f"cron:{name}")
-    row = CronRow(
-        name=name,
-        schedule=schedule,
-        timezone=timezone,
-        function=ref.name,
-        kind=ref.kind.value,
-        args=args,
-        options=json.dumps(dataclasses.asdict(options)),
-        overlap=overlap,
-        catch_up=stored_catch_up,
-        enabled=enabled,
-        description=description,
-        source=source,
-        limits=limits.stored(),
-    )
-    if source != "api" and keep:
-        rt.crons[name] = row
-    return row
+    return options
