@@ -341,7 +341,7 @@ class Meter:
     def __init__(self, database: str, worker_pid: int | None = None) -> None:
         self.database = database
         self.worker_pid = worker_pid
-        self._admin: asyncpg.Connection | None = None
+        self._operator: asyncpg.Connection | None = None
         self._backends = Backends(database)
         self._marks: dict[str, Any] = {}
 
@@ -353,7 +353,7 @@ class Meter:
     @classmethod
     async def start(cls, database: str, worker_pid: int | None = None) -> Meter:
         meter = cls(database, worker_pid)
-        admin = meter._admin = await asyncpg.connect(PG_ADMIN)
+        admin = meter._operator = await asyncpg.connect(PG_ADMIN)
         try:
             version = int(await admin.fetchval("SHOW server_version_num"))
             meter._marks["waldump"] = waldump_binary(version)
@@ -382,17 +382,17 @@ class Meter:
 
     async def stop(self) -> None:
         """The end of the window: the worker's CPU, the backends' last readings, the LSN."""
-        assert self._admin is not None
+        assert self._operator is not None
         worker = self._worker_cpu()
         await anyio.to_thread.run_sync(self._backends.stop)
         self._marks["worker_spent"] = worker - self._marks["worker"]
-        self._marks["end_lsn"] = await self._admin.fetchval(
+        self._marks["end_lsn"] = await self._operator.fetchval(
             "SELECT pg_current_wal_insert_lsn()::text"
         )
 
     async def figures(self, jobs: int) -> dict[str, Any]:
         """Per-job figures of the window (after the run's clients have closed)."""
-        admin, marks = self._admin, self._marks
+        admin, marks = self._operator, self._marks
         assert admin is not None and "end_lsn" in marks
         after = await settled_counters(admin, self.database)
         before = marks["counters"]
@@ -483,6 +483,6 @@ class Meter:
     async def close(self) -> None:
         if self._backends._thread.is_alive():
             await anyio.to_thread.run_sync(self._backends.stop)
-        if self._admin is not None:
-            await self._admin.close()  # its temporary slot goes with it
-            self._admin = None
+        if self._operator is not None:
+            await self._operator.close()  # its temporary slot goes with it
+            self._operator = None

@@ -47,6 +47,21 @@ if _typing.TYPE_CHECKING:  # (mypy knows the condition by this spelling, not an 
     from ._groups import GroupCompletion
     from ._hooks import HookEvent
     from ._kinds import FunctionKind, ScheduledFunctionId, State
+    from ._models import (
+        AuditEntry,
+        CancelResult,
+        Completion,
+        CronInfo,
+        CronTick,
+        ErrorInfo,
+        FailedAttempt,
+        LostWorker,
+        Page,
+        QueueInfo,
+        ScheduledFunction,
+        Stats,
+        WorkerInfo,
+    )
     from ._options import JobOptions, Queue
     from ._registry import ActionRef, Call, FunctionRef, MutationRef, QueryRef, SchedulableRef
     from ._retention import Retention
@@ -62,21 +77,6 @@ if _typing.TYPE_CHECKING:  # (mypy knows the condition by this spelling, not an 
     from ._scheduler import Scheduler
     from ._store import SCHEMA_VERSION, metadata, scheduled_functions
     from ._telemetry.logs import json_log_formatter
-    from ._types import (
-        AuditEntry,
-        CancelResult,
-        Completion,
-        CronInfo,
-        CronTick,
-        ErrorInfo,
-        FailedAttempt,
-        LostWorker,
-        Page,
-        QueueInfo,
-        ScheduledFunction,
-        Stats,
-        WorkerInfo,
-    )
     from ._watch import Watch
 
 __version__ = "0.1.0"

@@ -12,7 +12,6 @@ from typing import ParamSpec, TypeVar
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from typing_extensions import Unpack
 
-from ._admin import Operations
 from ._checks import flag, integer, optional, positive_seconds, text
 from ._clock import Clock, SystemClock
 from ._console import Console
@@ -23,6 +22,8 @@ from ._errors import ArgumentError, DatabaseError
 from ._executor import Executor, ExecutorOptions, make_config
 from ._invoke import Invoker, Timeouts
 from ._kinds import FunctionKind, ScheduledFunctionId, State
+from ._models import CancelResult, Page, ScheduledFunction
+from ._operator import Operator
 from ._options import Queue, check_name
 from ._public import publish
 from ._registration import Registration
@@ -31,7 +32,6 @@ from ._retries import Retry, check_retry
 from ._runtime import Backoff, Health, Limits, Runtime
 from ._scheduler import Scheduler
 from ._store import driver_for_url
-from ._types import CancelResult, Page, ScheduledFunction
 from ._writers import DirectWriter, JoinedWriter
 
 P = ParamSpec("P")
@@ -66,7 +66,7 @@ def _database_url(url: str | None) -> str:
     return _blank(from_env, "DURAFN_DATABASE_URL is set, but it")
 
 
-class App(Registration, Operations, Console, CronDeclarations, CronRegistry):
+class App(Registration, Operator, Console, CronDeclarations, CronRegistry):
     """A durafn application: register functions on it, run them, schedule them.
 
     ``App()`` uses a SQLite file (``DURAFN_DATABASE_URL`` or ``./durafn.sqlite3``);

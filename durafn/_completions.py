@@ -58,7 +58,7 @@ def _unfit(ref: CompletionCallback) -> str | None:
             f"{ref.name!r} takes {len(ref.parameters)} parameters besides ctx; a completion "
             "callback takes one, the Completion (async def done(ctx, c: durafn.Completion))"
         )
-    from ._types import Completion  # pydantic's: loaded once a callback is checked
+    from ._models import Completion  # pydantic's: loaded once a callback is checked
 
     sample = Completion(
         id=ScheduledFunctionId("00000000-0000-7000-8000-000000000000"),

@@ -14,8 +14,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from ._checks import integer, optional, text
 from ._clock import to_datetime
 from ._errors import ArgumentError
+from ._models import AuditEntry
 from ._runtime import Runtime
-from ._types import AuditEntry
 
 logger = logging.getLogger("durafn.audit")
 

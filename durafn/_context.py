@@ -24,6 +24,7 @@ from ._checks import flag as boolean
 from ._clock import to_datetime
 from ._errors import ArgumentError, ReadOnlyError
 from ._kinds import ScheduledFunctionId, State
+from ._models import Page, ScheduledFunction
 from ._options import check_flag
 from ._progress import Progress, checked
 from ._public import publish
@@ -31,7 +32,6 @@ from ._registry import ActionRef, MutationRef, QueryRef
 from ._runtime import Runtime
 from ._scheduler import Scheduler
 from ._store import RowFilter
-from ._types import Page, ScheduledFunction
 from ._writers import BufferedWriter, DirectWriter
 
 P = ParamSpec("P")

@@ -29,12 +29,12 @@ from ._checks import aware_time, integer, optional
 from ._clock import to_datetime
 from ._cron_rules import MAX_FILL, CronLimits, schedule_of, tick_parameter
 from ._errors import CronSyntaxError, DurafnError, RegistrationError
+from ._models import CronTick
 from ._options import RowOptions
 from ._registry import Call, SchedulableRef
 from ._retries import GRAPHILE, Retry
 from ._runtime import Runtime
 from ._store import CronRow
-from ._types import CronTick
 from .cron import Schedule, parse_crontab
 
 Overlap = Literal["skip", "allow", "cancel_previous", "enqueue"]

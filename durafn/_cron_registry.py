@@ -28,10 +28,10 @@ from ._cron_rules import BUSY, CronLimits, changes, first_run, schedule_of, tick
 from ._errors import ArgumentError, CronSyntaxError, RegistrationError, SchedulingError
 from ._hooks import HookEvent
 from ._kinds import FunctionKind, ScheduledFunctionId, State
+from ._models import CronInfo
 from ._registry import Call, SchedulableRef
 from ._runtime import Runtime
 from ._store import CronChange, NewCron, StoredCron
-from ._types import CronInfo
 from ._writers import write
 
 logger = logging.getLogger("durafn.cron")

@@ -40,10 +40,10 @@ from ._clock import to_datetime
 from ._errors import RegistrationError
 from ._hooks import HookEvent, HookName
 from ._kinds import FunctionKind, ScheduledFunctionId, State
+from ._models import CronTick
 from ._options import RowOptions
 from ._registry import Registry, SchedulableRef
 from ._store import CronChange, CronMove, CronRow, NewRow, StoredCron, new_id, new_row, tick_id
-from ._types import CronTick
 from .cron import Schedule, parse, parse_cron_item
 
 LATE = 60.0

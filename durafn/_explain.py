@@ -17,11 +17,11 @@ from pydantic import BaseModel
 from ._clock import to_datetime
 from ._flow import Limits, allowance, next_slot
 from ._kinds import ScheduledFunctionId, State
+from ._models import FROZEN
 from ._options import read_flags
 from ._public import publish
 from ._store.read.explain import HELD_SHOWN, Facts, KeyCounts
 from ._store.rows import DEBOUNCE_KEY
-from ._types import FROZEN
 
 Reason = Literal[
     "finished",

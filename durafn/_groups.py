@@ -23,8 +23,8 @@ from sqlalchemy import func, select
 from ._checks import Error
 from ._errors import SchedulingError
 from ._kinds import FunctionKind, ScheduledFunctionId, State
+from ._models import FROZEN
 from ._public import publish
-from ._types import FROZEN
 
 GROUP_COMPLETE = "durafn:group_complete"
 """The durable name of durafn's mutation that completes a group."""

@@ -35,9 +35,9 @@ from typing import Any, Literal, Protocol, TypeVar, get_args
 from ._clock import to_datetime
 from ._errors import RegistrationError
 from ._kinds import FunctionKind, ScheduledFunctionId, State
+from ._models import ErrorInfo
 from ._public import publish
 from ._telemetry import Telemetry
-from ._types import ErrorInfo
 
 logger = logging.getLogger("durafn.hooks")
 

@@ -1,5 +1,5 @@
 """The states a row goes through, the kinds of function, and row ids: plain enums and a
-string type, with no pydantic under them (``_types`` has the models), so that what
+string type, with no pydantic under them (``_models`` has the models), so that what
 needs only these (the command line's options, the checks) loads without it."""
 
 from __future__ import annotations

@@ -38,6 +38,7 @@ from ._flow import Flow
 from ._groups import GROUP_COMPLETE, complete_group
 from ._hooks import FUNCTION_HOOKS, Hook, HookName, HookT, check_hook
 from ._kinds import FunctionKind
+from ._models import Completion
 from ._options import AfterPolicy, JobOptions, KeyMode
 from ._public import publish
 from ._retention import Retention
@@ -49,7 +50,6 @@ from ._signatures import (
     problems,
     refuse_non_finite,
 )
-from ._types import Completion
 
 P = ParamSpec("P")
 # Covariant: a reference whose function returns ``int`` is one that returns ``object``, so

@@ -24,13 +24,13 @@ from ._clock import Clock
 from ._errors import DatabaseError, DurafnError
 from ._hooks import Hooks
 from ._kinds import FunctionKind, ScheduledFunctionId, State
+from ._models import ScheduledFunction
 from ._options import JobOptions, Queue, RowOptions, resolve
 from ._registry import Registry
 from ._retries import Retry
 from ._store import AfterCommit, CronRow, NewRow, Store, new_row_model, take_notes
 from ._telemetry import Telemetry
 from ._telemetry.reading import read_gauges
-from ._types import ScheduledFunction
 
 T = TypeVar("T")
 

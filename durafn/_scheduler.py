@@ -24,11 +24,11 @@ from ._errors import (
 )
 from ._groups import GROUP_COMPLETE, GroupCompletion, check_group_callback, group_ids
 from ._kinds import ScheduledFunctionId, State
+from ._models import CancelResult
 from ._public import publish
 from ._registry import Call, MutationRef, SchedulableRef
 from ._runtime import Limits, Runtime
 from ._store import NewRow, new_id, new_row
-from ._types import CancelResult
 
 P = ParamSpec("P")
 

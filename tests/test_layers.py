@@ -12,7 +12,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent.parent / "durafn"
 
 VALUES = {
-    "durafn._types",
+    "durafn._models",
     "durafn._kinds",
     "durafn._public",
     "durafn._errors",

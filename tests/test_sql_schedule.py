@@ -82,7 +82,7 @@ async def test_a_trigger_schedules_in_the_user_s_transaction(
 
 def test_the_sql_functions_notify_the_executors_channel() -> None:
     from durafn._store.postgres import functions, schedule_function
-    from durafn._store.postgres.batches import CHANNEL
+    from durafn._store.postgres.multirow import CHANNEL
 
     assert f"pg_notify('{CHANNEL}'" in schedule_function.FUNCTION
     assert f"pg_notify('{CHANNEL}'" in functions.RELEASE_DEPENDENTS

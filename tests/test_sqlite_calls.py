@@ -25,8 +25,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from durafn._store import driver_for_url
 from durafn._store.sqlite import calls as _sqlite_calls
-from durafn._store.sqlite.batches import in_thread
 from durafn._store.sqlite.driver import READ_ONLY_OPTION, SQLiteDriver
+from durafn._store.sqlite.multirow import in_thread
 
 pytestmark = pytest.mark.anyio
 
@@ -231,7 +231,7 @@ def test_a_forked_child_does_not_inherit_a_held_turn(turn: Any, path: Path) -> N
 async def test_sqlite_errors_in_a_call_on_the_thread_are_classified_as_sqlalchemys(
     tmp_path: Path,
 ) -> None:
-    """A statement run on aiosqlite's thread (``sqlite/batches.py``'s ``in_thread``, SQLite's
+    """A statement run on aiosqlite's thread (``sqlite/multirow.py``'s ``in_thread``, SQLite's
     alone) fails as one run through SQLAlchemy: a lock held too long is a transient fault,
     retried; a closed connection is a disconnect, and the connection is dropped."""
     url = f"sqlite+aiosqlite:///{tmp_path / 'locked.sqlite3'}"

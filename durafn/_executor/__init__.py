@@ -6,8 +6,8 @@ How a row travels, and which task owns each step (every box is a module here)::
                  mutation │                                   │ action
                           ▼                                   ▼
     mutations.py ── lane tasks (mutation_lanes)   actions.py ── dispatcher task
-      one MutationBatch per turn                  action_claims.py: ActionClaims.claim
-    mutation_batch.py (one transaction)             Pending -> InProgress, COMMITTED
+      one GroupCommit per turn                  action_claims.py: ActionClaims.claim
+    group_commit.py (one transaction)             Pending -> InProgress, COMMITTED
       claim ... FOR UPDATE SKIP LOCKED              before any row starts (worker_id)
       run each mutation on that connection                    │ queue
       finish_pending: Pending -> Success/Failed               ▼
@@ -31,7 +31,7 @@ How a row travels, and which task owns each step (every box is a module here)::
 
 Where the guarantees are kept:
 
-* **Mutations, exactly once** (``mutation_batch.py``): a mutation's effects and its row's
+* **Mutations, exactly once** (``group_commit.py``): a mutation's effects and its row's
   move out of Pending are in one transaction, whose claim locks the row (SKIP LOCKED on
   PostgreSQL, the write lock on SQLite). A crash before COMMIT leaves the row Pending with
   no effects; after it, finished. Faults roll the batch back and the lane retries it
@@ -47,12 +47,12 @@ Where the guarantees are kept:
 Where to add things: how a run's end becomes the row's next state is decided in
 ``outcomes.py`` (the outcome) and ``retrying.py`` (a failure its retry policy tries
 again: Pending at a later time, in the same transaction as the failure's history), and
-written by ``retrying.settle``, called from ``MutationBatch._write`` (mutations, in the
+written by ``retrying.settle``, called from ``GroupCommit._write`` (mutations, in the
 batch's transaction) and ``Finisher.write`` (actions), through the driver's guarded
 statements; the lost-worker path is ``Membership._rescue_lost``. Which due rows may be
 claimed (priority levels, named queues, pauses, flags, a worker's pools) is
 ``_store/claim/take.py``, reached through the driver's ``claim_mutations`` and
-``claim_actions``/``claim_actions_fast``, called from ``MutationBatch.run`` and
+``claim_actions``/``claim_actions_fast``, called from ``GroupCommit.run`` and
 ``ActionClaims.claim`` with the executor's ``ClaimFilter``. Cron ticks: what a due cron
 writes (catch-up, backfill, limits, daylight saving's gaps, the rows) and how it is judged
 against its previous run (overlap, pause_after) is decided with no I/O in

@@ -20,9 +20,9 @@ from .._context import SystemTable
 from .._errors import DatabaseError, DurafnError, NotFoundError
 from .._invoke import Invoker
 from .._kinds import FunctionKind, ScheduledFunctionId
+from .._models import ScheduledFunction
 from .._public import publish
 from .._runtime import Inline, Runtime
-from .._types import ScheduledFunction
 from .action_claims import ActionClaims
 from .actions import ActionPool
 from .batched import Unit

@@ -1,4 +1,4 @@
-"""Running mutations: the lanes, each a loop of ``MutationBatch``es, and what a lane does
+"""Running mutations: the lanes, each a loop of ``GroupCommit``es, and what a lane does
 when a batch fails.
 
 A lane claims what fits in ``batch_time`` at the recent pace, runs the batch, and goes
@@ -26,7 +26,7 @@ from .._kinds import FunctionKind, ScheduledFunctionId
 from .._runtime import Runtime, one_line
 from .._store import Claimed, FastPathHint, LevelFloor
 from .config import ExecutorConfig
-from .mutation_batch import BatchRestart, BatchTimeout, Mode, MutationBatch
+from .group_commit import BatchRestart, BatchTimeout, GroupCommit, Mode
 from .outcomes import Tally, failed
 from .retrying import settle
 from .tasks import Pace, first_of, shielded
@@ -141,7 +141,7 @@ class MutationLanes:
         while True:
             mode = self._mode
             size = 1 if mode is Mode.ALONE else self.claim_size(timed)
-            batch = MutationBatch(
+            batch = GroupCommit(
                 rt,
                 self._invoker,
                 mode,

@@ -7,7 +7,7 @@ from sqlalchemy import CursorResult, delete, insert, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from .._clock import to_datetime
-from .._types import AuditEntry
+from .._models import AuditEntry
 from .schema.tables import audit
 
 

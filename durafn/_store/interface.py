@@ -26,7 +26,7 @@ from typing_extensions import Unpack
 
 from .._errors import DatabaseError
 from .._kinds import FunctionKind, ScheduledFunctionId, State
-from .._types import AuditEntry, LostWorker, Page, QueueInfo, ScheduledFunction, WorkerInfo
+from .._models import AuditEntry, LostWorker, Page, QueueInfo, ScheduledFunction, WorkerInfo
 from .claim.batched import BatchClaim, BatchSpec
 from .claim.columns import StartTime
 from .claim.hints import FastPathHint, LevelFloor
@@ -170,7 +170,7 @@ class Store(Protocol):
         self, conn: Conn, kind: FunctionKind, after: float | None = ...
     ) -> float | None: ...  # the next Pending row's time (ix_scheduled_functions_claim)
 
-    # -- finish (write/finish.py, write/failures.py, postgres|sqlite/batches.py) ---------
+    # -- finish (write/finish.py, write/failures.py, postgres|sqlite/multirow.py) ---------
     async def finish_pending(
         self,
         conn: Conn,
@@ -408,5 +408,5 @@ class Dialect(Protocol):
     def install_schedule_function(self, conn: Connection) -> None: ...  # durafn.schedule
 
     # and, for speed, any statement of ``Store``: the multi-row finishes, retries and
-    # failures (``postgres/batches.py``, ``sqlite/batches.py``), a cancel's NOTIFY
+    # failures (``postgres/multirow.py``, ``sqlite/multirow.py``), a cancel's NOTIFY
     # (``announce_cancels``), ``lock_for_share``, ``advance_crons``

@@ -13,7 +13,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.selectable import ScalarSelect
 
 from .._kinds import State
-from .._types import QueueInfo
+from .._models import QueueInfo
 from .read.listing import at_most
 from .schema.tables import KEYED, QUEUED, RUNNING_ROWS, queues, sf
 

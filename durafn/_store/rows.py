@@ -24,8 +24,8 @@ from .._clock import to_datetime
 from .._errors import ArgumentError
 from .._flow import Debounce, Throttle
 from .._kinds import FunctionKind, ScheduledFunctionId, State
+from .._models import ErrorInfo, FailedAttempt, ScheduledFunction
 from .._options import RowOptions, read_flags
-from .._types import ErrorInfo, FailedAttempt, ScheduledFunction
 
 
 class NewRowColumns(TypedDict):

@@ -22,7 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from .._clock import to_datetime
 from .._kinds import ScheduledFunctionId, State
-from .._types import LostWorker
+from .._models import LostWorker
 from .claim.take import SERVE_ALL, ClaimFilter
 from .rows import LostAction, RetryState
 from .schema.tables import lost_workers, sf, workers

@@ -36,7 +36,7 @@ COMMANDS = {
     "metrics": "metrics:metrics",
     "ls": "rows:list_rows",
     "show": "rows:show",
-    "explain": "flow:explain",
+    "explain": "explain:explain",
     "cancel": "changes:cancel",
     "reschedule": "changes:reschedule",
     "retry": "changes:retry",

@@ -23,7 +23,7 @@ from .running import Audited, fail, run_with_app
 
 if TYPE_CHECKING:
     from .._app import App
-    from .._types import CancelResult
+    from .._models import CancelResult
 
 
 @click.command()

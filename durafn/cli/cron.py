@@ -16,7 +16,7 @@ from .output import Output
 from .running import Audited, fail, run_with_app
 
 if TYPE_CHECKING:
-    from .._types import CronInfo
+    from .._models import CronInfo
 
 
 @click.group()

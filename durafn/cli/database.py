@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import click
 from rich.table import Column
 
-from .flow import busiest_keys, print_flow_keys
+from .explain import busiest_keys, print_flow_keys
 from .options import app_options, output_options
 from .output import Output, duration, iso, plural, state_text
 from .queues import print_queues
@@ -17,7 +17,7 @@ from .running import run_with_app
 if TYPE_CHECKING:
     from .._app import App
     from .._explain import FlowKeyInfo
-    from .._types import QueueInfo, Stats, WorkerInfo
+    from .._models import QueueInfo, Stats, WorkerInfo
 
 
 @click.command()

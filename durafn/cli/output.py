@@ -18,7 +18,7 @@ from rich.text import Text
 from .._kinds import State
 
 if TYPE_CHECKING:
-    from .._types import ErrorInfo, FailedAttempt
+    from .._models import ErrorInfo, FailedAttempt
 
 PIPE_WIDTH = 1000
 """Console width when stdout is not a terminal: there is no screen to fit, and an id folded
@@ -169,7 +169,7 @@ def _field_text(name: str, value: Any) -> Any:
         return json.dumps(value, indent=2, ensure_ascii=False, default=str)
     if isinstance(value, datetime):
         return iso(value)
-    from .._types import ErrorInfo  # pydantic's: when there is an error to show
+    from .._models import ErrorInfo  # pydantic's: when there is an error to show
 
     if isinstance(value, ErrorInfo):
         traceback = f"\n\n{value.traceback.rstrip()}" if value.traceback else ""

@@ -13,7 +13,7 @@ from .output import Output, plural
 from .running import Audited, run_with_app
 
 if TYPE_CHECKING:
-    from .._types import QueueInfo
+    from .._models import QueueInfo
 
 
 @click.group()

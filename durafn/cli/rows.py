@@ -42,7 +42,7 @@ from .running import Audited, fail, run_with_app
 
 if TYPE_CHECKING:
     from .._app import App
-    from .._types import ScheduledFunction
+    from .._models import ScheduledFunction
 
 
 @click.command("ls")

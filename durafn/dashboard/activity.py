@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .._kinds import State
-from .._types import ScheduledFunction
+from .._models import ScheduledFunction
 
 WINDOW = 3600.0
 SAMPLE = 1000

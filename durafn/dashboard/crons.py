@@ -12,7 +12,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from .._cron_rules import schedule_of
-from .._types import CronInfo
+from .._models import CronInfo
 from .surface import Done, Pages, Refused
 
 NEXT_FIRES = 5

@@ -18,7 +18,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from .._kinds import FINISHED_STATES, State
-from .._types import Stats
+from .._models import Stats
 from .surface import COUNT_BOUND, Pages
 
 POLL = 0.5

@@ -17,7 +17,7 @@ from starlette.responses import Response
 from .._clock import Clock
 from .._explain import Explanation, FlowKeyInfo
 from .._kinds import ScheduledFunctionId, State
-from .._types import (
+from .._models import (
     AuditEntry,
     CancelResult,
     CronInfo,

@@ -12,8 +12,8 @@ from .._app import App
 from .._cron_rules import schedule_of
 from .._executor import Executor
 from .._kinds import State
+from .._models import ScheduledFunction
 from .._registry import ActionRef, FunctionRef, MutationRef, QueryRef
-from .._types import ScheduledFunction
 from .clock import FakeClock
 from .running import advance, all_rows, finish_all
 

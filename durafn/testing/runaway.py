@@ -9,9 +9,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from .._clock import to_datetime
 from .._context import SystemTable
 from .._kinds import State
+from .._models import ScheduledFunction
 from .._runtime import Runtime
 from .._store import tick_id
-from .._types import ScheduledFunction
 
 NAMED = 3
 """Functions named at most (the earliest due first)."""

@@ -8,7 +8,7 @@ from datetime import timedelta
 from .._app import App
 from .._executor import Executor, RunawayError
 from .._kinds import State
-from .._types import ScheduledFunction
+from .._models import ScheduledFunction
 from .clock import FakeClock
 from .runaway import runaway_message
 

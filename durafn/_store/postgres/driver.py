@@ -2,7 +2,7 @@
 
 Claims use ``FOR UPDATE SKIP LOCKED`` (in the shared statements), cross-process wake-ups
 and cancels use LISTEN/NOTIFY, and the statements that write many rows at once are one
-statement each, with an exact row count (``postgres/batches.py``).
+statement each, with an exact row count (``postgres/multirow.py``).
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from ..engine import pool_arguments
 from ..rows import NEW_ROW_COLUMNS, NewRowColumns
 from ..schema.tables import sf
 from . import sql as _sql  # noqa: F401  (its SQL for the elements of ../sql.py)
-from .batches import CHANNEL, PostgresBatches
 from .functions import install_release_functions, install_release_trigger
+from .multirow import CHANNEL, PostgresMultiRow
 from .schedule_function import install_schedule_function
 
 logger = logging.getLogger("durafn.store")
@@ -157,7 +157,7 @@ def _sqlstate(exc: BaseException) -> str | None:
     return None
 
 
-class PostgresDriver(PostgresBatches, Driver):
+class PostgresDriver(PostgresMultiRow, Driver):
     dialect_insert = staticmethod(postgresql_insert)
     lateral_claims: ClassVar[bool] = True
     name: ClassVar[str] = "PostgreSQL"

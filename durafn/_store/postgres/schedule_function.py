@@ -30,7 +30,7 @@ from sqlalchemy.engine import Connection
 from ..._options import MAX_FLAG, MAX_FLAGS, MAX_NAME, PRIORITY_RANGE
 
 CHANNEL = "durafn_wakeup"
-"""The executors' NOTIFY channel (``postgres/batches.py``'s; a test keeps them one)."""
+"""The executors' NOTIFY channel (``postgres/multirow.py``'s; a test keeps them one)."""
 
 _LOW, _HIGH = PRIORITY_RANGE
 

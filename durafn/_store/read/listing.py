@@ -13,7 +13,7 @@ from sqlalchemy.sql.selectable import FromClause, ScalarSelect, Select
 
 from ..._clock import to_datetime
 from ..._kinds import FunctionKind, State
-from ..._types import Page, ScheduledFunction, WorkerInfo
+from ..._models import Page, ScheduledFunction, WorkerInfo
 from ..claim.take import next_due
 from ..filters import RowFilter
 from ..rows import decode_cursor, encode_cursor, is_id, to_model

@@ -16,7 +16,7 @@ the same transaction:
   dependent starts as soon as its last dependency commits, in any process.
 
 On PostgreSQL the hot finish (Success with nothing returned, a whole batch in one
-statement: ``postgres/batches.py``) releases its rows itself, and the trigger stays out of
+statement: ``postgres/multirow.py``) releases its rows itself, and the trigger stays out of
 its way: it sets ``dependents = 2`` on the rows it finished that had dependents (the
 trigger fires on 1 only) and passes their ids to ``durafn_release``, which deletes their
 edges in one statement and returns the rows waiting for them; the executor sends the
@@ -33,7 +33,7 @@ took the trigger's form 329 ms against 295 ms without; the released form, 278 ms
 (``benchmarks.workflows``, with the trigger taken out).
 
 On SQLite a mutation batch's finish does the same for the rows its claim, in the same
-write transaction, read as awaited (``sqlite/batches.py``); actions, whose claim was an
+write transaction, read as awaited (``sqlite/multirow.py``); actions, whose claim was an
 earlier transaction, keep the trigger.
 
 ``dependents``: 0, no row waits for it; 1, rows wait for it (its finish releases them);

@@ -33,8 +33,8 @@ from ..driver import Driver
 from ..engine import pool_arguments
 from ..rows import NEW_ROW_COLUMNS, NewRowColumns
 from . import sql as _sql  # noqa: F401  (its SQL for the elements of ../sql.py)
-from .batches import SQLiteBatches
 from .calls import BEGIN_WRITE, Connection, adopt, begin, turn_for
+from .multirow import SQLiteMultiRow
 from .triggers import install_release_trigger
 
 logger = logging.getLogger("durafn.store")
@@ -70,7 +70,7 @@ def _thread_of(connection: Any) -> threading.Thread | None:
     return thread if isinstance(thread, threading.Thread) else None
 
 
-class SQLiteDriver(SQLiteBatches, Driver):
+class SQLiteDriver(SQLiteMultiRow, Driver):
     dialect_insert = staticmethod(sqlite_insert)
     name: ClassVar[str] = "SQLite"
     max_mutation_lanes: ClassVar[int] = 1

@@ -25,7 +25,7 @@ from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
 
 from ..._kinds import ScheduledFunctionId, State
-from ..._types import FailedAttempt
+from ..._models import FailedAttempt
 from ..rows import Outcome, RetryState, history, is_id
 from ..schema.tables import ERROR_KEYS, sf
 
@@ -114,7 +114,7 @@ async def in_state(conn: AsyncConnection, ids: Sequence[str], state: State) -> s
     will move, with no RETURNING (sqlite3 cannot return rows from an executemany; one
     statement per row sent through SQLAlchemy, each its own calls on aiosqlite's thread,
     cost a third of a SQLite drain where a tenth of the rows failed; SQLite's retries now
-    run one statement per row inside a single call, ``sqlite/batches.py``): valid where the
+    run one statement per row inside a single call, ``sqlite/multirow.py``): valid where the
     transaction holds the database's write lock from its start, as durafn's SQLite
     transactions do (BEGIN IMMEDIATE), so nothing moves the rows between this read and
     the UPDATE. PostgreSQL's driver uses RETURNING instead."""

@@ -210,7 +210,7 @@ def _failures(outcomes: Sequence[Outcome]) -> dict[str, list[Any]]:
     }
 
 
-class PostgresBatches(Driver):
+class PostgresMultiRow(Driver):
     """The batch statements of ``PostgresDriver``."""
 
     async def _finish_plain(

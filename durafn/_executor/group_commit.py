@@ -95,7 +95,7 @@ class BatchTimeout(Exception):
     error: FunctionTimeoutError
 
 
-class MutationBatch:
+class GroupCommit:
     """One batch's transaction. ``run`` once; then ``claimed``, ``begun``, ``outcomes``
     (committed if ``run`` returned) and ``woken`` (kinds its mutations scheduled) describe
     it. The

@@ -161,7 +161,7 @@ def _atomic(db: sqlite3.Connection, work: Callable[[sqlite3.Connection], T]) -> 
     return atomically(db, BEGIN_WRITE, functools.partial(work, db))
 
 
-class SQLiteBatches(Driver):
+class SQLiteMultiRow(Driver):
     """The finish statements of ``SQLiteDriver`` (see the module docstring)."""
 
     def finishes_in_one_statement(

@@ -19,12 +19,12 @@ from ._context import row_filter
 from ._errors import ArgumentError, NotFoundError
 from ._explain import Explanation, FlowKeyInfo, explain, key_info
 from ._kinds import FINISHED_STATES, FunctionKind, ScheduledFunctionId, State
+from ._models import LostWorker, QueueInfo, ScheduledFunction, Stats, WorkerInfo
 from ._options import check_name, check_priority
 from ._retries import MAX_ATTEMPTS
 from ._runtime import Runtime
 from ._store import RowFilter
 from ._telemetry.endpoint import metrics_asgi
-from ._types import LostWorker, QueueInfo, ScheduledFunction, Stats, WorkerInfo
 from ._watch import Watch, watch
 
 KINDS = (FunctionKind.MUTATION, FunctionKind.ACTION)
@@ -41,7 +41,7 @@ def _require_filter(where: RowFilter, state: State, call: str, would: str) -> No
         )
 
 
-class Operations:
+class Operator:
     """The operator half of ``App`` (a base class of it)."""
 
     _rt: Runtime
