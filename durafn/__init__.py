@@ -2,6 +2,11 @@
 
 Register ``query``, ``mutation`` and ``action`` functions on an :class:`App`; schedule them
 with ``ctx.scheduler.run_after`` / ``run_at``; run an executor to execute what is due.
+
+This module is the public surface only. The package's map, a line per module grouped by
+layer, is the Layout of ``docs/contributing.md`` (a test holds it to the tree); the
+executor's own map is ``durafn/_executor/__init__.py``, the store's seam on one page
+``durafn/_store/interface.py``.
 """
 
 import importlib as _importlib

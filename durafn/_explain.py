@@ -20,8 +20,7 @@ from ._kinds import ScheduledFunctionId, State
 from ._models import FROZEN
 from ._options import read_flags
 from ._public import publish
-from ._store.read.explain import HELD_SHOWN, Facts, KeyCounts
-from ._store.rows import DEBOUNCE_KEY
+from ._store import DEBOUNCE_KEY, HELD_SHOWN, Facts, KeyCounts
 
 Reason = Literal[
     "finished",

@@ -158,7 +158,7 @@ async def _postgres_database(url: str) -> str:
 
 async def _empty(app: App) -> None:
     """Delete every row of durafn's tables but the schema version, children first."""
-    from ._store.schema.tables import metadata
+    from ._store import metadata
 
     names = [t.name for t in reversed(metadata.sorted_tables) if t.name != "_durafn_schema"]
     async with app.engine.connect() as conn:

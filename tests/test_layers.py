@@ -1,6 +1,6 @@
 """The package's layers, read from its imports: no module imports one that imports it back
-(counting imports made only for type checking and those inside functions), and the store
-sees only value modules outside itself. A circle makes every module on it load and change
+(counting imports made only for type checking and those inside functions), the store
+sees only value modules outside itself, and the rest reaches the store through its face. A circle makes every module on it load and change
 with every other; these tests keep one from coming back unseen."""
 
 from __future__ import annotations
@@ -116,3 +116,16 @@ def test_the_store_imports_only_values_from_outside_it() -> None:
     assert outside == set()
     # and the values never reach back into the store, or anything above them
     assert {t for m in VALUES for t in GRAPH[m] if t not in VALUES} == set()
+
+
+def test_the_rest_of_durafn_reaches_the_store_through_its_face() -> None:
+    """Outside ``_store`` a module imports ``durafn._store`` (its ``__init__``: the face,
+    with ``interface.Store``), never a room of it: a room can move without its callers."""
+    past_the_face = {
+        (module, target)
+        for module, targets in GRAPH.items()
+        if not module.startswith("durafn._store")
+        for target in targets
+        if target.startswith("durafn._store.")
+    }
+    assert past_the_face == set()

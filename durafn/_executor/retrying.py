@@ -22,8 +22,7 @@ from .._errors import SnoozeLimitError
 from .._kinds import FunctionKind, State
 from .._retries import SNOOZE_LIMIT, Retry, Rule, Snooze
 from .._runtime import Runtime
-from .._store import Outcome
-from .._store.rows import RetryState
+from .._store import Outcome, RetryState
 from .outcomes import error_fields, forget_frames, traceback_text
 
 

@@ -27,12 +27,15 @@ from .crons import (
 from .driver import Driver
 from .filters import RowFilter
 from .interface import Dialect, Store
+from .read.explain import HELD_SHOWN, Facts, KeyCounts
 from .rows import (
+    DEBOUNCE_KEY,
     Claimed,
     LostAction,
     NewRow,
     NewRowColumns,
     Outcome,
+    RetryState,
     decode_cursor,
     new_id,
     new_row,
@@ -42,6 +45,11 @@ from .schema.tables import SCHEMA_VERSION, metadata, scheduled_functions, schema
 from .sqlite.driver import SQLiteDriver
 
 __all__ = [
+    "DEBOUNCE_KEY",
+    "HELD_SHOWN",
+    "Facts",
+    "KeyCounts",
+    "RetryState",
     "CRON_LEASE",
     "DECLARED",
     "AfterCommit",
