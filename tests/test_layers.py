@@ -1,7 +1,8 @@
 """The package's layers, read from its imports: no module imports one that imports it back
 (counting imports made only for type checking and those inside functions), the store
-sees only value modules outside itself, and the rest reaches the store through its face. A circle makes every module on it load and change
-with every other; these tests keep one from coming back unseen."""
+sees only value modules outside itself, and the rest reaches the store through its face.
+A circle makes every module on it load and change with every other; these tests keep one
+from coming back unseen."""
 
 from __future__ import annotations
 
