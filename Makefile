@@ -23,7 +23,7 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 # The suite starts about 230 worker and command processes. Most are forked, already
-# imported, by a launcher in each pytest process (tests/launcher.py); the launchers and
+# imported, by a launcher in each pytest process (tests/support/launcher.py); the launchers and
 # about 120 others (a supervisor's children, -c scripts) start an interpreter. Their
 # bytecode is written first: where PYTHONDONTWRITEBYTECODE is set (CI's shell may set it),
 # each would otherwise compile durafn from source again (a worker's life: 1.06 s of CPU, 0.81 s from bytecode;

@@ -20,7 +20,7 @@ import durafn
 from durafn.testing import FakeClock
 from durafn.testing.databases import fresh_copy, share_engine
 
-from .models import Base
+from .support.models import Base
 
 PG_ADMIN_DSN = os.environ.get(
     "DURAFN_TEST_PG_ADMIN", "postgresql://postgres@127.0.0.1:5432/postgres"

@@ -184,7 +184,7 @@ def test_worker_pool_options_are_checked_before_anything_starts() -> None:
         (["-n", "2", "--metrics-port", "65535"], "ports 65535 to 65536, and the last port"),
         (["--pool", "a:2", "--pool", "b", "--metrics-port", "65534"], "ports 65534 to 65536"),
     ]:
-        result = invoke("worker", "--app", "tests.cli_app:app", "--url", url, *args)
+        result = invoke("worker", "--app", "tests.apps.cli_app:app", "--url", url, *args)
         assert result.exit_code == 2, result.output  # a bad option: one line, as click's
         assert result.stderr.startswith("error: ") and message in result.stderr
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
@@ -199,7 +199,7 @@ def test_a_metrics_port_in_use_is_one_error_before_the_worker_starts(db_url: str
         held.bind(("127.0.0.1", 0))
         held.listen()
         port = str(held.getsockname()[1])
-        app = ["--app", "tests.cli_app:app", "--url", db_url]
+        app = ["--app", "tests.apps.cli_app:app", "--url", db_url]
         for args in (
             ["worker", *app, "--metrics-port", port, "--exit-on-complete"],
             ["worker", *app, "-n", "2", "--metrics-port", port, "--exit-on-complete"],

@@ -21,8 +21,8 @@ import durafn
 from durafn import ActionCtx, MutationCtx, QueryCtx, State
 from durafn.testing import FakeClock, all_rows
 
-from .helpers import count
-from .models import Message
+from .support.helpers import count
+from .support.models import Message
 
 pytestmark = pytest.mark.anyio
 

@@ -17,9 +17,9 @@ import durafn
 from durafn import ActionCtx, Batch, Fixed, ItemFailed, Retry, State
 from durafn.testing import FakeClock
 
-from .helpers import CEILING, equals, row_of, wait_until
+from .apps.worker_app import Touch
+from .support.helpers import CEILING, equals, row_of, wait_until
 from .test_workers import FAST, live_workers, worker_app_on, worker_processes
-from .worker_app import Touch
 
 pytestmark = pytest.mark.anyio
 

@@ -9,8 +9,8 @@ import pytest
 import durafn
 from durafn import ActionCtx, MutationCtx, QueryCtx
 
-from .helpers import count
-from .models import Message
+from .support.helpers import count
+from .support.models import Message
 
 pytestmark = pytest.mark.anyio
 

@@ -19,7 +19,7 @@ import durafn
 from durafn import ActionCtx, Retry, State
 from durafn.testing import FakeClock
 
-from .helpers import CEILING, row_of
+from .support.helpers import CEILING, row_of
 
 pytestmark = pytest.mark.anyio
 

@@ -34,10 +34,10 @@ from durafn.cli import options
 from durafn.cli.output import duration, iso
 from durafn.testing import FakeClock
 
-from .cli_app import ADD, NOTIFY, make_app
+from .apps.cli_app import ADD, NOTIFY, make_app
 from .conftest import PG_BASE
-from .helpers import CEILING
-from .processes import owned_sync, run_all, tagged
+from .support.helpers import CEILING
+from .support.processes import owned_sync, run_all, tagged
 
 ROOT = Path(__file__).resolve().parent.parent
 UNKNOWN_ID = "01900000-0000-7000-8000-000000000000"
@@ -625,8 +625,8 @@ async def test_delete_finished_goes_in_batches_and_never_deletes_unfinished(
 
 def test_app_and_url_from_options_or_the_environment(rows: Rows) -> None:
     expected = rows.in_order
-    assert ids("--app", "tests.cli_app:app", "--url", rows.url) == expected
-    env = {"DURAFN_APP": "tests.cli_app", "DURAFN_DATABASE_URL": rows.url}
+    assert ids("--app", "tests.apps.cli_app:app", "--url", rows.url) == expected
+    env = {"DURAFN_APP": "tests.apps.cli_app", "DURAFN_DATABASE_URL": rows.url}
     result = invoke("ls", "--json", env=env)
     assert [i["id"] for i in json.loads(result.stdout)["items"]] == expected
 
@@ -658,7 +658,7 @@ async def _has_system_tables(url: str) -> bool:
 
 def durafn_processes(*commands: Sequence[str | bytes]) -> list[tuple[int, str]]:
     """Run the ``durafn`` command once per command, all at once, each a real process
-    (``tests/launcher.py``); (exit status, stderr) of each."""
+    (``tests/support/launcher.py``); (exit status, stderr) of each."""
     env = {k: v for k, v in os.environ.items() if k not in CLEAN_ENV}
     done = run_all(
         [[sys.executable, "-m", "_durafn_cli", *args] for args in commands], env=env, cwd=ROOT
@@ -669,8 +669,8 @@ def durafn_processes(*commands: Sequence[str | bytes]) -> list[tuple[int, str]]:
 def test_bad_app_paths_are_one_line_errors() -> None:
     cases = {
         "nosuch.module:app": "cannot import 'nosuch.module'",
-        "tests.models:Base": "'tests.models:Base' is a class, not a durafn.App",
-        "tests.cli_app:missing": "module 'tests.cli_app' has no attribute 'missing'",
+        "tests.support.models:Base": "'tests.support.models:Base' is a class, not a durafn.App",
+        "tests.apps.cli_app:missing": "module 'tests.apps.cli_app' has no attribute 'missing'",
     }
     url = "sqlite:///never-opened.db"
     results = durafn_processes(*(["ls", "--app", ref, "--url", url] for ref in cases))
@@ -680,11 +680,13 @@ def test_bad_app_paths_are_one_line_errors() -> None:
 
 
 def test_an_app_module_that_fails_to_import_says_so() -> None:
-    result = invoke("ls", "--app", "tests.broken_app:app", "--url", "sqlite:///never-opened.db")
+    result = invoke(
+        "ls", "--app", "tests.apps.broken_app:app", "--url", "sqlite:///never-opened.db"
+    )
     assert_one_line_error(
         result.exit_code,
         result.stderr,
-        "importing 'tests.broken_app' (from --app 'tests.broken_app:app') failed: "
+        "importing 'tests.apps.broken_app' (from --app 'tests.apps.broken_app:app') failed: "
         "RuntimeError: the app's configuration is missing",
     )
 
@@ -720,7 +722,7 @@ COMMANDS_ON_A_BAD_FILE = [
     ["ls"],
     ["stats"],
     ["cancel", UNKNOWN_ID],
-    ["worker", "--app", "tests.cli_app:app", "--exit-on-complete"],
+    ["worker", "--app", "tests.apps.cli_app:app", "--exit-on-complete"],
 ]
 
 

@@ -17,8 +17,8 @@ import durafn
 from durafn import ActionCtx, Completion, Fixed, MutationCtx, OptionError, Retry, State
 from durafn.testing import FakeClock
 
-from .helpers import effects, equals, row_of, wait_until
-from .models import Effect
+from .support.helpers import effects, equals, row_of, wait_until
+from .support.models import Effect
 
 pytestmark = pytest.mark.anyio
 

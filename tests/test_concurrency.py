@@ -23,8 +23,8 @@ from durafn import ActionCtx, MutationCtx, State
 from durafn.testing import FakeClock, all_rows
 
 from .conftest import BARE_DSN
-from .helpers import CEILING, count
-from .models import Effect
+from .support.helpers import CEILING, count
+from .support.models import Effect
 
 pytestmark = pytest.mark.anyio
 

@@ -135,7 +135,7 @@ async def test_the_test_harness_shares_an_engine_across_apps_on_one_database(
 def test_a_bad_max_connections_option_is_a_usage_error(bad: str) -> None:
     result = CliRunner().invoke(
         cli.main,
-        ["worker", "--app", "tests.cli_app:app", "--max-connections", bad],
+        ["worker", "--app", "tests.apps.cli_app:app", "--max-connections", bad],
         catch_exceptions=False,
     )
     assert result.exit_code == 2, result.output

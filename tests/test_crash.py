@@ -18,10 +18,10 @@ import durafn
 from durafn import State
 from durafn.testing import all_rows
 
-from .crash_app import build
-from .helpers import CEILING, count, counter
-from .models import Base, Counter, Effect
-from .processes import owned
+from .apps.crash_app import build
+from .support.helpers import CEILING, count, counter
+from .support.models import Base, Counter, Effect
+from .support.processes import owned
 
 pytestmark = pytest.mark.anyio
 
@@ -65,7 +65,7 @@ async def test_exactly_once_under_kill_9(db_url: str, tmp_path: Path) -> None:
         with (tmp_path / "worker.log").open("w") as log:
             while True:
                 proc = await owner.start(
-                    [sys.executable, "-m", "tests.crash_app", db_url],
+                    [sys.executable, "-m", "tests.apps.crash_app", db_url],
                     cwd=ROOT,
                     stdout=log,
                     stderr=log,
@@ -147,7 +147,7 @@ async def test_actions_run_at_most_once_under_kill_9(db_url: str, tmp_path: Path
             for round_ in range(3):
                 last = round_ == 2
                 proc = await owner.start(
-                    [sys.executable, "-m", "tests.crash_app", db_url],
+                    [sys.executable, "-m", "tests.apps.crash_app", db_url],
                     cwd=ROOT,
                     stdout=log,
                     stderr=log,

@@ -15,8 +15,8 @@ import durafn
 from durafn import MutationCtx
 from durafn.testing import FakeClock
 
-from .helpers import effects
-from .models import Effect
+from .support.helpers import effects
+from .support.models import Effect
 from .test_cli import invoke, invoke_json
 
 pytestmark = pytest.mark.anyio

@@ -20,9 +20,9 @@ from durafn import MutationCtx, State
 from durafn.cron import daily, every, hourly, monthly, weekly
 from durafn.testing import FakeClock, advance
 
-from . import cron_app
-from .helpers import effects, wait_until
-from .models import Effect
+from .apps import cron_app
+from .support.helpers import effects, wait_until
+from .support.models import Effect
 from .test_cli import invoke, invoke_json
 
 pytestmark = pytest.mark.anyio
@@ -305,7 +305,7 @@ def test_the_registry_from_the_api_and_the_command_line(db_url: str, clock: Fake
     on_app(lambda app: app.enable_cron("nightly-digest"))
     found = on_app(lambda app: app.get_cron("nightly-digest"))
     assert found is not None and found.enabled and found.next_run_at == to_dt(_at(2))
-    url = ["--url", db_url, "--app", "tests.cron_app:app"]
+    url = ["--url", db_url, "--app", "tests.apps.cron_app:app"]
     triggered = invoke_json("cron", "trigger", "nightly-digest", *url)
     row = on_app(lambda app: app.get(triggered["id"]))
     assert row is not None and row.name == "cron:digest" and row.args == {"to": "ops"}

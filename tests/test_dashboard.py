@@ -16,9 +16,9 @@ import durafn
 from durafn import ActionCtx, MutationCtx, State
 from durafn.testing import FakeClock
 
-from . import dashboard_kit
-from .dashboard_kit import XSS, client, csrf_of
-from .helpers import CEILING, wait_until
+from .support import dashboard_kit
+from .support.dashboard_kit import XSS, client, csrf_of
+from .support.helpers import CEILING, wait_until
 
 
 async def has_workers(app: durafn.App) -> bool:

@@ -16,8 +16,8 @@ from starlette.routing import Mount
 import durafn
 from durafn import ArgumentError, State
 
-from . import dashboard_kit
-from .dashboard_kit import XSS, client, csrf_of
+from .support import dashboard_kit
+from .support.dashboard_kit import XSS, client, csrf_of
 
 pytestmark = pytest.mark.anyio
 rows = dashboard_kit.rows

@@ -21,9 +21,9 @@ import pytest
 from durafn import App, State
 from durafn.testing import FakeClock
 
-from . import dashboard_app
-from .helpers import CEILING, wait_until
-from .processes import Owner, owned
+from .apps import dashboard_app
+from .support.helpers import CEILING, wait_until
+from .support.processes import Owner, owned
 
 pytestmark = pytest.mark.anyio
 
@@ -72,7 +72,14 @@ async def _serve(
     if token is not None:
         env["DURAFN_DASHBOARD_TOKEN"] = token
     env["PYTHONPATH"] = ROOT
-    command = [sys.executable, "-m", "_durafn_cli", "dashboard", "--app", "tests.dashboard_app"]
+    command = [
+        sys.executable,
+        "-m",
+        "_durafn_cli",
+        "dashboard",
+        "--app",
+        "tests.apps.dashboard_app",
+    ]
     with log.open("ab") as out:
         await owner.start(
             [*command, "--url", db_url, "--port", str(port), *extra],

@@ -22,8 +22,8 @@ from durafn import MutationCtx, State
 from durafn.cli import main
 from durafn.testing import FakeClock
 
-from . import dashboard_kit
-from .dashboard_kit import client, csrf_of
+from .support import dashboard_kit
+from .support.dashboard_kit import client, csrf_of
 
 pytestmark = pytest.mark.anyio
 

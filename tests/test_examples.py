@@ -14,8 +14,8 @@ from durafn import State
 from durafn.testing import FakeClock, Harness
 from examples import bulk_email, flaky_webhook, nightly_sync, self_destruct, starlette_app
 
-from .helpers import CEILING
-from .processes import owned_sync, run_all, tagged
+from .support.helpers import CEILING
+from .support.processes import owned_sync, run_all, tagged
 
 pytestmark = pytest.mark.anyio
 

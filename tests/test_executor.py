@@ -19,9 +19,9 @@ import durafn
 from durafn import ActionCtx, HookEvent, MutationCtx, State
 from durafn.testing import FakeClock, all_rows, finish_all
 
-from .helpers import CEILING, count, counter, system_table_locked
-from .models import Counter, Effect
-from .processes import owned_sync, tagged
+from .support.helpers import CEILING, count, counter, system_table_locked
+from .support.models import Counter, Effect
+from .support.processes import owned_sync, tagged
 
 pytestmark = pytest.mark.anyio
 ROOT = Path(__file__).resolve().parent.parent
@@ -109,7 +109,7 @@ async def test_mutation_time_limit(db_url: str, clock: FakeClock) -> None:
             await anyio.Event().wait()
 
         async with app.engine.begin() as conn:
-            from .models import Base
+            from .support.models import Base
 
             await conn.run_sync(Base.metadata.create_all)
         await app.scheduler().run_after(0, bump, n=1)
@@ -950,7 +950,7 @@ async def test_a_row_due_while_a_lane_runs_a_long_mutation_finds_another_lane(
 def test_cancelled_callers_leave_the_event_loop_free_to_exit(db_url: str) -> None:
     with owned_sync() as token:
         result = subprocess.run(
-            [sys.executable, "-m", "tests.cancel_app", db_url],
+            [sys.executable, "-m", "tests.apps.cancel_app", db_url],
             cwd=ROOT,
             env=tagged(token),
             capture_output=True,

@@ -51,7 +51,7 @@ async def test_a_module_level_app_is_tested_on_its_own_database_and_clock(
 ) -> None:
     """The pattern the README shows: the app a module defines, ``using`` a test database
     and a fake clock, with its functions, crons and hooks."""
-    from . import module_app  # an app defined at module level, as users define theirs
+    from .apps import module_app  # an app defined at module level, as users define theirs
 
     url, _ = app_url
     clock = FakeClock()
@@ -78,4 +78,4 @@ async def test_a_module_level_app_is_tested_on_its_own_database_and_clock(
         await stranger.aclose()
     message = str(caught.value)
     assert "is registered on another durafn.App (the one made at " in message
-    assert "tests/module_app.py:" in message and "app.using(url, clock=...)" in message
+    assert "tests/apps/module_app.py:" in message and "app.using(url, clock=...)" in message

@@ -18,8 +18,8 @@ import durafn
 from durafn import ActionCtx, Debounce, Flow, MutationCtx, Queue, Rate, State, Throttle
 from durafn.testing import FakeClock, finish_all
 
-from .helpers import effects, row_of, wait_until
-from .models import Effect
+from .support.helpers import effects, row_of, wait_until
+from .support.models import Effect
 from .test_cli import invoke, invoke_json
 
 pytestmark = pytest.mark.anyio

@@ -17,7 +17,7 @@ import durafn
 from durafn import ActionCtx, State
 from durafn.testing import FakeClock
 
-from .helpers import CEILING, equals, has_beaten, true, wait_until
+from .support.helpers import CEILING, equals, has_beaten, true, wait_until
 
 pytestmark = pytest.mark.anyio
 

@@ -11,7 +11,7 @@ import durafn
 from durafn import ActionCtx, Fixed, HookEvent, MutationCtx, Retry, State
 from durafn.testing import FakeClock
 
-from .helpers import row_of
+from .support.helpers import row_of
 
 pytestmark = pytest.mark.anyio
 

@@ -12,8 +12,8 @@ import durafn
 from durafn import ActionCtx, MutationCtx, ScheduledFunction, State
 from durafn.testing import FakeClock
 
-from .helpers import effects
-from .models import Effect
+from .support.helpers import effects
+from .support.models import Effect
 
 pytestmark = pytest.mark.anyio
 

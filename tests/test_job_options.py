@@ -20,8 +20,8 @@ from durafn import ActionCtx, Flow, MutationCtx, Queue, State
 from durafn._store import Outcome
 from durafn.testing import FakeClock, all_rows
 
-from .helpers import CEILING, effects, row_of
-from .models import Effect
+from .support.helpers import CEILING, effects, row_of
+from .support.models import Effect
 
 pytestmark = pytest.mark.anyio
 

@@ -1,4 +1,4 @@
-"""The suite's launcher (``tests/launcher.py``): a ``python -m`` command forked from it
+"""The suite's launcher (``tests/support/launcher.py``): a ``python -m`` command forked from it
 sees what the same command sees started fresh, ends as it would, and ends with its test.
 Each case runs the probe both ways, in one test, and compares."""
 
@@ -14,13 +14,13 @@ from pathlib import Path
 import anyio
 import pytest
 
-from .helpers import CEILING, wait_until
-from .launched import LaunchedProcess, launcher
-from .processes import TOKEN, alive, carrying, owned, tagged
+from .support.helpers import CEILING, wait_until
+from .support.launched import LaunchedProcess, launcher
+from .support.processes import TOKEN, alive, carrying, owned, tagged
 
 pytestmark = pytest.mark.anyio
 
-PROBE = [sys.executable, "-m", "tests.probe_main"]
+PROBE = [sys.executable, "-m", "tests.apps.probe_main"]
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -77,7 +77,10 @@ async def test_a_launched_command_starts_and_ends_as_a_fresh_one(
     assert (launched.returncode, fresh.returncode) == (code, code)
     seen = _seen(launched.stdout)
     assert seen == _seen(fresh.stdout)
-    assert seen["name"] == "__main__" and seen["argv"] == [str(ROOT / "tests/probe_main.py"), *args]
+    assert seen["name"] == "__main__" and seen["argv"] == [
+        str(ROOT / "tests/apps/probe_main.py"),
+        *args,
+    ]
     assert seen["cwd"] == str(ROOT) and seen["path"][0] == str(ROOT)  # type: ignore[index]
     assert seen["token"] == seen["child's token"] is not None
     assert seen["descriptors"] == [0, 1, 2, 3]  # 3: the listing's own; nothing leaked

@@ -24,8 +24,8 @@ import durafn
 from durafn import ActionCtx, Debounce, Flow, MutationCtx, State, Throttle
 from durafn.testing import FakeClock, all_rows
 
-from .helpers import CEILING, count, wait_until
-from .models import Effect
+from .support.helpers import CEILING, count, wait_until
+from .support.models import Effect
 
 pytestmark = pytest.mark.anyio
 

@@ -18,10 +18,10 @@ import durafn
 from durafn import Flow, State
 from durafn.testing import all_rows
 
-from .helpers import CEILING, equals, wait_until
-from .processes import owned
+from .apps.worker_app import QUEUES, Base, Functions, register
+from .support.helpers import CEILING, equals, wait_until
+from .support.processes import owned
 from .test_workers import ROOT, durafn_command, stop, worker_processes
-from .worker_app import QUEUES, Base, Functions, register
 
 pytestmark = pytest.mark.anyio
 # The default heartbeats (not test_workers' fast ones): on a loaded machine a worker that
@@ -229,8 +229,8 @@ async def test_rows_due_at_one_instant_start_in_the_order_they_were_scheduled(
     clock and ours stand at the same time): the three start in the order they were
     written, whatever the ids each process made (an id's counter is per process). For
     unqueued rows, a serial queue's and a flow key's alike."""
-    from .helpers import effects
-    from .models import Effect
+    from .support.helpers import effects
+    from .support.models import Effect
 
     @app.mutation(name="order:note")
     async def note(ctx: durafn.MutationCtx, tag: str) -> None:

@@ -18,8 +18,8 @@ import durafn
 from durafn import ActionCtx, Flow, MutationCtx, Queue, Rate, Retry, State
 from durafn.testing import FakeClock, all_rows
 
-from .helpers import CEILING, effects
-from .models import Effect
+from .support.helpers import CEILING, effects
+from .support.models import Effect
 
 pytestmark = pytest.mark.anyio
 

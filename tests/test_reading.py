@@ -16,7 +16,7 @@ import durafn
 from durafn import ActionCtx, MutationCtx, State
 from durafn.testing import FakeClock, all_rows
 
-from .processes import owned
+from .support.processes import owned
 
 pytestmark = pytest.mark.anyio
 

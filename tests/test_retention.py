@@ -13,7 +13,7 @@ import durafn
 from durafn import ActionCtx, MutationCtx, State
 from durafn.testing import FakeClock, all_rows
 
-from .helpers import CEILING
+from .support.helpers import CEILING
 
 pytestmark = pytest.mark.anyio
 

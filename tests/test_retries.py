@@ -38,8 +38,8 @@ from durafn._store import Outcome, new_id
 from durafn._store.rows import RetryState
 from durafn.testing import FakeClock
 
-from .helpers import effects, has_beaten, row_of, wait_until
-from .models import Effect
+from .support.helpers import effects, has_beaten, row_of, wait_until
+from .support.models import Effect
 from .test_cli import invoke, invoke_json
 
 pytestmark = pytest.mark.anyio

@@ -14,7 +14,7 @@ from durafn._store.schema.migrations import failed_attempts
 from durafn._store.schema.tables import sf
 from durafn.testing import FakeClock
 
-from .helpers import CEILING
+from .support.helpers import CEILING
 
 pytestmark = pytest.mark.anyio
 

@@ -14,7 +14,7 @@ import durafn
 from durafn import ActionCtx, MutationCtx, State
 from durafn.testing import FakeClock
 
-from .helpers import row_of
+from .support.helpers import row_of
 
 # PostgreSQL only: SQLite has no stored procedures (the workflows guide says what to do).
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres_only]

@@ -33,7 +33,7 @@ import durafn
 from durafn import ActionCtx, MutationCtx
 from durafn.testing import FakeClock
 
-from .helpers import has_beaten, true, wait_until
+from .support.helpers import has_beaten, true, wait_until
 from .test_heartbeats import OPTIONS as HEARTBEATS
 from .test_heartbeats import _dead_worker_claims
 
@@ -667,7 +667,7 @@ async def test_the_metrics_command_serves_the_gauges(app: durafn.App, db_url: st
     import socket
     import sys
 
-    from .processes import owned
+    from .support.processes import owned
 
     @app.mutation(name="gauged")
     async def gauged(ctx: MutationCtx) -> None:

@@ -15,8 +15,8 @@ import durafn
 from durafn import MutationCtx, State
 from durafn.testing import all_rows
 
-from .helpers import count
-from .models import Effect
+from .support.helpers import count
+from .support.models import Effect
 
 pytestmark = pytest.mark.anyio
 

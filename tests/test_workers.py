@@ -28,11 +28,11 @@ import durafn
 from durafn import State, cli, scheduled_functions
 from durafn.testing import FakeClock
 
-from . import cron_app
+from .apps import cron_app
+from .apps.worker_app import Applied, Base, Functions, register
 from .conftest import BARE_DSN
-from .helpers import CEILING, equals, row_of, true, wait_until
-from .processes import alive, carrying, owned
-from .worker_app import Applied, Base, Functions, register
+from .support.helpers import CEILING, equals, row_of, true, wait_until
+from .support.processes import alive, carrying, owned
 
 pytestmark = pytest.mark.anyio
 
@@ -81,7 +81,7 @@ def durafn_command(*args: str) -> list[str]:
 
 @asynccontextmanager
 async def worker_processes(
-    url: str, count: int, logs: Path, *args: str, app: str = "tests.worker_app:app"
+    url: str, count: int, logs: Path, *args: str, app: str = "tests.apps.worker_app:app"
 ) -> AsyncIterator[list[anyio.abc.Process]]:
     """``count`` worker processes of ``app``, each logging to ``logs/worker<i>.log``;
     they, and any process they started, are killed at the end if still running."""
@@ -380,7 +380,7 @@ async def test_a_signal_during_start_up_stops_a_worker_cleanly(
     with ``-X importtime``, whose lines show that durafn's own imports are under way."""
     app, fns = wapp
     due = await app.scheduler().run_after(0, fns.apply, 1, 0.0)
-    command = durafn_command("worker", "--app", "tests.worker_app:app", "--url", db_url)
+    command = durafn_command("worker", "--app", "tests.apps.worker_app:app", "--url", db_url)
     async with owned() as owner:
         proc = await owner.start(
             [sys.executable, "-X", "importtime", *command[1:], "-n", processes],
@@ -425,7 +425,7 @@ async def test_exit_on_complete_runs_what_is_due_and_exits_0(
         await app.scheduler().run_after(0, fns.touch, n, str(trace), 0.0)
     later = await app.scheduler().run_after(3600, fns.apply, 999, 0.0)
     command = durafn_command(
-        "worker", "--app", "tests.worker_app:app", "--url", db_url, "--exit-on-complete"
+        "worker", "--app", "tests.apps.worker_app:app", "--url", db_url, "--exit-on-complete"
     )
     logs = ["--log-format", "json", "--log-level", "DEBUG"]
     async with owned() as owner:
@@ -459,7 +459,7 @@ async def test_the_supervisor_restarts_a_killed_worker_and_stops_cleanly(
     wapp: tuple[durafn.App, Functions], db_url: str, tmp_path: Path
 ) -> None:
     app, _ = wapp
-    args = ["worker", "--app", "tests.worker_app:app", "--url", db_url, "-n", "2", *FAST]
+    args = ["worker", "--app", "tests.apps.worker_app:app", "--url", db_url, "-n", "2", *FAST]
     async with owned() as owner:
         with (tmp_path / "worker-supervisor.log").open("w") as log:
             supervisor = await owner.start(durafn_command(*args), cwd=ROOT, stdout=log, stderr=log)
@@ -486,7 +486,7 @@ async def test_the_children_of_a_killed_supervisor_stop_by_themselves(
     """SIGKILL cannot be forwarded: the children (in their own sessions) notice their
     supervisor is gone and stop gracefully, unregistering, instead of running on."""
     app, _ = wapp
-    args = ["worker", "--app", "tests.worker_app:app", "--url", db_url, "-n", "2", *FAST]
+    args = ["worker", "--app", "tests.apps.worker_app:app", "--url", db_url, "-n", "2", *FAST]
     async with owned() as owner:  # should they not stop: no orphan outlives the test
         with (tmp_path / "worker-supervisor.log").open("w") as log:
             supervisor = await owner.start(durafn_command(*args), cwd=ROOT, stdout=log, stderr=log)
@@ -508,7 +508,7 @@ time.sleep(600)
 
 
 async def test_a_failing_test_leaves_no_process_behind() -> None:
-    """The suite's own guarantee (``tests/processes.py``): a test that fails while its
+    """The suite's own guarantee (``tests/support/processes.py``): a test that fails while its
     process and that process's child (in a session of its own, as a supervisor's
     children are) run still ends them both. A plain process tree: the mechanism does not
     care what the processes are."""
@@ -575,11 +575,17 @@ def test_worker_errors_are_one_line(db_url: str, engine_name: str) -> None:
     cases = [
         (["worker", "--url", db_url], "needs the app"),
         (["worker", "--app", "nosuch.module:app", "--url", db_url], "cannot import 'nosuch"),
-        (["worker", "--app", "tests.worker_app:nope", "--url", db_url], "has no attribute 'nope'"),
-        (["worker", "--app", "tests.worker_app:app", "--url", "mysql://x/y"], "SQLite or Postgre"),
+        (
+            ["worker", "--app", "tests.apps.worker_app:nope", "--url", db_url],
+            "has no attribute 'nope'",
+        ),
+        (
+            ["worker", "--app", "tests.apps.worker_app:app", "--url", "mysql://x/y"],
+            "SQLite or Postgre",
+        ),
     ]
     if engine_name == "postgres":  # no tables yet: PostgreSQL needs `durafn migrate`
-        cases.append((["worker", "--app", "tests.worker_app:app", "--url", db_url], "migrate"))
+        cases.append((["worker", "--app", "tests.apps.worker_app:app", "--url", db_url], "migrate"))
     # Under a supervisor (-n) too: the same line at once, before any child is started.
     cases += [([*args, "-n", "2"], message) for args, message in cases]
     for args, message in cases:
@@ -621,7 +627,7 @@ async def test_a_killed_cron_leader_is_replaced_and_no_tick_is_written_twice(
     0.2 s here) and the ticks go on, each written once."""
     async with cron_app.make_beats(db_url) as app:
         await app.migrate()
-        async with worker_processes(db_url, 2, tmp_path, *FAST, app="tests.cron_app:beats"):
+        async with worker_processes(db_url, 2, tmp_path, *FAST, app="tests.apps.cron_app:beats"):
             await wait_until(lambda: _ticks_at_least(app, 1), "a tick")
             leader = await _lease_holder(app)
             os.kill(int(leader.split(":")[-2]), signal.SIGKILL)

@@ -24,11 +24,11 @@ from durafn import ActionCtx, Fixed, MutationCtx, Retry, Snooze, State
 from durafn._store import Claimed, Outcome
 from durafn.testing import FakeClock, all_rows
 
+from .apps.worker_app import Applied
 from .conftest import BARE_DSN
-from .helpers import CEILING, effects, row_of, wait_until
-from .models import Effect
+from .support.helpers import CEILING, effects, row_of, wait_until
+from .support.models import Effect
 from .test_workers import FAST, worker_app_on, worker_processes
-from .worker_app import Applied
 
 pytestmark = pytest.mark.anyio
 

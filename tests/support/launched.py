@@ -1,4 +1,4 @@
-"""The pytest process's side of the launcher (``tests/launcher.py``): starting it, sending
+"""The pytest process's side of the launcher (``tests/support/launcher.py``): starting it, sending
 it a command, and the process it forks, as ``anyio.open_process`` returns one."""
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ class Launcher:
         self._folder = tempfile.mkdtemp(prefix="durafn-launcher-")
         self.path = os.path.join(self._folder, "socket")
         self.environment = dict(os.environ)
-        # As a file, not ``-m tests.launcher``: a ``tests`` package imported here would
+        # As a file, not ``-m tests.support.launcher``: a ``tests`` package imported here would
         # be importable in every child, from any directory.
         self._server = subprocess.Popen(
             [sys.executable, server.__file__, self.path],

@@ -1,4 +1,4 @@
-"""The app the worker tests run as ``durafn worker --app tests.worker_app:app``.
+"""The app the worker tests run as ``durafn worker --app tests.apps.worker_app:app``.
 
 Its database comes from ``DURAFN_DATABASE_URL`` (or ``--url``). Each function leaves a
 trace that survives a killed process: mutations a row naming the process that applied it,

@@ -1,4 +1,4 @@
-"""What ``tests/test_launcher.py`` runs as ``python -m tests.probe_main ACTION``: it writes
+"""What ``tests/test_launcher.py`` runs as ``python -m tests.apps.probe_main ACTION``: it writes
 what it sees of its own start as one JSON line on stdout, then does ACTION."""
 
 from __future__ import annotations

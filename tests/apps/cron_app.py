@@ -1,4 +1,4 @@
-"""An app with a cron, for the command-line tests of crons: ``--app tests.cron_app``."""
+"""An app with a cron, for the command-line tests of crons: ``--app tests.apps.cron_app``."""
 
 from __future__ import annotations
 

@@ -3,9 +3,9 @@
 Each ``durafn`` worker or command the tests start as a real process spent most of its life
 importing: SQLAlchemy, pydantic, asyncpg and durafn, about 0.6 s of CPU of a worker's
 1.1 s (``python -X importtime``, 2026-11-28), over some 100 such processes a run. So each
-pytest process starts this file once (``python tests/launcher.py SOCKET``, as a file: a
+pytest process starts this file once (``python tests/support/launcher.py SOCKET``, as a file: a
 ``tests`` package imported here would be importable in every child, from any directory;
-``tests/launched.py`` is the pytest process's side). It imports those libraries and every
+``tests/support/launched.py`` is the pytest process's side). It imports those libraries and every
 durafn module, and then forks a child for each command it is sent, as Python's own
 ``forkserver`` does for ``multiprocessing``. The child takes the command's standard
 streams, working directory, environment and arguments, and runs its module as ``python
@@ -25,7 +25,7 @@ answers one JSON line with the child's pid, then one with its exit status
 (``subprocess``'s convention: ``-N`` for a signal). Closing the connection early kills the
 child: a test that ended, however, leaves nothing running. The children it forks do not
 carry a test's token in ``/proc/PID/environ`` (that shows the launcher's start-up
-environment), so ``tests/processes.py`` kills them by pid (the launcher reaps a child
+environment), so ``tests/support/processes.py`` kills them by pid (the launcher reaps a child
 only once it has ended, so its pid is not reused before); every process they start in
 turn carries the token as before.
 """

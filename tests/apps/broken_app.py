@@ -1,4 +1,4 @@
-"""An app module that fails while it is imported (``durafn --app tests.broken_app:app``
+"""An app module that fails while it is imported (``durafn --app tests.apps.broken_app:app``
 must say that the import failed, and where)."""
 
 import durafn

@@ -8,7 +8,7 @@ a token in their environment, which every process they start inherits, and the e
 the test kills every process on the machine that carries it (``/proc``), however it was
 started; the direct children are then reaped.
 
-A ``python -m`` command is forked from the launcher (``tests/launcher.py``), already
+A ``python -m`` command is forked from the launcher (``tests/support/launcher.py``), already
 imported. Such a child shows the launcher's environment in ``/proc``, not the token, so
 the end of the test also kills every process it started by pid.
 """
@@ -86,7 +86,7 @@ class Owner:
         self, command: Sequence[str | bytes], *, env: dict[str, str] | None = None, **kwargs: Any
     ) -> anyio.abc.Process:
         """``anyio.open_process``, tagged; ended with the test. A ``python -m`` command
-        is forked already imported (``tests/launcher.py``)."""
+        is forked already imported (``tests/support/launcher.py``)."""
         environment = tagged(self.token, env)
         proc: anyio.abc.Process
         if launcher().takes(command, environment, set(kwargs)):

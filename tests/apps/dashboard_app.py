@@ -1,4 +1,4 @@
-"""The app of the dashboard's browser tests: ``durafn dashboard --app tests.dashboard_app``
+"""The app of the dashboard's browser tests: ``durafn dashboard --app tests.apps.dashboard_app``
 serves it in a process of its own; the test seeds its rows through ``app.using(url)``."""
 
 from __future__ import annotations

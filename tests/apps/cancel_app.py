@@ -1,5 +1,5 @@
 """Cancelled callers and a stopped executor, in a real process that must then exit
-(``python -m tests.cancel_app URL``): a connection cancelled mid-statement once left a task
+(``python -m tests.apps.cancel_app URL``): a connection cancelled mid-statement once left a task
 behind that hung the event loop's shutdown."""
 
 from __future__ import annotations

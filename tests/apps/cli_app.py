@@ -1,4 +1,5 @@
-"""A tiny app for the command-line tests: ``--app tests.cli_app`` (or ``tests.cli_app:app``).
+"""A tiny app for the command-line tests: ``--app tests.apps.cli_app`` (or
+``tests.apps.cli_app:app``).
 
 ``app`` reads ``$DURAFN_DATABASE_URL`` at import, as a user's module would; tests that need
 a fresh app on their own database call ``make_app(url)``.

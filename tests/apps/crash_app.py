@@ -1,4 +1,4 @@
-"""The app the crash test runs in a real subprocess (``python -m tests.crash_app URL``).
+"""The app the crash test runs in a real subprocess (``python -m tests.apps.crash_app URL``).
 
 Each mutation inserts a unique row and bumps a counter; a run applied twice would either
 violate the unique key or push the counter past the number of rows. A group's callback
@@ -17,7 +17,7 @@ from sqlalchemy import update
 import durafn
 from durafn import ActionCtx, MutationCtx
 
-from .models import Counter, Effect
+from ..support.models import Counter, Effect
 
 
 def build(url: str) -> tuple[durafn.App, durafn.MutationRef[[int], None]]:
