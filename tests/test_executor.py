@@ -1233,27 +1233,33 @@ async def test_an_action_that_outlives_its_limit_by_ignoring_the_cancel_counts_a
 
 
 async def test_claims_ahead_cover_one_claim_round_trip(app: durafn.App) -> None:
-    """Rows claimed beyond the free slots: what the workers start during one claim's
-    round trip at the recent pace, at most ``concurrency``; none for slow actions."""
+    """Rows claimed beyond the free slots: twice what the workers start during one claim's
+    round trip at the recent pace (the next claim goes when half are left), at most
+    ``concurrency``; none for slow actions. A slot counts while its action runs within a
+    few times the pace: 20 ms actions, every one running longer than a 4 ms round trip,
+    still free their slots during the next (issue 53's W1); a straggler does not."""
     executor = app.executor(concurrency=10)
     assert executor._actions.claim_ahead() == 0  # no pace known yet
     executor._actions.claim_pace.seconds = 0.004
     executor._actions.action_pace.seconds = 0.02  # 10 workers start 500 a second: 2 per round trip
-    assert executor._actions.claim_ahead() == 2
+    assert executor._actions.claim_ahead() == 4
     executor._actions.action_pace.seconds = 1.0
-    assert executor._actions.claim_ahead() == 0
+    assert executor._actions.claim_ahead() == 0  # slow actions: a claim for free slots only
     executor._actions.action_pace.seconds = 0.00001
     assert executor._actions.claim_ahead() == 10
-    # Slots whose action has run longer than a round trip turn no rows over: they don't count.
     from durafn._executor.deadlines import Slot
     from durafn._store import Claimed
 
     row = Claimed(durafn.ScheduledFunctionId("r"), "f", "{}", 1, None, 0.0)
-    for _ in range(3):
-        executor._actions.slots.add(Slot(row=row, started=time.monotonic() - 1.0))
-    assert executor._actions.claim_ahead() == 7
-    executor._actions.slots.add(Slot(row=row, started=time.monotonic()))  # just started: counts
-    assert executor._actions.claim_ahead() == 7
+    executor._actions.action_pace.seconds = 0.02
+    now = time.monotonic()
+    for _ in range(10):  # every slot 10 ms into a 20 ms action: all of them count
+        executor._actions.slots.add(Slot(row=row, started=now - 0.01))
+    assert executor._actions.claim_ahead() == 4
+    executor._actions.slots.clear()
+    for _ in range(5):  # five stragglers, 1 s into actions whose pace is 20 ms
+        executor._actions.slots.add(Slot(row=row, started=now - 1.0))
+    assert executor._actions.claim_ahead() == 2
 
 
 async def test_short_actions_claimed_ahead_each_run_once(app: durafn.App) -> None:
