@@ -91,31 +91,10 @@ class ActionClaims:
                 conn, now, room, worker_id, self.serve, self.hint, started
             )
 
-        async def _ours(conn: AsyncConnection) -> list[Claimed]:
-            return await driver.claimed_by(conn, worker_id)
-
         async with self._lock:
             self.in_flight += 1
             try:
-                adopted: list[Claimed] = []
-                if self.uncertain:
-                    # A claim failed at COMMIT, which may nonetheless have taken effect: its
-                    # rows would be InProgress under our id, never started. Start them now
-                    # (still at most once: nobody else runs a row claimed by a live worker).
-                    # ``known`` is taken before the read: a row of ours InProgress in the
-                    # read's snapshot had its outcome written after it, so it was still in
-                    # ``unrecorded`` then, even if the write has removed it by now.
-                    known = set(self.unrecorded)
-                    ours = await self._rt.transaction(_ours, doing="checking an uncertain claim")
-                    orphans = [r for r in ours if r.id not in known]
-                    adopted = orphans[:limit]
-                    self.uncertain = len(orphans) > limit  # the rest next time
-                    if adopted:
-                        logger.warning(
-                            "%d actions claimed by a commit whose outcome was unknown were "
-                            "found InProgress under this worker; starting them",
-                            len(adopted),
-                        )
+                adopted = await self._adopt(limit) if self.uncertain else []
                 rows: list[Claimed] = []
                 try:
                     # The fast path first, as one autocommit statement where the caller
@@ -144,6 +123,31 @@ class ActionClaims:
             finally:
                 self.in_flight -= 1
         return rows
+
+    async def _adopt(self, limit: int) -> list[Claimed]:
+        """A claim failed at COMMIT, which may nonetheless have taken effect: its rows would
+        be InProgress under our id, never started. Start them now (still at most once:
+        nobody else runs a row claimed by a live worker); at most ``limit``, the rest the
+        next time. ``known`` is taken before the read: a row of ours InProgress in the
+        read's snapshot had its outcome written after it, so it was still in
+        ``unrecorded`` then, even if the write has removed it by now."""
+        worker_id = self._worker_id()
+
+        async def _ours(conn: AsyncConnection) -> list[Claimed]:
+            return await self._rt.driver.claimed_by(conn, worker_id)
+
+        known = set(self.unrecorded)
+        ours = await self._rt.transaction(_ours, doing="checking an uncertain claim")
+        orphans = [r for r in ours if r.id not in known]
+        adopted = orphans[:limit]
+        self.uncertain = len(orphans) > limit
+        if adopted:
+            logger.warning(
+                "%d actions claimed by a commit whose outcome was unknown were found "
+                "InProgress under this worker; starting them",
+                len(adopted),
+            )
+        return adopted
 
     @contextlib.asynccontextmanager
     async def claiming(self) -> AsyncIterator[None]:

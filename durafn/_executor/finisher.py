@@ -143,74 +143,16 @@ class Finisher:
         ``successors`` have room."""
         if not outcomes:
             return
-        failures = 0
         # Rows of named queues free their queues as they end: hand each queue's slot to
         # its next row, or wake the claimers that skipped those queues, here and (NOTIFY)
         # in other processes.
         ended = Counter(o.queue for o in outcomes if o.queue is not None)
-        queued = bool(ended)
         successors = self.successors if hand_on else None
-        room = min(len(ended), successors.room()) if queued and successors else 0
+        room = min(len(ended), successors.room()) if ended and successors else 0
         if room and self._skip:
             self._skip -= 1
             room = 0
-        handed: list[Claimed] = []
-        refilled = False
-        # Which failed runs are retried, known before their transaction (once: ``settle``
-        # turns them Pending, and would decide again after a fault).
-        retrying = {o.id for o in outcomes if will_retry(self._rt, o)}
-        worker_id = self._claims.worker_id()
-        driver = self._rt.driver
-        while True:
-
-            async def _write(conn: AsyncConnection) -> int:
-                nonlocal handed, refilled
-                now = self._rt.clock.now()
-                written = await settle(self._rt, conn, now, outcomes, ACTION, worker_id)
-                if room:
-                    serve = self._claims.serve
-                    # Started once the finish holds its lock, as a claim's rows are.
-                    started = StartTime(self._rt.clock)
-                    handed = await driver.hand_off(
-                        conn, now, list(ended), room, worker_id, serve, started
-                    )
-                # Every slot these ends freed is taken again: a claimer woken now would
-                # find every queue as busy as before (and a claim costs six statements).
-                refilled = Counter(r.queue_name for r in handed) == ended
-                if queued and not refilled:
-                    await driver.notify(conn, KINDS)
-                return written
-
-            stuck: set[ScheduledFunctionId] = set()
-            try:
-                # One autocommit statement unless a queue must be woken, or a run failed or
-                # a row has a completion callback and the driver writes it in several
-                # statements (a retry, its state and its history commit together; a
-                # callback is written with its finish). On PostgreSQL a batch with retries
-                # is one statement; without BEGIN and COMMIT its write took 4.1 ms instead
-                # of 5.5 (a drain of 20,000 actions, a tenth failing once). A connection
-                # lost as it ran may have committed it: run again, it finds the rows moved
-                # and says so (counted "finished elsewhere"), as after a COMMIT lost.
-                single = not queued and self._rt.driver.finishes_in_one_statement(
-                    outcomes, retrying
-                )
-                written = await self._rt.transaction(
-                    _write, doing="recording action outcomes", single_statement=single
-                )
-                break
-            except DatabaseError as exc:
-                handed, refilled = [], False
-                if room:
-                    # Its COMMIT may have taken effect: rows started under this worker
-                    # that it never heard of. The next claim adopts them (``ActionClaims``).
-                    self._claims.uncertain = True
-                if not exc.transient:
-                    written, stuck = await self._write_one_by_one(outcomes, exc)
-                    break
-                delay = self._rt.backoff.delay(failures)
-                failures += 1
-                self._rt.health.fault(exc, f"recording {len(outcomes)} action outcomes", delay)
-                await anyio.sleep(delay)
+        written, stuck, handed, refilled = await self._write_batch(outcomes, ended, room)
         # A row whose outcome could not be written at all is still InProgress: it stays
         # "unrecorded", so that adopting an uncertain claim never starts it again.
         self._claims.written(o.id for o in outcomes if o.id not in stuck)
@@ -229,11 +171,74 @@ class Finisher:
             assert successors is not None
             if not successors.accept(handed):
                 await self._claims.release(handed)
-        if (queued and not refilled) or self._rt.wake_on_finish:
+        if (ended and not refilled) or self._rt.wake_on_finish:
             self._rt.wake(KINDS)
         elif retried(outcomes):
             self._rt.wake({ACTION})
         await self._rt.hooks.finished(ACTION, [o for o in outcomes if o.id not in stuck])
+
+    async def _write_batch(
+        self, outcomes: list[Outcome], ended: Counter[str], room: int
+    ) -> tuple[int, set[ScheduledFunctionId], list[Claimed], bool]:
+        """The batch's finish (and its queues' hand-off, for ``room`` rows), retried through
+        faults, one by one if the database refuses it: how many rows it wrote, those it
+        could write nothing for, the rows it handed on, and whether every freed slot was
+        taken again."""
+        queued = bool(ended)
+        handed: list[Claimed] = []
+        refilled = False
+        # Which failed runs are retried, known before their transaction (once: ``settle``
+        # turns them Pending, and would decide again after a fault).
+        retrying = {o.id for o in outcomes if will_retry(self._rt, o)}
+        worker_id = self._claims.worker_id()
+        driver = self._rt.driver
+
+        async def _write(conn: AsyncConnection) -> int:
+            nonlocal handed, refilled
+            now = self._rt.clock.now()
+            written = await settle(self._rt, conn, now, outcomes, ACTION, worker_id)
+            if room:
+                # Started once the finish holds its lock, as a claim's rows are.
+                started = StartTime(self._rt.clock)
+                handed = await driver.hand_off(
+                    conn, now, list(ended), room, worker_id, self._claims.serve, started
+                )
+            # Every slot these ends freed is taken again: a claimer woken now would
+            # find every queue as busy as before (and a claim costs six statements).
+            refilled = Counter(r.queue_name for r in handed) == ended
+            if queued and not refilled:
+                await driver.notify(conn, KINDS)
+            return written
+
+        # One autocommit statement unless a queue must be woken, or a run failed or a row
+        # has a completion callback and the driver writes it in several statements (a
+        # retry, its state and its history commit together; a callback is written with its
+        # finish). On PostgreSQL a batch with retries is one statement; without BEGIN and
+        # COMMIT its write took 4.1 ms instead of 5.5 (a drain of 20,000 actions, a tenth
+        # failing once). A connection lost as it ran may have committed it: run again, it
+        # finds the rows moved and says so (counted "finished elsewhere"), as after a
+        # COMMIT lost.
+        single = not queued and driver.finishes_in_one_statement(outcomes, retrying)
+        failures = 0
+        while True:
+            try:
+                written = await self._rt.transaction(
+                    _write, doing="recording action outcomes", single_statement=single
+                )
+                return written, set(), handed, refilled
+            except DatabaseError as exc:
+                handed, refilled = [], False
+                if room:
+                    # Its COMMIT may have taken effect: rows started under this worker
+                    # that it never heard of. The next claim adopts them (``ActionClaims``).
+                    self._claims.uncertain = True
+                if not exc.transient:
+                    written, stuck = await self._write_one_by_one(outcomes, exc)
+                    return written, stuck, [], False
+                delay = self._rt.backoff.delay(failures)
+                failures += 1
+                self._rt.health.fault(exc, f"recording {len(outcomes)} action outcomes", delay)
+                await anyio.sleep(delay)
 
     async def _write_one_by_one(
         self, outcomes: list[Outcome], cause: Exception

@@ -155,103 +155,116 @@ class GroupCommit:
         """Claim up to ``size`` rows due at ``now`` (default: the clock's now), run them for
         at most ``batch_time`` seconds (the rest stay Pending), write and commit."""
         rt = self._rt
-        driver = rt.driver
         async with rt.engine.connect() as conn:
             take_notes(conn)  # what a transaction rolled back may have left
             root = await conn.begin()
-            claim_at = rt.clock.now() if now is None else now
-            if self._only is not None:
-                rows = await driver.claim_ids(conn, MUTATION, self._only[:size], claim_at)
-            else:
-                rows = await driver.claim_mutations(
-                    conn, claim_at, size, self._serve, self._hint, self._floor
-                )
+            rows = await self._claim(conn, rt.clock.now() if now is None else now, size)
             if not rows:
                 await conn.rollback()
                 return
-            handle = await driver.statement_handle(conn)
+            handle = await rt.driver.statement_handle(conn)
             self._began = rt.clock.now()  # the rows' start (written with their finish)
             self.claimed.extend(rows)
             self._running = frozenset(r.id for r in self.claimed)
-            # Optimistic: one session for the batch. With savepoints each mutation gets its
-            # own session joined to its own savepoint. "rollback_only": a user's
-            # ctx.db.commit() commits nothing of ours; a ctx.db.rollback() is detected.
-            session = mutation_session(conn) if self._mode is Mode.OPTIMISTIC else None
-            if session is not None:
-                event.listen(conn.sync_connection, "before_cursor_execute", self._count_writes)
-            outcomes = self.outcomes
-            # One cancel scope for the whole batch, cancelled by a timer when the mutation
-            # running is past its time limit; the timer is moved only when a mutation's
-            # limit ends sooner than the one it is set for (``_past_limit``). A new anyio
-            # scope per mutation cost ~25 us, a sixth of a no-op mutation on SQLite; moving
-            # one scope's deadline per mutation (a timer cancelled and made twice) 6% of a
-            # PostgreSQL drain's CPU. Real time, not the injected clock: this bounds lock
-            # holding, not a schedule.
             started = time.monotonic()
-            stop_at = started + batch_time
-            cut = False
-            self._new_writer = functools.partial(
-                BufferedWriter,
-                rt,
-                conn,
-                check_parent=None,
-                before_cancel=functools.partial(self._before_cancel, conn),
-                running=self._running,
-            )
-            with anyio.CancelScope() as limit:
-                self._limit = limit
-                try:
-                    for row in rows:
-                        if outcomes and time.monotonic() >= stop_at:
-                            # The rest stay Pending: the next batch takes them, ours or, if
-                            # this executor is stopping, another's (woken below).
-                            cut = True
-                            break
-                        if (
-                            self._cancelled
-                            and await driver.state(conn, row.id) is not State.PENDING
-                        ):
-                            continue  # cancelled by an earlier mutation of this batch
-                        outcomes.append(await self._run_one(conn, root, session, row))
-                finally:
-                    if self._timer is not None:
-                        self._timer.cancel()
-                    if session is not None:
-                        event.remove(
-                            conn.sync_connection, "before_cursor_execute", self._count_writes
-                        )
-                        if not limit.cancel_called:
-                            await session.close()
+            limit, cut = await self._run_rows(conn, root, rows, started + batch_time)
             if limit.cancel_called:
                 # A mutation outlived its time limit and was cancelled, possibly in the middle
                 # of a statement: stop that statement, roll everything back, drop the
                 # connection.
-                await driver.abandon(conn, handle)
-                assert self._current is not None
-                raise BatchTimeout(
-                    self._current,
-                    FunctionTimeoutError(
-                        f"mutation {self._current.name!r} ran longer than its time limit of "
-                        f"{self._timeout:g}s and was rolled back; raise the limit with "
-                        "timeout=... on its decorator"
-                    ),
-                )
-            if cut:
-                # Executors elsewhere skipped these locked rows and may be idle until their
-                # poll: tell them, at our commit, that they are free again.
-                await driver.notify(conn, {FunctionKind.MUTATION})
-                self.woken.add(FunctionKind.MUTATION)
-            if any(row.queue_name is not None for row in rows):
-                # Our queues' locks end with this commit: their next rows (of either kind)
-                # may start, and claimers that skipped them may be idle.
-                await driver.notify(conn, KINDS)
-                self.woken.update(KINDS)
-            if outcomes:
-                self._pace.add((time.monotonic() - started) / len(outcomes))
+                await rt.driver.abandon(conn, handle)
+                raise self._timed_out()
+            await self._tell_others(conn, rows, cut)
+            if self.outcomes:
+                self._pace.add((time.monotonic() - started) / len(self.outcomes))
             await self._write(conn)
             notes = take_notes(conn)
             await conn.commit()
         self.inline += rt.after_commit(notes)
+
+    async def _claim(self, conn: AsyncConnection, now: float, size: int) -> list[Claimed]:
+        driver = self._rt.driver
+        if self._only is not None:
+            return await driver.claim_ids(conn, MUTATION, self._only[:size], now)
+        return await driver.claim_mutations(conn, now, size, self._serve, self._hint, self._floor)
+
+    async def _run_rows(
+        self, conn: AsyncConnection, root: AsyncTransaction, rows: list[Claimed], stop_at: float
+    ) -> tuple[anyio.CancelScope, bool]:
+        """Run the claimed rows in order until ``stop_at`` (the rest stay Pending: then
+        ``cut``), each in the batch's session or its own savepoint; the scope a mutation
+        past its time limit cancelled, if one did."""
+        # Optimistic: one session for the batch. With savepoints each mutation gets its
+        # own session joined to its own savepoint. "rollback_only": a user's
+        # ctx.db.commit() commits nothing of ours; a ctx.db.rollback() is detected.
+        session = mutation_session(conn) if self._mode is Mode.OPTIMISTIC else None
+        if session is not None:
+            event.listen(conn.sync_connection, "before_cursor_execute", self._count_writes)
+        outcomes = self.outcomes
+        # One cancel scope for the whole batch, cancelled by a timer when the mutation
+        # running is past its time limit; the timer is moved only when a mutation's
+        # limit ends sooner than the one it is set for (``_past_limit``). A new anyio
+        # scope per mutation cost ~25 us, a sixth of a no-op mutation on SQLite; moving
+        # one scope's deadline per mutation (a timer cancelled and made twice) 6% of a
+        # PostgreSQL drain's CPU. Real time, not the injected clock: this bounds lock
+        # holding, not a schedule.
+        cut = False
+        self._new_writer = functools.partial(
+            BufferedWriter,
+            self._rt,
+            conn,
+            check_parent=None,
+            before_cancel=functools.partial(self._before_cancel, conn),
+            running=self._running,
+        )
+        with anyio.CancelScope() as limit:
+            self._limit = limit
+            try:
+                for row in rows:
+                    if outcomes and time.monotonic() >= stop_at:
+                        # The rest stay Pending: the next batch takes them, ours or, if
+                        # this executor is stopping, another's (woken below).
+                        cut = True
+                        break
+                    if (
+                        self._cancelled
+                        and await self._rt.driver.state(conn, row.id) is not State.PENDING
+                    ):
+                        continue  # cancelled by an earlier mutation of this batch
+                    outcomes.append(await self._run_one(conn, root, session, row))
+            finally:
+                if self._timer is not None:
+                    self._timer.cancel()
+                if session is not None:
+                    event.remove(conn.sync_connection, "before_cursor_execute", self._count_writes)
+                    if not limit.cancel_called:
+                        await session.close()
+        return limit, cut
+
+    def _timed_out(self) -> BatchTimeout:
+        assert self._current is not None
+        return BatchTimeout(
+            self._current,
+            FunctionTimeoutError(
+                f"mutation {self._current.name!r} ran longer than its time limit of "
+                f"{self._timeout:g}s and was rolled back; raise the limit with "
+                "timeout=... on its decorator"
+            ),
+        )
+
+    async def _tell_others(self, conn: AsyncConnection, rows: list[Claimed], cut: bool) -> None:
+        """At this commit, wake the executors that may wait for what it frees."""
+        driver = self._rt.driver
+        if cut:
+            # Executors elsewhere skipped these locked rows and may be idle until their
+            # poll: tell them, at our commit, that they are free again.
+            await driver.notify(conn, {FunctionKind.MUTATION})
+            self.woken.add(FunctionKind.MUTATION)
+        if any(row.queue_name is not None for row in rows):
+            # Our queues' locks end with this commit: their next rows (of either kind)
+            # may start, and claimers that skipped them may be idle.
+            await driver.notify(conn, KINDS)
+            self.woken.update(KINDS)
 
     def _limit_from(self, deadline: float) -> None:
         """The mutation starting now is past its time limit at ``deadline`` (the event

@@ -165,49 +165,64 @@ class MutationLanes:
                 await self._fail_alone(timeout.row, timeout.error)
                 return 1, True
             except Exception as exc:
-                claimed = batch.claimed
                 if rt.driver.is_transient(exc):
-                    delay = rt.backoff.delay(failures)
+                    await self._back_off(batch, exc, failures)
                     failures += 1
-                    self._tally.stats["retries"] += 1
-                    rt.health.fault(exc, f"running a batch of {len(claimed)} mutations", delay)
-                    await self._count_rolled_back(batch.begun)
-                    await anyio.sleep(delay)
                     continue
-                if isinstance(exc, DurafnError):
-                    raise
-                if not claimed:  # durafn's own claim failed: nothing of the user's ran
-                    raise rt.driver.wrap(exc, "claiming due mutations") from exc
-                # A statement of the batch itself failed, not a mutation: typically user
-                # code left the transaction unusable (a database error it swallowed). Narrow
-                # it down: savepoints, then one row per transaction, then fail that row.
-                if mode is Mode.ALONE:
-                    await self._fail_alone(claimed[0], exc)
+                if await self._narrow_down(batch, exc, mode):
                     return 1, True
-                await self._count_rolled_back(batch.begun)
-                logger.warning(
-                    "mutation batch of %d failed outside any mutation (%s); re-running it %s",
-                    len(claimed),
-                    one_line(exc),
-                    "with savepoints" if mode is Mode.OPTIMISTIC else "one row at a time",
-                )
-                self._escalate(Mode.SAVEPOINTS if mode is Mode.OPTIMISTIC else Mode.ALONE)
                 continue
-            n = len(batch.outcomes)
-            if batch.claimed:  # committed
-                rt.health.ok()
-                self._tally.record(FunctionKind.MUTATION, batch.outcomes)
-                rt.wake(batch.woken)
-                await rt.hooks.finished(FunctionKind.MUTATION, batch.outcomes)
-                await rt.hooks.enqueued(batch.enqueued)
-                await rt.run_inline(batch.inline)
-            if mode is not Mode.OPTIMISTIC and n:
-                self._mode_batches -= 1
-                if self._mode_batches <= 0:
-                    self._mode = Mode.OPTIMISTIC
-            # More may be due if the claim took all it asked for, or the batch stopped at
-            # batch_time before running all it claimed.
-            return n, len(batch.claimed) == size or n < len(batch.claimed)
+            return await self._committed(batch, mode, size)
+
+    async def _back_off(self, batch: GroupCommit, exc: Exception, failures: int) -> None:
+        """A fault retrying the batch can cure: its rows' runs counted, then a backoff."""
+        rt = self._rt
+        delay = rt.backoff.delay(failures)
+        self._tally.stats["retries"] += 1
+        rt.health.fault(exc, f"running a batch of {len(batch.claimed)} mutations", delay)
+        await self._count_rolled_back(batch.begun)
+        await anyio.sleep(delay)
+
+    async def _narrow_down(self, batch: GroupCommit, exc: Exception, mode: Mode) -> bool:
+        """A statement of the batch itself failed, not a mutation: typically user code left
+        the transaction unusable (a database error it swallowed). Narrow it down:
+        savepoints, then one row per transaction, then fail that row (True: done so)."""
+        claimed = batch.claimed
+        if isinstance(exc, DurafnError):
+            raise exc
+        if not claimed:  # durafn's own claim failed: nothing of the user's ran
+            raise self._rt.driver.wrap(exc, "claiming due mutations") from exc
+        if mode is Mode.ALONE:
+            await self._fail_alone(claimed[0], exc)
+            return True
+        await self._count_rolled_back(batch.begun)
+        logger.warning(
+            "mutation batch of %d failed outside any mutation (%s); re-running it %s",
+            len(claimed),
+            one_line(exc),
+            "with savepoints" if mode is Mode.OPTIMISTIC else "one row at a time",
+        )
+        self._escalate(Mode.SAVEPOINTS if mode is Mode.OPTIMISTIC else Mode.ALONE)
+        return False
+
+    async def _committed(self, batch: GroupCommit, mode: Mode, size: int) -> tuple[int, bool]:
+        """What a batch that ran does next: counts, wake-ups, hooks, inline rows; how many
+        rows it finished, and whether more may be due already (its claim took all it asked
+        for, or it stopped at ``batch_time`` before running all it claimed)."""
+        rt = self._rt
+        n = len(batch.outcomes)
+        if batch.claimed:  # committed
+            rt.health.ok()
+            self._tally.record(FunctionKind.MUTATION, batch.outcomes)
+            rt.wake(batch.woken)
+            await rt.hooks.finished(FunctionKind.MUTATION, batch.outcomes)
+            await rt.hooks.enqueued(batch.enqueued)
+            await rt.run_inline(batch.inline)
+        if mode is not Mode.OPTIMISTIC and n:
+            self._mode_batches -= 1
+            if self._mode_batches <= 0:
+                self._mode = Mode.OPTIMISTIC
+        return n, len(batch.claimed) == size or n < len(batch.claimed)
 
     def claim_size(self, timed: bool) -> int:
         """How many mutations to claim: what fits in ``batch_time`` at the recent pace.
