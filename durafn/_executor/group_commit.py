@@ -337,29 +337,7 @@ class GroupCommit:
             self._deadline = math.inf  # the limit covers the run, not the hooks after it
         except Exception as exc:
             self._deadline = math.inf
-            if rt.driver.is_transient(exc, raised_by_user=True):
-                raise
-            if savepoint is None:
-                if self._writes != writes or not root.is_active or _from_database(exc):
-                    raise BatchRestart() from exc
-                # Nothing of it reached the database (reads only): drop what it left in
-                # the session and its scheduler, record it, and go on with the batch. A
-                # restart with savepoints cost a batch of no-op mutations with one in ten
-                # failing 0.05x of its rate.
-                if session.identity_map or session.new:
-                    session.expunge_all()
-                if parts.writer is not None:
-                    parts.writer.discard()
-                return await self._after(failed(row, exc))
-            # Closing the mutation's own session first rolls back savepoints the user left
-            # open inside ours; then ours can be rolled back.
-            await session.close()
-            if savepoint.is_active:
-                await savepoint.rollback()
-            self._written = mark  # outcomes it wrote early were rolled back with it
-            if parts.writer is not None:
-                parts.writer.discard()
-            return await self._after(failed(row, exc))
+            return await self._failed_run(exc, row, root, savepoint, session, parts, writes, mark)
         finally:
             if batch_session is None:
                 await session.close()
@@ -374,6 +352,43 @@ class GroupCommit:
         if hooks:
             await rt.hooks.after(MUTATION, outcome)
         return outcome
+
+    async def _failed_run(
+        self,
+        exc: Exception,
+        row: Claimed,
+        root: AsyncTransaction,
+        savepoint: AsyncTransaction | None,
+        session: AsyncSession,
+        parts: MutationParts,
+        writes: int,
+        mark: int,
+    ) -> Outcome:
+        """A mutation raised: the batch restarts (with savepoints) if what it did cannot be
+        undone alone, else its row is recorded Failed and the batch goes on."""
+        if self._rt.driver.is_transient(exc, raised_by_user=True):
+            raise exc
+        if savepoint is None:
+            if self._writes != writes or not root.is_active or _from_database(exc):
+                raise BatchRestart() from exc
+            # Nothing of it reached the database (reads only): drop what it left in the
+            # session and its scheduler, record it, and go on with the batch. A restart with
+            # savepoints cost a batch of no-op mutations with one in ten failing 0.05x of
+            # its rate.
+            if session.identity_map or session.new:
+                session.expunge_all()
+            if parts.writer is not None:
+                parts.writer.discard()
+            return await self._after(failed(row, exc))
+        # Closing the mutation's own session first rolls back savepoints the user left
+        # open inside ours; then ours can be rolled back.
+        await session.close()
+        if savepoint.is_active:
+            await savepoint.rollback()
+        self._written = mark  # outcomes it wrote early were rolled back with it
+        if parts.writer is not None:
+            parts.writer.discard()
+        return await self._after(failed(row, exc))
 
     async def _after(self, outcome: Outcome) -> Outcome:
         """The ``after`` hooks of a run that ended with ``outcome`` (not yet written)."""
