@@ -567,3 +567,32 @@ async def test_scheduling_through_a_session_before_the_tables_exist(
                 await app.scheduler(conn).run_after(0, noop)
     finally:
         await app.aclose()
+
+
+@pytest.mark.postgres_only  # fillfactor is PostgreSQL's storage setting; SQLite has none
+async def test_the_hot_table_leaves_room_for_its_rows_new_versions(postgres_url: str) -> None:
+    """A fresh database's ``_scheduled_functions`` has ``fillfactor = 50``; one at version
+    22 (without it) gets it from its migration, and keeps its rows."""
+    app = durafn.App(postgres_url)
+    try:
+        await app.migrate()
+
+        async def options() -> list[str] | None:
+            async with app.engine.connect() as conn:
+                found = await conn.execute(
+                    text("SELECT reloptions FROM pg_class WHERE relname = '_scheduled_functions'")
+                )
+                value = found.scalar_one()
+                return None if value is None else list(value)
+
+        assert await options() == ["fillfactor=50"]
+        async with app.engine.begin() as conn:
+            await conn.execute(text("ALTER TABLE _scheduled_functions RESET (fillfactor)"))
+            await conn.execute(delete(schema_version))
+            await conn.execute(insert(schema_version).values(version=22, applied_at=0))
+        assert await options() is None
+        await app.aclose()
+        assert await app.migrate() == durafn.SCHEMA_VERSION
+        assert await options() == ["fillfactor=50"]
+    finally:
+        await app.aclose()

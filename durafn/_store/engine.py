@@ -252,6 +252,7 @@ class EngineDriver:
             for index in table.indexes:
                 index.create(conn, checkfirst=True)
         install_functions(conn, self)
+        self.set_storage(conn)
 
     # -- the schema's SQL each engine writes its own way (``migrations.SchemaDialect``) ----
 
@@ -266,6 +267,9 @@ class EngineDriver:
 
     def add_seq_column(self, conn: Connection) -> None:
         raise NotImplementedError
+
+    def set_storage(self, conn: Connection) -> None:
+        """The hot table's storage settings (PostgreSQL's fillfactor)."""
 
     async def _current_version(self, conn: AsyncConnection) -> int | None:
         version = (await conn.execute(select(func.max(schema_version.c.version)))).scalar()

@@ -406,6 +406,7 @@ class Dialect(Protocol):
     async def _lock_schema(self, conn: Conn) -> None: ...  # serialise concurrent migrations
     def install_release_functions(self, conn: Connection) -> None: ...  # the hot finish's
     def install_schedule_function(self, conn: Connection) -> None: ...  # durafn.schedule
+    def set_storage(self, conn: Connection) -> None: ...  # the hot table's fillfactor
 
     # and, for speed, any statement of ``Store``: the multi-row finishes, retries and
     # failures (``postgres/multirow.py``, ``sqlite/multirow.py``), a cancel's NOTIFY

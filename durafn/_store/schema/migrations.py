@@ -58,6 +58,9 @@ class SchemaDialect(Protocol):
     def add_seq_column(self, conn: Connection) -> None:
         """``seq`` added to ``_scheduled_functions`` and numbered (version 11)."""
 
+    def set_storage(self, conn: Connection) -> None:
+        """The hot table's storage settings (an engine without any: nothing)."""
+
 
 # Versions 5 to 9 kept every failed run of a row in a table of its own; version 10 moves
 # them into the row's ``errors`` and drops it. Not in ``metadata``: only the steps use it.
@@ -394,6 +397,13 @@ def _step_22(conn: Connection, dialect: SchemaDialect) -> None:
     audit.create(conn, checkfirst=True)  # and its index
 
 
+def _step_23(conn: Connection, dialect: SchemaDialect) -> None:
+    """Version 23: on PostgreSQL, ``_scheduled_functions`` leaves half of each page free
+    for the new versions of its rows (``fillfactor``): a catalogue change; rows written
+    from now on are placed so (``postgres/driver.py``' ``set_storage`` says why)."""
+    dialect.set_storage(conn)
+
+
 def install_functions(conn: Connection, dialect: SchemaDialect) -> None:
     """What the migrations install besides tables: the release trigger (with, where the
     dialect has them, the hot finish's functions) and the SQL ``durafn.schedule``."""
@@ -423,5 +433,6 @@ MIGRATIONS: dict[int, Callable[[Connection, SchemaDialect], None]] = {
     20: _step_20,
     21: _step_21,
     22: _step_22,
+    23: _step_23,
 }
 """Steps from version N-1 to N. A fresh database gets the latest tables in one go."""
