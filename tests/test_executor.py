@@ -1233,33 +1233,43 @@ async def test_an_action_that_outlives_its_limit_by_ignoring_the_cancel_counts_a
 
 
 async def test_claims_ahead_cover_one_claim_round_trip(app: durafn.App) -> None:
-    """Rows claimed beyond the free slots: twice what the workers start during one claim's
-    round trip at the recent pace (the next claim goes when half are left), at most
-    ``concurrency``; none for slow actions. A slot counts while its action runs within a
-    few times the pace: 20 ms actions, every one running longer than a 4 ms round trip,
-    still free their slots during the next (issue 53's W1); a straggler does not."""
+    """Rows claimed beyond the free slots, at most ``concurrency``: what the workers start
+    within the horizon (0.25 s) at the recent pace, at least twice what they start during
+    one claim's round trip; none for actions longer than the horizon. A slot counts while
+    its action runs within a few times the pace: 20 ms actions, every one running longer
+    than a 4 ms round trip, still free their slots soon (issue 53's W1); a straggler
+    does not."""
+    from durafn._executor.actions import AHEAD_HORIZON
+
+    assert AHEAD_HORIZON == 0.25
     executor = app.executor(concurrency=10)
-    assert executor._actions.claim_ahead() == 0  # no pace known yet
-    executor._actions.claim_pace.seconds = 0.004
-    executor._actions.action_pace.seconds = 0.02  # 10 workers start 500 a second: 2 per round trip
-    assert executor._actions.claim_ahead() == 4
-    executor._actions.action_pace.seconds = 1.0
-    assert executor._actions.claim_ahead() == 0  # slow actions: a claim for free slots only
-    executor._actions.action_pace.seconds = 0.00001
-    assert executor._actions.claim_ahead() == 10
+    pool = executor._actions
+    assert pool.claim_ahead() == 0  # no pace known yet
+    pool.claim_pace.seconds = 0.004
+    pool.action_pace.seconds = 0.1  # 10 workers start 100 a second: 25 in the horizon
+    assert pool.claim_ahead() == 10
+    pool.action_pace.seconds = 0.5  # 5 in the horizon
+    assert pool.claim_ahead() == 5
+    pool.action_pace.seconds = 1.0
+    assert pool.claim_ahead() == 2
+    pool.action_pace.seconds = 5.0  # longer than the horizon: claims for free slots only
+    assert pool.claim_ahead() == 0
+    pool.claim_pace.seconds = 0.4  # a slow round trip covers more: two of them
+    assert pool.claim_ahead() == 1
+    pool.claim_pace.seconds = 0.004
     from durafn._executor.deadlines import Slot
     from durafn._store import Claimed
 
     row = Claimed(durafn.ScheduledFunctionId("r"), "f", "{}", 1, None, 0.0)
-    executor._actions.action_pace.seconds = 0.02
+    pool.action_pace.seconds = 1.0
     now = time.monotonic()
-    for _ in range(10):  # every slot 10 ms into a 20 ms action: all of them count
-        executor._actions.slots.add(Slot(row=row, started=now - 0.01))
-    assert executor._actions.claim_ahead() == 4
-    executor._actions.slots.clear()
-    for _ in range(5):  # five stragglers, 1 s into actions whose pace is 20 ms
-        executor._actions.slots.add(Slot(row=row, started=now - 1.0))
-    assert executor._actions.claim_ahead() == 2
+    for _ in range(10):  # every slot half-way through its action: all of them count
+        pool.slots.add(Slot(row=row, started=now - 0.5))
+    assert pool.claim_ahead() == 2
+    pool.slots.clear()
+    for _ in range(5):  # five stragglers, 10 s into actions whose pace is 1 s
+        pool.slots.add(Slot(row=row, started=now - 10.0))
+    assert pool.claim_ahead() == 1
 
 
 async def test_short_actions_claimed_ahead_each_run_once(app: durafn.App) -> None:

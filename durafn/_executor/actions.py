@@ -39,6 +39,8 @@ from .tasks import Pace, Signal, first_of
 from .wakeups import Wakeups
 
 ACTION = FunctionKind.ACTION
+AHEAD_HORIZON = 0.25
+"""Seconds a row claimed ahead may wait for its worker (``ActionPool.claim_ahead``)."""
 STRAGGLER = 4.0
 """An action running this many times the recent pace is a straggler: its slot is not
 counted as turning over in the look-ahead."""
@@ -172,22 +174,26 @@ class ActionPool(BatchRunning):
         return True
 
     def claim_ahead(self) -> int:
-        """How many rows to hold claimed beyond the free slots: twice as many as the
-        workers will start during one claim's round trip at the recent pace (at most
-        ``concurrency``). The dispatcher claims again when half of them are left, so each
-        claim takes about that many rows and lands before the workers run dry.
+        """How many rows to hold claimed beyond the free slots (at most ``concurrency``):
+        what the workers will start within ``AHEAD_HORIZON`` at the recent pace, and at
+        least twice what they start during one claim's round trip. The dispatcher claims
+        again when half of them are left, so a claim takes many rows and lands before the
+        workers run dry.
 
         Actions shorter than a claim's round trip otherwise leave the workers idle while
         each claim is on the wire: no-op actions drained at ~9,000/s on PostgreSQL with
         claim and run alternating, ~13,000/s with the next claim overlapping the run (2-core
-        machine, interleaved runs). So do longer ones, a little: with 100 slots of 20 ms
-        actions and a 3 ms round trip, 15 slots free while a claim is on the wire, and a
-        look-ahead that counted none of them (it left out every slot whose action had run
-        longer than a round trip) reached 0.66 of the ideal rate (issue 53's W1).
-        A row claimed ahead waits about one round trip for its worker; if the process is
-        killed meanwhile it is recorded lost, never run, like any claimed action (a stop
-        returns it to Pending). A straggler (an action running far past the pace) frees no
-        slot soon: only the others count.
+        machine, interleaved runs). Longer ones too: with 100 slots of 20 ms actions and a
+        3 ms round trip, 15 slots free while a claim is on the wire, and a look-ahead that
+        counted none of them (it left out every slot whose action had run longer than a
+        round trip) reached 0.66 of the ideal rate (issue 53's W1); and 10 slots of 100 ms
+        actions made a claim per freed slot, half a commit per job (W4).
+
+        A row claimed ahead waits at most about ``AHEAD_HORIZON`` for its worker; if the
+        process is killed meanwhile it is recorded lost, never run, like any claimed action
+        (a stop returns it to Pending). Actions longer than the horizon: a claim only for
+        slots that are free. A straggler (an action running far past the pace) frees no
+        slot soon: only the other slots count.
         """
         action_seconds = self.action_pace.seconds
         if action_seconds <= 0.0:
@@ -197,7 +203,8 @@ class ActionPool(BatchRunning):
         straggling = max(claim_seconds, STRAGGLER * action_seconds)
         held = sum(s.row is not None and now - s.started > straggling for s in self.slots)
         turning = self._config.concurrency - held
-        return max(0, min(turning, int(2 * turning * claim_seconds / action_seconds)))
+        reach = max(AHEAD_HORIZON, 2 * claim_seconds)
+        return max(0, min(turning, int(turning * reach / action_seconds)))
 
     # -- the workers ---------------------------------------------------------------------
 
