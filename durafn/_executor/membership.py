@@ -198,7 +198,8 @@ class Membership:
         message = (
             "the worker running this action ({worker}) sent no heartbeat for "
             f"{timeout:g}s: it was killed, crashed, or lost its database connection. The "
-            "action may have run partly or fully"
+            "action may have run partly or fully, or not at all (claimed ahead of a free "
+            "slot), and its outcome was not recorded"
         )
         rt = self._rt
 
