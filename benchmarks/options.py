@@ -26,6 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 import durafn
 from durafn import ActionCtx, Flow, MutationCtx
 from durafn._store import SERVE_ALL
+from durafn._store.claim import levels
 from durafn._store.claim import take as claims
 from durafn._store.claim.queues import QUEUE_HEAD
 
@@ -156,10 +157,10 @@ async def claim_plans(app: durafn.App) -> dict[str, str]:
         "claim, fast path past levels with nothing due: every level": st.fast,
         "claim at one level (the full claim)": st.unqueued,
     }
-    hot["priority levels (the full claim)"] = claims.LEVELS
+    hot["priority levels (the full claim)"] = levels.LEVELS
     hot["queued rows at one level (which queues)"] = st.queued
     hot["a queue's head"] = QUEUE_HEAD.params(queue="user:1")
-    hot["next due"] = claims.NEXT_DUE[True]
+    hot["next due"] = levels.NEXT_DUE[True]
     plans: dict[str, str] = {}
     async with app.engine.connect() as conn:
         explain = "EXPLAIN" if conn.dialect.name == "postgresql" else "EXPLAIN QUERY PLAN"

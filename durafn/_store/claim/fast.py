@@ -13,7 +13,8 @@ from ..._options import PRIORITY_RANGE
 from ..rows import CLAIM_ORDER, Claimed
 from .columns import CLAIM_COLUMNS, StartTime, claimed
 from .hints import LevelFloor
-from .take import SECOND_LEVEL, ClaimFilter, statements
+from .levels import SECOND_LEVEL
+from .take import ClaimFilter, statements
 
 
 async def take_fast(

@@ -22,7 +22,8 @@ from .columns import CLAIM_COLUMNS, StartTime, claimed
 from .fast import start_fast, take_fast
 from .handoff import hand_off
 from .hints import FastPathHint, LevelFloor
-from .take import SERVE_ALL, ClaimFilter, next_due, start_actions, take
+from .levels import next_due
+from .take import SERVE_ALL, ClaimFilter, start_actions, take
 
 
 class ClaimStatements(EngineDriver):

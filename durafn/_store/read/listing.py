@@ -14,7 +14,7 @@ from sqlalchemy.sql.selectable import FromClause, ScalarSelect, Select
 from ..._clock import to_datetime
 from ..._kinds import FunctionKind, State
 from ..._models import Page, ScheduledFunction, WorkerInfo
-from ..claim.take import next_due
+from ..claim.levels import next_due
 from ..filters import RowFilter
 from ..rows import decode_cursor, encode_cursor, is_id, to_model
 from ..schema.tables import BATCHED, KEYED, QUEUED, RUNNING_ROWS, UNQUEUED, sf, workers
