@@ -37,10 +37,17 @@ def free_port() -> int:
 class PgBouncer:
     """A pooler in transaction mode on a free port, configured in ``directory``:
     ``pool_size`` server connections per database and user, at most ``max_clients``
-    client connections."""
+    client connections; ``log_connections``: a line on its stderr for each client's
+    connection and disconnection."""
 
     def __init__(
-        self, directory: Path, *, pool_size: int, max_clients: int = 200, user: str = "postgres"
+        self,
+        directory: Path,
+        *,
+        pool_size: int,
+        max_clients: int = 200,
+        user: str = "postgres",
+        log_connections: bool = True,
     ) -> None:
         self.directory = directory
         self.port = free_port()
@@ -63,6 +70,8 @@ pool_mode = transaction
 default_pool_size = {pool_size}
 max_db_connections = {pool_size}
 max_client_conn = {max_clients}
+log_connections = {int(log_connections)}
+log_disconnections = {int(log_connections)}
 """
         )
 
