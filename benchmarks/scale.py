@@ -287,6 +287,8 @@ async def one(n: int, args: argparse.Namespace, pool: Pooler | None) -> dict[str
                 proc.kill()
         await app.aclose()
         await admin.close()
+        if pool is not None:  # the next N's server connections, not this one's idle ones
+            await pool.bouncer.close_server_connections(database)
 
 
 def _table(results: list[dict[str, Any]]) -> str:

@@ -72,6 +72,7 @@ max_db_connections = {pool_size}
 max_client_conn = {max_clients}
 log_connections = {int(log_connections)}
 log_disconnections = {int(log_connections)}
+admin_users = {user}
 """
         )
 
@@ -101,3 +102,13 @@ log_disconnections = {int(log_connections)}
                     return
                 finally:
                     await conn.close()
+
+    async def close_server_connections(self, database: str) -> None:
+        """Close PgBouncer's server connections to ``database`` (its admin console's
+        ``KILL``): otherwise it keeps them, idle, for ``server_idle_timeout`` (10 min)."""
+        dsn = f"postgresql://postgres@127.0.0.1:{self.port}/pgbouncer"
+        conn = await asyncpg.connect(dsn, statement_cache_size=0)
+        try:
+            await conn.execute(f'KILL "{database}"')  # the simple protocol: no parameters
+        finally:
+            await conn.close()
