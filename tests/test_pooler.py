@@ -8,6 +8,10 @@ subprocess run through it. The executors poll once an hour, so every row they ru
 the first was announced by a NOTIFY on the direct connection: the tests wait on rows
 finishing, in order, never on time. Skipped, with the reason, where PgBouncer is not
 installed; under CI (``CI`` set) that fails instead.
+
+Beside them, with no PgBouncer: a process's executors and watches share one LISTEN
+connection; SQLAlchemy's own URL options stay off it; the URL's options are checked
+(on both engines: SQLite refuses them).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from sqlalchemy import func, select, text
 import durafn
 from durafn import ActionCtx, MutationCtx, State
 
-from .conftest import BARE_DATABASE, BARE_DSN, BARE_URL
+from .conftest import BARE_DATABASE, BARE_DSN, BARE_URL, PG_ADMIN_DSN
 from .support.helpers import CEILING, equals, row_of, wait_until
 from .support.pgbouncer import PgBouncer, binary
 from .support.processes import owned
@@ -51,6 +55,12 @@ async def _listening() -> bool:
     return await _count(_LISTENING) > 0
 
 
+async def _no_listener_left() -> None:
+    """Wait until the LISTEN connections of earlier tests on the database have gone (a
+    backend leaves pg_stat_activity a moment after its client closed it)."""
+    await wait_until(lambda: equals(_count(_LISTENING), 0), "no LISTEN connection left")
+
+
 @pytest.fixture
 async def pooler(postgres_url: str, tmp_path: Path) -> AsyncIterator[PgBouncer]:
     """PgBouncer in transaction mode with two server connections, in front of the bare
@@ -61,6 +71,7 @@ async def pooler(postgres_url: str, tmp_path: Path) -> AsyncIterator[PgBouncer]:
         if os.environ.get("CI"):
             pytest.fail(f"{problem}; CI is set, so the pooler's tests must not be skipped")
         pytest.skip(problem)
+    await _no_listener_left()
     bouncer = PgBouncer(tmp_path / "pgbouncer", pool_size=2)
     async with owned() as owner:
         with (tmp_path / "pgbouncer.log").open("w") as log:
@@ -206,7 +217,7 @@ _COMMITS = "SELECT xact_commit FROM pg_stat_database WHERE datname = $1"
 async def _server_commits() -> int:
     """The database's committed transactions, once every backend of it has exited (each
     reports its counts as it exits: PgBouncer's would keep theirs for up to a second)."""
-    admin = await asyncpg.connect(BARE_DSN.rsplit("/", 1)[0] + "/postgres")
+    admin = await asyncpg.connect(PG_ADMIN_DSN)
     try:
         await admin.execute(
             "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity "
@@ -295,6 +306,7 @@ async def test_one_listen_connection_serves_every_executor_and_watch_of_a_proces
     """Two apps' executors and a watch in one process LISTEN through one connection
     (through a pooler it is a direct one, outside the pool: a host's share of the
     server's max_connections); each hears every NOTIFY, the last to stop closes it."""
+    await _no_listener_left()
     first = durafn.App(postgres_url)
     second, caller = first.using(), first.using()
     await first.migrate()
@@ -333,6 +345,7 @@ async def test_a_url_with_sqlalchemys_own_options_still_listens(postgres_url: st
     PgBouncer) is the engine's: the LISTEN connection, made by asyncpg from the URL, once
     sent it to the server as a setting, was refused and retried for ever, and the
     executor heard of no other process's work."""
+    await _no_listener_left()
     url = f"{postgres_url}?prepared_statement_cache_size=0"
     app = durafn.App(url)
     caller = app.using()
