@@ -336,11 +336,18 @@ async def settled_counters(conn: asyncpg.Connection, database: str) -> dict[str,
 class Meter:
     """One run's window on its scratch database; ``worker_pid`` is the worker's process
     (None: this one). Use ``start``, then ``stop`` at the drain's end, close the clients,
-    then ``figures``; ``close`` in a ``finally``."""
+    then ``figures``; ``close`` in a ``finally``.
 
-    def __init__(self, database: str, worker_pid: int | None = None) -> None:
+    ``counters=False``: for a window that opens and closes with clients connected (workers
+    already running, a pooler's server connections), which the commits and tuples need
+    gone; ``figures`` then has none of them, and the CPU and WAL as ever."""
+
+    def __init__(
+        self, database: str, worker_pid: int | None = None, *, counters: bool = True
+    ) -> None:
         self.database = database
         self.worker_pid = worker_pid
+        self.counters = counters
         self._operator: asyncpg.Connection | None = None
         self._backends = Backends(database)
         self._marks: dict[str, Any] = {}
@@ -351,8 +358,10 @@ class Meter:
         return time.process_time() - self._backends.thread_cpu()
 
     @classmethod
-    async def start(cls, database: str, worker_pid: int | None = None) -> Meter:
-        meter = cls(database, worker_pid)
+    async def start(
+        cls, database: str, worker_pid: int | None = None, *, counters: bool = True
+    ) -> Meter:
+        meter = cls(database, worker_pid, counters=counters)
         admin = meter._operator = await asyncpg.connect(PG_ADMIN)
         try:
             version = int(await admin.fetchval("SHOW server_version_num"))
@@ -371,7 +380,8 @@ class Meter:
                 )
             except asyncpg.PostgresError as exc:
                 meter._marks["slot_problem"] = str(exc)
-            meter._marks["counters"] = await settled_counters(admin, database)
+            if counters:
+                meter._marks["counters"] = await settled_counters(admin, database)
             await anyio.to_thread.run_sync(meter._backends.start)
             meter._marks["lsn"] = await admin.fetchval("SELECT pg_current_wal_insert_lsn()::text")
             meter._marks["worker"] = meter._worker_cpu()
@@ -394,8 +404,8 @@ class Meter:
         """Per-job figures of the window (after the run's clients have closed)."""
         admin, marks = self._operator, self._marks
         assert admin is not None and "end_lsn" in marks
-        after = await settled_counters(admin, self.database)
-        before = marks["counters"]
+        after = await settled_counters(admin, self.database) if self.counters else {}
+        before = marks.get("counters", {})
         # The WAL writer writes what was inserted within wal_writer_delay (200 ms).
         for _ in range(250):
             if await admin.fetchval(
@@ -419,18 +429,25 @@ class Meter:
         def delta(name: str) -> float:
             return round(float(after[name] - before[name]) / jobs, 4)
 
+        counted = (
+            {
+                "commits_per_job": delta("xact_commit"),
+                "rollbacks_per_job": delta("xact_rollback"),
+                "tuples_per_job": {
+                    "inserted": delta("tup_inserted"),
+                    "updated": delta("tup_updated"),
+                    "deleted": delta("tup_deleted"),
+                },
+            }
+            if self.counters
+            else {}
+        )
         return {
             "db_cpu_ms_per_1000": round(spent["all"] * per_1000, 1),
             "db_autovacuum_cpu_ms_per_1000": round(autovacuum * per_1000, 1),
             "backends": int(spent["backends"]),
             "worker_cpu_ms_per_1000": round(marks["worker_spent"] * per_1000, 1),
-            "commits_per_job": delta("xact_commit"),
-            "rollbacks_per_job": delta("xact_rollback"),
-            "tuples_per_job": {
-                "inserted": delta("tup_inserted"),
-                "updated": delta("tup_updated"),
-                "deleted": delta("tup_deleted"),
-            },
+            **counted,
             "wal_records_per_job": round(wal.records / jobs, 3),
             "wal_bytes_per_job": round(wal.bytes / jobs, 1),
             "wal_bytes_per_job_without_fpi": round((wal.bytes - wal.fpi_bytes) / jobs, 1),

@@ -4,23 +4,37 @@ connection pool) with one executor, running actions that wait on simulated I/O (
 sleep) instead of burning CPU.
 
     python -m benchmarks.scale [--executors 1,2,4,8,16,24] [--processes 2]
-                               [--concurrency 10] [--io 0.1] [--seconds 4] [--json PATH]
+                               [--concurrency 10] [--io 0.1] [--seconds 4] [--jobs N]
+                               [--pooler] [--server-connections 16] [--json PATH]
 
 The executors are spread over ``--processes`` real processes (``python -m
 benchmarks.scale child ...``), so that N does not cost N interpreters on a small machine.
-For each N: a fresh database; the executors start and register; a backlog that keeps
-every executor busy for about ``--seconds`` is written due at one moment; it drains.
+For each N: a fresh scratch database (``pgcost.scratch``); the executors start and
+register; a backlog that keeps every executor busy for about ``--seconds`` (at most
+``--jobs`` rows) is written due at one moment; it drains.
+
+``--pooler``: the executors reach the server through PgBouncer in transaction mode
+(Debian's package, started here: ``tests/support/pgbouncer.py``), with
+``--server-connections`` server connections for them all, and LISTEN on a direct
+connection per process (``pooler=transaction&listen=...`` in their URL); each
+executor's pool is its ``--connections`` (4) client connections to PgBouncer. The
+server's ``max_connections`` is read before and after, never changed.
+
 Reported per N:
 
 * rows/s, from the due time to the last ``completed_time`` (and the ideal,
   N x concurrency / io, which only the database or the machine's CPU can cap);
-* the database's CPU per 1,000 rows (every PostgreSQL process, ``cost.postgres_cpu``) and
-  the workers' (their processes, from ``/proc``);
+* the database's CPU per 1,000 rows: its own backends' (``pgcost.Meter``, the run's
+  database only, less this process's watching connection), and the workers' (their
+  processes, from ``/proc``), and PgBouncer's (``--pooler``);
 * lock waits: the share of the database's busy backends seen waiting on a heavyweight
   lock (``wait_event_type = 'Lock'``) or a lightweight one (``LWLock``), sampled every
-  20 ms from ``pg_stat_activity``;
-* connections: the most seen open on the database, and per executor;
-* WAL bytes and commits per row (``pg_stat_wal``, ``pg_stat_database``).
+  20 ms from ``pg_stat_activity`` on a connection to another database;
+* connections: the most of the run's database's backends seen at once (server
+  connections: PgBouncer's, LISTEN, and this process's watcher), of them LISTEN, and of
+  the whole server's (every database's clients, against ``max_connections``);
+* WAL bytes per row (``pgcost``: the run's database's records) and commits per row
+  (``pg_stat_database``, read while clients are connected: a backend reports within 1 s).
 
 Nothing here is asserted: it is a measurement.
 """
@@ -31,9 +45,11 @@ import argparse
 import json
 import statistics
 import sys
+import tempfile
 import time
 from collections import Counter
-from contextlib import AsyncExitStack
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -43,11 +59,13 @@ import asyncpg
 
 import durafn
 from durafn import ActionCtx
+from tests.support.pgbouncer import PgBouncer, binary
 
-from . import cost
-from .throughput import PG_DB, _fresh_postgres
+from . import cost, pgcost
+from .throughput import PG_ADMIN, pg_url
 
 ROOT = Path(__file__).resolve().parent.parent
+SERVER = "127.0.0.1:5432"
 
 
 def register(app: durafn.App) -> durafn.ActionRef[[float], None]:
@@ -72,25 +90,77 @@ async def _child(url: str, executors: int, concurrency: int, connections: int) -
         await anyio.wrap_file(sys.stdin).readline()  # the parent closes stdin to stop us
 
 
+# --- the pooler ------------------------------------------------------------------------------
+
+
+class Pooler:
+    """PgBouncer in transaction mode, run by this process for the whole benchmark."""
+
+    def __init__(self, bouncer: PgBouncer, process: anyio.abc.Process) -> None:
+        self.bouncer = bouncer
+        self.process = process
+
+    def url(self, database: str) -> str:
+        return self.bouncer.url(database, listen=SERVER)
+
+    def cpu(self) -> float:
+        return cost.process_cpu(self.process.pid)
+
+
+@asynccontextmanager
+async def pooler(server_connections: int, clients: int) -> AsyncIterator[Pooler]:
+    """Start PgBouncer (``tests/support/pgbouncer.py``: the tests' configuration) with
+    ``server_connections`` for each database, taking up to ``clients`` connections."""
+    executable = binary()
+    if executable is None:
+        raise SystemExit("--pooler needs PgBouncer: apt-get install pgbouncer")
+    with tempfile.TemporaryDirectory(prefix="durafn-scale-") as directory:
+        bouncer = PgBouncer(
+            Path(directory),
+            pool_size=server_connections,
+            max_clients=clients,
+            log_connections=False,
+        )
+        async with await anyio.open_process(
+            bouncer.command(executable), stdout=None, stderr=None
+        ) as process:
+            try:
+                await bouncer.ready("postgres", 60)
+                yield Pooler(bouncer, process)
+            finally:
+                process.terminate()
+                with anyio.move_on_after(10):
+                    await process.wait()
+                if process.returncode is None:
+                    process.kill()
+
+
 # --- the parent ------------------------------------------------------------------------------
 
 
 async def _connect(url: str) -> asyncpg.Connection:
-    return await asyncpg.connect(url.replace("postgresql+asyncpg", "postgresql"))
+    return await asyncpg.connect(url.split("?")[0].replace("postgresql+asyncpg", "postgresql"))
 
 
-async def _sample(conn: asyncpg.Connection, stop: anyio.Event, into: dict[str, Any]) -> None:
-    """Every 20 ms: the database's connections and what its busy backends wait on."""
-    busy = lock = lwlock = peak = 0
+async def _sample(
+    conn: asyncpg.Connection, database: str, stop: anyio.Event, into: dict[str, Any]
+) -> None:
+    """Every 20 ms, from a connection to another database: the run's database's
+    connections, its LISTEN ones, the whole server's, and what its busy backends wait on."""
+    busy = lock = lwlock = peak = listening = server = 0
     events: Counter[str] = Counter()
     while not stop.is_set():
         rows = await conn.fetch(
-            "SELECT state, wait_event_type, wait_event FROM pg_stat_activity"
-            " WHERE datname = $1 AND backend_type = 'client backend'",
-            PG_DB,
+            "SELECT datname = $1 AS ours, state, wait_event_type, wait_event,"
+            " query LIKE 'LISTEN%' AS listen FROM pg_stat_activity"
+            " WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()",
+            database,
         )
-        peak = max(peak, len(rows) - 2)  # not this connection, nor the parent's other
-        for row in rows:
+        ours = [row for row in rows if row["ours"]]
+        peak = max(peak, len(ours))
+        listening = max(listening, sum(row["listen"] for row in ours))
+        server = max(server, len(rows) + 1)  # and this one
+        for row in ours:
             if row["state"] == "active":
                 busy += 1
                 lock += row["wait_event_type"] == "Lock"
@@ -100,18 +170,18 @@ async def _sample(conn: asyncpg.Connection, stop: anyio.Event, into: dict[str, A
         await anyio.sleep(0.02)
     into.update(
         connections=peak,
+        listen_connections=listening,
+        server_connections=server,
         lock_wait_share=round(lock / busy, 3) if busy else 0.0,
         lwlock_wait_share=round(lwlock / busy, 3) if busy else 0.0,
         waits={event: round(seen / busy, 3) for event, seen in events.most_common(3)},
     )
 
 
-async def _server_counters(conn: asyncpg.Connection) -> tuple[int, int]:
-    wal = await conn.fetchval("SELECT wal_bytes FROM pg_stat_wal")
-    commits = await conn.fetchval(
-        "SELECT xact_commit FROM pg_stat_database WHERE datname = $1", PG_DB
+async def _commits(conn: asyncpg.Connection, database: str) -> int:
+    return int(
+        await conn.fetchval("SELECT xact_commit FROM pg_stat_database WHERE datname = $1", database)
     )
-    return int(wal), int(commits)
 
 
 async def _drained(conn: asyncpg.Connection, rows: int) -> None:
@@ -122,21 +192,31 @@ async def _drained(conn: asyncpg.Connection, rows: int) -> None:
         await anyio.sleep(0.25)
 
 
-async def one(
-    n: int, processes: int, concurrency: int, connections: int, io: float, seconds: float
-) -> dict[str, Any]:
-    url = await _fresh_postgres()
-    app = durafn.App(url)
+def _rows(n: int, args: argparse.Namespace) -> int:
+    """Enough rows to keep every executor busy for about ``--seconds``, at most
+    ``--jobs`` (and at least 100)."""
+    ideal = n * args.concurrency / args.io
+    return max(100, min(int(args.jobs), int(ideal * args.seconds)))
+
+
+async def one(n: int, args: argparse.Namespace, pool: Pooler | None) -> dict[str, Any]:
+    database = await pgcost.scratch(f"scale_{n}{'_pooled' if pool else ''}")
+    direct = pg_url(database)
+    url = direct if pool is None else pool.url(database)
+    app = durafn.App(direct)
     io_fn = register(app)
     await app.migrate()
-    ideal = n * concurrency / io
-    rows = max(1000, int(ideal * seconds))
-    split = [n // processes + (i < n % processes) for i in range(processes)]
+    ideal = n * args.concurrency / args.io
+    rows = _rows(n, args)
+    split = [n // args.processes + (i < n % args.processes) for i in range(args.processes)]
     procs: list[anyio.abc.Process] = []
     child = [sys.executable, "-m", "benchmarks.scale", "child", url]
+    admin = await asyncpg.connect(PG_ADMIN)  # another database: not one of the run's
+    meter: pgcost.Meter | None = None
     try:
+        limit = await admin.fetchval("SHOW max_connections")
         for count in filter(None, split):
-            settings = [str(count), str(concurrency), str(connections)]
+            settings = [str(count), str(args.concurrency), str(args.connections)]
             procs.append(await anyio.open_process([*child, *settings], cwd=ROOT, stderr=None))
         for proc in procs:  # every executor registered and claiming
             assert proc.stdout is not None
@@ -146,49 +226,57 @@ async def one(
         due = time.time() + 1 + rows / 20_000
         sched = app.scheduler()
         for start in range(0, rows, 10_000):
-            calls = [io_fn.call(io).at(due) for _ in range(min(10_000, rows - start))]
+            calls = [io_fn.call(args.io).at(due) for _ in range(min(10_000, rows - start))]
             await sched.run_many(calls)
-        await app.aclose()  # from here on, the parent's own reads are the two below
-        watcher, sampler = await _connect(url), await _connect(url)
-        # Their backends' CPU is the benchmark's, not the drain's: taken off below.
-        ours = [await c.fetchval("SELECT pg_backend_pid()") for c in (watcher, sampler)]
+        await app.aclose()  # from here on, the parent's own read of the run's database:
+        watcher = await _connect(direct)
+        ours = await watcher.fetchval("SELECT pg_backend_pid()")  # its CPU is taken off
         try:
+            meter = await pgcost.Meter.start(database, counters=False)
             await anyio.sleep(max(0.0, due - time.time()))
-            before = cost.read(None)
-            ours_before = sum(cost.process_cpu(pid) for pid in ours)
+            ours_before = cost.process_cpu(ours)
             workers_before = sum(cost.process_cpu(p.pid) for p in procs)
-            wal0, commits0 = await _server_counters(watcher)
+            pooler_before = pool.cpu() if pool else 0.0
+            commits0 = await _commits(admin, database)
             seen: dict[str, Any] = {}
             stop = anyio.Event()
             async with anyio.create_task_group() as tg:
-                tg.start_soon(_sample, sampler, stop, seen)
+                tg.start_soon(_sample, admin, database, stop, seen)
                 await _drained(watcher, rows)
                 stop.set()
-            after = cost.read(None)
-            ours_after = sum(cost.process_cpu(pid) for pid in ours)
-            workers_after = sum(cost.process_cpu(p.pid) for p in procs)
-            wal1, commits1 = await _server_counters(watcher)
+            await meter.stop()
+            ours_spent = cost.process_cpu(ours) - ours_before
+            workers_spent = sum(cost.process_cpu(p.pid) for p in procs) - workers_before
+            pooler_spent = (pool.cpu() if pool else 0.0) - pooler_before
+            commits1 = await _commits(admin, database)
             last = await watcher.fetchval("SELECT max(completed_time) FROM _scheduled_functions")
         finally:
             await watcher.close()
-            await sampler.close()
+        figures = await meter.figures(rows)
+        limit_after = await admin.fetchval("SHOW max_connections")
         rate = rows / (float(last) - due)
-        assert before.database is not None and after.database is not None
-        database = after.database - before.database - (ours_after - ours_before)
+        per_1000 = 1_000_000 / rows
+        database_ms = figures["db_cpu_ms_per_1000"] - ours_spent * per_1000
         return {
             "executors": n,
+            "pooled": pool is not None,
             "rows": rows,
             "rows_per_s": round(rate),
             "ideal_per_s": round(ideal),
             "of_ideal": round(rate / ideal, 2),
-            "database_cpu_ms_per_1000": round(database * 1e6 / rows, 1),
-            "workers_cpu_ms_per_1000": round((workers_after - workers_before) * 1e6 / rows, 1),
-            "wal_bytes_per_row": round((wal1 - wal0) / rows),
+            "database_cpu_ms_per_1000": round(database_ms, 1),
+            "workers_cpu_ms_per_1000": round(workers_spent * per_1000, 1),
+            "pgbouncer_cpu_ms_per_1000": round(pooler_spent * per_1000, 1) if pool else None,
+            "wal_bytes_per_row": figures["wal_bytes_per_job"],
             "commits_per_row": round((commits1 - commits0) / rows, 3),
             **seen,
-            "connections_per_executor": round(seen["connections"] / n, 1),
+            "client_connections_per_executor": args.connections,
+            "server_pool": pool.bouncer.pool_size if pool else None,
+            "max_connections": f"{limit} -> {limit_after}",
         }
     finally:
+        if meter is not None:
+            await meter.close()
         for proc in procs:
             if proc.stdin is not None:
                 await proc.stdin.aclose()
@@ -198,32 +286,46 @@ async def one(
             if proc.returncode is None:
                 proc.kill()
         await app.aclose()
+        await admin.close()
+        if pool is not None:  # the next N's server connections, not this one's idle ones
+            await pool.bouncer.close_server_connections(database)
 
 
 def _table(results: list[dict[str, Any]]) -> str:
     head = (
-        "| executors | rows/s | of ideal | DB CPU ms/1000 | workers CPU ms/1000 | WAL B/row"
-        " | commits/row | lock waits | LWLock waits | connections |"
+        "| executors | rows | rows/s | of ideal | DB CPU ms/1000 | workers CPU ms/1000"
+        " | PgBouncer CPU ms/1000 | WAL B/row | commits/row | LWLock waits"
+        " | server connections (LISTEN) | whole server | max_connections |"
     )
-    lines = [head, "|" + "---|" * 10]
+    lines = [head, "|" + "---|" * 13]
     for r in results:
+        bouncer = r["pgbouncer_cpu_ms_per_1000"]
         lines.append(
-            f"| {r['executors']} | {r['rows_per_s']:,} | {r['of_ideal']} |"
-            f" {r['database_cpu_ms_per_1000']} | {r['workers_cpu_ms_per_1000']} |"
-            f" {r['wal_bytes_per_row']} | {r['commits_per_row']} | {r['lock_wait_share']:.1%} |"
-            f" {r['lwlock_wait_share']:.1%} | {r['connections']} |"
+            f"| {r['executors']} | {r['rows']:,} | {r['rows_per_s']:,} | {r['of_ideal']} |"
+            f" {r['database_cpu_ms_per_1000']:,} | {r['workers_cpu_ms_per_1000']:,} |"
+            f" {'-' if bouncer is None else f'{bouncer:,}'} | {r['wal_bytes_per_row']:,.0f} |"
+            f" {r['commits_per_row']} | {r['lwlock_wait_share']:.1%} |"
+            f" {r['connections']} ({r['listen_connections']}) | {r['server_connections']} |"
+            f" {r['max_connections']} |"
         )
     return "\n".join(lines)
 
 
 async def main(args: argparse.Namespace) -> list[dict[str, Any]]:
     results = []
-    for n in (int(x) for x in args.executors.split(",")):
-        result = await one(
-            n, args.processes, args.concurrency, args.connections, args.io, args.seconds
-        )
-        print(json.dumps(result), flush=True)
-        results.append(result)
+    counts = [int(x) for x in args.executors.split(",")]
+    try:
+        async with AsyncExitStack() as stack:
+            pool = None
+            if args.pooler:
+                clients = max(counts) * args.connections + 50
+                pool = await stack.enter_async_context(pooler(args.server_connections, clients))
+            for n in counts:
+                result = await one(n, args, pool)
+                print(json.dumps(result), flush=True)
+                results.append(result)
+    finally:  # once PgBouncer has closed its connections to them
+        await pgcost.drop_scratch()
     db = [r["database_cpu_ms_per_1000"] for r in results if r["database_cpu_ms_per_1000"]]
     if db:
         per_row = statistics.median(db) / 1000  # ms of one core per row
@@ -249,6 +351,16 @@ def _cli() -> None:
     )
     parser.add_argument("--io", type=float, default=0.1, help="seconds each action waits")
     parser.add_argument("--seconds", type=float, default=4.0, help="the drain's length")
+    parser.add_argument("--jobs", type=int, default=100_000, help="the most rows per point")
+    parser.add_argument(
+        "--pooler", action="store_true", help="through PgBouncer in transaction mode"
+    )
+    parser.add_argument(
+        "--server-connections",
+        type=int,
+        default=16,
+        help="with --pooler: PgBouncer's server connections for them all",
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     results = anyio.run(main, args)

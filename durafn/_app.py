@@ -73,11 +73,13 @@ class App(Registration, Operator, Console, CronDeclarations, CronRegistry):
     ``App("postgresql+asyncpg://...")`` uses PostgreSQL. Nothing connects until first use.
 
     ``max_connections``: the most database connections the app's pool opens at once
-    (default 10 on PostgreSQL, 16 on SQLite); it keeps half of them open when idle. An
-    executor on PostgreSQL holds one more, for LISTEN. Size it to the server: of a
-    primary's default ``max_connections = 100``, 97 are for clients (3 are reserved for
-    superusers): eight workers at the default (11 each), nineteen at 4 (executors drain as
-    fast through 2 as through 10).
+    (default 10 on PostgreSQL, 16 on SQLite); it keeps half of them open when idle. A
+    process running an executor on PostgreSQL holds one more, for LISTEN. Size it to the
+    server: of a primary's default ``max_connections = 100``, 97 are for clients (3 are
+    reserved for superusers): eight workers at the default (11 each), nineteen at 4
+    (executors drain as fast through 2 as through 10). Beyond that, PgBouncer in
+    transaction mode: ``?pooler=transaction&listen=HOST:PORT`` in the URL (the deploying
+    guide).
 
     ``inline``: for development and simple tests, run scheduled functions in the caller's
     task as soon as the transaction that scheduled them commits, due or not, instead of

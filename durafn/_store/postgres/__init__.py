@@ -1,2 +1,4 @@
-"""PostgreSQL: the driver (``driver``: LISTEN/NOTIFY, connection health) and its
-array-bound batch statements (``batches``). Imported only for a PostgreSQL URL."""
+"""PostgreSQL: the driver (``driver``: NOTIFY, connection health, time limits), its
+array-bound multi-row statements (``multirow``), the process's LISTEN connections
+(``listener``) and what a URL says about a pooler in between (``pooling``). Imported only
+for a PostgreSQL URL."""

@@ -85,6 +85,13 @@ class SQLiteDriver(SQLiteMultiRow, Driver):
 
     def __init__(self, url: URL) -> None:
         super().__init__(url)
+        if given := sorted({"pooler", "listen"} & set(url.query)):
+            # PostgreSQL's options (postgres/pooling.py), which SQLite's driver would ignore.
+            raise DatabaseError(
+                f"{' and '.join(f'{name}=' for name in given)} in the database URL is "
+                "for PostgreSQL through a connection pooler; SQLite has no server to pool "
+                "connections to: take it out of the URL"
+            )
         self._stopping: list[threading.Thread] = []
 
     # -- the schema's SQL (``migrations.SchemaDialect``) ----------------------------------
