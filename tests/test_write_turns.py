@@ -1,0 +1,277 @@
+"""Writers take turns on the database (``durafn/_store/sqlite/turns.py``), so that none
+waits behind another's run of transactions: after a ``kill -9`` of one of two workers, the
+survivor keeps committing, in turn with the replacement.
+
+The worker test runs on both engines (PostgreSQL's workers never wait for each other:
+the order it asserts holds there by design); the others are SQLite's, whose one write
+lock is what the turns share out. Each asserts an order of commits (ids in a table
+written by each transaction), never a duration.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import sys
+import time
+from pathlib import Path
+
+import anyio
+import pytest
+from sqlalchemy import exc as sa_exc
+from sqlalchemy import func, select
+
+import durafn
+from durafn._store import driver_for_url
+from durafn._store.sqlite import turns
+from durafn._store.sqlite.driver import READ_ONLY_OPTION
+
+from .helpers import equals, true, wait_until
+from .processes import owned
+from .test_workers import ROOT, live_workers, logs_of, stop, worker_app_on, worker_processes
+from .worker_app import Applied, Functions
+
+pytestmark = pytest.mark.anyio
+
+PAUSE = 0.06
+"""How long each mutation of the worker test keeps its batch open: longer than a turn's
+slice (``turns.SLICE``), so that on SQLite the turn passes at every batch while the other
+worker waits for it."""
+ROWS = 1000
+"""Enough for the survivor to drain alone however long the replacement takes to start on
+a loaded machine (16 rows a second): the test ends once it has seen what it looks for."""
+WINDOW = 24
+"""Commits looked at once both live workers commit."""
+RUN = 4
+"""The most commits in a row by one of them in that window. One row at a time each, in
+turn, a run is 1 or 2 (SQLite: one more if a give-way missed its moment on a loaded
+machine; PostgreSQL: if one worker's process was held up for some 250 ms while the
+other's was not). SQLite's busy handler used to let the worker holding the lock run on
+for 8 to 400 commits."""
+
+
+async def _applied(app: durafn.App, after: int = 0) -> list[tuple[int, int]]:
+    """(id, pid) of the ``Applied`` rows past id ``after``, in the order they committed
+    (ids are given as each batch writes, in its transaction)."""
+    async with app.engine.connect() as conn:
+        found = select(Applied.id, Applied.pid).where(Applied.id > after).order_by(Applied.id)
+        return [(id, pid) for id, pid in await conn.execute(found)]
+
+
+async def _last_id(app: durafn.App) -> int:
+    async with app.engine.connect() as conn:
+        return int(
+            (await conn.execute(select(func.coalesce(func.max(Applied.id), 0)))).scalar_one()
+        )
+
+
+async def _inside_a_batch(starts: Path, pids: set[int]) -> int:
+    """The pid of a worker whose latest run began less than half a run ago: its batch is
+    open (it commits ``PAUSE`` after that start at the earliest), on SQLite holding the
+    write lock and the turn. The monotonic clock is the system's, the workers' too."""
+    while (latest := _latest_start(starts)) is None or not (  # noqa: ASYNC110 - a file
+        latest[0] in pids and time.monotonic() - latest[1] < PAUSE / 2
+    ):
+        await anyio.sleep(0.002)
+    return latest[0]
+
+
+def _longest_run(pids: list[int]) -> int:
+    """The most items in a row that are the same."""
+    longest = run = 0
+    for i, pid in enumerate(pids):
+        run = run + 1 if i and pid == pids[i - 1] else 1
+        longest = max(longest, run)
+    return longest
+
+
+def _latest_start(starts: Path) -> tuple[int, float] | None:
+    """(pid, when) of the latest run to start, from the lines ``w:step`` writes."""
+    lines = starts.read_text().splitlines()
+    if not lines:
+        return None
+    _, pid, began = lines[-1].split()
+    return int(pid), float(began)
+
+
+async def test_after_a_kill_9_the_survivor_keeps_committing_in_turn_with_the_replacement(
+    app_url: tuple[str, bool], tmp_path: Path
+) -> None:
+    """Two workers drain mutations that each keep their batch open for ``PAUSE``; one is
+    killed inside its batch and replaced at once. The survivor commits the first row after
+    the kill (it waited for nothing the dead worker left: the kernel frees its locks), and
+    once the replacement commits, neither waits behind a run of the other's batches: of
+    the next ``WINDOW`` commits, neither makes more than ``RUN`` in a row. Before the
+    turns, SQLite's busy handler let whichever process held the lock keep it for seconds:
+    the other worker (the survivor, or the replacement) committed nothing meanwhile."""
+    db_url = app_url[0]
+    async with worker_app_on(db_url) as (app, fns):
+        await _kill_one_of_two(app, fns, db_url, tmp_path)
+
+
+async def _kill_one_of_two(app: durafn.App, fns: Functions, db_url: str, tmp_path: Path) -> None:
+    starts = tmp_path / "starts.txt"
+    starts.touch()
+    await app.scheduler().run_many([fns.step.call(n, str(starts), PAUSE) for n in range(ROWS)])
+    # One lane, one row a batch: a worker commits one row per turn, on both engines.
+    args = ("--concurrency", "1", "--batch-size", "1")
+    (tmp_path / "replacement").mkdir()
+    async with worker_processes(db_url, 2, tmp_path, *args) as procs:
+        await wait_until(lambda: equals(live_workers(app), 2), "2 workers registered")
+        victim = await _inside_a_batch(starts, {p.pid for p in procs})
+        mark = await _last_id(app)
+        os.kill(victim, signal.SIGKILL)
+        [survivor] = [p for p in procs if p.pid != victim]
+        async with worker_processes(db_url, 1, tmp_path / "replacement", *args) as [new]:
+
+            async def both_seen() -> bool:
+                pids = [pid for _, pid in await _applied(app, mark)]
+                return new.pid in pids and len(pids) - pids.index(new.pid) >= WINDOW
+
+            await wait_until(both_seen, f"the replacement and {WINDOW} commits from its first")
+            assert await stop([survivor, new]) == [0, 0]
+    order = [pid for _, pid in await _applied(app, mark)]
+    assert victim not in order
+    assert order[0] == survivor.pid, order[:WINDOW]
+    first = order.index(new.pid)
+    window = order[first : first + WINDOW]
+    assert survivor.pid in window and _longest_run(window) <= RUN, (survivor.pid, window)
+    assert "Traceback" not in logs_of(tmp_path) + logs_of(tmp_path / "replacement")
+
+
+# -- SQLite's turns ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def file(tmp_path: Path) -> Path:
+    path = tmp_path / "turns.sqlite3"
+    with sqlite3.connect(path) as db:
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("CREATE TABLE t (n INTEGER PRIMARY KEY, who TEXT)")
+    return path
+
+
+@pytest.fixture
+def turn(file: Path) -> turns.Turn:
+    """This process's turn on ``file``, as its connections find it."""
+    return turns.turn_for(str(file.resolve()))
+
+
+def _order(path: Path) -> list[str]:
+    """Who wrote each row of ``t``, in the order they committed."""
+    with sqlite3.connect(path) as db:
+        return [who for (who,) in db.execute("SELECT who FROM t ORDER BY n")]
+
+
+async def test_a_writer_waits_for_the_transaction_running_not_a_run_of_them(file: Path) -> None:
+    """A transaction of several calls (a mutation batch) that ends and begins again at
+    once, on one connection, and another connection of the process that wants to write
+    meanwhile: the other is next. It used to wait in SQLite's busy handler, whose tries
+    (1, 2, 5, 10, ... 100 ms apart) nearly never landed in the moment between two."""
+    driver = driver_for_url(f"sqlite+aiosqlite:///{file}")
+    engine = driver.create_engine(driver.default_max_connections)
+    three = anyio.Event()
+    done = False
+
+    async def busy() -> None:
+        while not done:
+            async with engine.begin() as conn:
+                await conn.exec_driver_sql("INSERT INTO t (who) VALUES ('busy')")
+                await anyio.sleep(0.01)  # other calls may come meanwhile
+            if len(_order(file)) >= 3:
+                three.set()
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(busy)
+            await three.wait()
+            before = len(_order(file))
+            async with engine.begin() as conn:
+                await conn.exec_driver_sql("INSERT INTO t (who) VALUES ('other')")
+            done = True
+        order = _order(file)
+        # At most the busy transaction running as it asked, and the one after it, whose
+        # BEGIN may have gone just before (it is the same process: no slice to wait).
+        assert order.index("other") - before <= 2, order
+    finally:
+        await driver.dispose(engine)
+
+
+async def test_a_writer_of_another_process_gets_in_between_back_to_back_transactions(
+    file: Path,
+) -> None:
+    """Another process runs write transactions back to back (each open ``HOLD``), as a
+    worker's mutation lane does; this one writes now and then: each write is let in
+    within one slice (``turns.SLICE``) of the other's transactions. Its first tries in
+    SQLite's busy handler land in the moment between two now and then; five in a row
+    nearly never did."""
+    hold = 0.02
+    url = f"sqlite+aiosqlite:///{file}"
+    driver = driver_for_url(url)
+    engine = driver.create_engine(driver.default_max_connections)
+    command = [sys.executable, "-m", "tests.busy_writer", url, "100000", str(hold)]
+    waited = []
+    try:
+        async with owned() as owner:
+            writer = await owner.start(command, cwd=ROOT)
+            await wait_until(lambda: true(len(_order(file)) >= 3), "the other process writes")
+            for n in range(5):
+                before = len(_order(file))
+                async with engine.begin() as conn:
+                    await conn.exec_driver_sql(f"INSERT INTO t (who) VALUES ('other {n}')")
+                waited.append(_order(file).index(f"other {n}") - before)
+            await wait_until(lambda: true(_order(file)[-1] == "busy"), "the other goes on")
+            writer.kill()
+        # The other's transaction running, those of the rest of its slice, and one more
+        # if a give-way missed its moment on a loaded machine.
+        assert max(waited) <= int(turns.SLICE / hold) + 2, waited
+    finally:
+        await driver.dispose(engine)
+
+
+async def test_a_turn_not_had_in_time_fails_as_a_busy_database(
+    file: Path, turn: turns.Turn
+) -> None:
+    """A writer that waits past the busy timeout for the turn fails as it would have on
+    SQLite's lock: "database is locked", a transient fault (the executor's loops retry
+    it); a reader never waits for the turn."""
+    url = f"sqlite+aiosqlite:///{file}"
+    driver = driver_for_url(url)
+    driver.busy_timeout = 0.05  # type: ignore[attr-defined]
+    engine = driver.create_engine(driver.default_max_connections)
+    try:
+        assert turn.acquire(5)
+        try:
+            async with engine.connect() as conn:
+                await conn.execution_options(**{READ_ONLY_OPTION: True})
+                async with conn.begin():
+                    assert (await conn.exec_driver_sql("SELECT count(*) FROM t")).scalar() == 0
+            with pytest.raises(sa_exc.OperationalError, match="database is locked") as raised:
+                async with engine.begin() as conn:
+                    await conn.exec_driver_sql("INSERT INTO t (who) VALUES ('late')")
+            assert driver.is_transient(raised.value)
+        finally:
+            turn.release()
+        async with engine.begin() as conn:
+            await conn.exec_driver_sql("INSERT INTO t (who) VALUES ('in turn')")
+        assert _order(file) == ["in turn"]
+    finally:
+        await driver.dispose(engine)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
+def test_a_forked_child_has_turns_of_its_own(file: Path, turn: turns.Turn) -> None:
+    """A turn a thread of the parent had as it forked would stay taken in the child for
+    good (the thread is not there): the child starts with turns of its own, and waits
+    for the parent's only as another process does, until the parent gives it back."""
+    assert turn.acquire(5)
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: exit at once, its verdict as its status
+            fresh = turns.turn_for(str(file.resolve()))
+            os._exit(0 if fresh is not turn and fresh.acquire(timeout=30) else 1)
+    finally:
+        turn.release()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
