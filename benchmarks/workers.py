@@ -335,17 +335,19 @@ def _pause(
     mine = [t for t, pid in window if pid == survivor]
     theirs = [t for t, pid in window if pid == new]
     order = [pid for t, pid in commits if t > killed and pid in (survivor, new)]
-    run = float("nan")
+    nan = float("nan")
+    run = nan
     if theirs:
         turns = order[order.index(new) :][:24]
         run = max(len(list(same)) for _, same in itertools.groupby(turns))
     later = [t for t, _ in commits if t > killed]
+    waits = [b - a for a, b in itertools.pairwise([killed, *mine])]
     return {
-        "next": round(mine[0] - killed, 2) if mine else float("nan"),
-        "s-gap": round(max(b - a for a, b in zip([killed, *mine], mine, strict=False)), 2),
+        "next": round(mine[0] - killed, 2) if mine else nan,
+        "s-gap": round(max(waits), 2) if waits else nan,
         "r-reg": round(registered, 2),
-        "r-first": round(theirs[0] - killed, 2) if theirs else float("nan"),
-        "ten": round(later[9] - killed, 2),
+        "r-first": round(theirs[0] - killed, 2) if theirs else nan,
+        "ten": round(later[9] - killed, 2) if len(later) >= 10 else nan,
         "run": run,
     }
 

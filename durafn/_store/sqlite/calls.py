@@ -19,7 +19,9 @@ no-op actions, a claim of 100 rows took 3 ms, of which 1.3 ms was SQLite's work.
 - COMMIT and ROLLBACK make no call when SQLite has no transaction open and none of ours
   is on its way (``_settled``): after a whole call, and the pool's reset after a commit.
 
-So a claim is one call, holding the write lock only while SQLite works.
+So a claim is one call, holding the write lock only while SQLite works. A writer's
+transaction, of one call or several, holds the file's turn (``sqlite/turns.py``) from
+just before its BEGIN to its COMMIT or ROLLBACK, whichever call ends it.
 
 This leans on two private parts, pinned with their versions in ``pyproject.toml``:
 aiosqlite's ``Connection._execute`` (its one way to run a call on its thread) and

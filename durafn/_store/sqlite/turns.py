@@ -25,6 +25,8 @@ So each write transaction of durafn's (``BEGIN IMMEDIATE`` to its COMMIT or ROLL
   included): byte 0 is held by the process whose writer has the turn, byte 1 (shared) by
   every process with a writer waiting for it. A waiter tries byte 0 every ``POLL``; a
   process that has had the turn for ``SLICE`` while another waits lets that one go first.
+  Within its slice a process hands byte 0 on with the turn, so that its writers in line
+  (a heartbeat, then a batch) take one turn between processes, not one each.
 
 A writer then waits for the writers before it in its process, and for another process
 at most what remains of its slice and the transaction running at the end of it (a slice
@@ -93,22 +95,28 @@ class Turn:
         if not self._join_line(timeout):
             return False
         try:
-            if self._shared and not self._across(deadline):
-                self._pass_on()
+            if self._shared and not self._mine and not self._across(deadline):
+                self.release()
                 return False
         except BaseException:
-            self._pass_on()
+            self.release()
             raise
         return True
 
     def release(self) -> None:
-        """Give the turn back: to the next writer of this process in line, if any."""
-        try:
-            if self._mine:
-                self._mine = False
-                self._unlock(0)
-        finally:
-            self._pass_on()
+        """Give the turn back: to the next writer of this process in line, if any. Within
+        this process's slice, the turn across processes goes along with it (a heartbeat
+        and a batch waiting in line take one turn, not one each)."""
+        with self._mutex:
+            try:
+                if self._mine and not (self._line and time.monotonic() - self._since < SLICE):
+                    self._mine = False
+                    self._unlock(0)
+            finally:
+                if self._line:
+                    self._line.popleft().release()  # handed over: ``_held`` stays True
+                else:
+                    self._held = False
 
     # -- in the process ----------------------------------------------------------------
 
@@ -128,13 +136,6 @@ class Turn:
             except ValueError:  # handed over as the wait ended
                 return True
         return False
-
-    def _pass_on(self) -> None:
-        with self._mutex:
-            if self._line:
-                self._line.popleft().release()
-            else:
-                self._held = False
 
     # -- across processes --------------------------------------------------------------
 
@@ -210,8 +211,7 @@ class Turn:
             fd = _files.get(name)
             if fd is None:
                 try:
-                    mode = os.stat(self.path).st_mode & 0o666
-                    fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, mode)
+                    fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
                 except OSError as exc:
                     # A directory this process may not write in, say: its writers still
                     # wait in line with each other, and meet other processes' in SQLite's
@@ -219,9 +219,20 @@ class Turn:
                     logger.debug("no turn across processes on %s: %s", self.path, exc)
                     self._shared = False
                     return None
+                _share_as_database(fd, self.path)
                 _files[name] = fd
         self._fd = fd
         return fd
+
+
+def _share_as_database(fd: int, path: str) -> None:
+    """Give a lock file this process owns the database file's permissions (as SQLite
+    does its ``-wal`` and ``-shm``): every user who may write the database may take turns."""
+    try:
+        if os.fstat(fd).st_uid == os.geteuid():
+            os.fchmod(fd, os.stat(path).st_mode & 0o666)
+    except OSError as exc:  # the file stays as it was made: the owner's turns still work
+        logger.debug("could not set the permissions of %s-turn: %s", path, exc)
 
 
 _turns: dict[str, Turn] = {}
