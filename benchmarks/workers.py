@@ -28,6 +28,7 @@ import argparse
 import functools
 import itertools
 import json
+import math
 import os
 import random
 import signal
@@ -273,8 +274,8 @@ async def pause_after_kills(engine: str, rows: int, kills: int) -> list[dict[str
     (``--batch-size 4 --concurrency 4 --worker-timeout 3 --heartbeat-interval 0.5``);
     ``kills`` times, one of the two, at random, is killed (``kill -9``) while rows remain
     and replaced at once. Per kill, in seconds from the kill (the rows' completed_time and
-    the pid each returns): the survivor's next commit (``next``) and its longest wait
-    between two of its commits in the 8 s after (``s-gap``); the replacement's
+    the pid each returns; until the next kill): the survivor's next commit (``next``) and
+    its longest wait between two of its commits in the 8 s after (``s-gap``); the replacement's
     registration (``r-reg``: its start-up) and first commit (``r-first``); ten more
     commits by either (``ten``); and ``run``, the most commits in a row by one of the two
     in the 24 from the replacement's first (1 or 2 when they take turns; 24 when one ran
@@ -324,13 +325,21 @@ async def pause_after_kills(engine: str, rows: int, kills: int) -> list[dict[str
             ]
     finally:
         await app.aclose()
-    return [_pause(commits, *event) for event in events]
+    ends = [event[0] for event in events[1:]] + [math.inf]
+    return [_pause(commits, *event, end) for event, end in zip(events, ends, strict=True)]
 
 
 def _pause(
-    commits: list[tuple[float, int]], killed: float, survivor: int, new: int, registered: float
+    commits: list[tuple[float, int]],
+    killed: float,
+    survivor: int,
+    new: int,
+    registered: float,
+    end: float,
 ) -> dict[str, float]:
-    """The figures of ``pause_after_kills`` for one kill."""
+    """The figures of ``pause_after_kills`` for one kill, from the commits before ``end``
+    (the next kill)."""
+    commits = [(t, pid) for t, pid in commits if t < end]
     window = [(t, pid) for t, pid in commits if killed < t <= killed + 8]
     mine = [t for t, pid in window if pid == survivor]
     theirs = [t for t, pid in window if pid == new]

@@ -16,12 +16,15 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
 import pytest
 from sqlalchemy import exc as sa_exc
 from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 import durafn
 from durafn._store import driver_for_url
@@ -79,7 +82,7 @@ async def _inside_a_batch(starts: Path, pids: set[int]) -> int:
     return latest[0]
 
 
-def _longest_run(pids: list[int]) -> int:
+def _longest_run(pids: Sequence[object]) -> int:
     """The most items in a row that are the same."""
     longest = run = 0
     for i, pid in enumerate(pids):
@@ -133,8 +136,9 @@ async def _kill_one_of_two(app: durafn.App, fns: Functions, db_url: str, tmp_pat
 
             await wait_until(both_seen, f"the replacement and {WINDOW} commits from its first")
             assert await stop([survivor, new]) == [0, 0]
-    order = [pid for _, pid in await _applied(app, mark)]
-    assert victim not in order
+    # The live workers' commits (a kill that came late, on a loaded machine, may have let
+    # the victim commit its batch first: the order of the others is what is asserted).
+    order = [pid for _, pid in await _applied(app, mark) if pid != victim]
     assert order[0] == survivor.pid, order[:WINDOW]
     first = order.index(new.pid)
     window = order[first : first + WINDOW]
@@ -160,42 +164,51 @@ def turn(file: Path) -> turns.Turn:
     return turns.turn_for(str(file.resolve()))
 
 
+@asynccontextmanager
+async def _connected(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
+    """A connection of ``engine`` made already (its thread started, its pragmas set, by a
+    read, which takes no turn): a write on it goes to the turn at once."""
+    async with engine.connect() as conn:
+        await conn.execution_options(**{READ_ONLY_OPTION: True})
+        async with conn.begin():
+            await conn.exec_driver_sql("SELECT count(*) FROM t")
+        await conn.execution_options(**{READ_ONLY_OPTION: False})
+        yield conn
+
+
 def _order(path: Path) -> list[str]:
     """Who wrote each row of ``t``, in the order they committed."""
     with sqlite3.connect(path) as db:
         return [who for (who,) in db.execute("SELECT who FROM t ORDER BY n")]
 
 
-async def test_a_writer_waits_for_the_transaction_running_not_a_run_of_them(file: Path) -> None:
-    """A transaction of several calls (a mutation batch) that ends and begins again at
-    once, on one connection, and another connection of the process that wants to write
-    meanwhile: the other is next. It used to wait in SQLite's busy handler, whose tries
-    (1, 2, 5, 10, ... 100 ms apart) nearly never landed in the moment between two."""
+async def test_writers_of_one_process_take_turns_one_transaction_each(file: Path) -> None:
+    """Two connections of one process, each running transactions of several calls back to
+    back (a mutation lane's batches, and a heartbeat or a finisher, say): they take turns,
+    one transaction each. They used to meet in SQLite's busy handler, whose tries (1, 2, 5,
+    10, ... 100 ms apart) nearly never landed in the moment between two of the other's:
+    whichever had the lock kept it."""
     driver = driver_for_url(f"sqlite+aiosqlite:///{file}")
     engine = driver.create_engine(driver.default_max_connections)
-    three = anyio.Event()
-    done = False
+    rounds = 20
 
-    async def busy() -> None:
-        while not done:
-            async with engine.begin() as conn:
-                await conn.exec_driver_sql("INSERT INTO t (who) VALUES ('busy')")
-                await anyio.sleep(0.01)  # other calls may come meanwhile
-            if len(_order(file)) >= 3:
-                three.set()
+    async def write(who: str, conn: AsyncConnection) -> None:
+        for _ in range(rounds):
+            async with conn.begin():
+                await conn.exec_driver_sql(f"INSERT INTO t (who) VALUES ('{who}')")
+                await anyio.sleep(0.005)  # other calls may come meanwhile
 
     try:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(busy)
-            await three.wait()
-            before = len(_order(file))
-            async with engine.begin() as conn:
-                await conn.exec_driver_sql("INSERT INTO t (who) VALUES ('other')")
-            done = True
+        async with (
+            _connected(engine) as a,
+            _connected(engine) as b,
+            anyio.create_task_group() as tg,
+        ):
+            tg.start_soon(write, "a", a)
+            tg.start_soon(write, "b", b)
         order = _order(file)
-        # At most the busy transaction running as it asked, and the one after it, whose
-        # BEGIN may have gone just before (it is the same process: no slice to wait).
-        assert order.index("other") - before <= 2, order
+        # Both writers are in line from the second round on; the first may go twice.
+        assert len(order) == 2 * rounds and _longest_run(order) <= 2, order
     finally:
         await driver.dispose(engine)
 
@@ -218,11 +231,12 @@ async def test_a_writer_of_another_process_gets_in_between_back_to_back_transact
         async with owned() as owner:
             writer = await owner.start(command, cwd=ROOT)
             await wait_until(lambda: true(len(_order(file)) >= 3), "the other process writes")
-            for n in range(5):
-                before = len(_order(file))
-                async with engine.begin() as conn:
-                    await conn.exec_driver_sql(f"INSERT INTO t (who) VALUES ('other {n}')")
-                waited.append(_order(file).index(f"other {n}") - before)
+            async with _connected(engine) as conn:
+                for n in range(5):
+                    before = len(_order(file))
+                    async with conn.begin():
+                        await conn.exec_driver_sql(f"INSERT INTO t (who) VALUES ('other {n}')")
+                    waited.append(_order(file).index(f"other {n}") - before)
             await wait_until(lambda: true(_order(file)[-1] == "busy"), "the other goes on")
             writer.kill()
         # The other's transaction running, those of the rest of its slice, and one more
