@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from typing import NamedTuple
 
@@ -19,6 +20,7 @@ class Functions(NamedTuple):
     until_cancelled: durafn.ActionRef[[str], None]
     noop_action: durafn.ActionRef[[], None]
     short: durafn.ActionRef[[], None]
+    slow: durafn.MutationRef[[], int]
 
 
 def register(app: durafn.App) -> Functions:
@@ -61,7 +63,12 @@ def register(app: durafn.App) -> Functions:
     async def short(ctx: ActionCtx) -> None:
         await anyio.sleep(0.05)  # a short call to another service
 
-    return Functions(fan_out, probe, hang, until_cancelled, noop_action, short)
+    @app.mutation(name="bench:slow")
+    async def slow(ctx: MutationCtx) -> int:
+        await anyio.sleep(0.1)  # its batch stays open meanwhile
+        return os.getpid()  # which worker committed it
+
+    return Functions(fan_out, probe, hang, until_cancelled, noop_action, short, slow)
 
 
 app = durafn.App()

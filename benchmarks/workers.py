@@ -6,13 +6,16 @@ crash loop.
                                  [--recovery "5,30;0.2,2"] [--kills 24]
                                  [--kills-engines sqlite,postgres] [--kills-timing 0.5,1.5]
                                  [--crash-loop postgres] [--crash-rows 1000]
-                                 [--crash-every 0.4,1.4] [--json PATH]
+                                 [--crash-every 0.4,1.4] [--pause sqlite,postgres]
+                                 [--pause-rows 300] [--pause-kills 3] [--json PATH]
 
 ``--processes ""``, ``--lag-samples 0``, ``--recovery ""``, ``--kills-engines ""`` or
-``--crash-loop ""`` skip a scenario. ``--kills`` repeats the recovery after ``kill -9`` on
-both engines, the killed worker replaced at once, and reports min, median and max. The
-crash loop kills one of two workers every 0.4-1.4 s until 1,000 actions of 50 ms have
-finished: a worker's start-up cost decides whether it reaches its first claim.
+``--crash-loop ""`` skip a scenario; ``--pause`` (none by default) measures how long the
+survivor of a ``kill -9``, and its replacement, wait to commit (``pause_after_kills``).
+``--kills`` repeats the recovery after ``kill -9`` on both engines, the killed worker
+replaced at once, and reports min, median and max. The crash loop kills one of two
+workers every 0.4-1.4 s until 1,000 actions of 50 ms have finished: a worker's start-up
+cost decides whether it reaches its first claim.
 
 The workers are real subprocesses (``python -m durafn worker --app benchmarks.worker_app:app``);
 times come from the rows themselves (completed_time, the function's own start stamp), so
@@ -23,7 +26,9 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import json
+import math
 import os
 import random
 import signal
@@ -264,6 +269,102 @@ async def crash_loop(
     }
 
 
+async def pause_after_kills(engine: str, rows: int, kills: int) -> list[dict[str, float]]:
+    """Two workers drain ``rows`` mutations of 0.1 s each, fanning in to one action
+    (``--batch-size 4 --concurrency 4 --worker-timeout 3 --heartbeat-interval 0.5``);
+    ``kills`` times, one of the two, at random, is killed (``kill -9``) while rows remain
+    and replaced at once. Per kill, in seconds from the kill (the rows' completed_time and
+    the pid each returns; until the next kill): the survivor's next commit (``next``) and
+    its longest wait between two of its commits in the 8 s after (``s-gap``); the replacement's
+    registration (``r-reg``: its start-up) and first commit (``r-first``); ten more
+    commits by either (``ten``); and ``run``, the most commits in a row by one of the two
+    in the 24 from the replacement's first (1 or 2 when they take turns; 24 when one ran
+    on while the other waited; NaN when the replacement committed none in 8 s)."""
+    url, app, fns = await _fresh_app(engine)
+    args = ["--batch-size", "4", "--concurrency", "4"]
+    args += ["--worker-timeout", "3", "--heartbeat-interval", "0.5"]
+    sched = app.scheduler()
+    ids = await sched.run_many([fns.slow.call() for _ in range(rows)])
+    await sched.run_after(0, fns.noop_action.options(after=ids))
+    rng = random.Random()
+    procs: dict[int, anyio.abc.Process] = {}
+    events: list[tuple[float, int, int, float]] = []
+    try:
+        async with AsyncExitStack() as stack:
+
+            async def start() -> int:
+                [proc] = await stack.enter_async_context(workers(url, 1, *args))
+                procs[proc.pid] = proc
+                return proc.pid
+
+            await start()
+            await start()
+            step = (rows - 60) // (kills + 1)
+            for k in range(kills):
+                await _until(app, functools.partial(_finished, app, step * (k + 1)))
+                await anyio.sleep(rng.uniform(0, 0.5))  # anywhere in a batch
+                victim = rng.choice(sorted(procs))
+                [survivor] = [pid for pid in procs if pid != victim]
+                killed = time.time()
+                procs.pop(victim).send_signal(signal.SIGKILL)
+                new = await start()
+                await _until(app, functools.partial(_registered, app, new))
+                [row] = [w for w in await app.workers() if w.pid == new]
+                events.append((killed, survivor, new, row.started_at.timestamp() - killed))
+            await _until(app, functools.partial(_finished, app, rows + 1))
+        sf = durafn.scheduled_functions
+        async with app.engine.connect() as conn:
+            found = await conn.execute(
+                select(sf.c.completed_time, sf.c.result)
+                .where(sf.c.name == "bench:slow", sf.c.state == "Success")
+                .order_by(sf.c.completed_time)
+            )
+            # The pid each returned: JSON text on SQLite, decoded already on PostgreSQL.
+            commits = [
+                (float(t), int(json.loads(r) if isinstance(r, str) else r)) for t, r in found
+            ]
+    finally:
+        await app.aclose()
+    ends = [event[0] for event in events[1:]] + [math.inf]
+    return [_pause(commits, *event, end) for event, end in zip(events, ends, strict=True)]
+
+
+def _pause(
+    commits: list[tuple[float, int]],
+    killed: float,
+    survivor: int,
+    new: int,
+    registered: float,
+    end: float,
+) -> dict[str, float]:
+    """The figures of ``pause_after_kills`` for one kill, from the commits before ``end``
+    (the next kill)."""
+    commits = [(t, pid) for t, pid in commits if t < end]
+    window = [(t, pid) for t, pid in commits if killed < t <= killed + 8]
+    mine = [t for t, pid in window if pid == survivor]
+    theirs = [t for t, pid in window if pid == new]
+    order = [pid for t, pid in commits if t > killed and pid in (survivor, new)]
+    nan = float("nan")
+    run = nan
+    if theirs:
+        turns = order[order.index(new) :][:24]
+        run = max(len(list(same)) for _, same in itertools.groupby(turns))
+    later = [t for t, _ in commits if t > killed]
+    waits = [b - a for a, b in itertools.pairwise([killed, *mine])]
+    return {
+        "next": round(mine[0] - killed, 2) if mine else nan,
+        "s-gap": round(max(waits), 2) if waits else nan,
+        "r-reg": round(registered, 2),
+        "r-first": round(theirs[0] - killed, 2) if theirs else nan,
+        "ten": round(later[9] - killed, 2) if len(later) >= 10 else nan,
+        "run": run,
+    }
+
+
+async def _registered(app: durafn.App, pid: int) -> bool:
+    return any(w.pid == pid for w in await app.workers())
+
+
 async def _no_stale_workers(app: durafn.App) -> bool:
     """The killed worker's row is gone (the rescue removes it with its actions)."""
     return len(await app.workers()) <= 2
@@ -371,6 +472,11 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             f" killed every {low:g}-{high:g} s): {got}",
             flush=True,
         )
+    for engine in filter(None, args.pause.split(",")):
+        pauses = await pause_after_kills(engine, args.pause_rows, args.pause_kills)
+        results["pause_s"] = {**results.get("pause_s", {}), engine: pauses}
+        for pause in pauses:
+            print(f"pause after kill -9 on {engine}: {pause}", flush=True)
     return results
 
 
@@ -386,6 +492,9 @@ def cli() -> None:
     parser.add_argument("--crash-loop", default="postgres", metavar="ENGINES")
     parser.add_argument("--crash-rows", type=int, default=1000)
     parser.add_argument("--crash-every", default="0.4,1.4", metavar="LOW,HIGH")
+    parser.add_argument("--pause", default="", metavar="ENGINES")
+    parser.add_argument("--pause-rows", type=int, default=300)
+    parser.add_argument("--pause-kills", type=int, default=3)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     results = anyio.run(main, args)

@@ -3,7 +3,7 @@
 SQLite alone: each statement is one call on the connection's thread; a transaction's
 BEGIN goes with its first statement, a one-statement transaction (where PostgreSQL runs
 in autocommit) is one call from BEGIN to COMMIT, and COMMIT or ROLLBACK with nothing to
-end makes no call; a writer's one-call transaction takes this process's turn on the file.
+end makes no call. The write turns that these calls take are ``test_write_turns.py``'s.
 The PostgreSQL side of one-statement transactions is the driver suite's (one statement,
 no BEGIN).
 """
@@ -11,7 +11,6 @@ no BEGIN).
 from __future__ import annotations
 
 import functools
-import os
 import sqlite3
 import threading
 from collections.abc import AsyncIterator
@@ -24,8 +23,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from durafn._store import driver_for_url
-from durafn._store.sqlite import calls as _sqlite_calls
-from durafn._store.sqlite.driver import READ_ONLY_OPTION, SQLiteDriver
+from durafn._store.sqlite.driver import SQLiteDriver
 from durafn._store.sqlite.multirow import in_thread
 
 pytestmark = pytest.mark.anyio
@@ -34,11 +32,6 @@ pytestmark = pytest.mark.anyio
 @pytest.fixture
 def path(tmp_path: Path) -> Path:
     return tmp_path / "calls.sqlite3"
-
-
-@pytest.fixture
-def turn(path: Path) -> Any:
-    return _sqlite_calls.turn_for(str(path.resolve()))
 
 
 @pytest.fixture
@@ -170,62 +163,6 @@ async def test_a_rollback_with_a_call_on_its_way_is_sent(engine: AsyncEngine, pa
             go.set()
         assert not connection.in_transaction
     assert _rows(path) == []
-
-
-async def test_one_call_writers_take_the_process_turn(
-    engine: AsyncEngine, path: Path, turn: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A writer's one-call transaction waits for this process's turn on the file (it
-    would wait in SQLite's busy handler otherwise); a reader does not; a turn held past
-    ``TURN_WAIT`` is gone around."""
-    written = anyio.Event()
-
-    async def write(value: str) -> None:
-        async with engine.connect() as conn:
-            await conn.execution_options(**ONE_CALL)
-            await conn.begin()
-            await conn.exec_driver_sql("INSERT INTO t (v) VALUES (?)", (value,))
-            await conn.commit()
-        written.set()
-
-    monkeypatch.setattr(_sqlite_calls, "TURN_WAIT", 60.0)
-    turn.acquire()
-    try:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(write, "after the turn")
-            async with engine.connect() as conn:
-                await conn.execution_options(**ONE_CALL, **{READ_ONLY_OPTION: True})
-                await conn.begin()
-                assert (await conn.exec_driver_sql("SELECT count(*) FROM t")).scalar() == 0
-                await conn.commit()
-            await anyio.sleep(0.05)
-            assert not written.is_set() and _rows(path) == []
-            turn.release()
-        assert _rows(path) == [(1, "after the turn")]
-        monkeypatch.setattr(_sqlite_calls, "TURN_WAIT", 0.01)
-        turn.acquire()
-        written = anyio.Event()
-        await write("around the turn")
-        assert _rows(path)[-1] == (2, "around the turn")
-    finally:
-        if turn.locked():
-            turn.release()
-
-
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
-def test_a_forked_child_does_not_inherit_a_held_turn(turn: Any, path: Path) -> None:
-    """A turn held by a thread of the parent as it forks would stay held in the child
-    for good; the child starts with turns of its own."""
-    turn.acquire()
-    try:
-        pid = os.fork()
-        if pid == 0:  # the child: exit at once, its verdict as its status
-            fresh = _sqlite_calls.turn_for(str(path.resolve()))
-            os._exit(0 if fresh is not turn and fresh.acquire(timeout=5) else 1)
-        _, status = os.waitpid(pid, 0)
-    finally:
-        turn.release()
-    assert os.waitstatus_to_exitcode(status) == 0
 
 
 async def test_sqlite_errors_in_a_call_on_the_thread_are_classified_as_sqlalchemys(

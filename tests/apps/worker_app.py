@@ -47,6 +47,7 @@ class Functions(NamedTuple):
     note: durafn.MutationRef[[int, str], None]
     touch_many: durafn.ActionRef[[Touch], int]
     meet: durafn.ActionRef[[int, str, float, int, str], None]
+    step: durafn.MutationRef[[int, str, float], None]
 
 
 class Touch(NamedTuple):
@@ -171,6 +172,15 @@ def register(app: durafn.App) -> Functions:
         async with await anyio.open_file(path, "a") as f:
             await f.write(f"run {n} {time.monotonic()} {os.getpid()} *\n")
 
+    @app.mutation(name="w:step")
+    async def step(ctx: MutationCtx, n: int, path: str, pause: float) -> None:
+        """Says that it starts (its process, the system-wide monotonic clock) before
+        anything else, then applies ``s{n}`` and keeps its batch open for ``pause``."""
+        async with await anyio.open_file(path, "a") as f:
+            await f.write(f"{n} {os.getpid()} {time.monotonic()}\n")
+        ctx.db.add(Applied(key=f"s{n}", pid=os.getpid()))
+        await anyio.sleep(pause)
+
     @app.action(name="w:touch_many", batch=durafn.Batch(max_size=50, max_wait=60))
     async def touch_many(ctx: ActionCtx, items: list[Touch]) -> list[int]:
         """A batched action: one line per call, its items' numbers and its process."""
@@ -191,6 +201,7 @@ def register(app: durafn.App) -> Functions:
         note,
         touch_many,
         meet,
+        step,
     )
 
 

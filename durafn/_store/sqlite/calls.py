@@ -19,7 +19,9 @@ no-op actions, a claim of 100 rows took 3 ms, of which 1.3 ms was SQLite's work.
 - COMMIT and ROLLBACK make no call when SQLite has no transaction open and none of ours
   is on its way (``_settled``): after a whole call, and the pool's reset after a commit.
 
-So a claim is one call, holding the write lock only while SQLite works.
+So a claim is one call, holding the write lock only while SQLite works. A writer's
+transaction, of one call or several, holds the file's turn (``sqlite/turns.py``) from
+just before its BEGIN to its COMMIT or ROLLBACK, whichever call ends it.
 
 This leans on two private parts, pinned with their versions in ``pyproject.toml``:
 aiosqlite's ``Connection._execute`` (its one way to run a call on its thread) and
@@ -30,9 +32,7 @@ SQLAlchemy's aiosqlite adapter classes, which ``adopt`` subclasses. A server-sid
 from __future__ import annotations
 
 import logging
-import os
 import sqlite3
-import threading
 from collections import deque
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -42,6 +42,8 @@ from sqlalchemy.dialects.sqlite.aiosqlite import (
     AsyncAdapt_aiosqlite_cursor,
 )
 
+from .turns import Turn
+
 logger = logging.getLogger("durafn.store")
 
 T = TypeVar("T")
@@ -49,7 +51,8 @@ T = TypeVar("T")
 
 class Connection(sqlite3.Connection):
     """sqlite3's connection, with the state of durafn's transaction on it, rolling back
-    before it closes.
+    before it closes, and giving its write turn back (``sqlite/turns.py``) as its
+    transaction ends.
 
     Closing a connection whose transaction is open while a cursor still holds a statement
     (a statement cancelled half-way) leaves a "zombie" that keeps the write lock until the
@@ -61,13 +64,29 @@ class Connection(sqlite3.Connection):
     statement of it has been sent yet."""
     whole = False
     """The next call is the whole transaction: it commits at its end."""
-    turn: threading.Lock | None = None
-    """This process's write turn on the database file (``turn_for``)."""
+    turn: Turn | None = None
+    """The write turn on the database file (``sqlite/turns.py``)."""
+    turn_wait = 30.0
+    """Seconds a writer waits for the turn: the driver's busy timeout."""
+    holding = False
+    """This connection's transaction has the turn."""
     sent = 0
     """Calls handed to the thread (counted by the event loop)."""
     done = 0
     """Calls the thread has finished (counted by the thread); ``sent - done`` are on
     their way, queued or running, their callers perhaps cancelled."""
+
+    def commit(self) -> None:
+        try:
+            super().commit()
+        finally:
+            _settle(self)
+
+    def rollback(self) -> None:
+        try:
+            super().rollback()
+        finally:
+            _settle(self)
 
     def close(self) -> None:
         try:
@@ -75,7 +94,42 @@ class Connection(sqlite3.Connection):
                 self.rollback()
         except sqlite3.Error as exc:  # closing matters more; SQLite rolls back on close
             logger.debug("rollback before close failed: %s", exc)
-        super().close()
+        try:
+            super().close()
+        finally:
+            _give_turn(self)
+
+
+def _take_turn(db: sqlite3.Connection) -> bool:
+    """Before a writer's BEGIN: wait for the turn (``sqlite/turns.py``), failing as
+    SQLite's busy timeout does if it is not had in time; whether it was taken now."""
+    if not isinstance(db, Connection) or db.turn is None or db.holding:
+        return False
+    if not db.turn.acquire(db.turn_wait):
+        raise sqlite3.OperationalError(
+            f"database is locked: another writer kept the turn for {db.turn_wait:g}s"
+        )
+    db.holding = True
+    return True
+
+
+def _give_turn(db: sqlite3.Connection) -> None:
+    if isinstance(db, Connection) and db.holding:
+        db.holding = False
+        assert db.turn is not None
+        db.turn.release()
+
+
+def _settle(db: Connection) -> None:
+    """After a call: a transaction that has ended (committed, rolled back, or ended by
+    SQLite on an error) gives its turn back."""
+    if db.holding:
+        try:
+            ended = not db.in_transaction
+        except sqlite3.ProgrammingError:  # closed
+            ended = True
+        if ended:
+            _give_turn(db)
 
 
 def _run(db: Connection, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
@@ -87,42 +141,43 @@ def _run(db: Connection, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
             return fn(db, *args)
         if db.whole:
             return _whole(db, begin, fn, args)
+        if begin == BEGIN_WRITE:
+            _take_turn(db)
         db.execute(begin)  # if it fails (busy), it is still due: ROLLBACK clears it
         db.begin = None
         return fn(db, *args)
     finally:
+        _settle(db)
         db.done += 1
 
 
 def _whole(db: Connection, begin: str, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
-    """``fn(db, *args)`` as the whole transaction; a writer takes this process's turn on
-    the file first (``turn_for``)."""
-    turn = db.turn if begin == BEGIN_WRITE else None
-    if turn is not None and not turn.acquire(timeout=TURN_WAIT):
-        turn = None
+    """``fn(db, *args)`` as the whole transaction."""
 
     def body() -> T:
         db.begin, db.whole = None, False  # BEGIN went through
         return fn(db, *args)
 
-    try:
-        return atomically(db, begin, body)
-    finally:
-        if turn is not None:
-            turn.release()
+    return atomically(db, begin, body)
 
 
 def atomically(db: sqlite3.Connection, begin: str, work: Callable[[], T]) -> T:
-    """On the thread: ``begin``, ``work()``, COMMIT; ROLLBACK if either fails."""
-    db.execute(begin)
+    """On the thread: ``begin``, ``work()``, COMMIT; ROLLBACK if either fails. A writer
+    has the turn from before its BEGIN to its end."""
+    took = begin == BEGIN_WRITE and _take_turn(db)
     try:
-        result = work()
-        db.execute("COMMIT")
-    except BaseException:
-        if db.in_transaction:
-            db.rollback()
-        raise
-    return result
+        db.execute(begin)
+        try:
+            result = work()
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                db.rollback()
+            raise
+        return result
+    finally:
+        if took:
+            _give_turn(db)
 
 
 async def call(connection: Any, fn: Callable[..., T], *args: Any) -> T:
@@ -135,39 +190,6 @@ async def call(connection: Any, fn: Callable[..., T], *args: Any) -> T:
     return result
 
 
-def turn_for(path: str) -> threading.Lock:
-    """The write turn of this process's connections to the database file at ``path``.
-
-    SQLite lets one writer in at a time; one that finds the lock taken waits in its busy
-    handler, which sleeps 1, 2, 5, 10, 15 ms... between tries, however soon the lock is
-    free. Traced in a drain of no-op actions, the finisher's write waited 36 ms while the
-    claims, one call of ~1.3 ms every ~2.5 ms, took the lock in turn, and wrote 1300
-    outcomes at once when it got in. A writer's whole transaction (one call) takes this
-    lock first, so that the next writer of this process starts as soon as it ends; other
-    processes, and transactions of several calls, still meet in the busy handler.
-    """
-    with _turns_lock:
-        return _turns.setdefault(path, threading.Lock())
-
-
-TURN_WAIT = 1.0
-"""Seconds a writer waits for the turn before it goes on without it, to the busy handler
-(a turn held that long is a transaction stuck on a lock of another process, or one that
-a fork copied held)."""
-_turns: dict[str, threading.Lock] = {}
-_turns_lock = threading.Lock()
-
-
-def _forget_turns() -> None:
-    """In a forked child: a turn another thread of the parent held would stay held (every
-    one-call write would wait out TURN_WAIT, for good). The child's engines start afresh."""
-    global _turns_lock
-    _turns_lock = threading.Lock()
-    _turns.clear()
-
-
-if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork
-    os.register_at_fork(after_in_child=_forget_turns)
 BEGIN_WRITE = "BEGIN IMMEDIATE"
 
 

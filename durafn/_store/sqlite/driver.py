@@ -1,10 +1,12 @@
 """SQLite: one file, WAL, one writer at a time, several processes allowed.
 
 Why users never see "database is locked": every write transaction starts with
-``BEGIN IMMEDIATE``, so a writer takes the lock up front (where ``busy_timeout`` waits for it)
-instead of upgrading a read lock mid-transaction (where SQLite fails at once to avoid a
-deadlock). Whatever still escapes (a timeout under heavy contention) is classified as
-transient and retried by the caller.
+``BEGIN IMMEDIATE``, so a writer takes the lock up front instead of upgrading a read lock
+mid-transaction (where SQLite fails at once to avoid a deadlock), and before it, the file's
+turn (``sqlite/turns.py``): durafn's writers, of this process and of others, wait for it
+in line, where SQLite's busy handler would let one process keep the lock for seconds.
+Whatever still escapes (a wait past ``busy_timeout``) is classified as transient and
+retried by the caller.
 """
 
 from __future__ import annotations
@@ -33,9 +35,10 @@ from ..driver import Driver
 from ..engine import pool_arguments
 from ..rows import NEW_ROW_COLUMNS, NewRowColumns
 from . import sql as _sql  # noqa: F401  (its SQL for the elements of ../sql.py)
-from .calls import BEGIN_WRITE, Connection, adopt, begin, turn_for
+from .calls import BEGIN_WRITE, Connection, adopt, begin
 from .multirow import SQLiteMultiRow
 from .triggers import install_release_trigger
+from .turns import turn_for
 
 logger = logging.getLogger("durafn.store")
 
@@ -149,7 +152,8 @@ class SQLiteDriver(SQLiteMultiRow, Driver):
         engine.sync_engine.dialect.do_terminate = _stop_thread  # type: ignore[method-assign]
         synchronous = self.synchronous
         turn = turn_for(str(Path(database).expanduser().resolve()))
-        busy_ms = int(self.busy_timeout * 1000)
+        busy = self.busy_timeout
+        busy_ms = int(busy * 1000)
 
         @event.listens_for(engine.sync_engine, "do_connect")
         def _check_directory(*_: Any) -> None:
@@ -165,7 +169,8 @@ class SQLiteDriver(SQLiteMultiRow, Driver):
         @event.listens_for(engine.sync_engine, "connect")
         def _on_connect(dbapi_conn: Any, _record: Any) -> None:
             adopt(dbapi_conn)  # each statement one call on aiosqlite's thread
-            dbapi_conn.driver_connection._conn.turn = turn
+            raw = dbapi_conn.driver_connection._conn
+            raw.turn, raw.turn_wait = turn, busy  # its writers wait in line for the turn
             # Take transaction control away from the sqlite3 module so that BEGIN is ours.
             dbapi_conn.isolation_level = None
             cursor = dbapi_conn.cursor()
