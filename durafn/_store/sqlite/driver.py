@@ -150,6 +150,11 @@ class SQLiteDriver(SQLiteMultiRow, Driver):
                 stopping.append(thread)
 
         engine.sync_engine.dialect.do_terminate = _stop_thread  # type: ignore[method-assign]
+        self._listen(engine, database)
+        return engine
+
+    def _listen(self, engine: AsyncEngine, database: str) -> None:
+        """What each new connection is set up with, and how each transaction begins."""
         synchronous = self.synchronous
         turn = turn_for(str(Path(database).expanduser().resolve()))
         busy = self.busy_timeout
@@ -202,8 +207,6 @@ class SQLiteDriver(SQLiteMultiRow, Driver):
                 "BEGIN DEFERRED" if read else BEGIN_WRITE,
                 one_call,
             )
-
-        return engine
 
     def _transient_dbapi(self, exc: sa_exc.DBAPIError) -> bool:
         if isinstance(exc.orig, sqlite3.OperationalError) or isinstance(
