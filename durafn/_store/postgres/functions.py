@@ -24,7 +24,7 @@ BEGIN
     END IF;
     DELETE FROM _durafn_dependencies WHERE dep_id = NEW.id;
     IF FOUND THEN
-        PERFORM pg_notify('durafn_wakeup', 'action,mutation');  -- batches.py's CHANNEL
+        PERFORM pg_notify('durafn_wakeup', 'action,mutation');  -- multirow.py's CHANNEL
     END IF;
     RETURN NULL;
 END
