@@ -52,7 +52,12 @@ def _started(trace: Path, number: dict[str, int]) -> set[str]:
 
 
 async def _end_one_claimed_ahead(
-    app: durafn.App, db_url: str, trace: Path, number: dict[str, int], logs: Path, sig: int
+    app: durafn.App,
+    db_url: str,
+    trace: Path,
+    number: dict[str, int],
+    logs: Path,
+    sig: signal.Signals,
 ) -> set[str]:
     """Start a worker; signal it once a row is InProgress but not started; the rows
     claimed ahead it left unstarted once it has exited (possibly none: see TRIES)."""
@@ -76,7 +81,7 @@ async def _end_one_claimed_ahead(
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["stop", "kill-9"])
 async def test_a_row_claimed_ahead_never_runs_in_a_worker_that_ends(
-    wapp: tuple[durafn.App, Functions], db_url: str, tmp_path: Path, sig: int
+    wapp: tuple[durafn.App, Functions], db_url: str, tmp_path: Path, sig: signal.Signals
 ) -> None:
     app, fns = wapp
     trace = tmp_path / "trace.txt"
