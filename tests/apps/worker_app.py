@@ -48,6 +48,7 @@ class Functions(NamedTuple):
     touch_many: durafn.ActionRef[[Touch], int]
     meet: durafn.ActionRef[[int, str, float, int, str], None]
     step: durafn.MutationRef[[int, str, float], None]
+    on_cue: durafn.ActionRef[[int, str], int]
 
 
 class Touch(NamedTuple):
@@ -141,6 +142,18 @@ def register(app: durafn.App) -> Functions:
         if first:
             await anyio.sleep_forever()
 
+    @app.action(name="w:on_cue")
+    async def on_cue(ctx: ActionCtx, n: int, path: str) -> int:
+        """Starts (a trace line), waits until ``PATH.go`` exists (a minute at most), then
+        writes ``PATH.done`` and returns ``n``: the test says when it ends."""
+        await _trace(path, n)
+        cue, give_up = anyio.Path(f"{path}.go"), time.monotonic() + 60
+        while not await cue.exists() and time.monotonic() < give_up:  # noqa: ASYNC110
+            await anyio.sleep(0.005)
+        async with await anyio.open_file(f"{path}.done", "w") as f:
+            await f.write(f"{n}\n")
+        return n
+
     @app.mutation(name="w:completed")
     async def completed(ctx: MutationCtx, c: durafn.Completion) -> None:
         """A completion callback: the unique key makes a second completion of a row (in
@@ -202,6 +215,7 @@ def register(app: durafn.App) -> Functions:
         touch_many,
         meet,
         step,
+        on_cue,
     )
 
 

@@ -49,9 +49,12 @@ async def system_table_locked(app: durafn.App) -> AsyncIterator[AsyncConnection]
     """Hold a lock that makes every claim wait (as a slow writer elsewhere would); roll
     back the yielded connection to release it."""
     async with app.engine.connect() as conn:
-        await conn.begin()  # on SQLite durafn begins IMMEDIATE: the write lock
+        await conn.begin()
         if conn.dialect.name == "postgresql":
             await conn.execute(text("LOCK TABLE _scheduled_functions IN EXCLUSIVE MODE"))
+        else:
+            # durafn's SQLite BEGIN IMMEDIATE (the write lock) goes with the first statement.
+            await conn.execute(text("SELECT 1"))
         yield conn
         if conn.in_transaction():
             await conn.rollback()

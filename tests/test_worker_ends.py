@@ -1,10 +1,17 @@
-"""Rows claimed ahead of a free slot, when their worker process ends: a real worker
-(``durafn worker``, one slot, 0.15 s actions, so that it claims the next row as one
-starts) is stopped, or killed with ``kill -9``, the moment the table shows a row
-InProgress that its worker has not started. Such a row never runs in that worker; a stop
-gives it back (Pending, its attempt uncounted) and it runs later, once; after a kill the
-next worker records it lost and never runs it (at most once: from the database alone it
-cannot be told from a row that was running), its error saying it may not have run at all.
+"""What becomes of an action's row when its worker process ends, in the two windows the
+executor's concept page names.
+
+* **Claimed ahead.** A real worker (``durafn worker``, one slot, 0.15 s actions, so that
+  it claims the next row as one starts) is stopped, or killed with ``kill -9``, the
+  moment the table shows a row InProgress that its worker has not started. Such a row
+  never runs in that worker; a stop gives it back (Pending, its attempt uncounted) and
+  it runs later, once; after a kill the next worker records it lost and never runs it (at
+  most once: from the database alone it cannot be told from a row that was running), its
+  error saying it may not have run at all.
+* **Finished, its outcome not yet written.** An action has returned and the finisher's
+  write waits (here for a lock the test holds) when the worker is killed: the row stays
+  InProgress, the next worker records it lost, the action never runs again, and its
+  result is lost.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ import signal
 from collections import Counter
 from pathlib import Path
 
+import anyio
 import pytest
 from sqlalchemy import select
 
@@ -20,7 +28,7 @@ import durafn
 from durafn import State, scheduled_functions
 
 from .apps.worker_app import Functions
-from .support.helpers import row_of, wait_until
+from .support.helpers import row_of, system_table_locked, true, wait_until
 from .test_workers import FAST, trace_of, wapp, worker_processes
 
 __all__ = ["wapp"]  # the fixture, used here by name
@@ -126,3 +134,36 @@ async def test_a_row_claimed_ahead_never_runs_in_a_worker_that_ends(
             assert row.state is State.FAILED and number[id] not in starts
             assert row.error is not None and row.error.type == "durafn.WorkerLostError"
             assert "or not at all (claimed ahead" in row.error.message
+
+
+async def test_a_finished_actions_outcome_lost_with_its_worker_is_recorded_lost_not_rerun(
+    wapp: tuple[durafn.App, Functions], db_url: str, tmp_path: Path
+) -> None:
+    app, fns = wapp
+    trace = tmp_path / "trace.txt"
+    trace.touch()
+    done = Path(f"{trace}.done")
+    id = await app.scheduler().run_after(0, fns.on_cue, 7, str(trace))
+    async with worker_processes(db_url, 1, tmp_path, "--concurrency", "1", *FAST) as [worker]:
+        await wait_until(lambda: true(trace_of(trace) == [(7, worker.pid)]), "the action started")
+        # Every write to the table waits behind this lock: the outcome's too.
+        async with system_table_locked(app) as lock:
+            await anyio.Path(f"{trace}.go").touch()
+            await wait_until(lambda: true(done.exists()), "the action returned")
+            worker.kill()
+            await worker.wait()
+            await lock.rollback()
+    row = await row_of(app, id)
+    assert row.state is State.IN_PROGRESS, row.state  # its outcome never written
+    logs = tmp_path / "next"
+    logs.mkdir()
+    async with worker_processes(db_url, 1, logs, *FAST):
+
+        async def recorded_lost() -> bool:
+            return (await row_of(app, id)).state is State.FAILED
+
+        await wait_until(recorded_lost, "recorded lost")
+    row = await row_of(app, id)
+    assert row.error is not None and row.error.type == "durafn.WorkerLostError"
+    assert row.result is None  # the value it returned is lost with its worker
+    assert [n for n, _ in trace_of(trace)] == [7]  # and it never ran again
