@@ -143,10 +143,12 @@ async def drain(
     kind: str = "mutation",
     progress: Callable[[int], None] | None = None,
     prefill: Callable[[durafn.App], Awaitable[None]] | None = None,
+    scheduled: Callable[[durafn.App], Awaitable[None]] | None = None,
 ) -> dict[str, float | None]:
     """Schedule ``n`` no-op functions of ``kind`` (1000 per mutation), then drain them with
     one executor; rows/s for both, and the drain's CPU per 1,000 rows (``cost``).
-    ``prefill`` adds a backlog first."""
+    ``prefill`` adds a backlog first; ``scheduled`` is called once the rows are written
+    (not timed)."""
     app, fan_out, _, _ = _build(url)
     await app.migrate()
     async with app.engine.begin() as conn:
@@ -157,6 +159,8 @@ async def drain(
     for start in range(0, n, 1000):
         await app.run_mutation(fan_out, min(1000, n - start), kind)
     schedule_s = time.perf_counter() - t0
+    if scheduled is not None:
+        await scheduled(app)
     before = cost.read()
     t0 = time.perf_counter()
     # Actions: 100 at once, as pgqueuer's batch_size=100 in peers.py (the same settings).

@@ -16,6 +16,10 @@ mutation's with its batch's transaction, an action's with the finisher's write),
 retry decision, a cancel and the commit are inside it. Inside the function the current
 span is the run's: the user's own spans are its children.
 
+A first run whose scheduling trace was sampled out skips the SDK where the host's
+sampler would sample it out for that alone (``drops_unsampled_remote_parents``): the
+SDK's default, parent-based sampler.
+
 Only this module imports ``opentelemetry``, and only once something asks for tracing; a
 process without the package never imports it and stores no context (the column stays
 NULL). With the API but no SDK, spans are the API's non-recording ones.
@@ -33,6 +37,38 @@ from .._kinds import FunctionKind
 SCOPE = "durafn"
 _ABSENT = object()
 _EVENT_ATTRIBUTES = ("durafn.attempt", "durafn.retry_at")
+
+
+def drops_unsampled_remote_parents(sampler: Any) -> bool:
+    """Whether ``sampler`` (the host's SDK's) samples out every span whose remote parent
+    is not sampled, whatever else it is asked: the SDK's ``ParentBased`` with its default
+    ``remote_parent_not_sampled`` (``ALWAYS_OFF``), the SDK's default sampler. Then a run
+    scheduled from an unsampled trace needs no SDK call to learn that it records nothing.
+    Any other sampler (a custom one, ``ParentBased`` told otherwise) is asked as usual."""
+    if type(sampler).__name__ != "ParentBased":
+        return False
+    not_sampled = getattr(sampler, "_remote_parent_not_sampled", None)
+    describe = getattr(not_sampled, "get_description", None)
+    return callable(describe) and describe() == "AlwaysOffSampler"
+
+
+def unsampled_parent(carrier: dict[str, str]) -> tuple[int, int] | None:
+    """The (trace id, span id) of a stored W3C ``traceparent`` whose sampled flag is off,
+    when it is the carrier's only entry (``tracestate`` aside); else None (sampled, or
+    with baggage or another propagator's fields: the propagators read those)."""
+    header = carrier.get("traceparent")
+    if header is None or any(k not in ("traceparent", "tracestate") for k in carrier):
+        return None
+    parts = header.split("-")
+    if len(parts) != 4 or parts[0] != "00" or len(parts[1]) != 32 or len(parts[2]) != 16:
+        return None
+    try:
+        trace_id, span_id, flags = int(parts[1], 16), int(parts[2], 16), int(parts[3], 16)
+    except ValueError:
+        return None
+    if flags & 1 or not trace_id or not span_id:
+        return None
+    return trace_id, span_id
 
 
 def load() -> Any:
@@ -65,6 +101,7 @@ class Tracing:
         self._consumer = SpanKind.CONSUMER
         self._error = Status(StatusCode.ERROR)
         self._tracer: Any = None
+        self._skips: bool | None = None  # drops_unsampled_remote_parents, read once
         self._defaults = (ProxyTracerProvider, NoOpTracerProvider)
         self._provided = False
         # The API keeps the provider set in a module global (None: none set yet), which
@@ -91,6 +128,15 @@ class Tracing:
         if self._tracer is None:
             self._tracer = self._trace.get_tracer(SCOPE)
         return self._tracer
+
+    @property
+    def skips_unsampled(self) -> bool:
+        """Whether a run whose stored parent is not sampled can skip the SDK (see
+        ``drops_unsampled_remote_parents``): read from the provider at the first run."""
+        if self._skips is None:
+            sampler = getattr(self._trace.get_tracer_provider(), "sampler", None)
+            self._skips = drops_unsampled_remote_parents(sampler)
+        return self._skips
 
     def capture(self) -> str | None:
         """The current trace context as the row stores it, or None outside a trace."""
@@ -129,6 +175,8 @@ class Tracing:
             if cron is not None:
                 attributes["durafn.cron"] = cron
             elif attempt <= 1:
+                if self.skips_unsampled and (ids := unsampled_parent(carrier)) is not None:
+                    return self._unsampled(*ids)
                 parent = self._propagate.extract(carrier)
             else:
                 scheduled = self._trace.get_current_span(self._propagate.extract(carrier))
@@ -143,6 +191,20 @@ class Tracing:
             attributes=attributes,
         )
         return span, self._trace.set_span_in_context(span, parent)
+
+    def _unsampled(self, trace_id: int, span_id: int) -> tuple[Any, Any]:
+        """A run whose scheduling trace was sampled out, under a sampler that samples out
+        every child of such a parent: the SDK would make a non-recording span after its
+        sampler said so (about 10 us with the attributes given at the start); this is
+        the parent's own context as a non-recording span, current in the function, so
+        the user's spans are children of that parent and sampled out too, and log lines
+        carry its trace id. (It has no span id of its own: nothing records it.)"""
+        trace = self._trace
+        context = trace.SpanContext(
+            trace_id, span_id, is_remote=True, trace_flags=trace.TraceFlags(0)
+        )
+        span = trace.NonRecordingSpan(context)
+        return span, trace.set_span_in_context(span, self._context.Context())
 
     def attach(self, context: Any) -> Any:
         return self._context.attach(context)
