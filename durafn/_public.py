@@ -77,6 +77,8 @@ PUBLIC: dict[str, str] = {
     "ScheduledFunctionId": "_kinds",
     "Scheduler": "_scheduler",
     "SchedulingError": "_errors",
+    "SyncApp": "_sync_app",
+    "SyncScheduler": "_sync_scheduler",
     "SchedulingLimitError": "_errors",
     "SchemaError": "_errors",
     "Snooze": "_retries",
