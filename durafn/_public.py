@@ -78,6 +78,7 @@ PUBLIC: dict[str, str] = {
     "Scheduler": "_scheduler",
     "SchedulingError": "_errors",
     "SyncApp": "_sync_app",
+    "SyncMutationCtx": "_sync_functions",
     "SyncScheduler": "_sync_scheduler",
     "SchedulingLimitError": "_errors",
     "SchemaError": "_errors",

@@ -44,7 +44,7 @@ class SyncApp(SyncScheduler):
     standard ``sqlite3`` on SQLite), opened on first use, closed by ``close()``."""
 
     def __init__(self, runtime: Runtime) -> None:
-        self._srt = SyncRuntime.of(runtime)
+        self._srt = SyncRuntime.for_(runtime)
         super().__init__(Scheduler(self._srt, DirectWriter(self._srt, None), per_call=True))
 
     def scheduler(self, within: object) -> SyncScheduler:

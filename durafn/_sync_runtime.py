@@ -43,6 +43,15 @@ class SyncRuntime(Runtime):
     _engine_lock: threading.Lock
 
     @classmethod
+    def for_(cls, main: Runtime) -> SyncRuntime:
+        """The app runtime's one ``SyncRuntime`` (``app.sync``, ``def`` actions)."""
+        found = main.__dict__.get("_sync_runtime")
+        if found is None:
+            found = main.__dict__.setdefault("_sync_runtime", cls.of(main))
+        assert isinstance(found, SyncRuntime)
+        return found
+
+    @classmethod
     def of(cls, main: Runtime) -> SyncRuntime:
         rt = cls.__new__(cls)
         rt.__dict__.update(main.__dict__)

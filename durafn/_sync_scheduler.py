@@ -8,7 +8,7 @@ value: one implementation of scheduling, two faces.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from datetime import datetime, timedelta
 from typing import Any, ParamSpec, overload
 
@@ -30,8 +30,13 @@ class SyncScheduler:
     The same methods as ``Scheduler``, with the same arguments, checks and errors, not
     awaited."""
 
-    def __init__(self, scheduler: Scheduler) -> None:
+    def __init__(
+        self, scheduler: Scheduler, *, run: Callable[[Coroutine[Any, Any, Any]], Any] = run_now
+    ) -> None:
         self._scheduler = scheduler
+        self._run = run
+        """How a step of the async scheduler is run: at once (``run_now``), or, in a
+        ``def`` mutation's greenlet, waited for on its connection (``await_only``)."""
 
     @overload
     def run_after(
@@ -58,7 +63,7 @@ class SyncScheduler:
     ) -> ScheduledFunctionId:
         """Schedule ``fn(*args, **kwargs)`` to run ``delay`` seconds (or a timedelta) from
         now (``Scheduler.run_after``)."""
-        return run_now(self._scheduler.run_after(delay, fn, *args, **kwargs))
+        return self._run(self._scheduler.run_after(delay, fn, *args, **kwargs))  # type: ignore[no-any-return]
 
     @overload
     def run_at(
@@ -84,11 +89,11 @@ class SyncScheduler:
         **kwargs: Any,
     ) -> ScheduledFunctionId:
         """Schedule ``fn`` at an aware ``datetime`` or epoch seconds (``Scheduler.run_at``)."""
-        return run_now(self._scheduler.run_at(when, fn, *args, **kwargs))
+        return self._run(self._scheduler.run_at(when, fn, *args, **kwargs))  # type: ignore[no-any-return]
 
     def run_many(self, calls: Iterable[Call], /) -> list[ScheduledFunctionId]:
         """Schedule many calls at once, all or nothing (``Scheduler.run_many``)."""
-        return run_now(self._scheduler.run_many(calls))
+        return self._run(self._scheduler.run_many(calls))  # type: ignore[no-any-return]
 
     def group(
         self,
@@ -99,11 +104,11 @@ class SyncScheduler:
     ) -> ScheduledFunctionId:
         """Call ``on_complete`` once every row of ``ids`` has finished for good
         (``Scheduler.group``)."""
-        return run_now(self._scheduler.group(ids, on_complete=on_complete))
+        return self._run(self._scheduler.group(ids, on_complete=on_complete))  # type: ignore[no-any-return]
 
     def cancel(self, id: ScheduledFunctionId | str) -> CancelResult:
         """Cancel a scheduled function (``Scheduler.cancel``)."""
-        return run_now(self._scheduler.cancel(id))
+        return self._run(self._scheduler.cancel(id))  # type: ignore[no-any-return]
 
 
 publish(globals())
