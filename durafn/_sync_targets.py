@@ -160,11 +160,16 @@ def _engine_for(raw: Any, vendor: str) -> Engine:
     with _engines_lock:
         engine = _engines.get(url)
         if engine is None:
+            # Nothing of the dialect's first-connect set-up touches Django's connection
+            # but reads (its version, its settings); the hstore look-up, which wants the
+            # DB-API connection itself, is skipped (durafn has no hstore column).
+            native = {"use_native_hstore": False} if vendor == "postgresql" else {}
             engine = _engines[url] = create_engine(
                 url,
                 creator=_borrow,
                 poolclass=NullPool,
                 pool_reset_on_return=None,
+                **native,
             )
         return engine
 
