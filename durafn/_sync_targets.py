@@ -122,15 +122,23 @@ class _DjangoJoined:
         wrapper = connections[self._alias]
         wrapper.ensure_connection()
         raw = wrapper.connection
-        engine = _engine_for(raw, wrapper.vendor)
-        _same_backend(engine.dialect.name, self._backend, f"Django's database {self._alias!r}")
-        _lent.raw = raw
-        try:
-            conn = engine.connect()
-        finally:
-            _lent.raw = None
-        with conn:
-            yield Bridge(conn).as_async()
+        held: dict[str, tuple[Any, Connection]] = _lent.__dict__.setdefault("held", {})
+        found = held.get(self._alias)
+        if found is None or found[0] is not raw or found[1].invalidated:
+            engine = _engine_for(raw, wrapper.vendor)
+            where = f"Django's database {self._alias!r}"
+            _same_backend(engine.dialect.name, self._backend, where)
+            # One SQLAlchemy connection over Django's DB-API connection of this alias,
+            # kept for the thread (as Django keeps its own) until Django replaces it:
+            # making one per call cost ~80 us of CPU.
+            if found is not None:
+                found[1].close()  # (on a connection Django closed: nothing to do)
+            _lent.raw = raw
+            try:
+                found = held[self._alias] = (raw, engine.connect())
+            finally:
+                _lent.raw = None
+        yield Bridge(found[1]).as_async()
 
     def after_commit(self, callback: Callable[[], object]) -> None:
         from django.db import transaction
@@ -174,6 +182,10 @@ def _engine_for(raw: Any, vendor: str) -> Engine:
         return engine
 
 
+def _is_psycopg(raw: Any) -> bool:
+    return type(raw).__module__.startswith("psycopg.") or type(raw).__module__ == "psycopg"
+
+
 def _borrow() -> _Borrowed:
     raw = getattr(_lent, "raw", None)
     assert raw is not None, "a Django connection is lent only inside _DjangoJoined"
@@ -189,6 +201,14 @@ class _Borrowed:
         self._raw = raw
 
     def cursor(self, *args: Any, **kwargs: Any) -> Any:
+        if _is_psycopg(self._raw):
+            # Server-side binding, as SQLAlchemy's psycopg dialect has it. Django's
+            # cursors bind on the client (ClientCursor): the multi-row INSERT's arrays were
+            # quoted into its text and parsed again by the server each time (a schedule
+            # through Django's connection took 794 us against 430 us so).
+            import psycopg
+
+            return psycopg.Cursor(self._raw)
         return self._raw.cursor(*args, **kwargs)
 
     def commit(self) -> None:
