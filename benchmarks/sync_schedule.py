@@ -170,10 +170,23 @@ def _cases(
     return cases
 
 
+PG_DB = "durafn_bench_sync"
+"""Its PostgreSQL database: its own, so that it can run beside the suite's others."""
+
+
+async def _fresh(engine: str, directory: str) -> str:
+    if engine == "sqlite":
+        return await throughput.fresh_url(engine, directory, "sync")
+    await throughput.pg_admin(
+        f"DROP DATABASE IF EXISTS {PG_DB} WITH (FORCE)", f"CREATE DATABASE {PG_DB}"
+    )
+    return throughput.pg_url(PG_DB)
+
+
 def measure(engines: list[str], rounds: int, directory: str) -> dict[str, Any]:
     """Per engine: each route's median microseconds per row, and its ratio to async's."""
     with asyncio.Runner() as loop:
-        urls = {e: loop.run(throughput.fresh_url(e, directory, "sync")) for e in engines}
+        urls = {e: loop.run(_fresh(e, directory)) for e in engines}
         try:
             aliases = _django(urls)
         except ImportError:  # Django is a test dependency: without it, the others
