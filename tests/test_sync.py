@@ -5,6 +5,9 @@ Flask's routes: ``test_sync_frameworks.py``.)"""
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
@@ -23,6 +26,7 @@ from durafn.testing import FakeClock
 
 from .support.helpers import CEILING
 from .support.models import Effect
+from .support.processes import owned
 
 pytestmark = pytest.mark.anyio
 
@@ -307,3 +311,36 @@ async def test_the_notify_is_in_the_users_transaction(app: durafn.App, user_engi
         assert received == ["mutation", "marker"]
     finally:
         await listener.close()
+
+
+@pytest.mark.parametrize("then", ["hold", "commit"])
+async def test_a_kill_9_before_the_commit_leaves_nothing_after_it_the_row(
+    app: durafn.App, then: str
+) -> None:
+    """The process dies (SIGKILL) in the request's thread: before its commit, neither the
+    effect nor the row exists; after it, both do, and a worker runs the row. There is no
+    moment between the two."""
+    _register(app)
+    url = app._rt.driver.url.render_as_string(hide_password=False)
+    async with owned() as owner:
+        proc = await owner.start(
+            [sys.executable, "-m", "tests.apps.sync_request", url, sync_url(app), then],
+            stdout=subprocess.PIPE,
+        )
+        assert proc.stdout is not None
+        line = b""
+        with anyio.fail_after(CEILING):
+            while not line.endswith(b"\n"):
+                line += await proc.stdout.receive()
+        said, sid = line.decode().split()
+        assert said == then
+        proc.send_signal(signal.SIGKILL)
+        await proc.wait()
+    row = await app.get(sid)
+    if then == "hold":
+        assert row is None and await _effects(app) == []
+        return
+    assert row is not None and row.state is State.PENDING
+    assert await _effects(app) == ["killed-commit"]
+    assert await app.executor().run_until_idle() == 1
+    assert (await app.get(sid)).result == 14  # type: ignore[union-attr]
