@@ -261,5 +261,19 @@ def _plain_def(
     if ctx_types == (ActionCtx,):
         return threaded_action(fn), ctx_types
     if ctx_types == (MutationCtx,):
+        if _first_annotation(fn) in (MutationCtx, "MutationCtx", "durafn.MutationCtx"):
+            raise RegistrationError(
+                f"{getattr(fn, '__qualname__', fn)} is a plain def mutation, which receives a "
+                "durafn.SyncMutationCtx (ctx.db a sync Session in its batch's transaction): "
+                "annotate its ctx so, or declare it 'async def' to receive a MutationCtx"
+            )
         return greenlet_mutation(fn), (SyncMutationCtx,)
     return fn, ctx_types
+
+
+def _first_annotation(fn: Callable[..., Any]) -> object:
+    try:
+        first = next(iter(inspect.signature(fn).parameters.values()), None)
+    except (TypeError, ValueError):
+        return None
+    return None if first is None else first.annotation

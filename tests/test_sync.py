@@ -24,6 +24,7 @@ import durafn
 from durafn import ActionCtx, MutationCtx, State
 from durafn.testing import FakeClock
 
+from .conftest import PG_DATABASE, require_postgres
 from .support.helpers import CEILING
 from .support.models import Effect
 from .support.processes import owned
@@ -266,9 +267,11 @@ async def test_a_session_on_another_engine_is_refused(app: durafn.App, tmp_path:
     other = create_engine(
         f"sqlite+pysqlite:///{tmp_path / 'other.db'}"
         if app.dialect == "PostgreSQL"
-        else "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+        else f"postgresql+psycopg://postgres@127.0.0.1:5432/{PG_DATABASE}"
     )
     double, _ = _register(app)
+    if app.dialect == "SQLite":
+        require_postgres()  # the other engine's server
     with Session(other) as session, pytest.raises(durafn.ArgumentError, match="must be written"):
         app.sync.scheduler(session).run_after(0, double, 1)
     with pytest.raises(durafn.ArgumentError, match=r"from async code use app\.scheduler"):
