@@ -36,6 +36,7 @@ from . import (
     peers,
     realwork,
     retries,
+    sync_schedule,
     telemetry,
     throughput,
     versus,
@@ -258,6 +259,16 @@ async def run(sizes: Sizes, engines: list[str]) -> dict[str, Any]:
 
             r["batches"] = await step(f"{engine}: batched actions against plain", 1, _batches)
             results[engine] = r
+        rounds = 5 if sizes.quick else 15
+
+        async def _sync(_: Any) -> Any:
+            # In a thread of its own: the sync routes run as a web server's thread does
+            # (no event loop), the async one on an event loop of that thread's.
+            return await anyio.to_thread.run_sync(sync_schedule.measure, engines, rounds, tmp)
+
+        results["sync_schedule"] = await step(
+            "sync and async scheduling in a held transaction", 1, _sync
+        )
         if "postgres" in engines:
             procs: dict[str, dict[str, float]] = {}
             for count in sizes.processes:

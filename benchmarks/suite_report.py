@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from . import realwork_report
+from . import realwork_report, sync_schedule
 
 
 def peer_rates(results: dict[str, Any]) -> dict[str, float]:
@@ -188,6 +188,7 @@ def markdown(report: dict[str, Any]) -> str:
                 f"pairs' ratio {k['ratio']:.2f}x (quartiles {low:.2f}-{high:.2f}); a "
                 f"failure's own cost {k['failure_cost_runs']:.2f} plain runs"
             )
+    lines += sync_schedule.section(results.get("sync_schedule", {}))
     for engine in engines:
         got = results[engine].get("cancels")
         if not got:

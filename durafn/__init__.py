@@ -81,6 +81,9 @@ if _typing.TYPE_CHECKING:  # (mypy knows the condition by this spelling, not an 
     )
     from ._scheduler import Scheduler
     from ._store import SCHEMA_VERSION, metadata, scheduled_functions
+    from ._sync_app import SyncApp
+    from ._sync_functions import SyncMutationCtx
+    from ._sync_scheduler import SyncScheduler
     from ._telemetry.logs import json_log_formatter
     from ._watch import Watch
 
@@ -164,6 +167,9 @@ __all__ = [
     "SnoozeLimitError",
     "State",
     "Stats",
+    "SyncApp",
+    "SyncMutationCtx",
+    "SyncScheduler",
     "SystemClock",
     "SystemTable",
     "Throttle",

@@ -7,7 +7,7 @@ import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
-from typing import ParamSpec, TypeVar
+from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from typing_extensions import Unpack
@@ -33,6 +33,9 @@ from ._runtime import Backoff, Health, Limits, Runtime
 from ._scheduler import Scheduler
 from ._store import driver_for_url
 from ._writers import DirectWriter, JoinedWriter
+
+if TYPE_CHECKING:
+    from ._sync_app import SyncApp
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -269,6 +272,19 @@ class App(Registration, Operator, Console, CronDeclarations, CronRegistry):
             )
         return Scheduler(self._rt, JoinedWriter(self._rt, within))
 
+    @property
+    def sync(self) -> SyncApp:
+        """This app from synchronous code (Django, Flask, sync SQLAlchemy, threads with no
+        event loop): ``app.sync.scheduler(session).run_after(...)`` writes in your
+        transaction; ``app.sync.run_after(...)``, ``get``, ``list``, ``explain`` as the
+        async methods do (``SyncApp``)."""
+        found: SyncApp | None = self.__dict__.get("_sync")
+        if found is None:
+            from ._sync_app import SyncApp
+
+            found = self.__dict__.setdefault("_sync", SyncApp(self._rt))
+        return found
+
     async def cancel(self, id: ScheduledFunctionId | str) -> CancelResult:
         """Cancel a scheduled function (see ``Scheduler.cancel``)."""
         return await self.scheduler().cancel(id)
@@ -355,8 +371,10 @@ class App(Registration, Operator, Console, CronDeclarations, CronRegistry):
         return self._rt.driver.name
 
     async def aclose(self) -> None:
-        """Close the connection pool."""
+        """Close the connection pool (and ``app.sync``'s, if it was used)."""
         await self._rt.dispose()
+        if (sync := self.__dict__.get("_sync")) is not None:
+            sync.close()
 
     async def __aenter__(self) -> App:
         return self

@@ -13,7 +13,7 @@ import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
 from functools import cached_property
-from typing import Any, NoReturn, ParamSpec, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, ParamSpec, Protocol, TypeVar
 
 import anyio
 from sqlalchemy import event
@@ -33,6 +33,9 @@ from ._runtime import Runtime
 from ._scheduler import Scheduler
 from ._store import RowFilter
 from ._writers import BufferedWriter, DirectWriter
+
+if TYPE_CHECKING:
+    from ._sync_scheduler import SyncScheduler
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -288,6 +291,7 @@ class ActionCtx(_BaseCtx):
         super().__init__(runtime, run_id)
         self._runner = runner
         self._progress: Progress | None = None
+        self._stopped = False
 
     # Built on first use: most actions never schedule, and building both for every run
     # was a fifth of a no-op action's time in the worker (py-spy, PostgreSQL drain).
@@ -310,6 +314,25 @@ class ActionCtx(_BaseCtx):
         False when the action was called directly (``app.run_action``)."""
         cancellation = self._rt.cancels.get(self.run_id)
         return cancellation is not None and cancellation.requested
+
+    @property
+    def stop_requested(self) -> bool:
+        """Whether this run should stop: its row was cancelled (``cancel_requested``), or,
+        for a ``def`` action, its run has ended without it (its time limit, a stop of
+        the worker) while its thread runs on (``_sync_functions``). Check it between
+        units of work."""
+        return self._stopped or self.cancel_requested
+
+    @cached_property
+    def sync_scheduler(self) -> SyncScheduler:
+        """``scheduler`` for a ``def`` action: the same calls, not awaited (rows commit at
+        once, each call on its own, this run their parent)."""
+        from ._sync_runtime import SyncRuntime
+        from ._sync_scheduler import SyncScheduler
+
+        srt = SyncRuntime.for_(self._rt)
+        writer = DirectWriter(srt, check_parent=self.run_id)
+        return SyncScheduler(Scheduler(srt, writer, parent_id=self.run_id))
 
     async def progress(self, fraction: float, message: str | None = None) -> None:
         """Report how far this run has got: ``fraction`` from 0 to 1 and a short message

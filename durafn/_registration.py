@@ -4,8 +4,9 @@
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Concatenate, ParamSpec, TypeVar, overload
+from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar, overload
 
 from typing_extensions import Unpack
 
@@ -20,11 +21,38 @@ from ._registry import ActionRef, FunctionRef, JobOptionArgs, MutationRef, Query
 from ._retention import Retention, check_retention
 from ._retries import MAX_SNOOZES, SNOOZE_LIMIT
 from ._runtime import Runtime
+from ._sync_functions import SyncMutationCtx, greenlet_mutation, threaded_action
 
 P = ParamSpec("P")
 R = TypeVar("R")
 I = TypeVar("I")  # noqa: E741 (a batched action's item)
 T = TypeVar("T")  # its result per item
+
+
+class MutationDecorator(Protocol):
+    """``@app.mutation(...)``: over an ``async def`` or a ``def`` (``_sync_functions``)."""
+
+    @overload
+    def __call__(
+        self, fn: Callable[Concatenate[MutationCtx, P], Awaitable[R]], /
+    ) -> MutationRef[P, R]: ...
+
+    @overload
+    def __call__(
+        self, fn: Callable[Concatenate[SyncMutationCtx, P], R], /
+    ) -> MutationRef[P, R]: ...
+
+
+class ActionDecorator(Protocol):
+    """``@app.action(...)``: over an ``async def`` or a ``def`` (``_sync_functions``)."""
+
+    @overload
+    def __call__(
+        self, fn: Callable[Concatenate[ActionCtx, P], Awaitable[R]], /
+    ) -> ActionRef[P, R]: ...
+
+    @overload
+    def __call__(self, fn: Callable[Concatenate[ActionCtx, P], R], /) -> ActionRef[P, R]: ...
 
 
 class Registration:
@@ -52,6 +80,9 @@ class Registration:
     ) -> MutationRef[P, R]: ...
 
     @overload
+    def mutation(self, fn: Callable[Concatenate[SyncMutationCtx, P], R]) -> MutationRef[P, R]: ...
+
+    @overload
     def mutation(
         self,
         *,
@@ -60,7 +91,7 @@ class Registration:
         retention: Retention | None = None,
         snooze_limit: int = SNOOZE_LIMIT,
         **options: Unpack[JobOptionArgs],
-    ) -> Callable[[Callable[Concatenate[MutationCtx, P], Awaitable[R]]], MutationRef[P, R]]: ...
+    ) -> MutationDecorator: ...
 
     def mutation(
         self,
@@ -90,6 +121,9 @@ class Registration:
     def action(self, fn: Callable[Concatenate[ActionCtx, P], Awaitable[R]]) -> ActionRef[P, R]: ...
 
     @overload
+    def action(self, fn: Callable[Concatenate[ActionCtx, P], R]) -> ActionRef[P, R]: ...
+
+    @overload
     def action(
         self,
         *,
@@ -113,7 +147,7 @@ class Registration:
         cancel: CancelMode = "cooperative",
         snooze_limit: int = SNOOZE_LIMIT,
         **options: Unpack[JobOptionArgs],
-    ) -> Callable[[Callable[Concatenate[ActionCtx, P], Awaitable[R]]], ActionRef[P, R]]: ...
+    ) -> ActionDecorator: ...
 
     def action(
         self,
@@ -197,8 +231,9 @@ class Registration:
         optional(check_retention, "retention", retention, error=RegistrationError)
         integer("snooze_limit", snooze_limit, low=0, high=MAX_SNOOZES, error=RegistrationError)
 
-        def decorate(f: Callable[..., Awaitable[Any]]) -> FunctionRef[Any, Any]:
-            ref = cls(f, name=name, timeout=timeout, ctx_types=ctx_types)
+        def decorate(f: Callable[..., Any]) -> FunctionRef[Any, Any]:
+            f, types = _plain_def(f, ctx_types, batched)
+            ref = cls(f, name=name, timeout=timeout, ctx_types=types)
             ref.job_options = defaults
             ref.retention = retention
             ref.snooze_limit = snooze_limit
@@ -212,3 +247,33 @@ class Registration:
     def functions(self) -> list[str]:
         """The durable names registered on this app."""
         return self._rt.registry.names()
+
+
+def _plain_def(
+    fn: Callable[..., Any], ctx_types: tuple[type, ...], batched: bool
+) -> tuple[Callable[..., Any], tuple[type, ...]]:
+    """``fn`` as the executor awaits it, and the context types its first parameter may
+    name: a ``def`` action in a thread of the pool, a ``def`` mutation in its batch's
+    transaction through a sync ``Session`` (``_sync_functions``); others unchanged (a
+    ``def`` query, or batched action, is refused by ``FunctionRef`` as before)."""
+    if inspect.iscoroutinefunction(fn) or not callable(fn) or batched:
+        return fn, ctx_types
+    if ctx_types == (ActionCtx,):
+        return threaded_action(fn), ctx_types
+    if ctx_types == (MutationCtx,):
+        if _first_annotation(fn) in (MutationCtx, "MutationCtx", "durafn.MutationCtx"):
+            raise RegistrationError(
+                f"{getattr(fn, '__qualname__', fn)} is a plain def mutation, which receives a "
+                "durafn.SyncMutationCtx (ctx.db a sync Session in its batch's transaction): "
+                "annotate its ctx so, or declare it 'async def' to receive a MutationCtx"
+            )
+        return greenlet_mutation(fn), (SyncMutationCtx,)
+    return fn, ctx_types
+
+
+def _first_annotation(fn: Callable[..., Any]) -> object:
+    try:
+        first = next(iter(inspect.signature(fn).parameters.values()), None)
+    except (TypeError, ValueError):
+        return None
+    return None if first is None else first.annotation

@@ -6,6 +6,7 @@ translation of driver errors happen in one place.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import functools
 import logging
@@ -143,6 +144,9 @@ class Runtime:
         self.maybe_freed: set[str] = set()
         """Rows waiting for others that finishes here may have freed (PostgreSQL's hot
         finish notes them), not yet looked at (``_executor/releases.py``)."""
+        self.home_loop: asyncio.AbstractEventLoop | None = None
+        """The event loop the app's pool (and so its executors) runs on: where a wake-up
+        from another thread is sent (``_sync_runtime.py``)."""
         self.listening = 0
         """Executors of this app whose LISTEN is in effect: PostgreSQL then tells them of
         every release (a NOTIFY), so a finish need not wake them on the chance of one."""
@@ -187,7 +191,11 @@ class Runtime:
     def mark_ready(self) -> None:
         """The system tables were found at this version (checked by the caller)."""
         self._ready = True
+        self._bind_loop()
+
+    def _bind_loop(self) -> None:
         self.telemetry.bind_loop()
+        self.home_loop = asyncio.get_running_loop()
 
     @property
     def connections(self) -> int:
@@ -227,7 +235,7 @@ class Runtime:
                 doing=f"first connecting to {where} (to check durafn's tables)",
             )
             self._ready = True
-            self.telemetry.bind_loop()
+            self._bind_loop()
 
     async def dispose(self) -> None:
         if self._engine is not None:
@@ -350,33 +358,58 @@ class Runtime:
             except DurafnError:
                 raise
             except Exception as exc:
-                translated = self.driver.translate(exc) if read_only else None
-                if translated is not None:
-                    raise translated from exc
-                if not self.driver.is_transient(exc, raised_by_user=user_code):
-                    # A user's function may raise its own driver errors (an IntegrityError
-                    # it expects to catch); durafn's own statements never leak them raw.
-                    if user_code or not (
-                        isinstance(exc, SQLAlchemyError) or self.driver.is_driver_error(exc)
-                    ):
-                        raise
-                    raise self.driver.wrap(exc, doing) from exc
-                if committing and self.driver.commit_outcome_unknown(exc):
-                    raise DatabaseError(
-                        f"the connection to {self.driver.name} failed while committing, so "
-                        f"whether it took effect is unknown: {exc}",
-                        transient=True,
-                    ) from exc
-                if attempt >= (self.direct_retries if retries is None else retries):
-                    raise self.driver.wrap(exc, doing) from exc
-                delay = self.backoff.delay(attempt)
-                self.health.fault(exc, doing, delay)
+                delay = self.retry_delay(
+                    exc,
+                    attempt,
+                    retries=retries,
+                    read_only=read_only,
+                    user_code=user_code,
+                    committing=committing,
+                    doing=doing,
+                )
                 attempt += 1
                 await anyio.sleep(delay)
         # After the commit, outside the shield: the completion callbacks it wrote, when
         # inline mode runs them.
         await self.run_inline(inline)
         return value
+
+    def retry_delay(
+        self,
+        exc: Exception,
+        attempt: int,
+        *,
+        retries: int | None,
+        read_only: bool,
+        user_code: bool,
+        committing: bool,
+        doing: str,
+    ) -> float:
+        """How long to wait before running again a transaction that raised ``exc`` on
+        its ``attempt`` (0 the first); or raise what the caller is to see instead: the
+        policy of ``transaction``, and of ``_sync_runtime.SyncRuntime``'s."""
+        translated = self.driver.translate(exc) if read_only else None
+        if translated is not None:
+            raise translated from exc
+        if not self.driver.is_transient(exc, raised_by_user=user_code):
+            # A user's function may raise its own driver errors (an IntegrityError it
+            # expects to catch); durafn's own statements never leak them raw.
+            if user_code or not (
+                isinstance(exc, SQLAlchemyError) or self.driver.is_driver_error(exc)
+            ):
+                raise exc
+            raise self.driver.wrap(exc, doing) from exc
+        if committing and self.driver.commit_outcome_unknown(exc):
+            raise DatabaseError(
+                f"the connection to {self.driver.name} failed while committing, so "
+                f"whether it took effect is unknown: {exc}",
+                transient=True,
+            ) from exc
+        if attempt >= (self.direct_retries if retries is None else retries):
+            raise self.driver.wrap(exc, doing) from exc
+        delay = self.backoff.delay(attempt)
+        self.health.fault(exc, doing, delay)
+        return delay
 
     async def _user_body(
         self,

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Awaitable, Callable, Collection, Iterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Protocol
 
 from sqlalchemy import event
 from sqlalchemy import exc as sa_exc
@@ -283,45 +284,31 @@ class DirectWriter:
         return await self._rt.transaction(_body, doing="cancelling a scheduled function")
 
 
-class JoinedWriter:
-    """Rows written at once through a caller's session or connection; they commit with it."""
+class Joined(Protocol):
+    """A caller's transaction that ``JoinedWriter`` writes in: an ``AsyncSession`` or
+    ``AsyncConnection`` (``_AsyncJoined``), or a synchronous one (``_sync_targets.py``)."""
 
-    def __init__(self, runtime: Runtime, target: AsyncSession | AsyncConnection) -> None:
-        self._rt = runtime
+    def connection(self) -> AbstractAsyncContextManager[AsyncConnection]: ...
+
+    def after_commit(self, callback: Callable[[], object]) -> None:
+        """Call ``callback`` once the caller's transaction commits (never if it rolls
+        back)."""
+
+
+class _AsyncJoined:
+    """An ``AsyncSession`` or ``AsyncConnection`` of the caller's."""
+
+    def __init__(self, target: AsyncSession | AsyncConnection) -> None:
         self._target = target
-        self._to_wake: set[FunctionKind] = set()
 
-    async def _conn(self) -> AsyncConnection:
+    @contextlib.asynccontextmanager
+    async def connection(self) -> AsyncIterator[AsyncConnection]:
         if isinstance(self._target, AsyncSession):
-            conn = await self._target.connection()
+            yield await self._target.connection()
         else:
-            conn = self._target
-        if not self._rt.ready:
-            # Checked through the caller's own transaction: creating the tables from a
-            # second connection could wait on the lock that very transaction holds.
-            await self._rt.driver.check_schema(conn)
-            self._rt.mark_ready()
-        return conn
+            yield self._target
 
-    async def add(self, rows: list[NewRow]) -> list[ScheduledFunctionId]:
-        conn = await self._conn()
-        try:
-            # The caller may reuse this scheduler across transactions, so notify every
-            # time (PostgreSQL folds identical notifications within one transaction).
-            kinds, ids = await write(self._rt, conn, rows, None)
-        except sa_exc.SQLAlchemyError as exc:
-            raise self._rt.driver.wrap(exc, "scheduling through your transaction") from exc
-        self._take_notes(conn)
-        if not self._to_wake:
-            self._after_commit(self._wake)
-        self._to_wake |= kinds
-        return ids
-
-    def _wake(self) -> None:
-        kinds, self._to_wake = self._to_wake, set()
-        self._rt.wake(kinds)
-
-    def _after_commit(self, callback: Callable[[], object]) -> None:
+    def after_commit(self, callback: Callable[[], object]) -> None:
         # In-process executors wake at once; other processes learn by NOTIFY or the poll.
         if isinstance(self._target, AsyncSession):
             event.listen(
@@ -330,13 +317,52 @@ class JoinedWriter:
         else:
             event.listen(self._target.sync_connection, "commit", lambda _c: callback(), once=True)
 
+
+class JoinedWriter:
+    """Rows written at once through a caller's session or connection; they commit with it."""
+
+    def __init__(self, runtime: Runtime, target: AsyncSession | AsyncConnection | Joined) -> None:
+        self._rt = runtime
+        self._target = (
+            _AsyncJoined(target) if isinstance(target, AsyncSession | AsyncConnection) else target
+        )
+        self._to_wake: set[FunctionKind] = set()
+
+    @contextlib.asynccontextmanager
+    async def _conn(self) -> AsyncIterator[AsyncConnection]:
+        async with self._target.connection() as conn:
+            if not self._rt.ready:
+                # Checked through the caller's own transaction: creating the tables from a
+                # second connection could wait on the lock that very transaction holds.
+                await self._rt.driver.check_schema(conn)
+                self._rt.mark_ready()
+            yield conn
+
+    async def add(self, rows: list[NewRow]) -> list[ScheduledFunctionId]:
+        async with self._conn() as conn:
+            try:
+                # The caller may reuse this scheduler across transactions, so notify every
+                # time (PostgreSQL folds identical notifications within one transaction).
+                kinds, ids = await write(self._rt, conn, rows, None)
+            except sa_exc.SQLAlchemyError as exc:
+                raise self._rt.driver.wrap(exc, "scheduling through your transaction") from exc
+            self._take_notes(conn)
+        if not self._to_wake:
+            self._target.after_commit(self._wake)
+        self._to_wake |= kinds
+        return ids
+
+    def _wake(self) -> None:
+        kinds, self._to_wake = self._to_wake, set()
+        self._rt.wake(kinds)
+
     async def cancel(self, id: ScheduledFunctionId, now: float) -> State | None:
-        conn = await self._conn()
-        try:
-            previous = await self._rt.driver.cancel(conn, id, now)
-        except sa_exc.SQLAlchemyError as exc:
-            raise self._rt.driver.wrap(exc, "cancelling through your transaction") from exc
-        self._take_notes(conn)
+        async with self._conn() as conn:
+            try:
+                previous = await self._rt.driver.cancel(conn, id, now)
+            except sa_exc.SQLAlchemyError as exc:
+                raise self._rt.driver.wrap(exc, "cancelling through your transaction") from exc
+            self._take_notes(conn)
         return previous
 
     def _take_notes(self, conn: AsyncConnection) -> None:
@@ -344,4 +370,4 @@ class JoinedWriter:
         cancelled, the running actions to tell), done when the caller commits."""
         notes = take_notes(conn)
         if notes is not None:  # (inline mode does not run what it wrote: see the README)
-            self._after_commit(functools.partial(self._rt.after_commit, notes))
+            self._target.after_commit(functools.partial(self._rt.after_commit, notes))

@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 from sqlalchemy import exc as sa_exc
 from sqlalchemy import func, insert, select
 from sqlalchemy import inspect as sa_inspect
-from sqlalchemy.engine import URL, Connection
+from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from .._errors import DatabaseError, SchemaError
@@ -96,6 +96,15 @@ class EngineDriver:
     def create_engine(self, max_connections: int) -> AsyncEngine:
         """The app's engine: a pool that opens at most ``max_connections`` at once."""
         raise NotImplementedError
+
+    def create_sync_engine(self, max_connections: int) -> Engine:
+        """``app.sync``'s engine on the same database, its driver a synchronous one, set up
+        as ``create_engine``'s (``_sync_runtime.py``). A dialect may go without: its apps
+        then schedule from async code only."""
+        raise DatabaseError(
+            f"durafn has no synchronous driver for {self.url.get_backend_name()}: "
+            "schedule from async code (app.scheduler(...))"
+        )
 
     def require_existing(self) -> None:
         """Raise SchemaError if connecting would create the database rather than open it."""

@@ -19,7 +19,7 @@ from collections.abc import Set as AbstractSet
 from contextlib import AbstractAsyncContextManager
 from typing import Any, ClassVar, Protocol
 
-from sqlalchemy.engine import URL, Connection
+from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.ext.asyncio import AsyncConnection as Conn
 from sqlalchemy.ext.asyncio import AsyncEngine
 from typing_extensions import Unpack
@@ -57,6 +57,7 @@ class Store(Protocol):
     single_statement_options: ClassVar[dict[str, Any]]
 
     def create_engine(self, max_connections: int) -> AsyncEngine: ...  # the app's pool
+    def create_sync_engine(self, max_connections: int) -> Engine: ...  # app.sync's
     async def dispose(self, engine: AsyncEngine) -> None: ...
     def require_existing(self) -> None: ...  # SchemaError: would create, not open
     def read_only(self, conn: Conn) -> AbstractAsyncContextManager[None]: ...
@@ -385,6 +386,7 @@ class Dialect(Protocol):
     single_statement_options: ClassVar[dict[str, Any]]  # autocommit for one statement
 
     async def try_lock(self, conn: Conn, name: str) -> bool: ...  # an advisory lock
+    def create_sync_engine(self, max_connections: int) -> Engine: ...  # app.sync's
     def require_existing(self) -> None: ...
     def _transient_dbapi(self, exc: Any) -> bool: ...  # serialization failures, busy
     def is_driver_error(self, exc: BaseException) -> bool: ...

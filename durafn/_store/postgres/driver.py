@@ -27,7 +27,7 @@ from sqlalchemy import event, text
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.postgresql.base import PGDialect
-from sqlalchemy.engine import URL, ExceptionContext
+from sqlalchemy.engine import URL, Engine, ExceptionContext
 from sqlalchemy.engine import Connection as SyncConnection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
@@ -246,6 +246,11 @@ class PostgresDriver(PostgresMultiRow, Driver):
         event.listen(engine.sync_engine, "handle_error", _discard_broken_connections)
         event.listen(engine.sync_engine, "checkout", _refuse_closed_connections)
         return engine
+
+    def create_sync_engine(self, max_connections: int) -> Engine:
+        from .sync_engine import sync_engine  # (sync callers only: app.sync)
+
+        return sync_engine(self.pooling, max_connections)
 
     def _transient_dbapi(self, exc: sa_exc.DBAPIError) -> bool:
         state = _sqlstate(exc)

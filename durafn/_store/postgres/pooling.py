@@ -39,7 +39,7 @@ OFF = "off"
 # Options of SQLAlchemy's asyncpg dialect, not of asyncpg: a URL may carry them for the
 # engine, but asyncpg.connect, given the URL as a DSN, would send them to the server as
 # settings, which it refuses ("unrecognized configuration parameter").
-_DIALECT_ONLY = ("prepared_statement_cache_size", "prepared_statement_name_func", "async_fallback")
+DIALECT_ONLY = ("prepared_statement_cache_size", "prepared_statement_name_func", "async_fallback")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +73,7 @@ class Pooling:
 
 def asyncpg_dsn(url: URL) -> str:
     """``url`` as asyncpg takes it: its scheme, and none of the dialect's own options."""
-    plain = url.set(drivername="postgresql").difference_update_query(_DIALECT_ONLY)
+    plain = url.set(drivername="postgresql").difference_update_query(DIALECT_ONLY)
     return plain.render_as_string(hide_password=False)
 
 

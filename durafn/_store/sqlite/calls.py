@@ -193,6 +193,18 @@ async def call(connection: Any, fn: Callable[..., T], *args: Any) -> T:
 BEGIN_WRITE = "BEGIN IMMEDIATE"
 
 
+def begin_now(db: sqlite3.Connection, statement: str) -> None:
+    """A synchronous connection's transaction begins (``sync_engine.py``): a writer
+    takes the turn first, and gives it back if its BEGIN fails."""
+    took = statement == BEGIN_WRITE and _take_turn(db)
+    try:
+        db.execute(statement)
+    except BaseException:
+        if took:
+            _give_turn(db)
+        raise
+
+
 def begin(dbapi_connection: Any, statement: str, whole: bool) -> None:
     """A transaction begins on this connection of SQLAlchemy's adapter: send
     ``statement`` (``BEGIN ...``) with its first call; ``whole``: that call is all of it."""

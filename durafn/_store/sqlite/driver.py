@@ -25,7 +25,7 @@ import anyio.to_thread
 from sqlalchemy import event, text
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.engine import URL
+from sqlalchemy.engine import URL, Engine
 from sqlalchemy.engine import Connection as SyncConnection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
@@ -37,13 +37,13 @@ from ..rows import NEW_ROW_COLUMNS, NewRowColumns
 from . import sql as _sql  # noqa: F401  (its SQL for the elements of ../sql.py)
 from .calls import BEGIN_WRITE, Connection, adopt, begin
 from .multirow import SQLiteMultiRow
+from .sync_engine import READ_ONLY_OPTION as READ_ONLY_OPTION
+from .sync_engine import set_up, sync_engine
 from .triggers import install_release_trigger
 from .turns import turn_for
 
 logger = logging.getLogger("durafn.store")
 
-READ_ONLY_OPTION = "durafn_read_only"
-"""Execution option: begin DEFERRED (a reader) rather than IMMEDIATE (a writer)."""
 ONE_CALL_OPTION = "durafn_one_call"
 """Execution option: the transaction is one call on aiosqlite's thread, BEGIN to COMMIT
 (``sqlite/calls.py``): durafn's one-statement transactions."""
@@ -65,6 +65,16 @@ def _is_file(database: str | None) -> TypeGuard[str]:
         and database not in ("", ":memory:")
         and not database.startswith("file::memory:")
     )
+
+
+def _file_of(url: URL) -> str:
+    database = url.database
+    if not _is_file(database):
+        raise SchemaError(
+            "durafn needs a SQLite *file* (executors and callers use several "
+            "connections); use a URL like sqlite+aiosqlite:///app.db"
+        )
+    return database
 
 
 def _thread_of(connection: Any) -> threading.Thread | None:
@@ -120,12 +130,7 @@ class SQLiteDriver(SQLiteMultiRow, Driver):
             )
 
     def create_engine(self, max_connections: int) -> AsyncEngine:
-        database = self.url.database
-        if not _is_file(database):
-            raise SchemaError(
-                "durafn needs a SQLite *file* (executors and callers use several "
-                "connections); use a URL like sqlite+aiosqlite:///app.db"
-            )
+        database = _file_of(self.url)
         engine = create_async_engine(
             self.url,
             connect_args={"timeout": self.busy_timeout, "factory": Connection},
@@ -153,6 +158,16 @@ class SQLiteDriver(SQLiteMultiRow, Driver):
         self._listen(engine, database)
         return engine
 
+    def create_sync_engine(self, max_connections: int) -> Engine:
+        database = _file_of(self.url)
+        return sync_engine(
+            self.url,
+            database,
+            max_connections,
+            busy_timeout=self.busy_timeout,
+            synchronous=self.synchronous,
+        )
+
     def _listen(self, engine: AsyncEngine, database: str) -> None:
         """What each new connection is set up with, and how each transaction begins."""
         synchronous = self.synchronous
@@ -176,21 +191,7 @@ class SQLiteDriver(SQLiteMultiRow, Driver):
             adopt(dbapi_conn)  # each statement one call on aiosqlite's thread
             raw = dbapi_conn.driver_connection._conn
             raw.turn, raw.turn_wait = turn, busy  # its writers wait in line for the turn
-            # Take transaction control away from the sqlite3 module so that BEGIN is ours.
-            dbapi_conn.isolation_level = None
-            cursor = dbapi_conn.cursor()
-            cursor.execute("PRAGMA journal_mode")
-            if cursor.fetchone()[0] != "wal":
-                try:
-                    cursor.execute("PRAGMA journal_mode=WAL")
-                except sqlite3.OperationalError as exc:
-                    # A file this process may not write (a backup, another user's file):
-                    # read it in the mode it has; any write will say it is read-only.
-                    if "readonly" not in str(exc):
-                        raise
-            cursor.execute(f"PRAGMA synchronous={synchronous}")
-            cursor.execute(f"PRAGMA busy_timeout={busy_ms}")
-            cursor.close()
+            set_up(dbapi_conn, synchronous, busy_ms)
 
         @event.listens_for(engine.sync_engine, "begin")
         def _on_begin(conn: Any) -> None:
