@@ -222,6 +222,7 @@ class App(Registration, Operator, Console, CronDeclarations, CronRegistry):
             inline_runner=None,
             _resolved={},
             _wake_listeners=set(),
+            _freed_listeners=set(),
         )
         other._rt.hooks = rt.hooks  # the app's hooks (a new runtime made new ones)
         other._invoker = Invoker(other._rt, self._invoker.timeouts)
