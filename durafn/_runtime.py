@@ -357,13 +357,9 @@ class Runtime:
                         if options:
                             await conn.execution_options(**options)
                         await conn.begin()
-                        if user_code:
-                            value = await self._user_body(conn, body, read_only)
-                        elif read_only and not single_statement:
-                            async with self.driver.read_only(conn):
-                                value = await body(conn)
-                        else:
-                            value = await body(conn)
+                        value = await self._run_body(
+                            conn, body, read_only, single_statement, user_code
+                        )
                         committing = True
                         await conn.commit()
                         self.health.ok()
@@ -399,6 +395,40 @@ class Runtime:
         # inline mode runs them.
         await self.run_inline(inline)
         return value
+
+    async def _run_body(
+        self,
+        conn: AsyncConnection,
+        body: Callable[[AsyncConnection], Awaitable[T]],
+        read_only: bool,
+        single_statement: bool,
+        user_code: bool,
+    ) -> T:
+        """Run ``body`` in the transaction begun on ``conn``.
+
+        A single-statement body's statements each commit as they run (PostgreSQL's
+        autocommit; on SQLite, after its first call, which commits whole): when one fails,
+        those before it stand, and so must what they noted, acted on before the failure
+        goes on. Dropped with the failure, an action finish whose successes' statement had
+        freed a join, and whose next statement (a result to store) failed, left the join
+        unannounced until the poll. (Such a body writes no rows for inline mode to run:
+        ``finishes_in_one_statement``.)
+        """
+        try:
+            if user_code:
+                return await self._user_body(conn, body, read_only)
+            if read_only and not single_statement:
+                async with self.driver.read_only(conn):
+                    return await body(conn)
+            return await body(conn)
+        except BaseException:
+            if single_statement:
+                try:
+                    notes = take_notes(conn)
+                except Exception:  # the connection is gone, and its notes: the poll
+                    notes = None
+                self.after_commit(notes)
+            raise
 
     async def _user_body(
         self,
