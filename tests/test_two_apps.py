@@ -87,7 +87,7 @@ async def test_what_a_batch_frees_as_its_executor_stops_starts_in_the_other_app(
     the twin. (Both were lost: the twin waited for its poll.)"""
     entered, gate = anyio.Event(), anyio.Event()
 
-    @app.mutation(name="two:part")
+    @app.mutation(name="two:part", timeout=CEILING)  # held past the default 5 s on a slow day
     async def part(ctx: MutationCtx) -> None:
         entered.set()
         await gate.wait()
