@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck docs docs-serve bench bench-quick clean
+.PHONY: demo test lint typecheck docs docs-serve bench bench-quick stress clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +52,15 @@ bench: $(BENCH_STAMP)
 
 bench-quick: $(BENCH_STAMP)
 	$(BIN)/python -m benchmarks --quick
+
+# Two executors in one process (an app and its app.using() twin) on the fake clock, rounds
+# of fan-in work until a wake-up is lost (benchmarks/stress.py; outside the suite: minutes).
+# PostgreSQL at 127.0.0.1:5432 (database durafn_stress, or $DURAFN_STRESS_PG_DATABASE) and
+# SQLite; a CPU-burning process beside it. Exits 1 if a round hung. More:
+# make stress STRESS_ARGS="--rounds 10000 --engines postgres".
+STRESS_ARGS ?=
+stress: $(STAMP)
+	$(BIN)/python -m benchmarks.stress --rounds 3000 --burn 1 $(STRESS_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache durafn.egg-info

@@ -197,8 +197,9 @@ class App(Registration, Operator, Console, CronDeclarations, CronRegistry):
     def using(self, url: str | None = None, *, clock: Clock | None = None) -> App:
         """This app on another database, or with another clock: the same functions,
         crons, hooks, queues and settings (shared: what is registered on one is on both),
-        with a connection pool, and a clock, of its own. For tests of an app defined at
-        module level::
+        with a connection pool, and a clock, of its own. On the same database, each one's
+        executors hear the other's wake-ups in this process (``Runtime.wake``). For tests
+        of an app defined at module level::
 
             from myapp.tasks import app, send_email
 
@@ -225,6 +226,7 @@ class App(Registration, Operator, Console, CronDeclarations, CronRegistry):
             inline_runner=None,
             _resolved={},
             _wake_listeners=set(),
+            _freed_listeners=set(),
         )
         other._rt.hooks = rt.hooks  # the app's hooks (a new runtime made new ones)
         other._invoker = Invoker(other._rt, self._invoker.timeouts)

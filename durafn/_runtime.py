@@ -12,6 +12,7 @@ import functools
 import logging
 import random
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -38,6 +39,9 @@ T = TypeVar("T")
 Inline = tuple[ScheduledFunctionId, FunctionKind]
 """A row that inline mode runs as soon as it is committed: its id and kind."""
 logger = logging.getLogger("durafn")
+
+_RUNTIMES: weakref.WeakSet[Runtime] = weakref.WeakSet()
+"""Every runtime of this process: ``Runtime.wake`` tells those on the same database."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +154,7 @@ class Runtime:
         self.listening = 0
         """Executors of this app whose LISTEN is in effect: PostgreSQL then tells them of
         every release (a NOTIFY), so a finish need not wake them on the chance of one."""
+        _RUNTIMES.add(self)
 
     @property
     def wake_on_finish(self) -> bool:
@@ -246,10 +251,27 @@ class Runtime:
     # -- wake-ups ------------------------------------------------------------------------
 
     def wake(self, kinds: Collection[FunctionKind]) -> None:
-        """Tell this process's executors that rows of ``kinds`` were committed."""
-        if kinds:
-            for listener in list(self._wake_listeners):
-                listener(kinds)
+        """Tell this process's executors that rows of ``kinds`` were committed: this
+        runtime's, and those of its other runtimes on the same database (``app.using()``)
+        that no LISTEN tells. A NOTIFY tells the rest (PostgreSQL's executors, whose
+        LISTEN hears this process too); on SQLite, which has none, another runtime's
+        executor otherwise learnt of the rows one of them wrote, finished or gave back
+        only by its poll (``make stress``: 26 rounds in 1,000 waited for it)."""
+        if not kinds:
+            return
+        for listener in list(self._wake_listeners):
+            listener(kinds)
+        if len(_RUNTIMES) > 1:
+            url = self.driver.url
+            for peer in list(_RUNTIMES):
+                if (
+                    peer is not self
+                    and peer._wake_listeners
+                    and not peer.listening
+                    and peer.driver.url == url
+                ):
+                    for listener in list(peer._wake_listeners):
+                        listener(kinds)
 
     def inline_calls(self, rows: list[NewRow], ids: list[ScheduledFunctionId]) -> list[Inline]:
         """The Pending rows written (``ids``: the one that runs for each) that inline mode
@@ -343,13 +365,9 @@ class Runtime:
                         if options:
                             await conn.execution_options(**options)
                         await conn.begin()
-                        if user_code:
-                            value = await self._user_body(conn, body, read_only)
-                        elif read_only and not single_statement:
-                            async with self.driver.read_only(conn):
-                                value = await body(conn)
-                        else:
-                            value = await body(conn)
+                        value = await self._run_body(
+                            conn, body, read_only, single_statement, user_code
+                        )
                         committing = True
                         await conn.commit()
                         self.health.ok()
@@ -410,6 +428,40 @@ class Runtime:
         delay = self.backoff.delay(attempt)
         self.health.fault(exc, doing, delay)
         return delay
+
+    async def _run_body(
+        self,
+        conn: AsyncConnection,
+        body: Callable[[AsyncConnection], Awaitable[T]],
+        read_only: bool,
+        single_statement: bool,
+        user_code: bool,
+    ) -> T:
+        """Run ``body`` in the transaction begun on ``conn``.
+
+        A single-statement body's statements each commit as they run (PostgreSQL's
+        autocommit; on SQLite, after its first call, which commits whole): when one fails,
+        those before it stand, and so must what they noted, acted on before the failure
+        goes on. Dropped with the failure, an action finish whose successes' statement had
+        freed a join, and whose next statement (a result to store) failed, left the join
+        unannounced until the poll. (Such a body writes no rows for inline mode to run:
+        ``finishes_in_one_statement``.)
+        """
+        try:
+            if user_code:
+                return await self._user_body(conn, body, read_only)
+            if read_only and not single_statement:
+                async with self.driver.read_only(conn):
+                    return await body(conn)
+            return await body(conn)
+        except BaseException:
+            if single_statement:
+                try:
+                    notes = take_notes(conn)
+                except Exception:  # the connection is gone, and its notes: the poll
+                    notes = None
+                self.after_commit(notes)
+            raise
 
     async def _user_body(
         self,

@@ -4,7 +4,9 @@ The parts are built once per executor and keep what they learn across runs (pace
 claim ledger, the mutation mode); ``begin`` gives each a fresh run. The stop sequence is
 here, because it orders the parts: claiming stops, running actions get their grace period
 (``ActionPool.stop``), then outcomes are written and unstarted rows released
-(``Finisher.close``), then the other loops are cancelled.
+(``Finisher.close``), then the other loops are cancelled; once every one has ended (a
+mutation batch running still commits), the rows the last finishes freed are announced
+(``FreedRows``).
 """
 
 from __future__ import annotations
@@ -296,6 +298,13 @@ class Executor:
                             self._actions.watch.stop()
                 tg.cancel_scope.cancel()
         finally:
+            # Once every loop has ended: a mutation batch running when the stop came
+            # commits after ``_stop``'s look, and the rows its finish freed are known to
+            # this process only (``FreedRows``: its NOTIFY is what tells the other
+            # executors). Left unlooked at, a join another executor could run waited for
+            # that executor's poll (``make stress``: 25 rounds in 3,000 on PostgreSQL).
+            with anyio.CancelScope(shield=True):
+                await self._freed.flush()
             self._rt._wake_listeners.discard(wakeups.on_wake)
             self._rt._freed_listeners.discard(self._freed.noted)
             self._actions.end()
@@ -315,7 +324,9 @@ class Executor:
 
     async def _stop(self) -> None:
         """Stop claiming, give running actions their grace period, cancel the rest, and
-        record how every claimed action ended (bounded, should the database be away)."""
+        record how every claimed action ended (bounded, should the database be away).
+        The rows those finishes freed are announced now (not after a mutation batch
+        still running ends), and those of that batch once it has (``_running``)."""
         self._wakeups.stop()
         unstarted = await self._actions.stop(self.config.grace_period)
         await self._finisher.close(unstarted)
