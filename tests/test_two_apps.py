@@ -20,6 +20,9 @@ from sqlalchemy import text
 
 import durafn
 from durafn import ActionCtx, MutationCtx, State
+from durafn._executor import Executor
+from durafn._runtime import Backoff
+from durafn.testing import FakeClock
 
 from .support.helpers import CEILING
 
@@ -213,3 +216,77 @@ async def test_a_finish_refused_part_way_still_announces_the_rows_it_freed(
     finally:
         await twin.aclose()
     assert "recording 2 action outcomes failed" in caplog.text  # one batch, as meant
+
+
+async def _run_until(
+    app: durafn.App, done: anyio.Event, *, task_status: TaskStatus[Executor]
+) -> None:
+    """Run ``app``'s executor (handed to the starter) until ``done``."""
+    async with app.run_executor() as executor:
+        task_status.started(executor)
+        await done.wait()
+
+
+_PG_FLAKY_FUNCTION = """
+CREATE FUNCTION two_flaky() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION 'a fault retrying cures' USING ERRCODE = '40001';
+END $$
+"""
+_PG_FLAKY_TRIGGER = """
+CREATE TRIGGER two_flaky BEFORE UPDATE ON _scheduled_functions FOR EACH ROW
+WHEN (NEW.name = 'two:flaky' AND NEW.state = 'Success') EXECUTE FUNCTION two_flaky()
+"""
+
+
+@pytest.mark.postgres_only  # SKIP LOCKED: only there does another executor pass rows by
+async def test_a_batch_given_back_by_a_stop_in_its_backoff_starts_in_the_other_app(
+    postgres_url: str, clock: FakeClock
+) -> None:
+    """A mutation batch fails with a fault retrying cures (a serialization failure, from
+    a trigger), and its lane backs off; the executor is stopped meanwhile. The batch
+    rolled back, so its row is Pending again, and the twin's executor, which passed it by
+    while it was locked, must hear of it: the stop announces it."""
+    app = durafn.App(postgres_url, clock=clock)
+    await app.migrate()
+    entered, gate, done = anyio.Event(), anyio.Event(), anyio.Event()
+
+    @app.mutation(name="two:flaky")
+    async def flaky(ctx: MutationCtx) -> None:
+        entered.set()
+        await gate.wait()
+
+    @app.action(name="two:marker")
+    async def marker(ctx: ActionCtx) -> None:
+        pass
+
+    async with app.engine.begin() as conn:
+        for statement in (_PG_FLAKY_FUNCTION, _PG_FLAKY_TRIGGER):
+            await conn.execute(text(statement))
+    app._rt.backoff = Backoff(base=CEILING, cap=CEILING)  # backs off until stopped
+    twin = app.using()
+    try:
+        with anyio.fail_after(CEILING):
+            async with anyio.create_task_group() as tg:
+                async with app.run_executor() as mine:
+                    sid = await app.scheduler().run_after(0, flaky)
+                    await entered.wait()  # this executor holds the row, locked
+                    other = await tg.start(_run_until, twin, done)
+                    # The twin's executor has claimed since: it passed the locked row by.
+                    seen = await twin.scheduler().run_after(0, marker)
+                    await other.wait_for(seen, timeout=CEILING)
+                    gate.set()
+                    while mine.stats["retries"] < 1:  # noqa: ASYNC110 - the fault came
+                        await anyio.sleep(0.005)
+                    async with app.engine.begin() as conn:
+                        await conn.execute(text("DROP TRIGGER two_flaky ON _scheduled_functions"))
+                # Stopped while backing off: the twin runs the row.
+                row = await other.wait_for(sid, timeout=CEILING)
+                assert row.state is State.SUCCESS
+                done.set()
+    finally:
+        await twin.aclose()
+        async with app.engine.begin() as conn:
+            await conn.execute(text("DROP TRIGGER IF EXISTS two_flaky ON _scheduled_functions"))
+            await conn.execute(text("DROP FUNCTION two_flaky()"))
+        await app.aclose()

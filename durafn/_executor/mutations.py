@@ -181,7 +181,34 @@ class MutationLanes:
         self._tally.stats["retries"] += 1
         rt.health.fault(exc, f"running a batch of {len(batch.claimed)} mutations", delay)
         await self._count_rolled_back(batch.begun)
-        await anyio.sleep(delay)
+        try:
+            await anyio.sleep(delay)
+        except anyio.get_cancelled_exc_class():
+            # Stopped while backing off: the batch rolled back, so its rows are Pending
+            # again, and this lane will not claim them. Executors that skipped them while
+            # they were locked may be idle until their poll: tell them.
+            with anyio.CancelScope(shield=True):
+                await self._announce_given_back(batch)
+            raise
+
+    async def _announce_given_back(self, batch: GroupCommit) -> None:
+        """Wake every executor of mutations (NOTIFY; this process's at once): the rows a
+        stopped lane's rolled-back batch held are free."""
+        if not batch.claimed:
+            return
+        rt = self._rt
+        kinds = {FunctionKind.MUTATION}
+
+        async def _notify(conn: AsyncConnection) -> None:
+            await rt.driver.notify(conn, kinds)
+
+        try:
+            await rt.transaction(
+                _notify, doing="announcing mutations given back", single_statement=True
+            )
+        except DurafnError as exc:  # the database is away: their poll finds them
+            logger.info("could not announce the mutations given back (%s)", one_line(exc))
+        rt.wake(kinds)
 
     async def _narrow_down(self, batch: GroupCommit, exc: Exception, mode: Mode) -> bool:
         """A statement of the batch itself failed, not a mutation: typically user code left
