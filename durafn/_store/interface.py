@@ -322,9 +322,12 @@ class Store(Protocol):
     async def heartbeat(self, conn: Conn, id: str, now: float) -> bool: ...  # False: lost
     async def unregister_worker(self, conn: Conn, id: str) -> None: ...
     async def list_workers(self, conn: Conn) -> builtins.list[WorkerInfo]: ...
-    async def rescue_lost(
-        self, conn: Conn, now: float, cutoff: float, message: str
+    async def find_lost(
+        self, conn: Conn, cutoff: float, message: str
     ) -> builtins.list[LostAction]: ...  # silent workers' actions (ix_scheduled_functions_running)
+    async def fail_lost(
+        self, conn: Conn, now: float, lost: Sequence[LostAction]
+    ) -> None: ...  # those not retried, InProgress -> Failed (primary key)
     async def remove_lost_workers(
         self,
         conn: Conn,
