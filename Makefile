@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck docs docs-serve bench bench-quick clean
+.PHONY: demo test lint typecheck docs docs-serve bench bench-quick soak clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +52,15 @@ bench: $(BENCH_STAMP)
 
 bench-quick: $(BENCH_STAMP)
 	$(BIN)/python -m benchmarks --quick
+
+# A long run, as deployments run (benchmarks/soak.py): a scratch PostgreSQL cluster with
+# autovacuum on (initdb in a temporary folder, port 55432), an hour of mixed work with a
+# kill -9 every 3 minutes, then W1-W4 on that cluster. Options: make soak SOAK_ARGS='--minutes 5'.
+SOAK_ARGS ?=
+
+soak: $(BENCH_STAMP)
+	mkdir -p benchmarks/results
+	$(BIN)/python -m benchmarks.soak --realwork --tracemalloc --json benchmarks/results/soak.json $(SOAK_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache durafn.egg-info
