@@ -43,7 +43,7 @@ import durafn
 from . import realwork, soak_checks, throughput
 from .soak_app import TRACE_ENV, USER, Mix, register
 from .soak_cluster import scratch_cluster
-from .soak_report import growth, markdown
+from .soak_report import autovacuums, growth, markdown
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE_SECONDS = 10.0
@@ -351,11 +351,13 @@ def cli(argv: Sequence[str] | None = None) -> None:
     (args.logs / "tracemalloc").mkdir(parents=True, exist_ok=True)
     for old in [*args.logs.glob("*.log"), *args.logs.glob("tracemalloc/snap-*.bin")]:
         old.unlink()  # an earlier run's
-    with scratch_cluster(args.port):
+    with scratch_cluster(args.port, keep_log=args.logs / "server.log"):
         report = anyio.run(main, args, args.logs)
     report["command"] = "python -m benchmarks.soak " + " ".join(
         sys.argv[1:] if argv is None else argv
     )
+    vacuums = autovacuums(args.logs / "server.log")
+    report["autovacuums"] = {n: vacuums[n] for n in report["settings"] if n in vacuums}
     text = markdown(report)
     if args.json is not None:  # and the markdown beside it
         args.json.write_text(json.dumps(report, indent=2))

@@ -53,9 +53,12 @@ def _as_owner(command: list[str]) -> list[str]:
 
 
 @contextlib.contextmanager
-def scratch_cluster(port: int, settings: Mapping[str, str] | None = None) -> Iterator[Path]:
+def scratch_cluster(
+    port: int, settings: Mapping[str, str] | None = None, keep_log: Path | None = None
+) -> Iterator[Path]:
     """A running cluster on ``127.0.0.1:port`` (user ``postgres``, trust), its data
-    directory yielded; stopped (fast) and removed when the block ends, however it ends."""
+    directory yielded; stopped (fast) and removed when the block ends, however it ends,
+    its server log copied to ``keep_log`` first (each autovacuum run is in it)."""
     bin_dir = binaries()
     folder = Path(tempfile.mkdtemp(prefix="durafn-soak-"))
     data, log = folder / "data", folder / "server.log"
@@ -80,6 +83,8 @@ def scratch_cluster(port: int, settings: Mapping[str, str] | None = None) -> Ite
         if started:
             with contextlib.suppress(ClusterError):
                 _run([str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop"])
+        if keep_log is not None and log.exists():
+            shutil.copyfile(log, keep_log)
         shutil.rmtree(folder, ignore_errors=True)
 
 

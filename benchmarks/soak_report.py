@@ -4,6 +4,7 @@ minute, and ``_scheduled_functions``' size and dead tuples over the run."""
 
 from __future__ import annotations
 
+import re
 import tracemalloc
 from pathlib import Path
 from typing import Any
@@ -135,6 +136,45 @@ def _counts(report: dict[str, Any]) -> list[str]:
     return lines
 
 
+_VACUUM = re.compile(r'automatic vacuum of table "(\w+)\.public\._scheduled_functions"')
+_USAGE = re.compile(r"CPU: user: ([\d.]+) s, system: ([\d.]+) s, elapsed: ([\d.]+) s")
+_WAL = re.compile(r"WAL usage: (\d+) records, (\d+) full page images, (\d+) bytes")
+
+
+def autovacuums(log: Path) -> dict[str, dict[str, float]]:
+    """Each database's autovacuum runs of ``_scheduled_functions``, from the server's log
+    (``log_autovacuum_min_duration = 0``): how many, their CPU, wall time and WAL."""
+    found: dict[str, dict[str, float]] = {}
+    current: dict[str, float] | None = None
+    for line in log.read_text(errors="replace").splitlines() if log.exists() else []:
+        if (start := _VACUUM.search(line)) is not None:
+            current = found.setdefault(
+                start[1], {"runs": 0, "cpu_s": 0.0, "elapsed_s": 0.0, "wal_bytes": 0}
+            )
+            current["runs"] += 1
+        elif current is not None and (wal := _WAL.search(line)) is not None:
+            current["wal_bytes"] += int(wal[3])
+        elif current is not None and (usage := _USAGE.search(line)) is not None:
+            current["cpu_s"] = round(current["cpu_s"] + float(usage[1]) + float(usage[2]), 2)
+            current["elapsed_s"] = round(current["elapsed_s"] + float(usage[3]), 2)
+            current = None
+    return found
+
+
+def _vacuums(report: dict[str, Any]) -> list[str]:
+    runs = report.get("autovacuums") or {}
+    lines = [
+        "| database | autovacuums of the table | their CPU, s | wall, s | WAL, MB |",
+        "|---|---|---|---|---|",
+    ]
+    for name, got in runs.items():
+        lines.append(
+            f"| {name} | {got['runs']:g} | {got['cpu_s']:g} | {got['elapsed_s']:g} "
+            f"| {got['wal_bytes'] / MB:.1f} |"
+        )
+    return lines if runs else []
+
+
 def growth(folder: Path, top: int = 15) -> dict[str, Any] | None:
     """What the traced worker held more at its last snapshot than at its first (after
     its warm-up), by line: the biggest ``top`` differences."""
@@ -200,8 +240,27 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         *_bounds(report),
         "",
+        *_vacuums(report),
+        "",
         *_table(report),
     ]
     if "realwork" in report:
         out += ["", "### W1-W4 on the scratch cluster", "", realwork_markdown(report["realwork"])]
     return "\n".join(out) + "\n"
+
+
+def cli() -> None:
+    """``python -m benchmarks.soak_report REPORT.json [SERVER.log]``: the markdown of a
+    report written by ``benchmarks.soak --json`` (its autovacuums read from the log)."""
+    import json
+    import sys
+
+    report = json.loads(Path(sys.argv[1]).read_text())
+    if len(sys.argv) > 2:
+        found = autovacuums(Path(sys.argv[2]))
+        report["autovacuums"] = {n: found[n] for n in report["settings"] if n in found}
+    print(markdown(report))
+
+
+if __name__ == "__main__":
+    cli()
