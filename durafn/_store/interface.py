@@ -410,6 +410,7 @@ class Dialect(Protocol):
     def install_release_functions(self, conn: Connection) -> None: ...  # the hot finish's
     def install_schedule_function(self, conn: Connection) -> None: ...  # durafn.schedule
     def set_storage(self, conn: Connection) -> None: ...  # the hot table's fillfactor
+    def set_autovacuum(self, conn: Connection) -> None: ...  # and its autovacuum thresholds
 
     # and, for speed, any statement of ``Store``: the multi-row finishes, retries and
     # failures (``postgres/multirow.py``, ``sqlite/multirow.py``), a cancel's NOTIFY
