@@ -4,11 +4,12 @@
 
 A scratch PostgreSQL cluster (``soak_cluster``: initdb in a temporary folder, autovacuum
 on, port 55432) holds two databases with the same work, side by side: ``shipped``, the
-schema as ``durafn migrate`` leaves it, and ``tuned``, the same with the per-table
-settings of ``--tuned`` on ``_scheduled_functions`` (a comparison; ``--tuned ''`` runs
-the first alone). Each database gets two workers (``durafn worker``, real processes):
-one lives the whole run, the other is ``kill -9``-ed every ``--kill-every`` minutes (the
-databases' turn alternate) and started again a second later, as a supervisor would.
+schema as ``durafn migrate`` leaves it, and ``compared``, the same with ``--compare``'s
+change to ``_scheduled_functions`` (by default its autovacuum thresholds back to
+PostgreSQL's, as before schema version 24; ``--compare ''`` runs the first alone).
+Each database gets two workers (``durafn worker``, real processes): one lives the whole
+run, the other is ``kill -9``-ed every ``--kill-every`` minutes (the databases in turn)
+and started again a second later, as a supervisor would.
 
 The driver schedules, every second and in each database, ``soak_app.produce``'s mix:
 mutations that insert a row under a unique key, actions with retries (a quarter fail
@@ -39,6 +40,7 @@ import anyio
 import asyncpg
 
 import durafn
+from durafn._store.postgres.driver import AUTOVACUUM
 
 from . import realwork, soak_checks, throughput
 from .soak_app import TRACE_ENV, USER, Mix, register
@@ -47,10 +49,8 @@ from .soak_report import autovacuums, growth, markdown
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE_SECONDS = 10.0
-TUNED = (
-    "autovacuum_vacuum_scale_factor=0.01,autovacuum_vacuum_threshold=1000,"
-    "autovacuum_vacuum_insert_scale_factor=0.01,autovacuum_analyze_scale_factor=0.02"
-)
+DEFAULTS = "RESET (" + ", ".join(AUTOVACUUM) + ")"
+"""``--compare``'s default: the hot table at PostgreSQL's autovacuum thresholds."""
 HISTORY = """
 INSERT INTO _scheduled_functions
        (id, name, kind, args, state, scheduled_time, available_at, started_time,
@@ -128,7 +128,7 @@ class Soak:
         if settings:
             conn = await asyncpg.connect(self.dsn(database))
             try:
-                await conn.execute(f"ALTER TABLE _scheduled_functions SET ({settings})")
+                await conn.execute(f"ALTER TABLE _scheduled_functions {settings}")
             finally:
                 await conn.close()
         if self.args.history:
@@ -248,7 +248,8 @@ class Soak:
             life.ended = self.now()
 
     async def run(self) -> dict[str, Any]:
-        databases = {"shipped": ""} | ({"tuned": self.args.tuned} if self.args.tuned else {})
+        compare = self.args.compare
+        databases = {"shipped": ""} | ({"compared": compare} if compare else {})
         for database, settings in databases.items():
             await self.prepare(database, settings)
         self.t0 = time.monotonic()
@@ -329,7 +330,9 @@ def cli(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--kill-every", type=float, default=3.0, help="minutes between kills")
     parser.add_argument("--port", type=int, default=55432)
     parser.add_argument(
-        "--tuned", default=TUNED, help="the tuned database's storage settings ('': none)"
+        "--compare",
+        default=DEFAULTS,
+        help="ALTER TABLE _scheduled_functions ... for the second database ('': none)",
     )
     parser.add_argument("--realwork", action="store_true", help="then W1-W4 on the cluster")
     parser.add_argument("--realwork-jobs", type=int, default=20_000)

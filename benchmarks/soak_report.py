@@ -220,7 +220,10 @@ def markdown(report: dict[str, Any]) -> str:
         + "; settled after the end in "
         + ", ".join(f"{n} {v:g} s" for n, v in report["settle_seconds"].items())
         + ". Settings: "
-        + "; ".join(f"{n}: `{v or 'as migrated'}`" for n, v in report["settings"].items())
+        + "; ".join(
+            f"{n}: as migrated{f', then `ALTER TABLE _scheduled_functions {v}`' if v else ''}"
+            for n, v in report["settings"].items()
+        )
         + f"; {report.get('history_rows', 0):,} finished rows in the table at the start.",
         "",
         "### Nothing lost or doubled (every problem 0)",
