@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck docs docs-serve bench bench-quick stress clean
+.PHONY: demo test lint typecheck docs docs-serve bench bench-quick stress soak clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -61,6 +61,15 @@ bench-quick: $(BENCH_STAMP)
 STRESS_ARGS ?=
 stress: $(STAMP)
 	$(BIN)/python -m benchmarks.stress --rounds 3000 --burn 1 $(STRESS_ARGS)
+
+# A long run, as deployments run (benchmarks/soak.py): a scratch PostgreSQL cluster with
+# autovacuum on (initdb in a temporary folder, port 55432), an hour of mixed work with a
+# kill -9 every 3 minutes, then W1-W4 on that cluster. Options: make soak SOAK_ARGS='--minutes 5'.
+SOAK_ARGS ?=
+
+soak: $(BENCH_STAMP)
+	mkdir -p benchmarks/results
+	$(BIN)/python -m benchmarks.soak --realwork --tracemalloc --json benchmarks/results/soak.json $(SOAK_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache durafn.egg-info

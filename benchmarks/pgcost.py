@@ -57,7 +57,7 @@ import anyio
 import asyncpg
 
 from . import cost
-from .throughput import PG_ADMIN, pg_admin
+from .throughput import pg_admin, pg_dsn
 
 PREFIX = "durafn_rw_"
 POLL_SECONDS = 0.2
@@ -82,7 +82,7 @@ async def scratch(tag: str) -> str:
 async def drop_scratch(leftovers: bool = False) -> None:
     """Drop this process's scratch databases; with ``leftovers``, also those of earlier
     runs whose process is gone."""
-    conn = await asyncpg.connect(PG_ADMIN)
+    conn = await asyncpg.connect(pg_dsn("postgres"))
     try:
         names = list(_made)
         if leftovers:
@@ -181,7 +181,7 @@ class Backends:
     async def _poll_until_stopped(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
-        conn = await asyncpg.connect(PG_ADMIN)
+        conn = await asyncpg.connect(pg_dsn("postgres"))
         try:
             await self._poll(conn)
             self._ready.set()
@@ -362,7 +362,7 @@ class Meter:
         cls, database: str, worker_pid: int | None = None, *, counters: bool = True
     ) -> Meter:
         meter = cls(database, worker_pid, counters=counters)
-        admin = meter._operator = await asyncpg.connect(PG_ADMIN)
+        admin = meter._operator = await asyncpg.connect(pg_dsn("postgres"))
         try:
             version = int(await admin.fetchval("SHOW server_version_num"))
             meter._marks["waldump"] = waldump_binary(version)
@@ -472,7 +472,7 @@ class Meter:
         """``rel:FILENODE`` parts named by ``pg_class`` (looked up in the run's database),
         each with its counts by kind of record."""
         filenodes = {int(part.split(":")[1]) for part in wal.by_part if part.startswith("rel:")}
-        conn = await asyncpg.connect(PG_ADMIN.rsplit("/", 1)[0] + "/" + self.database)
+        conn = await asyncpg.connect(pg_dsn(self.database))
         try:
             rows = await conn.fetch(
                 "SELECT pg_relation_filenode(oid)::bigint AS node, relname FROM pg_class "

@@ -1,6 +1,7 @@
 """Jobs that do work, side by side with Graphile Worker, on PostgreSQL:
 
     python -m benchmarks.realwork [--jobs N] [--rounds R] [--only W1,W3] [--json PATH]
+                                  [--server HOST:PORT]
 
 * **W1**: each job awaits 20 ms (real time), concurrency 100: durafn actions (one
   executor in this process, ``concurrency=100``) against Graphile Worker at concurrency
@@ -40,7 +41,7 @@ from typing import Any
 
 import anyio
 
-from . import peers, pgcost
+from . import peers, pgcost, throughput
 from . import realwork_drains as drains
 from .realwork_report import markdown
 
@@ -207,7 +208,13 @@ def cli() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--only", default=",".join(ORDER), help="e.g. W1,W3")
     parser.add_argument("--json", type=Path, help="write the report here too")
+    parser.add_argument(
+        "--server",
+        default=throughput.SERVER,
+        help="the PostgreSQL server, HOST:PORT (user postgres, trust; its pg_wal readable)",
+    )
     args = parser.parse_args()
+    throughput.use_server(args.server)
     only = [k.strip().upper() for k in args.only.split(",")]
     if unknown := set(only) - set(ORDER):
         parser.error(f"unknown workload(s) {', '.join(sorted(unknown))}; known: W1,W2,W3,W4")
@@ -217,7 +224,13 @@ def cli() -> None:
 
     report = anyio.run(measure, args.jobs, args.rounds, only, done)
     report["command"] = "python -m benchmarks.realwork " + " ".join(
-        f"--{k} {v}" for k, v in (("jobs", args.jobs), ("rounds", args.rounds), ("only", args.only))
+        f"--{k} {v}"
+        for k, v in (
+            ("jobs", args.jobs),
+            ("rounds", args.rounds),
+            ("only", args.only),
+            ("server", args.server),
+        )
     )
     if args.json is not None:
         args.json.write_text(json.dumps(report, indent=2))

@@ -23,7 +23,7 @@ import durafn
 from durafn import ActionCtx, MutationCtx
 
 from . import peers, pgcost
-from .throughput import _USER, ROWS, pg_url, until_done
+from .throughput import _USER, ROWS, pg_dsn, pg_url, until_done
 
 
 @dataclass(frozen=True)
@@ -168,7 +168,7 @@ async def graphile_waits(n: int, w: Waits, config: dict[str, Any]) -> dict[str, 
     """Graphile Worker's drain of ``n`` jobs that await ``w.seconds`` (``graphile/work.mjs``)."""
     node = peers.graphile_node()
     database = await pgcost.scratch(f"{w.key}_graphile")
-    dsn = f"postgresql://postgres@127.0.0.1:5432/{database}"
+    dsn = pg_dsn(database)
     ms = str(round(w.seconds * 1000))
     command = [node, str(peers.GRAPHILE / "work.mjs"), dsn, str(n), ms, json.dumps(config)]
     async with await anyio.open_process(command, stderr=None) as process:
@@ -233,7 +233,7 @@ async def sqlalchemy_inserts(n: int, batch: int, sqlite_dir: str | None) -> dict
 async def asyncpg_inserts(n: int, batch: int) -> dict[str, Any]:
     """The same INSERT through asyncpg, in transactions of ``batch`` rows: the floor."""
     database = await pgcost.scratch("w3_asyncpg")
-    dsn = f"postgresql://postgres@127.0.0.1:5432/{database}"
+    dsn = pg_dsn(database)
     engine = create_async_engine(pg_url(database))
     async with engine.begin() as conn:
         await conn.run_sync(_USER.create_all)

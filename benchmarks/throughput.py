@@ -25,7 +25,9 @@ from durafn import ActionCtx, MutationCtx
 
 from . import cost
 
-PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
+SERVER = "127.0.0.1:5432"
+"""The PostgreSQL server the benchmarks use (``use_server``: ``make soak``'s scratch cluster)."""
+PG_ADMIN = f"postgresql://postgres@{SERVER}/postgres"
 PG_DB = "durafn_bench"
 
 
@@ -60,9 +62,21 @@ async def _fresh_postgres() -> str:
     return pg_url(PG_DB)
 
 
+def use_server(server: str) -> None:
+    """Point the benchmarks at another server (``HOST:PORT``), before any run."""
+    global SERVER, PG_ADMIN
+    SERVER = server
+    PG_ADMIN = f"postgresql://postgres@{server}/postgres"
+
+
+def pg_dsn(database: str) -> str:
+    """``database`` on the benchmarks' server, for asyncpg (and Graphile Worker)."""
+    return f"postgresql://postgres@{SERVER}/{database}"
+
+
 async def pg_admin(*statements: str) -> None:
     """Run ``statements`` on the server's admin database (creating, dropping databases)."""
-    conn = await asyncpg.connect(PG_ADMIN)
+    conn = await asyncpg.connect(pg_dsn("postgres"))
     try:
         for statement in statements:
             await conn.execute(statement)
@@ -71,7 +85,7 @@ async def pg_admin(*statements: str) -> None:
 
 
 def pg_url(database: str) -> str:
-    return f"postgresql+asyncpg://postgres@127.0.0.1:5432/{database}"
+    return f"postgresql+asyncpg://postgres@{SERVER}/{database}"
 
 
 # The user table of the "each mutation inserts one row" drain.

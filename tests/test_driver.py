@@ -35,6 +35,7 @@ from durafn._store import (
     CronMove,
     CronRow,
     Driver,
+    LostAction,
     NewCron,
     NewRow,
     NewRowColumns,
@@ -649,9 +650,13 @@ async def test_rescue_fails_the_running_actions_of_lost_workers_only(store: Stor
     await store.claim_actions("never-registered", T0 - 90)
     running = {w.id: w.running for w in await store.run(driver.list_workers)}
     assert running == {"alive": 1, "dead": 2}
-    lost = await store.run(
-        lambda conn: driver.rescue_lost(conn, T0, T0 - 30, "lost {worker}: not retried")
-    )
+
+    async def rescue(conn: AsyncConnection, now: float, message: str) -> list[LostAction]:
+        lost = await driver.find_lost(conn, now - 30, message)
+        await driver.fail_lost(conn, now, lost)
+        return lost
+
+    lost = await store.run(lambda conn: rescue(conn, T0, "lost {worker}: not retried"))
     # The dead worker's row claimed before the cutoff, and the row of a worker that never
     # registered; not the live worker's, nor one claimed more recently than the cutoff.
     assert sorted((r.id, r.worker_id) for r in lost) == sorted(
@@ -669,7 +674,7 @@ async def test_rescue_fails_the_running_actions_of_lost_workers_only(store: Stor
         "lost dead: not retried",
     )
     assert row["completed_time"] == T0
-    assert await store.run(lambda conn: driver.rescue_lost(conn, T0, T0 - 30, "{worker}")) == []
+    assert await store.run(lambda conn: rescue(conn, T0, "{worker}")) == []
     # The rescue then removes the lost worker's row and records what it did.
     removed = await store.run(
         lambda conn: driver.remove_lost_workers(conn, T0, T0 - 30, "alive", {"dead": (1, 0)})
@@ -686,7 +691,7 @@ async def test_rescue_fails_the_running_actions_of_lost_workers_only(store: Stor
     )
     # Its row claimed since that cutoff is rescued by a later rescue, once as old: counted
     # on the same record (a worker with no record, never declared lost, has none).
-    later_lost = await store.run(lambda conn: driver.rescue_lost(conn, T0 + 30, T0, "{worker}"))
+    later_lost = await store.run(lambda conn: rescue(conn, T0 + 30, "{worker}"))
     assert [(r.id, r.worker_id) for r in later_lost] == [(new_dead, "dead")]
     counts: dict[str | None, tuple[int, int]] = {"dead": (0, 1), "never-registered": (1, 0)}
     assert not await store.run(

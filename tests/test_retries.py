@@ -338,6 +338,52 @@ async def test_a_lost_worker_s_action_with_a_policy_goes_back_to_pending(
     assert runs == [sid]  # once more, by the rescuer
 
 
+async def test_a_lost_worker_s_retried_action_still_holds_back_the_rows_after_it(
+    app: durafn.App, clock: FakeClock
+) -> None:
+    """Its rescue puts it straight back to Pending: through Failed, a final state, the
+    release trigger freed the rows waiting for it, which then ran before it ran again (a
+    join in ``make soak`` found its dependencies Pending), and counted a failure on a
+    row that cancels when one does."""
+    runs: list[str] = []
+
+    @app.action(retry=Retry(3, backoff=Fixed(30)))
+    async def victim(ctx: ActionCtx) -> None:
+        runs.append("victim")
+
+    @app.mutation
+    async def then(ctx: MutationCtx, tag: str) -> None:
+        runs.append(tag)
+
+    sched = app.scheduler()
+    sid = await sched.run_after(0, victim)
+    waiting = await sched.run_after(0, then.options(after=[sid]), "run")
+    cancels = await sched.run_after(0, then.options(after=[sid], after_policy="cancel"), "cancel")
+    rt = app._rt
+
+    async def _claim(conn: AsyncConnection) -> None:  # a worker that then dies silently
+        now = rt.clock.now()
+        await rt.driver.register_worker(conn, "elsewhere:1:dead", "elsewhere", 1, 1, now)
+        assert [r.id for r in await rt.driver.claim_actions(conn, now, 10, "elsewhere:1:dead")]
+
+    await rt.transaction(_claim)
+    options: durafn.ExecutorOptions = {"heartbeat_interval": 1.0, "worker_timeout": 5.0}
+    async with app.run_executor(**options) as rescuer:
+        for _ in range(7):  # past the timeout, one heartbeat at a time
+            clock.advance(1)
+            await wait_until(
+                lambda: has_beaten(app, rescuer.worker_id, clock.now()), "a beat", interval=0.005
+            )
+        await wait_until(lambda: _retried(app, sid), "the action is rescued", interval=0.005)
+        for row in (waiting, cancels):
+            assert (await app.explain(row)).reason == "awaiting"
+        assert runs == []
+        clock.advance(30)
+        await rescuer.wait_for(waiting)
+        await rescuer.wait_for(cancels)
+    assert runs[0] == "victim" and sorted(runs[1:]) == ["cancel", "run"]
+
+
 async def _retried(app: durafn.App, id: str) -> bool:
     row = await app.get(id)
     return row is not None and row.state is State.PENDING and row.failures == 1

@@ -9,6 +9,7 @@ from sqlalchemy import delete, insert, inspect, select, text, update
 import durafn
 from durafn._clock import to_datetime
 from durafn._store import schema_version
+from durafn._store.postgres.driver import AUTOVACUUM
 from durafn._store.schema import migrations as _migrations
 from durafn._store.schema.migrations import failed_attempts
 from durafn._store.schema.tables import sf
@@ -569,6 +570,26 @@ async def test_scheduling_through_a_session_before_the_tables_exist(
         await app.aclose()
 
 
+TUNED = [f"{k}={v}" for k, v in AUTOVACUUM.items()]
+
+
+async def _table_options(app: durafn.App) -> list[str] | None:
+    async with app.engine.connect() as conn:
+        found = await conn.execute(
+            text("SELECT reloptions FROM pg_class WHERE relname = '_scheduled_functions'")
+        )
+        value = found.scalar_one()
+        return None if value is None else sorted(value)
+
+
+async def _back_to(app: durafn.App, version: int, reset: str) -> None:
+    async with app.engine.begin() as conn:
+        await conn.execute(text(f"ALTER TABLE _scheduled_functions RESET ({reset})"))
+        await conn.execute(delete(schema_version))
+        await conn.execute(insert(schema_version).values(version=version, applied_at=0))
+    await app.aclose()
+
+
 @pytest.mark.postgres_only  # fillfactor is PostgreSQL's storage setting; SQLite has none
 async def test_the_hot_table_leaves_room_for_its_rows_new_versions(postgres_url: str) -> None:
     """A fresh database's ``_scheduled_functions`` has ``fillfactor = 50``; one at version
@@ -576,23 +597,30 @@ async def test_the_hot_table_leaves_room_for_its_rows_new_versions(postgres_url:
     app = durafn.App(postgres_url)
     try:
         await app.migrate()
+        assert await _table_options(app) == sorted(["fillfactor=50", *TUNED])
+        await _back_to(app, 22, "fillfactor")
+        assert await _table_options(app) == sorted(TUNED)
+        assert await app.migrate() == durafn.SCHEMA_VERSION
+        assert await _table_options(app) == sorted(["fillfactor=50", *TUNED])
+    finally:
+        await app.aclose()
 
-        async def options() -> list[str] | None:
-            async with app.engine.connect() as conn:
-                found = await conn.execute(
-                    text("SELECT reloptions FROM pg_class WHERE relname = '_scheduled_functions'")
-                )
-                value = found.scalar_one()
-                return None if value is None else list(value)
 
-        assert await options() == ["fillfactor=50"]
-        async with app.engine.begin() as conn:
-            await conn.execute(text("ALTER TABLE _scheduled_functions RESET (fillfactor)"))
-            await conn.execute(delete(schema_version))
-            await conn.execute(insert(schema_version).values(version=22, applied_at=0))
-        assert await options() is None
+@pytest.mark.postgres_only  # autovacuum is PostgreSQL's; SQLite has none
+async def test_the_hot_table_is_vacuumed_at_thresholds_of_its_own(postgres_url: str) -> None:
+    """A fresh database's ``_scheduled_functions`` has its own autovacuum thresholds; one
+    at version 23 (without them) gets them from its migration, its fillfactor kept as an
+    operator set it."""
+    app = durafn.App(postgres_url)
+    try:
+        await app.migrate()
+        assert set(TUNED) <= set(await _table_options(app) or [])
+        await _back_to(app, 23, ", ".join(AUTOVACUUM))
+        async with app.engine.begin() as conn:  # an operator's own choice, kept
+            await conn.execute(text("ALTER TABLE _scheduled_functions SET (fillfactor = 70)"))
+        assert await _table_options(app) == ["fillfactor=70"]
         await app.aclose()
         assert await app.migrate() == durafn.SCHEMA_VERSION
-        assert await options() == ["fillfactor=50"]
+        assert await _table_options(app) == sorted(["fillfactor=70", *TUNED])
     finally:
         await app.aclose()

@@ -206,7 +206,7 @@ class Membership:
         rows: list[LostAction] = []
 
         async def _rescue(conn: AsyncConnection) -> list[Outcome]:
-            lost = await rt.driver.rescue_lost(conn, now, now - timeout, message)
+            lost = await rt.driver.find_lost(conn, now - timeout, message)
             rows[:] = lost
             outcomes = []
             for row in lost:
@@ -222,14 +222,21 @@ class Membership:
                     error=WorkerLostError(row.error_message),
                     on_complete=row.on_complete,
                 )
-                # Recorded Failed above; its retry policy may put it back to Pending.
+                # Its retry policy may put it back to Pending.
                 decide(rt, now, outcome, row.retry)
                 outcomes.append(outcome)
+            # Straight from InProgress: a retried row never passes through Failed, which
+            # would release the rows waiting for it (``after=``) before it ran again.
+            await rt.driver.fail_lost(
+                conn, now, [r for r, o in zip(lost, outcomes, strict=True) if o.retry_at is None]
+            )
             # Each run into its row's history, on the worker that lost it: with its retry,
             # or as it stays Failed.
             for row, outcome in zip(lost, outcomes, strict=True):
                 if outcome.retry_at is not None:
-                    await rt.driver.retry_rows(conn, now, [outcome], State.FAILED, row.worker_id)
+                    await rt.driver.retry_rows(
+                        conn, now, [outcome], State.IN_PROGRESS, row.worker_id, failed=1
+                    )
                 else:
                     await rt.driver.record_failures(conn, now, [outcome], row.worker_id)
             if any(o.retry_at is not None for o in outcomes):

@@ -262,6 +262,7 @@ class EngineDriver:
                 index.create(conn, checkfirst=True)
         install_functions(conn, self)
         self.set_storage(conn)
+        self.set_autovacuum(conn)
 
     # -- the schema's SQL each engine writes its own way (``migrations.SchemaDialect``) ----
 
@@ -279,6 +280,9 @@ class EngineDriver:
 
     def set_storage(self, conn: Connection) -> None:
         """The hot table's storage settings (PostgreSQL's fillfactor)."""
+
+    def set_autovacuum(self, conn: Connection) -> None:
+        """The hot table's autovacuum thresholds (PostgreSQL's)."""
 
     async def _current_version(self, conn: AsyncConnection) -> int | None:
         version = (await conn.execute(select(func.max(schema_version.c.version)))).scalar()

@@ -323,9 +323,12 @@ class Store(Protocol):
     async def heartbeat(self, conn: Conn, id: str, now: float) -> bool: ...  # False: lost
     async def unregister_worker(self, conn: Conn, id: str) -> None: ...
     async def list_workers(self, conn: Conn) -> builtins.list[WorkerInfo]: ...
-    async def rescue_lost(
-        self, conn: Conn, now: float, cutoff: float, message: str
+    async def find_lost(
+        self, conn: Conn, cutoff: float, message: str
     ) -> builtins.list[LostAction]: ...  # silent workers' actions (ix_scheduled_functions_running)
+    async def fail_lost(
+        self, conn: Conn, now: float, lost: Sequence[LostAction]
+    ) -> None: ...  # those not retried, InProgress -> Failed (primary key)
     async def remove_lost_workers(
         self,
         conn: Conn,
@@ -409,6 +412,7 @@ class Dialect(Protocol):
     def install_release_functions(self, conn: Connection) -> None: ...  # the hot finish's
     def install_schedule_function(self, conn: Connection) -> None: ...  # durafn.schedule
     def set_storage(self, conn: Connection) -> None: ...  # the hot table's fillfactor
+    def set_autovacuum(self, conn: Connection) -> None: ...  # and its autovacuum thresholds
 
     # and, for speed, any statement of ``Store``: the multi-row finishes, retries and
     # failures (``postgres/multirow.py``, ``sqlite/multirow.py``), a cancel's NOTIFY

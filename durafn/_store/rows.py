@@ -241,7 +241,7 @@ def mark_moved(outcomes: Iterable[Outcome], moved: Collection[str]) -> int:
 
 
 class LostAction(NamedTuple):
-    """An action recorded Failed because its worker was lost."""
+    """An action whose worker was lost, as ``find_lost`` found it (still InProgress)."""
 
     id: ScheduledFunctionId
     name: str

@@ -4,7 +4,7 @@ actions of workers that stopped beating (a part of ``Driver``)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from sqlalchemy import (
@@ -71,40 +71,31 @@ class WorkerStatements:
     async def unregister_worker(self, conn: AsyncConnection, id: str) -> None:
         await conn.execute(delete(workers).where(workers.c.id == id))
 
-    async def rescue_lost(
-        self, conn: AsyncConnection, now: float, cutoff: float, message: str
+    async def find_lost(
+        self, conn: AsyncConnection, cutoff: float, message: str
     ) -> list[LostAction]:
-        """InProgress -> Failed for actions whose worker has not heartbeaten since
-        ``cutoff`` (or has no row at all); returns (id, name, worker_id) of each.
+        """The InProgress actions whose worker has not heartbeaten since ``cutoff`` (or
+        has no row at all), locked until the transaction ends (``FOR UPDATE`` on
+        PostgreSQL; SQLite's transaction holds the file), not yet changed: the caller
+        decides which its retry policy runs again (``retry_rows`` from InProgress) and
+        records the others Failed (``fail_lost``). A retried row goes straight back to
+        Pending: through Failed, a final state, the release trigger would free the rows
+        waiting for it (``after=``) before it had run again.
 
         ``started_time < cutoff`` as well: a row is never rescued sooner after its claim
-        than a worker is allowed to go without a heartbeat. The state guard makes two
-        workers rescuing at once harmless: the second finds nothing left to move.
+        than a worker is allowed to go without a heartbeat. The lock and the state guard
+        of the writes that follow make two workers rescuing at once harmless: the second
+        finds nothing left to move.
         """
         before, _, after = message.partition("{worker}")
         alive = select(workers.c.id).where(workers.c.heartbeat_at >= cutoff)
         result = await conn.execute(
-            update(sf)
-            .where(
-                sf.c.state == State.IN_PROGRESS.value,  # ix_scheduled_functions_running
-                sf.c.started_time < cutoff,
-                or_(sf.c.worker_id.is_(None), sf.c.worker_id.not_in(alive)),
-            )
-            .values(
-                state=State.FAILED.value,
-                completed_time=now,
-                error_type="durafn.WorkerLostError",
-                # The message names the lost worker: "{worker}" in it becomes its id.
-                error_message=literal(before)
-                .concat(func.coalesce(sf.c.worker_id, "unknown"))
-                .concat(after),
-                failures=sf.c.failures + 1,
-            )
-            .returning(
+            select(
                 sf.c.id,
                 sf.c.name,
                 sf.c.worker_id,
-                sf.c.error_message,
+                # The message names the lost worker: "{worker}" in it becomes its id.
+                literal(before).concat(func.coalesce(sf.c.worker_id, "unknown")).concat(after),
                 sf.c.queue_name,
                 *RETRY_COLUMNS[1:],
                 sf.c.on_complete,
@@ -112,16 +103,21 @@ class WorkerStatements:
                 sf.c.trace_context,
                 sf.c.attempts,
             )
+            .where(
+                sf.c.state == State.IN_PROGRESS.value,  # ix_scheduled_functions_running
+                sf.c.started_time < cutoff,
+                or_(sf.c.worker_id.is_(None), sf.c.worker_id.not_in(alive)),
+            )
+            .with_for_update()
         )
-        # The failures returned count this one: the retry's count is of those before it.
-        lost = [
+        return [
             LostAction(
                 ScheduledFunctionId(str(i)),
                 n,
                 w,
                 m,
                 q,
-                RetryState(n, retry, most, failures - 1),
+                RetryState(n, retry, most, failures),
                 callback,
                 key,
                 trace,
@@ -129,7 +125,23 @@ class WorkerStatements:
             )
             for i, n, w, m, q, retry, most, failures, callback, key, trace, attempts in result
         ]
-        return lost
+
+    async def fail_lost(
+        self, conn: AsyncConnection, now: float, lost: Sequence[LostAction]
+    ) -> None:
+        """InProgress -> Failed for lost actions that are not retried (``find_lost``)."""
+        for row in lost:  # few: the actions one worker was running
+            await conn.execute(
+                update(sf)
+                .where(sf.c.id == row.id, sf.c.state == State.IN_PROGRESS.value)  # (pk)
+                .values(
+                    state=State.FAILED.value,
+                    completed_time=now,
+                    error_type="durafn.WorkerLostError",
+                    error_message=row.error_message,
+                    failures=sf.c.failures + 1,
+                )
+            )
 
     async def remove_lost_workers(
         self,
