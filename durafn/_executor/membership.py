@@ -208,23 +208,7 @@ class Membership:
         async def _rescue(conn: AsyncConnection) -> list[Outcome]:
             lost = await rt.driver.find_lost(conn, now - timeout, message)
             rows[:] = lost
-            outcomes = []
-            for row in lost:
-                outcome = Outcome(
-                    row.id,
-                    State.FAILED,
-                    error_type="durafn.WorkerLostError",
-                    error_message=row.error_message,
-                    name=row.name,
-                    # A lost keyed row frees its key's slot: wake the claimers of it.
-                    queue=row.queue_name or row.flow_key,
-                    flow_key=row.flow_key,
-                    error=WorkerLostError(row.error_message),
-                    on_complete=row.on_complete,
-                )
-                # Its retry policy may put it back to Pending.
-                decide(rt, now, outcome, row.retry)
-                outcomes.append(outcome)
+            outcomes = [_lost_outcome(rt, now, row) for row in lost]
             # Straight from InProgress: a retried row never passes through Failed, which
             # would release the rows waiting for it (``after=``) before it ran again.
             await rt.driver.fail_lost(
@@ -244,11 +228,7 @@ class Membership:
             final = [o for o in outcomes if o.retry_at is None]
             await rt.driver.write_completions(conn, now, final)
             # The lost workers' rows go, each recorded with what was done to its actions.
-            rescued: dict[str | None, tuple[int, int]] = {}
-            for row, outcome in zip(lost, outcomes, strict=True):
-                failed, retried = rescued.get(row.worker_id, (0, 0))
-                again = outcome.retry_at is not None
-                rescued[row.worker_id] = (failed + (not again), retried + again)
+            rescued = _rescued_counts(lost, outcomes)
             gone = await rt.driver.remove_lost_workers(
                 conn, now, now - timeout, self.worker_id, rescued
             )
@@ -280,3 +260,34 @@ class Membership:
         if lost:
             self._progress.fire()
             await rt.hooks.finished(FunctionKind.ACTION, lost, measured=False)
+
+
+def _lost_outcome(rt: Runtime, now: float, row: LostAction) -> Outcome:
+    """A lost action's outcome: Failed with a WorkerLostError, unless its retry policy
+    puts it back to Pending (``decide``)."""
+    outcome = Outcome(
+        row.id,
+        State.FAILED,
+        error_type="durafn.WorkerLostError",
+        error_message=row.error_message,
+        name=row.name,
+        # A lost keyed row frees its key's slot: wake the claimers of it.
+        queue=row.queue_name or row.flow_key,
+        flow_key=row.flow_key,
+        error=WorkerLostError(row.error_message),
+        on_complete=row.on_complete,
+    )
+    decide(rt, now, outcome, row.retry)
+    return outcome
+
+
+def _rescued_counts(
+    lost: list[LostAction], outcomes: list[Outcome]
+) -> dict[str | None, tuple[int, int]]:
+    """(failed, retried) per lost worker, for its ``_durafn_lost_workers`` record."""
+    rescued: dict[str | None, tuple[int, int]] = {}
+    for row, outcome in zip(lost, outcomes, strict=True):
+        failed, retried = rescued.get(row.worker_id, (0, 0))
+        again = outcome.retry_at is not None
+        rescued[row.worker_id] = (failed + (not again), retried + again)
+    return rescued
