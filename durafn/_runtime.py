@@ -223,24 +223,27 @@ class Runtime:
             if self._ready:
                 return
 
-            async def _prepare(conn: AsyncConnection) -> None:
-                if self.auto_migrate:
-                    await self.driver.migrate(conn, self.clock.now())
-                else:
-                    await self.driver.check_schema(conn)
-
-            # Checking reads only: inspection works on a database it may not write. The
-            # first connection of the process: its failure names where it went (a server
-            # that is down read "lost the connection ... while running a transaction").
-            where = self.driver.url.render_as_string(hide_password=True)
-            await self.transaction(
-                _prepare,
-                ready=False,
-                read_only=not self.auto_migrate,
-                doing=f"first connecting to {where} (to check durafn's tables)",
-            )
+            await self.transaction(self.prepare_schema, ready=False, **self.first_connection())
             self._ready = True
             self._bind_loop()
+
+    async def prepare_schema(self, conn: AsyncConnection) -> None:
+        """Create or migrate (SQLite: ``auto_migrate``), else check, durafn's tables."""
+        if self.auto_migrate:
+            await self.driver.migrate(conn, self.clock.now())
+        else:
+            await self.driver.check_schema(conn)
+
+    def first_connection(self) -> dict[str, Any]:
+        """How ``prepare_schema`` runs: checking reads only (inspection works on a
+        database it may not write); and, the process's first connection, its failure
+        names where it went (a server that is down read "lost the connection ... while
+        running a transaction")."""
+        where = self.driver.url.render_as_string(hide_password=True)
+        return {
+            "read_only": not self.auto_migrate,
+            "doing": f"first connecting to {where} (to check durafn's tables)",
+        }
 
     async def dispose(self) -> None:
         if self._engine is not None:

@@ -89,20 +89,7 @@ class SyncRuntime(Runtime):
     async def ensure_ready(self) -> None:
         if self._ready:
             return
-
-        async def _prepare(conn: Any) -> None:
-            if self.auto_migrate:
-                await self.driver.migrate(conn, self.clock.now())
-            else:
-                await self.driver.check_schema(conn)
-
-        where = self.driver.url.render_as_string(hide_password=True)
-        await self.transaction(
-            _prepare,
-            ready=False,
-            read_only=not self.auto_migrate,
-            doing=f"first connecting to {where} (to check durafn's tables)",
-        )
+        await self.transaction(self.prepare_schema, ready=False, **self.first_connection())
         self._ready = True
 
     # -- transactions --------------------------------------------------------------------
@@ -132,11 +119,9 @@ class SyncRuntime(Runtime):
                     conn = Bridge(sync_conn).as_async()
                     take_notes(conn)  # what a transaction rolled back may have left
                     sync_conn.begin()
-                    if read_only and not single_statement:
-                        async with self.driver.read_only(conn):
-                            value = await body(conn)
-                    else:
-                        value = await body(conn)
+                    # The async route's own: a single statement failing part-way acts on
+                    # what its committed statements noted.
+                    value = await self._run_body(conn, body, read_only, single_statement, user_code)
                     committing = True
                     sync_conn.commit()
                     self.health.ok()
