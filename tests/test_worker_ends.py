@@ -1,13 +1,15 @@
 """What becomes of an action's row when its worker process ends, in the two windows the
 executor's concept page names.
 
-* **Claimed ahead.** A real worker (``durafn worker``, one slot, 0.15 s actions, so that
-  it claims the next row as one starts) is stopped, or killed with ``kill -9``, the
-  moment the table shows a row InProgress that its worker has not started. Such a row
-  never runs in that worker; a stop gives it back (Pending, its attempt uncounted) and
-  it runs later, once; after a kill the next worker records it lost and never runs it (at
-  most once: from the database alone it cannot be told from a row that was running), its
-  error saying it may not have run at all.
+* **Claimed ahead.** A real worker (``durafn worker``, one slot) runs a few short actions
+  (0.1 s, so that its look-ahead claims one row beyond the slot), then one that holds
+  its slot until the test says. The row claimed ahead of it cannot start while it holds:
+  the worker is stopped, or killed with ``kill -9``, with that row InProgress and never
+  started, whatever the machine's speed. Such a row never runs in that worker; a stop
+  gives it back (Pending, its attempt uncounted) and it runs later, once; after a kill
+  the next worker records it lost and never runs it (at most once: from the database
+  alone it cannot be told from a row that was running), its error saying it may not have
+  run at all.
 * **Finished, its outcome not yet written.** An action has returned and the finisher's
   write waits (here for a lock the test holds) when the worker is killed: the row stays
   InProgress, the next worker records it lost, the action never runs again, and its
@@ -35,16 +37,13 @@ __all__ = ["wapp"]  # the fixture, used here by name
 
 pytestmark = pytest.mark.anyio
 
-ROWS = 40
-SECONDS = 0.15
-"""An action's time: under the quarter second that gets a look-ahead, and long enough
-that the row running when one claimed ahead is seen does not end before the signal
-(which would start the row seen, and cut it before its first line on a stop)."""
-TRIES = 5
-"""Workers started in turn until one ends with a row claimed ahead: a row seen claimed
-ahead may start between the read and the signal (it waits at most one action for its
-slot; see SECONDS). Each try ends one worker; the rows it did not reach stay Pending
-for the next."""
+ROWS = 12
+SECONDS = 0.1
+"""A short action's time: well under the quarter second that gets a look-ahead
+(``AHEAD_HORIZON``), so that a loaded machine's slower pace still gets one."""
+HOLD = 3
+"""The row that holds the one slot (``w:on_cue``, its cue never given): the rows before
+it set the worker's pace, the one after it is claimed ahead as it starts."""
 
 
 async def _in_progress(app: durafn.App) -> set[str]:
@@ -54,39 +53,6 @@ async def _in_progress(app: durafn.App) -> set[str]:
         return {str(id) for (id,) in found}
 
 
-def _started(trace: Path, number: dict[str, int]) -> set[str]:
-    begun = {n for n, _ in trace_of(trace)}
-    return {id for id, n in number.items() if n in begun}
-
-
-async def _end_one_claimed_ahead(
-    app: durafn.App,
-    db_url: str,
-    trace: Path,
-    number: dict[str, int],
-    logs: Path,
-    sig: signal.Signals,
-) -> set[str]:
-    """Start a worker; signal it once a row is InProgress but not started; the rows
-    claimed ahead it left unstarted once it has exited (possibly none: see TRIES)."""
-    seen: set[str] = set()
-
-    async def one_claimed_ahead() -> bool:
-        # One slot: of the rows InProgress, the first in claim order is the one its worker
-        # runs (or is about to); any other was claimed ahead. The table first, then the
-        # trace, so that a row seen here and started since is not counted.
-        running = sorted(await _in_progress(app), key=number.__getitem__)
-        seen.update(set(running[1:]) - _started(trace, number))
-        return bool(seen)
-
-    args = ("--concurrency", "1", "--grace-period", "0", *FAST)
-    async with worker_processes(db_url, 1, logs, *args) as [worker]:
-        await wait_until(one_claimed_ahead, "a row claimed ahead and not started", interval=0.002)
-        worker.send_signal(sig)
-        await worker.wait()
-    return seen - _started(trace, number)
-
-
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["stop", "kill-9"])
 async def test_a_row_claimed_ahead_never_runs_in_a_worker_that_ends(
     wapp: tuple[durafn.App, Functions], db_url: str, tmp_path: Path, sig: signal.Signals
@@ -94,18 +60,31 @@ async def test_a_row_claimed_ahead_never_runs_in_a_worker_that_ends(
     app, fns = wapp
     trace = tmp_path / "trace.txt"
     trace.touch()
-    ids = await app.scheduler().run_many(
-        [fns.touch.call(n, str(trace), SECONDS) for n in range(ROWS)]
-    )
+    calls = [
+        fns.on_cue.call(n, str(trace)) if n == HOLD else fns.touch.call(n, str(trace), SECONDS)
+        for n in range(ROWS)
+    ]
+    ids = await app.scheduler().run_many(calls)
     number = {str(id): n for n, id in enumerate(ids)}
     ahead: set[str] = set()
-    for attempt in range(TRIES):
-        logs = tmp_path / f"try{attempt}"
-        logs.mkdir()
-        ahead = await _end_one_claimed_ahead(app, db_url, trace, number, logs, sig)
-        if ahead:
-            break
-    assert ahead, f"in {TRIES} workers, no signal landed while a row waited, claimed ahead"
+
+    async def one_claimed_ahead() -> bool:
+        # The held row has started and holds the only slot, so no row after it can
+        # start until the worker ends: whatever is InProgress beyond it was claimed ahead.
+        if HOLD not in {n for n, _ in trace_of(trace)}:
+            return False
+        ahead.update(id for id in await _in_progress(app) if number[id] > HOLD)
+        return bool(ahead)
+
+    logs = tmp_path / "first"
+    logs.mkdir()
+    args = ("--concurrency", "1", "--grace-period", "0", *FAST)
+    async with worker_processes(db_url, 1, logs, *args) as [worker]:
+        await wait_until(one_claimed_ahead, "a row claimed ahead of the held one")
+        worker.send_signal(sig)
+        await worker.wait()
+    started = {n for n, _ in trace_of(trace)}
+    assert started == set(range(HOLD + 1)), started  # none after the held row started
     for id in ahead:
         row = await row_of(app, id)
         if sig == signal.SIGTERM:
