@@ -32,6 +32,7 @@ from ._retries import Retry, check_retry
 from ._runtime import Backoff, Health, Limits, Runtime
 from ._scheduler import Scheduler
 from ._store import driver_for_url
+from ._workflow.app import Workflows
 from ._writers import DirectWriter, JoinedWriter
 
 if TYPE_CHECKING:
@@ -69,7 +70,7 @@ def _database_url(url: str | None) -> str:
     return _blank(from_env, "DURAFN_DATABASE_URL is set, but it")
 
 
-class App(Registration, Operator, Console, CronDeclarations, CronRegistry):
+class App(Registration, Operator, Console, CronDeclarations, CronRegistry, Workflows):
     """A durafn application: register functions on it, run them, schedule them.
 
     ``App()`` uses a SQLite file (``DURAFN_DATABASE_URL`` or ``./durafn.sqlite3``);

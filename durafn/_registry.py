@@ -381,6 +381,9 @@ class Registry:
         """How many functions were registered: what was read of it may be stale."""
         self.origin = origin
         """Where its app was made (``file:line``): errors name the app a function is on."""
+        self.workflows: dict[str, Any] = {}
+        """Durable workflows by name (``@app.workflow``, ``_workflow``): not rows'
+        functions, so kept apart from them."""
         # durafn's own mutation that completes a group (``_groups``): every worker runs it.
         self.add(MutationRef(complete_group, name=GROUP_COMPLETE, timeout=None, ctx_types=()))
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
-from typing import Any, ParamSpec, Protocol, overload
+from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, overload
 
 from ._batching import BatchActionRef, refuse_options
 from ._checks import aware_time, finite_seconds, is_number, one_id
@@ -29,6 +29,9 @@ from ._public import publish
 from ._registry import Call, MutationRef, SchedulableRef
 from ._runtime import Limits, Runtime
 from ._store import NewRow, new_id, new_row
+
+if TYPE_CHECKING:
+    from ._workflow.api import WorkflowRef
 
 P = ParamSpec("P")
 
@@ -149,6 +152,25 @@ class Scheduler:
         if rows:
             ref = ref.options(after=rows)
         return await self.run_after(0, ref, callback=on_complete.name, ids=rows)
+
+    async def start_workflow(
+        self, workflow: WorkflowRef[P, Any], /, *args: P.args, **kwargs: P.kwargs
+    ) -> str:
+        """Start a durable workflow (``@app.workflow``) in this scheduler's transaction:
+        its row and its first turn commit with the caller's writes, or not at all.
+        Returns the workflow's id (``app.get_workflow``)."""
+        from ._workflow.lifecycle import start
+
+        return await start(self, workflow, args, kwargs)
+
+    async def send_event(self, workflow_id: str, name: str, payload: Any = None) -> bool:
+        """Send ``payload`` (JSON) as event ``name`` to a workflow, in this scheduler's
+        transaction (a rollback unsends it). A ``wait_for_event(name)`` takes it, now or
+        when it starts waiting, each event once. False if the workflow has ended (nothing
+        is kept); ``WorkflowNotFoundError`` if there is no such workflow."""
+        from ._workflow.lifecycle import send_event
+
+        return await send_event(self, workflow_id, name, payload)
 
     async def cancel(self, id: ScheduledFunctionId | str) -> CancelResult:
         """Cancel a scheduled function.

@@ -39,6 +39,9 @@ from .tables import (
     queues,
     scheduled_functions,
     workers,
+    workflow_events,
+    workflow_steps,
+    workflows,
 )
 
 
@@ -416,6 +419,18 @@ def _step_24(conn: Connection, dialect: SchemaDialect) -> None:
     dialect.set_autovacuum(conn)
 
 
+def _step_taken_by_another_branch(conn: Connection, dialect: SchemaDialect) -> None:
+    """Versions 25 and 26 are other branches' steps, in flight as this one is written;
+    the merge renumbers (this stand-in keeps an upgrade through them running meanwhile)."""
+
+
+def _step_27(conn: Connection, dialect: SchemaDialect) -> None:
+    """Version 27: durable workflows (``durafn/_workflow``): three new tables and their
+    indexes, nothing else read or rewritten."""
+    for table in (workflows, workflow_steps, workflow_events):
+        table.create(conn, checkfirst=True)
+
+
 def install_functions(conn: Connection, dialect: SchemaDialect) -> None:
     """What the migrations install besides tables: the release trigger (with, where the
     dialect has them, the hot finish's functions) and the SQL ``durafn.schedule``."""
@@ -447,5 +462,8 @@ MIGRATIONS: dict[int, Callable[[Connection, SchemaDialect], None]] = {
     22: _step_22,
     23: _step_23,
     24: _step_24,
+    25: _step_taken_by_another_branch,
+    26: _step_taken_by_another_branch,
+    27: _step_27,
 }
 """Steps from version N-1 to N. A fresh database gets the latest tables in one go."""

@@ -1,0 +1,320 @@
+"""A workflow's life outside its turns: started, sent events, cancelled, resumed; and
+durafn's two mutations that run its turns (``durafn:workflow_turn``) and journal an
+action step's outcome (``durafn:workflow_step_done``, the step's completion callback).
+
+Each entry point writes through a ``Scheduler``'s transaction (``_on_connection``): a
+mutation's own (``ctx.scheduler``), a caller's session (``app.scheduler(session)``), or,
+from outside, one of its own; the rows it writes commit with whatever else that
+transaction writes, or not at all.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from .._context import MutationCtx
+from .._errors import ArgumentError, NotFoundError, WorkflowError
+from .._kinds import State
+from .._models import Completion
+from .._registry import MutationRef, Registry
+from .._store import new_id
+from .._store import workflows as store
+from .._store.workflows import WorkflowRow
+from .api import WorkflowRef
+
+if TYPE_CHECKING:
+    from .._runtime import Runtime
+    from .._scheduler import Scheduler
+
+T = TypeVar("T")
+
+TURN = "durafn:workflow_turn"
+"""The durable name of durafn's mutation that runs a workflow's turn."""
+STEP_DONE = "durafn:workflow_step_done"
+"""The durable name of durafn's mutation that journals an action step's outcome."""
+
+
+class WorkflowNotFoundError(NotFoundError):
+    """No workflow has the given id (it may have been removed by retention)."""
+
+    def __init__(self, id: str) -> None:
+        LookupError.__init__(
+            self, f"no workflow has id {id!r}; finished workflows are removed after retention"
+        )
+        self.id = id
+
+
+def register_internals(registry: Registry) -> None:
+    """durafn's workflow mutations, on an app that declares a workflow (so every worker
+    importing it runs them)."""
+    if registry.find(TURN) is None:
+        registry.add(MutationRef(workflow_turn, name=TURN, timeout=None, ctx_types=(MutationCtx,)))
+        registry.add(
+            MutationRef(workflow_step_done, name=STEP_DONE, timeout=None, ctx_types=(MutationCtx,))
+        )
+
+
+def turn_ref(rt: Runtime) -> MutationRef[Any, Any]:
+    ref = rt.registry.get(TURN)
+    assert isinstance(ref, MutationRef)
+    return ref
+
+
+def step_done_ref(rt: Runtime) -> MutationRef[[Completion], Any]:
+    ref = rt.registry.get(STEP_DONE)
+    assert isinstance(ref, MutationRef)
+    return ref
+
+
+# -- the turns ---------------------------------------------------------------------------
+
+
+async def workflow_turn(ctx: MutationCtx, workflow_id: str, generation: int) -> None:
+    """``durafn:workflow_turn``: replay the workflow, start what it asks next. A turn of
+    another generation (before a cancel or a resume), or of an ended workflow, does
+    nothing."""
+    conn = ctx._parts._conn
+    row = await store.lock_workflow(conn, workflow_id)
+    if row is None or row.state != store.RUNNING or row.generation != generation:
+        return
+    await run_turn(ctx, row)
+
+
+async def workflow_step_done(ctx: MutationCtx, completion: Completion) -> None:
+    """``durafn:workflow_step_done``: an action step's row finished for good. Journal its
+    outcome, once (a second or late completion finds the step finished, or the workflow
+    ended, and is dropped), then run the workflow's turn in this same transaction."""
+    conn = ctx._parts._conn
+    found = await store.step_of_row(conn, completion.id)
+    if found is None:
+        return
+    row = await store.lock_workflow(conn, found[0])
+    if row is None or row.state != store.RUNNING:
+        return
+    step = next(s for s in await store.journal(conn, row.id) if s.step_no == found[1])
+    now = ctx._rt.clock.now()
+    if completion.state is State.SUCCESS:
+        text = None if completion.result is None else json.dumps(completion.result)
+        size = 0 if text is None else len(text.encode())
+        from .api import MAX_RESULT_BYTES
+
+        if size > MAX_RESULT_BYTES:
+            error = (
+                "durafn.WorkflowLimitError",
+                f"step {step.step_no}: its result is {size} bytes as JSON; a step's bound "
+                f"is {MAX_RESULT_BYTES}",
+            )
+            recorded = await store.finish_step(conn, step, state="Failed", now=now, error=error)
+        else:
+            recorded = await store.finish_step(conn, step, state="Success", now=now, result=text)
+            row.journal_bytes += size
+    else:
+        info = completion.error
+        error = (
+            (info.type, info.message) if info is not None else ("durafn.WorkflowError", "Canceled")
+        )
+        recorded = await store.finish_step(conn, step, state="Failed", now=now, error=error)
+    if recorded:
+        await run_turn(ctx, row)
+
+
+async def run_turn(ctx: MutationCtx, row: WorkflowRow) -> None:
+    from .replay import Turn
+
+    rt = ctx._rt
+    ref = rt.registry.workflows.get(row.name)
+    if ref is None:
+        # Deployed code without it: stop for an operator rather than fail the run.
+        error = (
+            "durafn.WorkflowError",
+            f"no workflow is registered as {row.name!r} on the worker that ran its turn; "
+            "deploy code that has it and resume it (app.resume_workflow)",
+        )
+        await store.end_workflow(
+            ctx._parts._conn, row, state=store.STOPPED, now=rt.clock.now(), error=error
+        )
+        return
+    journal = await store.journal(ctx._parts._conn, row.id)
+    await Turn(rt, ctx, row, journal, ref).run()
+
+
+# -- entry points ------------------------------------------------------------------------
+
+
+async def _on_connection(
+    scheduler: Scheduler, body: Callable[[AsyncConnection, Scheduler], Awaitable[T]]
+) -> T:
+    """Run ``body`` in the scheduler's transaction, or (a scheduler that commits each
+    call on its own) in one transaction of its own, flushed and woken as a mutation's."""
+    from .._scheduler import Scheduler as _Scheduler
+    from .._writers import BufferedWriter
+
+    joining = getattr(scheduler._writer, "transaction_connection", None)
+    joined = joining() if joining is not None else None
+    if joined is not None:
+        async with joined as conn:
+            return await body(conn, scheduler)
+    rt = scheduler._rt
+    woken: set[Any] = set()
+
+    async def _body(conn: AsyncConnection) -> T:
+        writer = BufferedWriter(rt, conn, check_parent=None)
+        result = await body(conn, _Scheduler(rt, writer))
+        await writer.flush()
+        woken.clear()
+        woken.update(writer.woken)
+        return result
+
+    result = await rt.transaction(_body, doing="writing a workflow")
+    rt.wake(woken)
+    return result
+
+
+async def begin_workflow(
+    rt: Runtime,
+    conn: AsyncConnection,
+    scheduler: Scheduler,
+    ref: WorkflowRef[Any, Any],
+    args_json: str,
+    id: str,
+    *,
+    parent: tuple[str, int] | None = None,
+) -> None:
+    """Write a workflow's row and its first turn, in ``conn``'s transaction."""
+    now = rt.clock.now()
+    await store.insert_workflow(
+        conn,
+        WorkflowRow(
+            id=id,
+            name=ref.name,
+            args=args_json,
+            state=store.RUNNING,
+            generation=0,
+            result=None,
+            error_type=None,
+            error_message=None,
+            waiting=None,
+            waiting_event=None,
+            steps=0,
+            journal_bytes=0,
+            parent_id=None if parent is None else parent[0],
+            parent_step=None if parent is None else parent[1],
+            created_at=now,
+            updated_at=now,
+            ended_at=None,
+        ),
+    )
+    await scheduler.run_after(0, turn_ref(rt), workflow_id=id, generation=0)
+
+
+async def start(
+    scheduler: Scheduler, ref: WorkflowRef[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> str:
+    rt = scheduler._rt
+    registered = rt.registry.workflows.get(getattr(ref, "name", ""))
+    if registered is None or not isinstance(ref, WorkflowRef):
+        raise ArgumentError(f"start_workflow takes a workflow (@app.workflow), not {ref!r}")
+    args_json = registered.encode_args(args, kwargs)
+    id = str(new_id(rt.clock.now()))
+    await _on_connection(
+        scheduler, functools.partial(_begin, rt=rt, ref=registered, args_json=args_json, id=id)
+    )
+    return id
+
+
+async def _begin(
+    conn: AsyncConnection,
+    scheduler: Scheduler,
+    *,
+    rt: Runtime,
+    ref: WorkflowRef[Any, Any],
+    args_json: str,
+    id: str,
+) -> None:
+    await begin_workflow(rt, conn, scheduler, ref, args_json, id)
+
+
+async def send_event(scheduler: Scheduler, workflow_id: str, name: str, payload: Any) -> bool:
+    """Record an event for a workflow, in the scheduler's transaction; its turn too if it
+    waits for that name. False (and nothing written) if the workflow has ended."""
+    if not isinstance(name, str) or not name:
+        raise ArgumentError(f"an event's name is a non-empty string, not {name!r}")
+    try:
+        text = None if payload is None else json.dumps(payload, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ArgumentError(f"an event's payload must be JSON: {exc}") from None
+    rt = scheduler._rt
+
+    async def _body(conn: AsyncConnection, scheduler: Scheduler) -> bool:
+        # Locked: a turn deciding to wait and this send are ordered, the later one seeing
+        # the other (the event found by the wait, or the wait found by the send).
+        row = await store.lock_workflow(conn, workflow_id)
+        if row is None:
+            raise WorkflowNotFoundError(workflow_id)
+        if row.state not in (store.RUNNING, store.STOPPED):
+            return False
+        await store.insert_event(conn, workflow_id, name, text, rt.clock.now())
+        if row.state == store.RUNNING and name in (row.waiting_event or "").split(","):
+            await scheduler.run_after(
+                0, turn_ref(rt), workflow_id=row.id, generation=row.generation
+            )
+        return True
+
+    return await _on_connection(scheduler, _body)
+
+
+async def cancel(scheduler: Scheduler, workflow_id: str) -> bool:
+    """Cancel a workflow, its action steps' rows and its children; its parent's step
+    fails. False if it had ended."""
+    rt = scheduler._rt
+
+    async def _body(conn: AsyncConnection, scheduler: Scheduler) -> bool:
+        return await _cancel_in(rt, conn, scheduler, workflow_id)
+
+    return await _on_connection(scheduler, _body)
+
+
+async def _cancel_in(rt: Runtime, conn: AsyncConnection, scheduler: Scheduler, id: str) -> bool:
+    row = await store.lock_workflow(conn, id)
+    if row is None:
+        raise WorkflowNotFoundError(id)
+    now = rt.clock.now()
+    if not await store.cancel_workflow(conn, id, now):
+        return False
+    for step in await store.open_steps(conn, id):
+        if step.kind == "action" and step.row_id is not None:
+            # Its completion (Canceled) then finds the workflow ended: dropped. A row
+            # removed by retention is not found.
+            with contextlib.suppress(NotFoundError):
+                await scheduler.cancel(step.row_id)
+        elif step.kind == "workflow" and step.row_id is not None:
+            await _cancel_in(rt, conn, scheduler, step.row_id)
+    from .ending import _tell_parent
+
+    await _tell_parent(rt, conn, scheduler, row, now)
+    return True
+
+
+async def resume(scheduler: Scheduler, workflow_id: str) -> bool:
+    """A Stopped workflow runs again (a new generation), from its journal."""
+    rt = scheduler._rt
+
+    async def _body(conn: AsyncConnection, scheduler: Scheduler) -> bool:
+        generation = await store.resume_workflow(conn, workflow_id, rt.clock.now())
+        if generation is None:
+            if await store.read_workflow(conn, workflow_id) is None:
+                raise WorkflowNotFoundError(workflow_id)
+            return False
+        await scheduler.run_after(0, turn_ref(rt), workflow_id=workflow_id, generation=generation)
+        return True
+
+    return await _on_connection(scheduler, _body)
+
+
+__all__ = ["STEP_DONE", "TURN", "WorkflowError", "WorkflowNotFoundError"]
