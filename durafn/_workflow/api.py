@@ -16,17 +16,14 @@ import random
 import uuid
 from collections.abc import Awaitable, Callable, Generator
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar
 
 from .._checks import aware_time, finite_seconds, is_number
 from .._clock import to_datetime
 from .._errors import CallError, SchedulingError
 from .._kinds import FunctionKind
 from .._public import publish
-from .._registry import ActionRef, FunctionRef, MutationRef, QueryRef
-
-if TYPE_CHECKING:
-    from .replay import Turn
+from .._registry import ActionRef, FunctionRef, MutationRef, QueryRef, StartableRef
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -52,7 +49,32 @@ def step_row_id(workflow_id: str, step_no: int) -> str:
     return str(uuid.uuid5(_NAMESPACE, f"{workflow_id}/{step_no}"))
 
 
-class WorkflowRef(FunctionRef[P, R]):
+class Turn(Protocol):
+    """What the body's calls reach: the turn replaying it (``replay.Turn``)."""
+
+    workflow_time: float
+
+    def observed(self, ended_at: float | None) -> None: ...
+
+    def resolve(self, fn: FunctionRef[Any, Any]) -> FunctionRef[Any, Any]: ...
+
+    def workflow_ref(self, fn: WorkflowRef[Any, Any]) -> WorkflowRef[Any, Any]: ...
+
+    def request(
+        self,
+        kind: str,
+        name: str,
+        args: str,
+        *,
+        ref: FunctionRef[Any, Any] | None = None,
+        values: dict[str, Any] | None = None,
+        wait: float | None = None,
+        until: float | None = None,
+        event: bool = False,
+    ) -> StepFuture[Any]: ...
+
+
+class WorkflowRef(StartableRef[P, R]):
     """A registered durable workflow: ``@app.workflow`` over ``async def f(step:
     WorkflowCtx, ...)``. Start it with ``app.start_workflow(f, ...)`` or, atomically with
     a mutation's writes, ``ctx.scheduler.start_workflow(f, ...)``."""

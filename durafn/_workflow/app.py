@@ -12,7 +12,7 @@ from .._checks import integer, optional, text
 from .._errors import RegistrationError
 from .._runtime import Runtime
 from .._scheduler import Scheduler
-from .._store import workflows as store
+from .._store import workflow_sql as store
 from . import lifecycle
 from .api import WorkflowCtx, WorkflowRef
 from .models import Workflow, WorkflowState, workflow_model
@@ -58,6 +58,7 @@ class Workflows:
                     "to give one of them another name"
                 )
             lifecycle.register_internals(registry)
+            registry.workflow_ops = lifecycle
             ref.origin = registry.origin
             registry.workflows[ref.name] = ref
             return ref

@@ -9,8 +9,9 @@ from typing import TYPE_CHECKING, Any
 
 from .._errors import WorkflowError
 from .._retries import type_name
-from .._store import workflows as store
-from .._store.workflows import WorkflowRow
+from .._store import WorkflowRow
+from .._store import workflow_sql as store
+from .names import turn_ref
 from .steps import wake_turn
 
 if TYPE_CHECKING:
@@ -94,8 +95,6 @@ async def _tell_parent(
     schedule the parent's turn."""
     if child.parent_id is None or child.parent_step is None:
         return
-    from .lifecycle import turn_ref
-
     ended = await store.read_workflow(conn, child.id)
     parent = await store.lock_workflow(conn, child.parent_id)
     if ended is None or parent is None or parent.state != store.RUNNING:

@@ -19,25 +19,21 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from .._context import MutationCtx
-from .._errors import ArgumentError, NotFoundError, WorkflowError
+from .._errors import ArgumentError, NotFoundError
 from .._kinds import State
 from .._models import Completion
-from .._registry import MutationRef, Registry
-from .._store import new_id
-from .._store import workflows as store
-from .._store.workflows import WorkflowRow
-from .api import WorkflowRef
+from .._public import publish
+from .._registry import FunctionRef, MutationRef, Registry
+from .._store import WorkflowRow, new_id
+from .._store import workflow_sql as store
+from .begin import begin_workflow
+from .names import STEP_DONE, TURN, turn_ref
 
 if TYPE_CHECKING:
     from .._runtime import Runtime
     from .._scheduler import Scheduler
 
 T = TypeVar("T")
-
-TURN = "durafn:workflow_turn"
-"""The durable name of durafn's mutation that runs a workflow's turn."""
-STEP_DONE = "durafn:workflow_step_done"
-"""The durable name of durafn's mutation that journals an action step's outcome."""
 
 
 class WorkflowNotFoundError(NotFoundError):
@@ -58,18 +54,6 @@ def register_internals(registry: Registry) -> None:
         registry.add(
             MutationRef(workflow_step_done, name=STEP_DONE, timeout=None, ctx_types=(MutationCtx,))
         )
-
-
-def turn_ref(rt: Runtime) -> MutationRef[Any, Any]:
-    ref = rt.registry.get(TURN)
-    assert isinstance(ref, MutationRef)
-    return ref
-
-
-def step_done_ref(rt: Runtime) -> MutationRef[[Completion], Any]:
-    ref = rt.registry.get(STEP_DONE)
-    assert isinstance(ref, MutationRef)
-    return ref
 
 
 # -- the turns ---------------------------------------------------------------------------
@@ -125,7 +109,7 @@ async def workflow_step_done(ctx: MutationCtx, completion: Completion) -> None:
 
 
 async def run_turn(ctx: MutationCtx, row: WorkflowRow) -> None:
-    from .replay import Turn
+    from .turns import play
 
     rt = ctx._rt
     ref = rt.registry.workflows.get(row.name)
@@ -141,7 +125,7 @@ async def run_turn(ctx: MutationCtx, row: WorkflowRow) -> None:
         )
         return
     journal = await store.journal(ctx._parts._conn, row.id)
-    await Turn(rt, ctx, row, journal, ref).run()
+    await play(rt, ctx, row, journal, ref)
 
 
 # -- entry points ------------------------------------------------------------------------
@@ -176,50 +160,14 @@ async def _on_connection(
     return result
 
 
-async def begin_workflow(
-    rt: Runtime,
-    conn: AsyncConnection,
-    scheduler: Scheduler,
-    ref: WorkflowRef[Any, Any],
-    args_json: str,
-    id: str,
-    *,
-    parent: tuple[str, int] | None = None,
-) -> None:
-    """Write a workflow's row and its first turn, in ``conn``'s transaction."""
-    now = rt.clock.now()
-    await store.insert_workflow(
-        conn,
-        WorkflowRow(
-            id=id,
-            name=ref.name,
-            args=args_json,
-            state=store.RUNNING,
-            generation=0,
-            result=None,
-            error_type=None,
-            error_message=None,
-            waiting=None,
-            waiting_event=None,
-            steps=0,
-            journal_bytes=0,
-            parent_id=None if parent is None else parent[0],
-            parent_step=None if parent is None else parent[1],
-            created_at=now,
-            updated_at=now,
-            ended_at=None,
-        ),
-    )
-    await scheduler.run_after(0, turn_ref(rt), workflow_id=id, generation=0)
-
-
 async def start(
-    scheduler: Scheduler, ref: WorkflowRef[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    scheduler: Scheduler, ref: FunctionRef[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> str:
     rt = scheduler._rt
-    registered = rt.registry.workflows.get(getattr(ref, "name", ""))
-    if registered is None or not isinstance(ref, WorkflowRef):
+    registered: FunctionRef[Any, Any] | None = rt.registry.workflows.get(getattr(ref, "name", ""))
+    if registered is None or registered is not getattr(ref, "registered", None):
         raise ArgumentError(f"start_workflow takes a workflow (@app.workflow), not {ref!r}")
+    assert registered is not None  # (mypy: an ``is not`` of Any widened it again)
     args_json = registered.encode_args(args, kwargs)
     id = str(new_id(rt.clock.now()))
     await _on_connection(
@@ -233,7 +181,7 @@ async def _begin(
     scheduler: Scheduler,
     *,
     rt: Runtime,
-    ref: WorkflowRef[Any, Any],
+    ref: FunctionRef[Any, Any],
     args_json: str,
     id: str,
 ) -> None:
@@ -317,4 +265,4 @@ async def resume(scheduler: Scheduler, workflow_id: str) -> bool:
     return await _on_connection(scheduler, _body)
 
 
-__all__ = ["STEP_DONE", "TURN", "WorkflowError", "WorkflowNotFoundError"]
+publish(globals())

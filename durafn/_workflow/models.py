@@ -13,7 +13,7 @@ from pydantic import BaseModel
 from .._clock import to_datetime
 from .._models import FROZEN, ErrorInfo
 from .._public import publish
-from .._store.workflows import StepRow, WorkflowRow
+from .._store import StepRow, WorkflowRow
 
 
 class WorkflowState(enum.StrEnum):

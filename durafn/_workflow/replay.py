@@ -13,7 +13,6 @@ own state survives a turn: the journal is the workflow.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 from typing import TYPE_CHECKING, Any
@@ -25,18 +24,13 @@ from .._errors import (
     WorkflowStepError,
 )
 from .._registry import FunctionRef
-from .._store import workflows as store
-from .._store.workflows import StepRow, WorkflowRow
-from .api import MAX_RESULT_BYTES, MAX_STEPS, StepFuture, WorkflowCtx, WorkflowRef
+from .._store import StepRow, WorkflowRow
+from .._store import workflow_sql as store
+from .api import MAX_RESULT_BYTES, MAX_STEPS, StepFuture, WorkflowRef
 
 if TYPE_CHECKING:
     from .._context import MutationCtx
     from .._runtime import Runtime
-
-_IDLE_ROUNDS = 4
-"""Event-loop rounds in which no task of the body touched a step before the body counts
-as blocked: a task woken by a resolved step, or started by ``gather``, runs within a
-round or two of it (asyncio runs ready callbacks in order, one round at a time)."""
 
 
 @dataclasses.dataclass(slots=True)
@@ -148,40 +142,6 @@ class Turn:
         else:
             settle_future(req)
         return future
-
-    # -- driving the body ---------------------------------------------------------------
-
-    async def run(self) -> None:
-        """Run the body until it ends or blocks; record which."""
-        from . import ending, steps
-
-        values = self.ref.decode_args(self.row.args)
-        body = asyncio.get_running_loop().create_task(
-            self.ref.fn(WorkflowCtx(self, self.row.id), **values)
-        )
-        try:
-            while True:
-                await self._settle(body)
-                if self.mismatch is not None or body.done():
-                    break
-                todo, self.todo = self.todo, []
-                moved = False
-                for req in todo:
-                    moved |= await steps.advance(self, req)
-                if not moved or self.mismatch is not None:
-                    break
-            await ending.conclude(self, body)
-        finally:
-            if not body.done():
-                body.cancel()
-                await asyncio.wait([body])
-
-    async def _settle(self, body: asyncio.Task[Any]) -> None:
-        idle = 0
-        while idle < _IDLE_ROUNDS and not body.done():
-            before = self.touched
-            await asyncio.sleep(0)
-            idle = idle + 1 if self.touched == before else 0
 
     # -- bookkeeping the steps share ----------------------------------------------------
 

@@ -25,9 +25,11 @@ from .._context import MutationCtx, MutationParts, QueryCtx, SystemTable, read_o
 from .._errors import WorkflowError
 from .._registry import ActionRef, MutationRef, QueryRef
 from .._retries import type_name
-from .._store import workflows as store
-from .._store.workflows import StepRow
+from .._store import StepRow
+from .._store import workflow_sql as store
 from .api import INLINE_STEPS_PER_TURN, step_row_id
+from .begin import begin_workflow
+from .names import step_done_ref, turn_ref
 from .replay import Request, settle_future
 
 if TYPE_CHECKING:
@@ -156,8 +158,6 @@ async def _query(turn: Turn, req: Request) -> bool:
 
 
 async def _action(turn: Turn, req: Request) -> bool:
-    from .lifecycle import step_done_ref
-
     assert req.ref is not None and req.values is not None
     scheduler = turn.ctx.scheduler
     assert isinstance(req.ref, ActionRef)
@@ -229,8 +229,6 @@ async def _take_event(turn: Turn, req: Request, *, started: bool) -> bool:
 
 
 async def _child(turn: Turn, req: Request) -> bool:
-    from .lifecycle import begin_workflow
-
     child = turn.rt.registry.workflows[req.name]
     child_id = step_row_id(turn.row.id, -req.step_no)
     await begin_workflow(
@@ -248,8 +246,6 @@ async def _child(turn: Turn, req: Request) -> bool:
 
 async def wake_turn(turn: Turn, at: float) -> None:
     """A turn of this workflow at ``at`` (its generation: a cancel drops it)."""
-    from .lifecycle import turn_ref
-
     await turn.ctx.scheduler.run_at(
         max(at, 0.0), turn_ref(turn.rt), workflow_id=turn.row.id, generation=turn.row.generation
     )
