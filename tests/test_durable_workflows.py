@@ -11,7 +11,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 import durafn
@@ -423,9 +423,13 @@ async def test_a_stale_turn_and_a_second_completion_change_nothing(
     assert ran == ["m"]
 
 
-async def test_retention_removes_ended_workflows_in_pages(
+async def test_retention_removes_ended_workflows_with_their_journals_in_pages(
     app: durafn.App, clock: FakeClock
 ) -> None:
+    """The executor's retention pass removes workflows ended longer ago than its period
+    (pages of ``retention_batch``), with their journals and events; a Running one
+    stays; ``remove_ended_workflows`` does the same by hand."""
+
     @app.workflow(name="wf12")
     async def quick(step: WorkflowCtx, n: int) -> int:
         await step.wait_for_event("e", timeout=1)
@@ -437,6 +441,18 @@ async def test_retention_removes_ended_workflows_in_pages(
     await harness.finish_all()
     keep = await app.start_workflow(quick, 9)
     await harness.run_until_idle()
-    clock.advance(DAY)
-    assert await app.remove_ended_workflows(3600, page=2) == 5
+    executor = app.executor(retention=3600, retention_batch=2)
+    clock.advance(3599)
+    await executor.run_maintenance()
+    assert len(await app.list_workflows()) == 6
+    clock.advance(2)
+    await executor.run_maintenance()
     assert [w.id for w in await app.list_workflows()] == [keep]
+    async with app.engine.connect() as conn:
+        for table in ("_durafn_workflow_steps", "_durafn_workflow_events"):
+            query = text(f"SELECT DISTINCT workflow_id FROM {table}")
+            assert {str(i) for i in (await conn.execute(query)).scalars()} <= {keep}
+    await harness.send_event(keep, "e")
+    clock.advance(7200)
+    assert await app.remove_ended_workflows(3600) == 1
+    assert await app.list_workflows() == []

@@ -4,7 +4,8 @@ Today that is retention: finished rows older than their period (the executor's
 ``retention``, a number or a ``Retention`` per state, or their function's own) are
 deleted in bounded batches (``ix_scheduled_functions_completed``), so no pass holds locks
 for long; so are the audit trail's entries older than the longest of the executor's
-periods (``ix_durafn_audit_at``). Every worker runs it; the batches make concurrent
+periods (``ix_durafn_audit_at``), and the durable workflows that ended before then, with
+their journals (``ix_durafn_workflows_ended``). Every worker runs it; the batches make concurrent
 passes harmless. Recurring (cron) ticks have a loop of their own, which one leader runs
 (``crons.py``).
 """
@@ -22,6 +23,7 @@ from .._errors import DatabaseError
 from .._kinds import State
 from .._retention import FINISHED, periods
 from .._runtime import Runtime
+from .._store import workflow_sql
 from .config import ExecutorConfig
 from .tasks import first_of
 
@@ -55,7 +57,19 @@ class Maintenance:
         # The audit trail is kept as long as the longest of the executor's periods: an
         # operator's action outlives none of the rows it changed.
         await self._prune_audit(now - max(default.values()))
+        # Ended durable workflows, with their journals and events: as long as the longest
+        # period too (their steps' rows go by their own periods above).
+        await self._prune_workflows(now - max(default.values()))
         return deleted
+
+    async def _prune_workflows(self, cutoff: float) -> None:
+        limit = self._config.retention_batch
+
+        async def _page(conn: AsyncConnection) -> int:
+            return await workflow_sql.remove_ended(conn, cutoff, limit)
+
+        while await self._rt.transaction(_page, doing="deleting ended workflows") == limit:
+            await anyio.lowlevel.checkpoint()
 
     async def _prune_audit(self, cutoff: float) -> None:
         limit = self._config.retention_batch
