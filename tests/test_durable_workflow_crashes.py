@@ -13,7 +13,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import delete, select
 
 import durafn
 from durafn import WorkflowState
@@ -41,7 +41,7 @@ async def workflow_app_on(url: str) -> AsyncIterator[tuple[durafn.App, Functions
     await app.migrate()
     async with app.engine.begin() as conn:
         await conn.run_sync(Base.metadata.create_all)
-        await conn.execute(Done.__table__.delete())
+        await conn.execute(delete(Done))
     try:
         yield app, fns
     finally:
@@ -56,10 +56,6 @@ async def _state(app: durafn.App, id: str) -> durafn.Workflow:
 
 async def _waits_for_event(app: durafn.App, id: str) -> bool:
     return (await _state(app, id)).waiting == "step 4: event 'go'"
-
-
-async def _waits_or_ended(app: durafn.App, id: str) -> bool:
-    return await _waits_for_event(app, id) or await _ended(app, id)
 
 
 async def _waits_or_ended(app: durafn.App, id: str) -> bool:
