@@ -456,3 +456,37 @@ async def test_retention_removes_ended_workflows_with_their_journals_in_pages(
     clock.advance(7200)
     assert await app.remove_ended_workflows(3600) == 1
     assert await app.list_workflows() == []
+
+
+async def test_a_thousand_workflows_run_in_parallel_and_sleep_as_rows(
+    app: durafn.App, clock: FakeClock
+) -> None:
+    """1,000 workflows started in one transaction run at once; asleep, each is one
+    Pending row and nothing else: no action, no connection checked out, no task."""
+
+    @app.workflow(name="wf13")
+    async def sleeper(step: WorkflowCtx, n: int) -> int:
+        await step.sleep(timedelta(days=1))
+        return n
+
+    @app.mutation(name="wf13:start")
+    async def start_all(ctx: MutationCtx, count: int) -> list[str]:
+        return [await ctx.scheduler.start_workflow(sleeper, n) for n in range(count)]
+
+    harness = kit(app, clock)
+    ids = await app.run_mutation(start_all, 1000)
+    assert await harness.run_until_idle() == 1000  # one turn each
+    asleep = await app.list_workflows(state=WorkflowState.RUNNING, limit=2000)
+    assert len(asleep) == 1000 and {w.waiting for w in asleep} == {"step 1: sleep"}
+    rows = await durafn.testing.all_rows(app)
+    pending = [r for r in rows if r.state is durafn.State.PENDING]
+    assert len(pending) == 1000 and {r.name for r in pending} == {"durafn:workflow_turn"}
+    assert {r.state for r in rows} == {durafn.State.PENDING, durafn.State.SUCCESS}
+    pool = app.engine.pool
+    assert pool.checkedout() == 0  # type: ignore[attr-defined]
+    tasks = len(asyncio.all_tasks())
+    await harness.advance(timedelta(days=1))
+    done = await app.list_workflows(state=WorkflowState.SUCCESS, limit=2000)
+    assert sorted(w.result for w in done) == list(range(1000))
+    assert {w.id for w in done} == set(ids)
+    assert len(asyncio.all_tasks()) == tasks  # no body left behind

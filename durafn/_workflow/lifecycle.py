@@ -124,7 +124,8 @@ async def run_turn(ctx: MutationCtx, row: WorkflowRow) -> None:
             ctx._parts._conn, row, state=store.STOPPED, now=rt.clock.now(), error=error
         )
         return
-    journal = await store.journal(ctx._parts._conn, row.id)
+    # A workflow's first turn has no journal to read (one statement fewer per start).
+    journal = await store.journal(ctx._parts._conn, row.id) if row.steps else []
     await play(rt, ctx, row, journal, ref)
 
 
