@@ -490,3 +490,38 @@ async def test_a_thousand_workflows_run_in_parallel_and_sleep_as_rows(
     assert sorted(w.result for w in done) == list(range(1000))
     assert {w.id for w in done} == set(ids)
     assert len(asyncio.all_tasks()) == tasks  # no body left behind
+
+
+# PostgreSQL only: SQLite has no stored procedures (from SQLite, send from Python).
+@pytest.mark.postgres_only
+async def test_an_event_sent_from_sql_wakes_the_workflow_in_the_senders_transaction(
+    postgres_url: str, clock: FakeClock
+) -> None:
+    app = durafn.App(postgres_url, clock=clock)
+    await app.migrate()
+
+    @app.workflow(name="wf14")
+    async def waits(step: WorkflowCtx) -> Any:
+        return await step.wait_for_event("paid")
+
+    try:
+        harness = kit(app, clock)
+        id = await app.start_workflow(waits)
+        await harness.run_until_idle()
+        send = text("SELECT durafn.send_event(CAST(:id AS uuid), 'paid', :payload)")
+        async with app.engine.connect() as conn, conn.begin() as tx:
+            await conn.execute(send, {"id": id, "payload": '{"lost": true}'})
+            await tx.rollback()
+        assert (await harness.finish_workflow(id)).state is WorkflowState.RUNNING
+        async with app.engine.begin() as conn:
+            sent = await conn.execute(send, {"id": id, "payload": '{"amount": 12}'})
+            assert sent.scalar_one() is True
+        wf = await harness.finish_workflow(id)
+        assert (wf.state, wf.result) == (WorkflowState.SUCCESS, {"amount": 12})
+        async with app.engine.begin() as conn:
+            assert (await conn.execute(send, {"id": id, "payload": "1"})).scalar_one() is False
+        with pytest.raises(Exception, match=r"durafn\.send_event: no workflow has id"):
+            async with app.engine.begin() as conn:
+                await conn.execute(send, {"id": str(api.step_row_id(id, 9)), "payload": "1"})
+    finally:
+        await app.aclose()

@@ -426,9 +426,11 @@ def _step_taken_by_another_branch(conn: Connection, dialect: SchemaDialect) -> N
 
 def _step_27(conn: Connection, dialect: SchemaDialect) -> None:
     """Version 27: durable workflows (``durafn/_workflow``): three new tables and their
-    indexes, nothing else read or rewritten."""
+    indexes, nothing else read or rewritten; on PostgreSQL, ``durafn.send_event`` (with
+    ``durafn.schedule``, made again)."""
     for table in (workflows, workflow_steps, workflow_events):
         table.create(conn, checkfirst=True)
+    dialect.install_schedule_function(conn)
 
 
 def install_functions(conn: Connection, dialect: SchemaDialect) -> None:
