@@ -18,7 +18,7 @@ from sqlalchemy import delete, select
 import durafn
 from durafn import WorkflowState
 
-from .apps.workflow_app import KILL_AFTER, Base, Done, Functions, register
+from .apps.workflow_app import KILL_AFTER, KILL_NAME, Base, Done, Functions, register
 from .support.helpers import wait_until
 from .test_workers import FAST, worker_processes
 
@@ -101,3 +101,24 @@ async def test_a_worker_killed_at_every_step_boundary_leaves_each_step_done_once
     assert keys == sorted(f"{t}:{n}" for t in tags for n in (1, 5))  # each once
     lines = trace.read_text().split("\n")[:-1]
     assert sorted(line.split()[0] for line in lines) == tags  # each action once
+
+
+async def test_five_parallel_steps_one_failing_the_worker_killed_after_three_complete(
+    db_url: str, tmp_path: Path
+) -> None:
+    """The three parts that completed are not run again; the one running when the
+    worker died (its retry policy: at least once) runs again on the next worker; the
+    one that failed stays failed; the workflow ends with each part's outcome."""
+    async with workflow_app_on(db_url) as (app, fns):
+        trace = tmp_path / "parts.txt"
+        id = await app.start_workflow(fns.fan_out, str(trace))
+        env = {**os.environ, KILL_AFTER: "3", KILL_NAME: "cw:part"}
+        async with worker_processes(db_url, 1, tmp_path, *FAST, app=APP, env=env) as [victim]:
+            assert await victim.wait() == -9
+        async with worker_processes(db_url, 1, tmp_path, *FAST, app=APP):
+            await wait_until(functools.partial(_ended, app, id), "the workflow ends")
+        done = await _state(app, id)
+    assert (done.state, done.result) == (WorkflowState.SUCCESS, [0, 1, 4, "failed", 16])
+    runs = [int(line.split()[0]) for line in trace.read_text().split("\n")[:-1]]
+    assert sorted(runs) == [0, 1, 2, 3, 4, 4]  # part 4 twice: killed, then run again
+    assert [s.state for s in done.steps] == ["Success"] * 3 + ["Failed", "Success"]

@@ -5,11 +5,17 @@ fails) and whose action appends a line to a file before anything else.
 
 ``DURAFN_KILL_AFTER=k`` in a worker's environment: the worker ``kill -9``s itself right
 after the k-th row it commits Success (a turn, the action, the action's completion),
-that is, at a step boundary: every step before it committed, none after it begun.
+that is, at a step boundary: every step before it committed, none after it begun
+(``DURAFN_KILL_NAME``: counting only the rows of that function).
+
+``cw:fan_out`` runs five ``cw:part`` actions at once (a retry policy: at least once):
+part 3 fails for good; part 4 hangs on its first run (killed with its worker), and
+returns at once on the next.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 from datetime import timedelta
@@ -23,6 +29,7 @@ import durafn
 from durafn import ActionCtx, MutationCtx, WorkflowCtx
 
 KILL_AFTER = "DURAFN_KILL_AFTER"
+KILL_NAME = "DURAFN_KILL_NAME"
 SLEEP = 0.2
 """The workflow's sleep, in seconds of the workers' (real) clock."""
 
@@ -44,6 +51,8 @@ class Functions(NamedTuple):
     record: durafn.MutationRef[[str], str]
     call_out: durafn.ActionRef[[str, str], str]
     five_steps: durafn.WorkflowRef[[str, str], str]
+    part: durafn.ActionRef[[int, str], int]
+    fan_out: durafn.WorkflowRef[[str], list[int | str]]
 
 
 def register(app: durafn.App) -> Functions:
@@ -69,13 +78,31 @@ def register(app: durafn.App) -> Functions:
         last = await step.run_mutation(record, f"{tag}:5")
         return f"{first} {called} {event} {last}"
 
-    return Functions(record, call_out, five_steps)
+    @app.action(name="cw:part", retry=durafn.Retry(3, backoff=durafn.Fixed(0.05)))
+    async def part(ctx: ActionCtx, n: int, path: str) -> int:
+        async with await anyio.open_file(path, "a") as f:
+            await f.write(f"{n} {os.getpid()}\n")
+        if n == 3:
+            raise durafn.NonRetryableError("part 3 fails for good")
+        marker = anyio.Path(f"{path}.4")
+        if n == 4 and not await marker.exists():
+            await marker.touch()
+            await anyio.sleep(60)  # killed with its worker meanwhile
+        return n * n
+
+    @app.workflow(name="cw:fan_out")
+    async def fan_out(step: WorkflowCtx, path: str) -> list[int | str]:
+        parts = [step.run_action(part, n, path) for n in range(5)]
+        done = await asyncio.gather(*parts, return_exceptions=True)
+        return [r if isinstance(r, int) else "failed" for r in done]
+
+    return Functions(record, call_out, five_steps, part, fan_out)
 
 
 def _kill_at_boundary(event: durafn.HookEvent) -> None:
     """The ``success`` hook: runs once the row's Success has committed."""
     wanted = os.environ.get(KILL_AFTER)
-    if wanted is None:
+    if wanted is None or os.environ.get(KILL_NAME, event.name) != event.name:
         return
     global _committed
     _committed += 1
