@@ -104,8 +104,10 @@ async def journal(conn: AsyncConnection, workflow_id: str) -> list[StepRow]:
     return [StepRow(**{c.name: getattr(r, c.name) for c in ws.columns}) for r in rows]
 
 
-async def insert_step(conn: AsyncConnection, step: StepRow) -> None:
-    await conn.execute(insert(ws).values(dataclasses.asdict(step)))
+async def insert_steps(conn: AsyncConnection, steps: Sequence[StepRow]) -> None:
+    """A turn's new journal entries, in one statement (executemany)."""
+    if steps:
+        await conn.execute(insert(ws), [dataclasses.asdict(s) for s in steps])
 
 
 async def finish_step(

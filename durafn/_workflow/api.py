@@ -53,6 +53,7 @@ class Turn(Protocol):
     """What the body's calls reach: the turn replaying it (``replay.Turn``)."""
 
     workflow_time: float
+    blocked: dict[object, StepFuture[Any]]
 
     def observed(self, ended_at: float | None) -> None: ...
 
@@ -111,8 +112,15 @@ class StepFuture(asyncio.Future[T]):
 
     def __await__(self) -> Generator[Any, None, T]:
         if not self.done():
+            # Which task waits on which step: a turn sees at once that its body's own
+            # task is blocked on a step not yet resolved (``turns._settle``).
+            task = asyncio.current_task()
+            self._turn.blocked[task] = self
             self._asyncio_future_blocking = True
-            yield self
+            try:
+                yield self
+            finally:
+                self._turn.blocked.pop(task, None)
         return self.result()
 
     __iter__ = __await__

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 async def conclude(turn: Turn, body: asyncio.Task[Any]) -> None:
     conn = turn.ctx._parts._conn
     row, now = turn.row, turn.now
+    await store.insert_steps(conn, turn.new_entries)
     if turn.mismatch is not None:
         error = (type_name(type(turn.mismatch)), str(turn.mismatch))
         await store.end_workflow(conn, row, state=store.STOPPED, now=now, error=error)

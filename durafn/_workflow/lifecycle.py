@@ -24,7 +24,7 @@ from .._kinds import State
 from .._models import Completion
 from .._public import publish
 from .._registry import FunctionRef, MutationRef, Registry
-from .._store import WorkflowRow, new_id
+from .._store import StepRow, WorkflowRow, new_id
 from .._store import workflow_sql as store
 from .begin import begin_workflow
 from .names import STEP_DONE, TURN, turn_ref
@@ -81,7 +81,8 @@ async def workflow_step_done(ctx: MutationCtx, completion: Completion) -> None:
     row = await store.lock_workflow(conn, found[0])
     if row is None or row.state != store.RUNNING:
         return
-    step = next(s for s in await store.journal(conn, row.id) if s.step_no == found[1])
+    journal = await store.journal(conn, row.id)
+    step = next(s for s in journal if s.step_no == found[1])
     now = ctx._rt.clock.now()
     if completion.state is State.SUCCESS:
         text = None if completion.result is None else json.dumps(completion.result)
@@ -105,10 +106,12 @@ async def workflow_step_done(ctx: MutationCtx, completion: Completion) -> None:
         )
         recorded = await store.finish_step(conn, step, state="Failed", now=now, error=error)
     if recorded:
-        await run_turn(ctx, row)
+        await run_turn(ctx, row, journal)  # the journal read above, this step's outcome in it
 
 
-async def run_turn(ctx: MutationCtx, row: WorkflowRow) -> None:
+async def run_turn(
+    ctx: MutationCtx, row: WorkflowRow, journal: list[StepRow] | None = None
+) -> None:
     from .turns import play
 
     rt = ctx._rt
@@ -125,7 +128,8 @@ async def run_turn(ctx: MutationCtx, row: WorkflowRow) -> None:
         )
         return
     # A workflow's first turn has no journal to read (one statement fewer per start).
-    journal = await store.journal(ctx._parts._conn, row.id) if row.steps else []
+    if journal is None:
+        journal = await store.journal(ctx._parts._conn, row.id) if row.steps else []
     await play(rt, ctx, row, journal, ref)
 
 

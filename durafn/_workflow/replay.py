@@ -75,6 +75,8 @@ class Turn:
         self.more = False  # the inline budget ran out: another turn goes on at once
         self.waiting_events: set[str] = set()
         self.touched = 0  # step calls and reads: activity the settling loop watches
+        self.new_entries: list[StepRow] = []  # journaled at the turn's end, in one go
+        self.blocked: dict[object, StepFuture[Any]] = {}  # task -> the step it awaits
 
     # -- what the body's calls reach ----------------------------------------------------
 

@@ -73,8 +73,10 @@ def _entry(turn: Turn, req: Request, **values: Any) -> StepRow:
 
 
 async def _record(turn: Turn, req: Request, entry: StepRow) -> None:
-    """Journal a step (its outcome, or that it started), and resolve it if finished."""
-    await store.insert_step(_conn(turn), entry)
+    """Journal a step (its outcome, or that it started), and resolve it if finished.
+    Written with the turn's other new entries, at its end (``ending.conclude``): one
+    statement a turn, not one a step; nothing in the turn reads them back."""
+    turn.new_entries.append(entry)
     turn.row.steps += 1
     turn.journal[req.step_no] = entry
     req.entry = entry

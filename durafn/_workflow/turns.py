@@ -52,9 +52,15 @@ async def play(
 
 
 async def _settle(turn: Turn, body: asyncio.Task[Any]) -> None:
-    """Let the body's tasks run until none of them moves for ``_IDLE_ROUNDS`` rounds."""
+    """Let the body's tasks run until they are all blocked: at once when its own task
+    awaits a step not resolved (one event-loop round after a step resolves, in a body
+    that takes its steps one at a time); else (``gather``: tasks the turn does not see)
+    once none of them has moved for ``_IDLE_ROUNDS`` rounds."""
     idle = 0
     while idle < _IDLE_ROUNDS and not body.done():
         before = turn.touched
         await asyncio.sleep(0)
+        waits = turn.blocked.get(body)
+        if waits is not None and not waits.done():
+            return
         idle = idle + 1 if turn.touched == before else 0
