@@ -7,9 +7,11 @@ boundary: ``test_durable_workflow_crashes.py``."""
 from __future__ import annotations
 
 import asyncio
+import json
 from datetime import timedelta
 from typing import Any
 
+import anyio
 import pytest
 from sqlalchemy import func, select, text
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -525,3 +527,47 @@ async def test_an_event_sent_from_sql_wakes_the_workflow_in_the_senders_transact
                 await conn.execute(send, {"id": str(api.step_row_id(id, 9)), "payload": "1"})
     finally:
         await app.aclose()
+
+
+async def test_the_order_workflow_example(db_url: str) -> None:
+    from examples import order_workflow
+
+    out: list[str] = []
+    done = await order_workflow.main(db_url, out)
+    assert out[0] == "after two days: Running, waiting for step 4: event 'review'"
+    assert done.state is WorkflowState.SUCCESS
+    assert str(done.result).startswith("4200 cents, parcel-o-17-")
+    assert str(done.result).endswith(", thanked for 5 stars")
+    assert [s.kind for s in done.steps] == ["mutation", "action", "sleep", "event", "mutation"]
+
+
+async def test_the_command_line_lists_shows_cancels_and_resumes(
+    app: durafn.App, clock: FakeClock, db_url: str
+) -> None:
+    @app.workflow(name="wf15")
+    async def waits(step: WorkflowCtx, n: int) -> None:
+        await step.wait_for_event("e")
+
+    harness = kit(app, clock)
+    ids = [await app.start_workflow(waits, n) for n in range(2)]
+    await harness.run_until_idle()
+
+    def cli(*args: str) -> Any:
+        from .test_cli import invoke
+
+        result = invoke("workflows", *args, "--url", db_url)
+        assert result.exit_code == 0, result.output
+        return result.stdout
+
+    listed = await anyio.to_thread.run_sync(cli, "ls")
+    assert all(id in listed for id in ids) and "waits: step 1: event 'e'" in listed
+    shown = json.loads(await anyio.to_thread.run_sync(cli, "show", ids[0], "--json"))
+    assert (shown["state"], shown["steps"][0]["kind"]) == ("Running", "event")
+    assert "journal" in await anyio.to_thread.run_sync(cli, "show", ids[0])
+    assert "cancelled" in await anyio.to_thread.run_sync(cli, "cancel", ids[0])
+    assert "nothing done" in await anyio.to_thread.run_sync(cli, "resume", ids[0])
+    canceled = json.loads(
+        await anyio.to_thread.run_sync(cli, "ls", "--state", "Canceled", "--json")
+    )
+    assert [w["id"] for w in canceled] == [ids[0]]
+    assert [e.action for e in await app.audit_log()] == ["workflow resume", "workflow cancel"]
