@@ -143,14 +143,20 @@ async def finish_step(
     return True
 
 
-async def step_of_row(conn: AsyncConnection, row_id: str) -> tuple[str, int] | None:
-    """The workflow and step number a scheduled row runs (ix_durafn_workflow_steps_row)."""
+async def lock_workflow_of_row(
+    conn: AsyncConnection, row_id: str
+) -> tuple[WorkflowRow, int] | None:
+    """The workflow whose step a scheduled row ran (ix_durafn_workflow_steps_row), locked
+    as ``lock_workflow`` locks it, and that step's number: one statement."""
     found = (
         await conn.execute(
-            select(ws.c.workflow_id, ws.c.step_no).where(ws.c.row_id == row_id).limit(1)
+            select(wf, ws.c.step_no)
+            .join(ws, ws.c.workflow_id == wf.c.id)
+            .where(ws.c.row_id == row_id)
+            .with_for_update(of=wf)
         )
     ).first()
-    return None if found is None else (found[0], found[1])
+    return None if found is None else (_workflow(found), int(found.step_no))
 
 
 async def note_progress(

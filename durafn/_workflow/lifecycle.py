@@ -75,12 +75,10 @@ async def workflow_step_done(ctx: MutationCtx, completion: Completion) -> None:
     outcome, once (a second or late completion finds the step finished, or the workflow
     ended, and is dropped), then run the workflow's turn in this same transaction."""
     conn = ctx._parts._conn
-    found = await store.step_of_row(conn, completion.id)
-    if found is None:
+    found = await store.lock_workflow_of_row(conn, completion.id)
+    if found is None or found[0].state != store.RUNNING:
         return
-    row = await store.lock_workflow(conn, found[0])
-    if row is None or row.state != store.RUNNING:
-        return
+    row = found[0]
     journal = await store.journal(conn, row.id)
     step = next(s for s in journal if s.step_no == found[1])
     now = ctx._rt.clock.now()
