@@ -49,6 +49,9 @@ async def play(
         if not body.done():
             body.cancel()
             await asyncio.wait([body])
+        for req in turn.requests:  # a failed step the dropped body never read: no warning
+            if req.future.done() and not req.future.cancelled():
+                req.future.exception()
 
 
 async def _settle(turn: Turn, body: asyncio.Task[Any]) -> None:
