@@ -564,6 +564,8 @@ async def test_the_command_line_lists_shows_cancels_and_resumes(
     shown = json.loads(await anyio.to_thread.run_sync(cli, "show", ids[0], "--json"))
     assert (shown["state"], shown["steps"][0]["kind"]) == ("Running", "event")
     assert "journal" in await anyio.to_thread.run_sync(cli, "show", ids[0])
+    said = await anyio.to_thread.run_sync(cli, "explain", ids[0])
+    assert said == "Running: waits for step 1 (event 'e')\n"
     assert "cancelled" in await anyio.to_thread.run_sync(cli, "cancel", ids[0])
     assert "nothing done" in await anyio.to_thread.run_sync(cli, "resume", ids[0])
     canceled = json.loads(
@@ -571,3 +573,29 @@ async def test_the_command_line_lists_shows_cancels_and_resumes(
     )
     assert [w["id"] for w in canceled] == [ids[0]]
     assert [e.action for e in await app.audit_log()] == ["workflow resume", "workflow cancel"]
+
+
+async def test_explain_says_what_a_workflow_waits_for(app: durafn.App, clock: FakeClock) -> None:
+    @app.action(name="wf16:later")
+    async def later(ctx: ActionCtx) -> None:
+        pass
+
+    @app.workflow(name="wf16")
+    async def waits(step: WorkflowCtx) -> None:
+        await step.sleep(60)
+        await step.run_action(later.options(queue="wf16"))
+
+    harness = kit(app, clock)
+    id = await app.start_workflow(waits)
+    await harness.run_until_idle()
+    asleep = await app.explain_workflow(id)
+    assert asleep == "Running: waits for step 1 (sleep 'sleep') until 2030-01-01T00:01:00+00:00"
+    await app.pause_queue("wf16")
+    clock.advance(60)
+    await harness.run_until_idle()
+    said = await app.explain_workflow(id)
+    assert said.startswith("Running: waits for step 2 (action 'wf16:later'): its row ")
+    assert "paused" in said
+    await app.resume_queue("wf16")
+    await harness.finish_all()
+    assert await app.explain_workflow(id) == "Success"

@@ -9,13 +9,16 @@ from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, overload
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from .._checks import integer, optional, text
-from .._errors import RegistrationError
+from .._errors import NotFoundError, RegistrationError
 from .._runtime import Runtime
 from .._scheduler import Scheduler
 from .._store import workflow_sql as store
 from . import lifecycle
 from .api import WorkflowCtx, WorkflowRef
 from .models import Workflow, WorkflowState, workflow_model
+
+if TYPE_CHECKING:
+    from .._explain import Explanation
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -26,9 +29,11 @@ class Workflows:
 
     _rt: Runtime
 
-    if TYPE_CHECKING:  # App's
+    if TYPE_CHECKING:  # App's (Operator's explain)
 
         def scheduler(self, within: Any = None) -> Scheduler: ...
+
+        async def explain(self, id: str) -> Explanation: ...
 
     @overload
     def workflow(
@@ -99,6 +104,34 @@ class Workflows:
             return workflow_model(row, await store.journal(conn, workflow_id))
 
         return await self._rt.transaction(_read, read_only=True, doing="reading a workflow")
+
+    async def explain_workflow(self, workflow_id: str) -> str:
+        """Why a workflow is where it is, in a sentence: how it ended, why it is Stopped,
+        or what it waits for; for an action step, what holds that step's row
+        (``app.explain``); for an event, how many of that name wait unread."""
+        found = await self.get_workflow(workflow_id)
+        if found is None:
+            raise lifecycle.WorkflowNotFoundError(workflow_id)
+        if found.state is not WorkflowState.RUNNING:
+            error = f": {found.error.type}: {found.error.message}" if found.error else ""
+            return f"{found.state.value}{error}"
+        open_ = [s for s in found.steps if s.state == "Started"]
+        if not open_:
+            return "Running: its next turn is due (a new step, or the end)"
+        said = []
+        for step in open_:
+            what = f"step {step.step_no} ({step.kind} {step.name!r})"
+            if step.kind == "action" and step.row_id is not None:
+                try:
+                    why = (await self.explain(step.row_id)).message
+                except NotFoundError:
+                    why = "its row is gone"
+                said.append(f"{what}: its row {step.row_id}: {why}")
+            elif step.wake_at is not None:
+                said.append(f"{what} until {step.wake_at.isoformat()}")
+            else:
+                said.append(f"{what}")
+        return "Running: waits for " + "; ".join(said)
 
     async def list_workflows(
         self,

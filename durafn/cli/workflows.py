@@ -19,7 +19,7 @@ from .running import Audited, run_with_app
 
 @click.group()
 def workflows() -> None:
-    """Durable workflows (@app.workflow): list, show, cancel, resume."""
+    """Durable workflows (@app.workflow): list, show, explain, cancel, resume."""
 
 
 @workflows.command(name="ls")
@@ -108,6 +108,24 @@ async def _get(workflow_id: str, app: Any) -> Workflow:
     if found is None:
         raise WorkflowNotFoundError(workflow_id)
     return found
+
+
+@workflows.command()
+@click.argument("workflow_id")
+@app_options
+@output_options
+def explain(
+    workflow_id: str, app_ref: str | None, url: str | None, as_json: bool, verbose: bool
+) -> None:
+    """Why a workflow is where it is: how it ended, or what it waits for (and, for an
+    action step, what holds its row)."""
+    said = run_with_app(
+        app_ref, url, lambda app: app.explain_workflow(workflow_id), verbose=verbose
+    )
+    if as_json:
+        Output(True).json({"id": workflow_id, "explanation": said})
+    else:
+        click.echo(said)
 
 
 @workflows.command()
