@@ -21,7 +21,7 @@ from durafn import ActionCtx, MutationCtx, QueryCtx, WorkflowCtx, WorkflowState
 from durafn._workflow import api
 from durafn.testing import FakeClock, Harness
 
-from .support.helpers import effects
+from .support.helpers import effects, wait_until
 from .support.models import Effect
 
 pytestmark = pytest.mark.anyio
@@ -599,3 +599,36 @@ async def test_explain_says_what_a_workflow_waits_for(app: durafn.App, clock: Fa
     await app.resume_queue("wf16")
     await harness.finish_all()
     assert await app.explain_workflow(id) == "Success"
+
+
+async def test_two_executors_finishing_parallel_steps_record_each_once(
+    app: durafn.App, clock: FakeClock
+) -> None:
+    """Two executors at once: the completions of one workflow's parallel steps land on
+    both, each running a turn of it; the workflow's row lock orders those turns, so each
+    step is journaled once, each action runs once, and every workflow ends once."""
+    ran: list[tuple[int, int]] = []
+
+    @app.action(name="wf17:part")
+    async def part(ctx: ActionCtx, w: int, n: int) -> int:
+        ran.append((w, n))
+        return n
+
+    @app.workflow(name="wf17")
+    async def fan(step: WorkflowCtx, w: int) -> int:
+        parts = await asyncio.gather(*(step.run_action(part, w, n) for n in range(5)))
+        return sum(parts) + await step.run_action(part, w, 10)
+
+    ids = [await app.start_workflow(fan, w) for w in range(20)]
+
+    async def all_ended() -> bool:
+        done = await app.list_workflows(state=WorkflowState.SUCCESS, limit=100)
+        return len(done) == len(ids)
+
+    async with app.run_executor(concurrency=4), app.run_executor(concurrency=4):
+        await wait_until(all_ended, "every workflow ends")
+    assert sorted(ran) == sorted((w, n) for w in range(20) for n in (*range(5), 10))
+    for id in ids:
+        wf = await app.get_workflow(id)
+        assert wf is not None and wf.result == 20 and len(wf.steps) == 6
+        assert {s.state for s in wf.steps} == {"Success"}
