@@ -632,3 +632,32 @@ async def test_two_executors_finishing_parallel_steps_record_each_once(
         wf = await app.get_workflow(id)
         assert wf is not None and wf.result == 20 and len(wf.steps) == 6
         assert {s.state for s in wf.steps} == {"Success"}
+
+
+async def test_the_dashboard_lists_shows_and_cancels_workflows(
+    app: durafn.App, clock: FakeClock
+) -> None:
+    from .support.dashboard_kit import XSS, client, csrf_of
+
+    @app.workflow(name="wf18")
+    async def waits(step: WorkflowCtx, note: str) -> None:
+        await step.sleep(60)
+        await step.wait_for_event("e")
+
+    harness = kit(app, clock)
+    id = await app.start_workflow(waits, XSS)
+    await harness.finish_all()
+    async with client(app.dashboard()) as web:
+        listed = await web.get("/workflows?state=Running")
+        assert listed.status_code == 200 and f'href="/workflows/{id}"' in listed.text
+        page = await web.get(f"/workflows/{id}")
+        assert page.status_code == 200
+        assert "Running: waits for step 2 (event &#39;e&#39;)" in page.text
+        assert XSS not in page.text and 'id="journal"' in page.text
+        done = await web.post(f"/workflows/{id}/cancel", data={"csrf": csrf_of(page)})
+        assert done.status_code == 303
+        assert (await web.get("/workflows/nothing")).status_code == 404
+        assert (await web.get("/workflows?state=Lost")).status_code == 400
+    wf = await app.get_workflow(id)
+    assert wf is not None and wf.state is WorkflowState.CANCELED
+    assert [e.action for e in await app.audit_log()] == ["workflow cancel"]

@@ -87,15 +87,19 @@ class Workflows:
         """Cancel a Running (or Stopped) workflow: its action steps' rows are cancelled,
         its children too, its turns in flight dropped (its generation moves on); a parent
         waiting for it sees its step fail. False if it had ended already."""
-        return await lifecycle.cancel(self.scheduler(), text("workflow_id", workflow_id))
+        return await lifecycle.cancel(self.scheduler(), workflow_id)
 
     async def resume_workflow(self, workflow_id: str) -> bool:
         """Run a Stopped workflow again from its journal (under a new generation), once
         its code matches its journal again. False if it was not Stopped."""
-        return await lifecycle.resume(self.scheduler(), text("workflow_id", workflow_id))
+        return await lifecycle.resume(self.scheduler(), workflow_id)
 
     async def get_workflow(self, workflow_id: str) -> Workflow | None:
-        """A workflow with its journal, or None."""
+        """A workflow with its journal, or None (what is not a workflow's id finds none)."""
+        try:
+            workflow_id = lifecycle.canonical_id(workflow_id)
+        except lifecycle.WorkflowNotFoundError:
+            return None
 
         async def _read(conn: AsyncConnection) -> Workflow | None:
             row = await store.read_workflow(conn, workflow_id)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from .._checks import scheduled_id
 from .._context import MutationCtx
 from .._errors import ArgumentError, NotFoundError
 from .._kinds import State
@@ -44,6 +45,15 @@ class WorkflowNotFoundError(NotFoundError):
             self, f"no workflow has id {id!r}; finished workflows are removed after retention"
         )
         self.id = id
+
+
+def canonical_id(value: object) -> str:
+    """A workflow id's canonical form (any form ``uuid.UUID`` reads, as rows' ids are);
+    ``WorkflowNotFoundError`` for what is not an id."""
+    found = scheduled_id(value)
+    if found is None:
+        raise WorkflowNotFoundError(str(value))
+    return str(found)
 
 
 def register_internals(registry: Registry) -> None:
@@ -200,6 +210,7 @@ async def send_event(scheduler: Scheduler, workflow_id: str, name: str, payload:
         text = None if payload is None else json.dumps(payload, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise ArgumentError(f"an event's payload must be JSON: {exc}") from None
+    workflow_id = canonical_id(workflow_id)
     rt = scheduler._rt
 
     async def _body(conn: AsyncConnection, scheduler: Scheduler) -> bool:
@@ -223,6 +234,7 @@ async def send_event(scheduler: Scheduler, workflow_id: str, name: str, payload:
 async def cancel(scheduler: Scheduler, workflow_id: str) -> bool:
     """Cancel a workflow, its action steps' rows and its children; its parent's step
     fails. False if it had ended."""
+    workflow_id = canonical_id(workflow_id)
     rt = scheduler._rt
 
     async def _body(conn: AsyncConnection, scheduler: Scheduler) -> bool:
@@ -254,6 +266,7 @@ async def _cancel_in(rt: Runtime, conn: AsyncConnection, scheduler: Scheduler, i
 
 async def resume(scheduler: Scheduler, workflow_id: str) -> bool:
     """A Stopped workflow runs again (a new generation), from its journal."""
+    workflow_id = canonical_id(workflow_id)
     rt = scheduler._rt
 
     async def _body(conn: AsyncConnection, scheduler: Scheduler) -> bool:

@@ -26,7 +26,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from .._errors import DurafnError
-from . import activity, bulk, crons, live, queues, rows, values
+from . import activity, bulk, crons, live, queues, rows, values, workflows
 from .access import LOGGED_IN, SESSION_COOKIE, Access, cross_origin
 from .hosts import HostCheck
 from .surface import COUNT_BOUND, Act, App, Body, Refused
@@ -64,6 +64,7 @@ class Dashboard:
                 *rows.routes(self),
                 *crons.routes(self),
                 *queues.routes(self),
+                *workflows.routes(self),
                 *live.routes(self),
                 Route("/metrics", self.metrics),
                 Route("/login", self.login, methods=["GET", "POST"]),
