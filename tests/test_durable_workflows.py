@@ -661,3 +661,23 @@ async def test_the_dashboard_lists_shows_and_cancels_workflows(
     wf = await app.get_workflow(id)
     assert wf is not None and wf.state is WorkflowState.CANCELED
     assert [e.action for e in await app.audit_log()] == ["workflow cancel"]
+
+
+async def test_an_action_step_refuses_options_that_would_hand_it_to_another_row(
+    app: durafn.App, clock: FakeClock
+) -> None:
+    @app.action(name="wf19:act")
+    async def act(ctx: ActionCtx) -> None:
+        pass
+
+    @app.workflow(name="wf19")
+    async def keyed(step: WorkflowCtx) -> str:
+        try:
+            await step.run_action(act.options(key="k"))
+        except durafn.SchedulingError as exc:
+            return str(exc)
+        return "accepted"
+
+    wf = await kit(app, clock).run_workflow(keyed)
+    assert wf.result is not None and wf.result.startswith("an action step cannot take a job key")
+    assert wf.steps == []

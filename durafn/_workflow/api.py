@@ -228,9 +228,36 @@ class WorkflowCtx:
                 f"step.run_{kind.value} takes {kind.with_article}; {ref.name!r} is "
                 f"{ref.kind.with_article}"
             )
+        if kind is FunctionKind.ACTION:
+            _refuse_step_options(fn)
         values, args_json = ref.encode_call(args, kwargs)
         # A per-call option set (fn.options(retry=...)) rides with the reference.
         return self._turn.request(kind.value, ref.name, args_json, ref=fn, values=values)
+
+
+def _refuse_step_options(fn: FunctionRef[Any, Any]) -> None:
+    """An action step's row must be the one it writes, and its completion the step's:
+    options that may make another row run for it, or take its completion, are refused
+    where the step is asked for (priority, queue, flags, retry and flow limits are fine)."""
+    options = fn.job_options
+    flow = options.flow
+    taken = [
+        name
+        for name, used in (
+            ("a job key", options.key is not None),
+            ("after=", options.after is not None),
+            ("on_complete", options.on_complete is not None),
+            ("a debounce", flow is not None and flow.debounce is not None),
+            ("a throttle", flow is not None and flow.throttle is not None),
+        )
+        if used
+    ]
+    if taken:
+        raise SchedulingError(
+            f"an action step cannot take {' or '.join(taken)} ({fn.name!r}): its row must "
+            "run for this step alone, and its outcome come back to the workflow; schedule "
+            "such a call from a mutation step instead"
+        )
 
 
 WorkflowBody = Callable[..., Awaitable[Any]]
