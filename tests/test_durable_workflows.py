@@ -681,3 +681,31 @@ async def test_an_action_step_refuses_options_that_would_hand_it_to_another_row(
     wf = await kit(app, clock).run_workflow(keyed)
     assert wf.result is not None and wf.result.startswith("an action step cannot take a job key")
     assert wf.steps == []
+
+
+async def test_a_replay_that_ends_before_its_journal_does_stops_the_workflow(
+    app: durafn.App, clock: FakeClock
+) -> None:
+    """New code that returns before a step the journal holds (a step removed from the
+    middle, say) does not end the workflow as if that step had never been: Stopped."""
+    code = {"short": False}
+
+    @app.mutation(name="wf20:m")
+    async def m(ctx: MutationCtx) -> None:
+        pass
+
+    @app.workflow(name="wf20")
+    async def shrinks(step: WorkflowCtx) -> str:
+        await step.run_mutation(m)
+        if code["short"]:
+            return "short"
+        await step.sleep(10)
+        return "long"
+
+    harness = kit(app, clock)
+    id = await app.start_workflow(shrinks)
+    await harness.run_until_idle()
+    code["short"] = True
+    wf = await harness.finish_workflow(id)
+    assert wf.state is WorkflowState.STOPPED and wf.error is not None
+    assert "ended its replay after step 1, but its journal holds step 2" in wf.error.message

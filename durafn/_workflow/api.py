@@ -38,6 +38,9 @@ MAX_JOURNAL_BYTES = 16 * 1024 * 1024
 INLINE_STEPS_PER_TURN = 100
 """Mutation and query steps run in one turn's transaction before it hands over to a new
 turn: a bound on the turn's time and locks, not on the workflow."""
+INLINE_SECONDS = 1.0
+"""Nor is a mutation or query step begun in a turn that has run this long (real time:
+it bounds how long the turn holds its locks, within its time limit)."""
 
 _NAMESPACE = uuid.UUID("5f0c9a52-1d6e-4c3b-9a57-2f1f3d0b7e11")
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
-from .._errors import WorkflowError
+from .._errors import WorkflowDeterminismError, WorkflowError
 from .._retries import type_name
 from .._store import WorkflowRow
 from .._store import workflow_sql as store
@@ -27,6 +27,17 @@ async def conclude(turn: Turn, body: asyncio.Task[Any]) -> None:
     await store.insert_steps(conn, turn.new_entries)
     if turn.mismatch is not None:
         error = (type_name(type(turn.mismatch)), str(turn.mismatch))
+        await store.end_workflow(conn, row, state=store.STOPPED, now=now, error=error)
+        return
+    if body.done() and (left := [n for n in turn.journal if n > len(turn.requests)]):
+        entry = turn.journal[min(left)]
+        turn.mismatch = WorkflowDeterminismError(
+            f"workflow {row.id} ({row.name!r}) ended its replay after step "
+            f"{len(turn.requests)}, but its journal holds step {entry.step_no} "
+            f"({entry.kind} {entry.name!r}): its code changed under it. It is Stopped: deploy "
+            "code that matches and resume it (app.resume_workflow), or cancel it"
+        )
+        error = (type_name(WorkflowDeterminismError), str(turn.mismatch))
         await store.end_workflow(conn, row, state=store.STOPPED, now=now, error=error)
         return
     if body.done():

@@ -25,6 +25,7 @@ from .._kinds import State
 from .._models import Completion
 from .._public import publish
 from .._registry import FunctionRef, MutationRef, Registry
+from .._retries import Exponential, Retry
 from .._store import StepRow, WorkflowRow, new_id
 from .._store import workflow_sql as store
 from .begin import begin_workflow
@@ -45,6 +46,10 @@ class WorkflowNotFoundError(NotFoundError):
             self, f"no workflow has id {id!r}; finished workflows are removed after retention"
         )
         self.id = id
+
+
+TURN_RETRY = Retry(8, backoff=Exponential(base=1.0))
+"""A failed turn's (or completion's) runs: 8 in all, 1 s, 2 s, ... apart."""
 
 
 def canonical_id(value: object) -> str:

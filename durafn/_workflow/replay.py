@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from typing import TYPE_CHECKING, Any
 
 from .._errors import (
@@ -26,7 +27,7 @@ from .._errors import (
 from .._registry import FunctionRef
 from .._store import StepRow, WorkflowRow
 from .._store import workflow_sql as store
-from .api import MAX_RESULT_BYTES, MAX_STEPS, StepFuture, WorkflowRef
+from .api import INLINE_SECONDS, MAX_RESULT_BYTES, MAX_STEPS, StepFuture, WorkflowRef
 
 if TYPE_CHECKING:
     from .._context import MutationCtx
@@ -72,6 +73,7 @@ class Turn:
         self.workflow_time = row.created_at
         self.mismatch: WorkflowDeterminismError | None = None
         self.inline_steps = 0
+        self.inline_until = time.monotonic() + INLINE_SECONDS
         self.more = False  # the inline budget ran out: another turn goes on at once
         self.waiting_events: set[str] = set()
         self.touched = 0  # step calls and reads: activity the settling loop watches

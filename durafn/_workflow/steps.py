@@ -19,6 +19,7 @@ The guarantee of each kind comes from where its outcome is journaled:
 from __future__ import annotations
 
 import json
+import time
 from typing import TYPE_CHECKING, Any
 
 from .._context import MutationCtx, MutationParts, QueryCtx, SystemTable, read_only_session
@@ -41,8 +42,8 @@ async def advance(turn: Turn, req: Request) -> bool:
     if req.entry is not None:  # Started by an earlier turn: a sleep or a wait may end
         return await _finish_started(turn, req)
     if req.kind in ("mutation", "query"):
-        if turn.inline_steps >= INLINE_STEPS_PER_TURN:
-            turn.more = True
+        if turn.inline_steps >= INLINE_STEPS_PER_TURN or time.monotonic() > turn.inline_until:
+            turn.more = True  # a new turn goes on: this one's locks and time stay short
             return False
         turn.inline_steps += 1
         return await (_mutation(turn, req) if req.kind == "mutation" else _query(turn, req))
