@@ -23,6 +23,8 @@ attributes durafn sets on a no-op run's span. A run that makes one can keep at m
 ``t / (t + span)`` of a drain whose rows cost ``t`` each: both ceilings are printed
 beside the ratio. ``--baseline PATH``: also a checkout of durafn before this feature (a
 ``git worktree``), as one more setting.
+Also the worker's CPU per row in each setting, as the same ratios (a busy machine sways
+them less). ``--micro``: what the telemetry calls alone cost a run, per setting.
 Run: ``python -m benchmarks.telemetry [--rows 20000] [--rounds 5] [--kind mutation]``.
 """
 
@@ -87,6 +89,7 @@ from benchmarks import telemetry, throughput
 async def main():
     stamp = telemetry.stamp_requests if {head!r} else None
     result = await throughput.drain({url!r}, {rows}, {kind!r}, scheduled=stamp)
+    print("cpu", result["worker_cpu_ms_per_1000"] / 1000)
     print(result["drained_per_s"])
 anyio.run(main)
 """
@@ -185,12 +188,14 @@ async def measure(
     settings = (*SETTINGS, "baseline") if baseline is not None else SETTINGS
     rates: dict[str, list[float]] = {s: [] for s in settings}
     spans: dict[str, list[float]] = {"span": [], "attributed": []}
+    cpu: dict[str, list[float]] = {s: [] for s in settings}
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(rounds):
             for setting in settings:
                 url = await throughput.fresh_url(engine, tmp, f"otel-{i}-{setting}")
                 rate, timed = _child(setting, url, rows, kind, baseline)
                 rates[setting].append(rate)
+                cpu[setting].append(timed.pop("cpu"))
                 for what, seconds in timed.items():
                     spans[what].append(seconds)
     medians = {s: statistics.median(r) for s, r in rates.items()}
@@ -215,9 +220,74 @@ async def measure(
     print(f"  api / unused    {medians['api'] / unused:.3f}")
     print(f"  metrics / unused {medians['metrics'] / unused:.3f}")
     print(f"  unused / absent {unused / absent:.3f}  (target >= 0.98)")
+    # The worker's own CPU per row, as the same ratios (less swayed by a busy machine than
+    # the rates: another process's work takes no CPU time from this one's count).
+    c = {s: statistics.median(found) for s, found in cpu.items()}
+    print(
+        f"  worker CPU per row, us: {', '.join(f'{s} {c[s] * 1e3:.1f}' for s in settings)};"
+        f" as rate ratios: metrics/absent {c['absent'] / c['metrics']:.3f},"
+        f" head/unused {c['unused'] / c['head']:.3f}, on/unused {c['unused'] / c['on']:.3f}"
+    )
     if baseline is not None:
         print(f"  absent / before {absent / medians['baseline']:.3f}")
     return medians
+
+
+_MICRO = """
+import json, secrets, time
+from dataclasses import dataclass
+from durafn._kinds import FunctionKind, State
+from durafn._store.rows import Outcome
+from durafn._telemetry import Telemetry
+
+@dataclass
+class Row:
+    id: str
+    name: str
+    trace_context: str | None
+    attempts: int = 0
+    available_at: float = 1.0
+    priority: int = 0
+    queue_name: str | None = None
+    flow_key: str | None = None
+    job_key: str | None = None
+
+async def gauges():
+    raise AssertionError("not read")
+
+telemetry = Telemetry(gauges)
+def context(n):
+    flags = "01" if n % 100 == 0 else "00"
+    header = f"00-{{secrets.token_hex(16)}}-{{secrets.token_hex(8)}}-{{flags}}"
+    return json.dumps({{"traceparent": header}}, separators=(",", ":"))
+rows = [Row(f"{{n}}", "bench:noop", context(n) if {stamped} else None) for n in range(20_000)]
+ended = [Outcome(id=r.id, state=State.SUCCESS, name=r.name) for r in rows]
+best = 1.0
+for _ in range(7):
+    started = time.process_time()  # this process's CPU: other processes' work aside
+    for at in range(0, len(rows), 50):  # a batch of 50, as a mutation batch commits them
+        for row in rows[at : at + 50]:
+            with telemetry.running(FunctionKind.MUTATION, row, 2.0, "host:1"):
+                pass
+        telemetry.ended(FunctionKind.MUTATION, ended[at : at + 50])
+    best = min(best, (time.process_time() - started) / len(rows))
+print(best)
+"""
+
+
+def micro(setting: str) -> float:
+    """What durafn's telemetry costs a run, by itself: ``running`` around a call that does
+    nothing and ``ended`` per batch of 50, for 20,000 rows like the drain's (``head``: 1
+    in 100 stored contexts sampled), best of 7 (in a process of its own)."""
+    prelude = {"absent": _BLOCK, "metrics": _METRICS, "head": _HEAD, "on": _SDK}[setting]
+    code = prelude + _MICRO.format(stamped=setting == "head")
+    env = {**os.environ, "PYTHONPATH": str(HERE)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"{setting}: {done.stderr}")
+    seconds = float(done.stdout.split()[-1])
+    print(f"  {setting:8} {seconds * 1e6:5.2f} us a run")
+    return seconds
 
 
 def cli() -> None:
@@ -227,7 +297,12 @@ def cli() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--kind", default="mutation", choices=["mutation", "action"])
     parser.add_argument("--baseline", type=Path, default=None)
+    parser.add_argument("--micro", action="store_true", help="per-run cost only (below)")
     args = parser.parse_args()
+    if args.micro:
+        for setting in ("absent", "metrics", "head", "on"):
+            micro(setting)
+        return
     for engine in args.engines.split(","):
         anyio.run(measure, engine, args.rows, args.rounds, args.kind, args.baseline)
 
