@@ -264,6 +264,10 @@ class QueueInfo(BaseModel):
     """Actions InProgress."""
     capped: bool = False
     """A count stopped at the bound it was read with (``app.queues(bound=)``)."""
+    oldest_due_at: float | None = None
+    """When its longest-waiting due row was due (None: none is due): the earliest among
+    the first ``bound`` due rows in claim order when counts are bounded, so a lower bound
+    of the wait where ``capped``."""
 
 
 class CronInfo(BaseModel):

@@ -298,6 +298,9 @@ async def test_counters_and_histograms_move_by_the_runs_and_gauges_match_the_tab
     assert samples[("durafn_due_rows", ())] == due == 1
     assert samples[("durafn_queue_pending_rows", (("queue", "later"),))] == 2
     assert samples[("durafn_queue_due_rows", (("queue", "now"),))] == 1
+    waited = "durafn_queue_oldest_due_age_seconds"
+    assert samples[(waited, (("queue", "now"),))] == pytest.approx(1.0)
+    assert samples[(waited, (("queue", "later"),))] == 0  # none due yet
     assert samples[("durafn_running_rows", ())] == 0
     assert samples[("durafn_workers_alive", ())] == 0
     assert samples[("durafn_oldest_due_age_seconds", ())] == pytest.approx(1.0)
@@ -699,6 +702,8 @@ async def test_the_counters_and_gauges_reach_the_opentelemetry_metrics_api(
     database: built after the SDK, as a host builds it.)"""
     import uuid
 
+    from durafn._telemetry.metrics import SECONDS
+
     url, ready = app_url
     app = durafn.App(url)
     name = f"otel:{uuid.uuid4().hex[:8]}"  # the provider is the process's: a name of its own
@@ -731,6 +736,17 @@ async def test_the_counters_and_gauges_reach_the_opentelemetry_metrics_api(
         assert from_reader[("durafn.due_rows", ())] == 1  # the row due now, counted
         assert from_reader[("durafn.workers_alive", ())] == 0
         assert from_reader[("durafn.oldest_due_age", ())] >= 0
+        # The histograms, as Prometheus's classic form: a counter per bucket bound.
+        buckets = {
+            dict(attributes)["le"]: value
+            for (metric, attributes), value in from_reader.items()
+            if metric == "durafn.run_duration.bucket" and dict(attributes).get(labels[0][0]) == name
+        }
+        assert buckets["+Inf"] == 2 and len(buckets) == len(SECONDS) + 1
+        assert sorted(buckets.values()) == [buckets[b] for b in sorted(buckets, key=float)]
+        assert from_reader[("durafn.run_duration.count", labels)] == 2
+        assert from_reader[("durafn.start_lag.count", labels)] == 2
+        assert from_reader[("durafn.run_duration.sum", labels)] > 0
         await app.scheduler().run_after(0, noted)
         gauges = app._rt.telemetry.metrics.gauges  # type: ignore[union-attr]
         gauges.reading = None  # as if older than GAUGE_TTL, with nothing read before

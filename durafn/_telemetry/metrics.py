@@ -67,8 +67,8 @@ class Reading:
     oldest_due_age: float
     running: int
     workers: int
-    queues: list[tuple[str, int, int, bool]] = field(default_factory=list)
-    """(queue, due, pending, paused)."""
+    queues: list[tuple[str, int, int, bool, float]] = field(default_factory=list)
+    """(queue, due, pending, paused, how long its longest-waiting due row has waited)."""
     crons: list[tuple[str, float | None]] = field(default_factory=list)
     """(cron, seconds since its last tick, None: never ticked)."""
 
@@ -291,11 +291,18 @@ class Gauges:
         due = gauge("durafn_queue_due_rows", "Pending rows due now, per queue.", labels=["queue"])
         pending = gauge("durafn_queue_pending_rows", "Pending rows, per queue.", labels=["queue"])
         paused = gauge("durafn_queue_paused", "1 if the queue is paused.", labels=["queue"])
-        for name, d, p, stopped in r.queues:
+        oldest = gauge(
+            "durafn_queue_oldest_due_age_seconds",
+            "How long a queue's longest-waiting due row has waited (0: nothing due; among "
+            f"its first {GAUGE_BOUND} due rows in claim order).",
+            labels=["queue"],
+        )
+        for name, d, p, stopped, waited in r.queues:
             due.add_metric([name], d)
             pending.add_metric([name], p)
             paused.add_metric([name], 1 if stopped else 0)
-        yield from (due, pending, paused)
+            oldest.add_metric([name], waited)
+        yield from (due, pending, paused, oldest)
         age = gauge(
             "durafn_cron_last_tick_age_seconds",
             "Seconds since a cron's last tick (absent: it never ticked).",
@@ -311,8 +318,13 @@ class _Mirror:
     """The same metrics through the OpenTelemetry metrics API, read from the registries
     when the host's SDK collects (observable instruments): nothing on the hot path. A
     counter and a histogram recorded per run through the SDK cost 25 us a run, more than
-    a no-op mutation's own 20 to 40. The histograms reach an OpenTelemetry pipeline as
-    Prometheus text (the Collector's ``prometheus`` receiver scrapes ``/metrics``).
+    a no-op mutation's own 20 to 40.
+
+    The API has no observable histogram, so each histogram goes as Prometheus's classic
+    form does: ``<name>.bucket`` (runs at or under each bound, attribute ``le``, ``+Inf``
+    last), ``<name>.count`` and ``<name>.sum``, each an observable counter; a backend
+    computes quantiles from the buckets as it would from Prometheus's. (Native OTel
+    histograms: the Collector's ``prometheus`` receiver scraping ``/metrics`` makes them.)
 
     One set of instruments per process (a meter keeps the first instrument of a name),
     observing every app's metrics that is alive."""
@@ -350,6 +362,34 @@ class _Mirror:
                 ]
 
             return observe
+
+        def histogram(which: Callable[[Metrics], Any], part: str) -> Callable[[Any], list[Any]]:
+            def observe(_: Any) -> list[Any]:
+                return [
+                    Observation(s.value, {names.get(k, k): v for k, v in s.labels.items()})
+                    for app in list(cls._apps)
+                    for family in which(app).collect()
+                    for s in family.samples
+                    if s.name.endswith(part)
+                ]
+
+            return observe
+
+        for name, which, what in (
+            ("durafn.run_duration", lambda m: m._duration, "How long runs took"),
+            ("durafn.start_lag", lambda m: m._lag, "From when rows were due to their start"),
+        ):
+            for part, unit, said in (
+                ("bucket", "1", "runs at or under each bound (le, seconds)"),
+                ("count", "1", "runs"),
+                ("sum", "s", "seconds in all"),
+            ):
+                meter.create_observable_counter(
+                    f"{name}.{part}",
+                    [histogram(which, f"_{part}")],
+                    unit=unit,
+                    description=f"{what}: {said}.",
+                )
 
         def gauge(value: Callable[[Reading], float]) -> Callable[[Any], list[Any]]:
             def observe(_: Any) -> list[Any]:
