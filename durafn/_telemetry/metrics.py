@@ -115,8 +115,25 @@ class Metrics:
         if duration is not None:
             self._duration.observe((name, kind), duration)
 
+    def ended_many(
+        self, kind: FunctionKind, ended: Iterable[tuple[str, str, float | None]]
+    ) -> None:
+        """``ended`` for each (name, outcome, duration) of a batch, in one loop: a no-op
+        mutation's row cost 20 us of CPU, and a call per run per metric was 5% of it."""
+        counts, observe = self._runs.values, self._duration.observe
+        for name, outcome, duration in ended:
+            labels = (name, kind, outcome)  # kind: a StrEnum, its own label value
+            counts[labels] = counts.get(labels, 0) + 1
+            if duration is not None:
+                observe((name, kind), duration)
+
     def started(self, name: str, kind: FunctionKind, lag: float) -> None:
         self._lag.observe((name, kind), lag)
+
+    @property
+    def observe_lag(self) -> Callable[[tuple[str, ...], float], None]:
+        """``started`` without its call: the lag histogram's ``observe``."""
+        return self._lag.observe
 
     def scheduled(self, names: Iterable[str]) -> None:
         for name in names:
