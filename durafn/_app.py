@@ -23,6 +23,7 @@ from ._executor import Executor, ExecutorOptions, make_config
 from ._invoke import Invoker, Timeouts
 from ._kinds import FunctionKind, ScheduledFunctionId, State
 from ._models import CancelResult, Page, ScheduledFunction
+from ._operations import Operations
 from ._operator import Operator
 from ._options import Queue, check_name
 from ._public import publish
@@ -69,7 +70,7 @@ def _database_url(url: str | None) -> str:
     return _blank(from_env, "DURAFN_DATABASE_URL is set, but it")
 
 
-class App(Registration, Operator, Console, CronDeclarations, CronRegistry):
+class App(Registration, Operator, Operations, Console, CronDeclarations, CronRegistry):
     """A durafn application: register functions on it, run them, schedule them.
 
     ``App()`` uses a SQLite file (``DURAFN_DATABASE_URL`` or ``./durafn.sqlite3``);

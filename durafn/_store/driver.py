@@ -29,6 +29,7 @@ from .claim.statements import ClaimStatements
 from .crons import CronStatements
 from .engine import EngineDriver
 from .filters import RowFilter
+from .operations import OperationStatements
 from .queues import QueueStatements
 from .read.explain import ExplainStatements, FlowKeyStatements
 from .read.listing import ReadStatements
@@ -60,6 +61,7 @@ class Driver(
     FlowKeyStatements,
     WorkerStatements,
     AuditStatements,
+    OperationStatements,
     EngineDriver,
 ):
     """Dialect-neutral statements on the system tables."""
