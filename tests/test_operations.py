@@ -22,7 +22,9 @@ ROWS = 2 * PAGE + 200
 """Three pages' worth: two full, one not."""
 
 
-async def pending(app: durafn.App, n: int = ROWS, queue: str = "bulk") -> list[str]:
+async def pending(
+    app: durafn.App, n: int = ROWS, queue: str = "bulk"
+) -> list[durafn.ScheduledFunctionId]:
     @app.mutation(name="ops:later")
     async def later(ctx: MutationCtx, n: int) -> None:
         pass
