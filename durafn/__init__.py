@@ -44,6 +44,7 @@ if _typing.TYPE_CHECKING:  # (mypy knows the condition by this spelling, not an 
         SnoozeLimitError,
         TransactionError,
         UnknownFunctionError,
+        UnknownOperationError,
         WorkerLostError,
     )
     from ._executor import Executor, ExecutorConfig, ExecutorOptions, RunawayError
@@ -179,6 +180,7 @@ __all__ = [
     "Throttle",
     "TransactionError",
     "UnknownFunctionError",
+    "UnknownOperationError",
     "Watch",
     "WorkerInfo",
     "WorkerLostError",

@@ -30,7 +30,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ._checks import aware_time, integer, optional, text
 from ._context import row_filter
-from ._errors import ArgumentError, NotFoundError
+from ._errors import ArgumentError, UnknownOperationError
 from ._kinds import FunctionKind, ScheduledFunctionId, State
 from ._models import FailureGroup, Operation
 from ._options import check_priority
@@ -108,7 +108,8 @@ class Operations:
         return await self.operation(id)
 
     async def operation(self, id: int) -> Operation:
-        """An operation, as it stands; NotFoundError if there is none (or retention removed it)."""
+        """An operation, as it stands; UnknownOperationError if there is none (or
+        retention removed it)."""
         id = integer("id", id, low=1)
 
         async def _read(conn: AsyncConnection) -> tuple[Operation, str] | None:
@@ -116,7 +117,9 @@ class Operations:
 
         found = await self._rt.transaction(_read, read_only=True, doing="reading an operation")
         if found is None:
-            raise NotFoundError(f"operation {id}")
+            raise UnknownOperationError(
+                f"no operation has id {id}; ended ones are removed after the retention period"
+            )
         return found[0]
 
     async def operations(self, *, limit: int = 50, before: int | None = None) -> list[Operation]:
@@ -134,7 +137,7 @@ class Operations:
     async def cancel_operation(self, id: int) -> bool:
         """Stop a Running operation: no page starts after this (one under way finishes);
         the rows it changed stay changed. False if it had ended."""
-        await self.operation(id)  # NotFoundError for an unknown one
+        await self.operation(id)  # UnknownOperationError for an unknown one
         now = self._rt.clock.now()
 
         async def _end(conn: AsyncConnection) -> bool:
@@ -147,6 +150,19 @@ class Operations:
         ended (or ``pages`` pages in all); returns how many pages this call took. Safe
         alongside other processes doing the same (each page is taken by one)."""
         return await run_operations(self._rt, optional(integer, "pages", pages, low=1))
+
+    async def run_operation(self, id: int, *, pages: int | None = None) -> Operation:
+        """Run operation ``id`` a page at a time until it ends (or after ``pages``
+        pages); returns it as it then stands. Safe alongside the workers running it."""
+        limit = optional(integer, "pages", pages, low=1)
+        tried = 0
+        while limit is None or tried < limit:
+            op = await self.operation(id)
+            if op.state != "Running":
+                return op
+            await run_page(self._rt, op.id)
+            tried += 1
+        return await self.operation(id)
 
     async def failure_groups(
         self, *, scan: int = GROUP_SCAN, limit: int = 100

@@ -93,6 +93,7 @@ PUBLIC: dict[str, str] = {
     "Throttle": "_flow",
     "TransactionError": "_errors",
     "UnknownFunctionError": "_errors",
+    "UnknownOperationError": "_errors",
     "Watch": "_watch",
     "json_log_formatter": "_telemetry.logs",
     "WorkerInfo": "_models",

@@ -116,7 +116,7 @@ async def test_the_workers_maintenance_runs_operations_and_a_cancel_stops_one(
         await wait_until(done, "the operation is done")
     assert (await app.operation(stopped.id)).done == 0
     assert (await app.operation(op.id)).done == ROWS
-    with pytest.raises(durafn.NotFoundError):
+    with pytest.raises(durafn.UnknownOperationError):
         await app.operation(op.id + 100)
 
 
@@ -136,7 +136,7 @@ async def test_operations_are_checked_and_removed_by_retention(
     clock.advance(8 * 86400)
     await app.executor().run_maintenance()
     assert [o.id for o in await app.operations()] == [running.id]  # only ended ones go
-    with pytest.raises(durafn.NotFoundError):
+    with pytest.raises(durafn.UnknownOperationError):
         await app.operation(op.id)
 
 

@@ -21,7 +21,9 @@ from .._models import (
     AuditEntry,
     CancelResult,
     CronInfo,
+    FailureGroup,
     LostWorker,
+    Operation,
     Page,
     QueueInfo,
     ScheduledFunction,
@@ -117,6 +119,28 @@ class App(Protocol):
     async def audit_log(
         self, *, limit: int = 50, before: int | None = None
     ) -> builtins.list[AuditEntry]: ...
+    async def start_operation(
+        self,
+        kind: str,
+        *,
+        who: str,
+        name: str | None = None,
+        queue: str | None = None,
+        key: str | None = None,
+        flag: str | None = None,
+        error_type: str | None = None,
+        run_at: datetime | None = None,
+        priority: int | None = None,
+    ) -> Operation: ...
+    async def operation(self, id: int) -> Operation: ...
+    async def operations(
+        self, *, limit: int = 50, before: int | None = None
+    ) -> builtins.list[Operation]: ...
+    async def run_operation(self, id: int, *, pages: int | None = None) -> Operation: ...
+    async def cancel_operation(self, id: int) -> bool: ...
+    async def failure_groups(
+        self, *, scan: int = 10_000, limit: int = 100
+    ) -> builtins.list[FailureGroup]: ...
 
 
 COUNT_BOUND = 10_000

@@ -1,0 +1,178 @@
+"""The dashboard's failure groups and operations, through its ASGI app on both engines:
+failures grouped by function and error type, a group retried and its retries canceled
+after a confirmation (audited); a bulk change larger than a request's pages goes on as an
+operation with a progress page (reloading while it runs, canceled from it); and the
+refusals of the new POSTs (CSRF, read-only, unknown groups and operations)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+import durafn
+from durafn import ActionCtx, MutationCtx, State
+from durafn.dashboard import operations as operations_pages
+
+from .support.dashboard_kit import client, csrf_of
+
+pytestmark = pytest.mark.anyio
+
+
+async def failing(app: durafn.App) -> None:
+    """Six rows of ops:fetch Failed with TimeoutError, three with KeyError, and two of
+    ops:flaky Pending after a first ValueError (its retry a minute away)."""
+
+    @app.action(name="ops:fetch")
+    async def fetch(ctx: ActionCtx, n: int) -> None:
+        if n % 3:
+            raise TimeoutError(f"slow <b>{n}</b>")
+        raise KeyError(n)
+
+    @app.action(name="ops:flaky", retry=durafn.Retry(5, backoff=durafn.Fixed(60)))
+    async def flaky(ctx: ActionCtx, n: int) -> None:
+        raise ValueError("down")
+
+    await app.scheduler().run_many([fetch.call(n) for n in range(9)])
+    await app.scheduler().run_many([flaky.call(n) for n in range(2)])
+    await app.executor().run_until_idle()
+
+
+async def test_failures_are_grouped_and_a_group_is_retried_after_a_confirmation(
+    app: durafn.App,
+) -> None:
+    await failing(app)
+    async with client(app.dashboard()) as web:
+        page = await web.get("/failures")
+        groups = re.findall(
+            r'<tr class="failure-group">\s*<td><a[^>]*>([^<]+)</a></td>\s*<td>(\w+)</td><td>(\d+)<',
+            page.text,
+        )
+        assert groups == [("ops:fetch", "TimeoutError", "6"), ("ops:fetch", "KeyError", "3")]
+        assert "slow &lt;b&gt;" in page.text and "<b>" not in page.text
+        link = re.search(r'class="button retry-group" href="([^"]+KeyError)"', page.text)
+        assert link is not None
+        confirm = await web.get(link.group(1).replace("&amp;", "&"))
+        assert confirm.status_code == 200 and "Retry ops:fetch failing with KeyError?" in (
+            confirm.text
+        )
+        assert "3 of them among the 10,000 rows that ended last" in confirm.text
+        assert await app.count(state=State.PENDING, name="ops:fetch") == 0  # nothing yet
+        done = await web.post(
+            "/failures/retry",
+            data={"csrf": csrf_of(confirm), "name": "ops:fetch", "error_type": "KeyError"},
+        )
+        assert done.status_code == 303 and done.headers["location"].startswith("/failures?")
+        said = await web.get(done.headers["location"])
+    assert "put back to Pending: 3 Failed rows of ops:fetch failing with KeyError" in said.text
+    assert await app.count(state=State.PENDING, name="ops:fetch") == 3
+    assert await app.count(state=State.FAILED, name="ops:fetch") == 6
+    entry = (await app.audit_log())[0]
+    assert (entry.action, entry.target, entry.rows) == (
+        "retry failure group",
+        "name=ops:fetch, error_type=KeyError",
+        3,
+    )
+    assert [(o.kind, o.state, o.done) for o in await app.operations()] == [("retry", "Done", 3)]
+
+
+async def test_a_groups_retries_waiting_are_canceled(app: durafn.App) -> None:
+    await failing(app)
+    assert await app.count(state=State.PENDING, name="ops:flaky") == 2
+    async with client(app.dashboard()) as web:
+        confirm = await web.get(
+            "/failures/cancel", params={"name": "ops:flaky", "error_type": "ValueError"}
+        )
+        assert "Cancel the retries of ops:flaky failing with ValueError?" in confirm.text
+        done = await web.post(
+            "/failures/cancel",
+            data={"csrf": csrf_of(confirm), "name": "ops:flaky", "error_type": "ValueError"},
+        )
+        said = await web.get(done.headers["location"])
+    assert "canceled 2 Pending rows of ops:flaky retrying after ValueError" in said.text
+    assert await app.count(state=State.CANCELED, name="ops:flaky") == 2
+
+
+async def test_a_bulk_change_larger_than_a_request_goes_on_as_an_operation_with_its_page(
+    app: durafn.App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(operations_pages, "INLINE_PAGES", 1)  # one page in the request
+
+    @app.mutation(name="ops:later")
+    async def later(ctx: MutationCtx, n: int) -> None:
+        pass
+
+    rows = 1200
+    calls = [later.options(queue="big").call(n).after(60) for n in range(rows)]
+    await app.scheduler().run_many(calls)
+    async with client(app.dashboard()) as web:
+        confirm = await web.get("/rows/cancel-matching", params={"queue": "big"})
+        done = await web.post(
+            "/rows/cancel-matching", data={"csrf": csrf_of(confirm), "queue": "big"}
+        )
+        where = done.headers["location"]
+        assert done.status_code == 303 and re.match(r"/operations/\d+\?done=", where)
+        progress = await web.get(where)
+        assert progress.headers["refresh"] == "2"  # it follows itself, no script
+        assert 'id="op-state" class="op-state op-Running">Running<' in progress.text
+        assert 'Changed <strong id="op-done">500</strong> of <span id="op-total">1,200<' in (
+            progress.text
+        )
+        assert re.search(r"operation \d+ started: 500 of 1,200 rows so far", progress.text)
+        assert await app.run_operations(pages=1) == 1  # a worker's page
+        again = await web.get(where.split("?")[0])
+        assert '<strong id="op-done">1,000</strong>' in again.text
+        stop = await web.post(where.split("?")[0] + "/cancel", data={"csrf": csrf_of(again)})
+        stopped = await web.get(stop.headers["location"])
+        listing = await web.get("/operations")
+    assert "op-Canceled" in stopped.text and "refresh" not in stopped.headers
+    assert 'id="cancel-operation"' not in stopped.text
+    assert await app.count(state=State.CANCELED, queue="big") == 1000  # the rest not
+    assert listing.text.count('<td class="op-state op-Canceled">') == 1
+    actions = [(e.action, e.rows) for e in await app.audit_log()]
+    assert actions == [("cancel operation", 0), ("cancel every Pending row", 500)]
+
+
+async def test_the_new_posts_are_refused_without_csrf_read_only_or_for_unknown_targets(
+    app: durafn.App,
+) -> None:
+    await failing(app)
+    form = {"name": "ops:fetch", "error_type": "KeyError"}
+    op = await app.start_operation("cancel", who="ann", name="ops:flaky")
+    async with client(app.dashboard()) as web:
+        page = await web.get("/failures")
+        csrf = csrf_of(page)
+        no_csrf = [
+            await web.post("/failures/retry", data=form),
+            await web.post(f"/operations/{op.id}/cancel", data={}),
+        ]
+        unknown = [
+            await web.get("/failures/explode", params=form),
+            await web.post("/failures/explode", data={**form, "csrf": csrf}),
+            await web.get("/operations/999999"),
+            await web.get("/operations/abc"),
+            await web.post("/operations/999999/cancel", data={"csrf": csrf}),
+        ]
+        half = await web.post("/failures/retry", data={"name": "ops:fetch", "csrf": csrf})
+        bad_page = await web.get("/operations", params={"before": "x"})
+    async with client(app.dashboard(read_only=True)) as web:
+        page = await web.get("/failures")
+        assert "retry-group" not in page.text
+        shown = await web.get(f"/operations/{op.id}")
+        assert 'id="cancel-operation"' not in shown.text
+        read_only = [
+            await web.post("/failures/retry", data={**form, "csrf": csrf_of(page)}),
+            await web.post(f"/operations/{op.id}/cancel", data={"csrf": csrf_of(page)}),
+        ]
+    for refused in no_csrf:
+        assert refused.status_code == 403 and "CSRF" in refused.text
+    for refused in read_only:
+        assert refused.status_code == 403 and "read-only" in refused.text
+    assert [r.status_code for r in unknown] == [404, 404, 404, 404, 404]
+    assert "no failure group action" in unknown[0].text
+    assert "no operation &#39;999999&#39;" in unknown[2].text
+    assert half.status_code == 400 and "give both" in half.text
+    assert bad_page.status_code == 400
+    assert await app.count(state=State.PENDING, name="ops:fetch") == 0
+    assert (await app.operation(op.id)).state == "Running"
+    assert await app.audit_log() == []
