@@ -13,6 +13,7 @@ import pytest
 import durafn
 from durafn import ActionCtx, MutationCtx, State
 from durafn.dashboard import operations as operations_pages
+from durafn.testing import FakeClock
 
 from .support.dashboard_kit import client, csrf_of
 
@@ -176,3 +177,62 @@ async def test_the_new_posts_are_refused_without_csrf_read_only_or_for_unknown_t
     assert await app.count(state=State.PENDING, name="ops:fetch") == 0
     assert (await app.operation(op.id)).state == "Running"
     assert await app.audit_log() == []
+
+
+async def test_a_function_is_run_from_its_form_with_its_arguments_validated(
+    app: durafn.App, clock: FakeClock
+) -> None:
+    @app.mutation(name="mail:welcome")
+    async def welcome(ctx: MutationCtx, user_id: int, note: str = "hi") -> None:
+        """Greet a new user."""
+
+    @app.query(name="mail:count")
+    async def count(ctx: durafn.QueryCtx) -> int:
+        return 0
+
+    assert app.function("mail:welcome") is welcome
+    with pytest.raises(durafn.UnknownFunctionError):
+        app.function("mail:nope")
+    async with client(app.dashboard()) as web:
+        page = await web.get("/functions")
+        assert "mail:welcome(user_id: int, note: str = &#39;hi&#39;)" in page.text
+        assert "Greet a new user." in page.text and "mail:count" not in page.text  # a query
+        assert "{&#34;user_id&#34;: null}" in page.text  # the required ones, to fill in
+        csrf = csrf_of(page)
+        run = "/functions/mail:welcome/run"
+        refused = [
+            await web.post(run, data={"csrf": csrf, "args": '{"user_id": "ann"}'}),
+            await web.post(run, data={"csrf": csrf, "args": "{}"}),
+            await web.post(run, data={"csrf": csrf, "args": '{"user_id": 1, "x": 2}'}),
+            await web.post(run, data={"csrf": csrf, "args": "[1]"}),
+            await web.post(run, data={"csrf": csrf, "args": "{user_id: 1}"}),
+            await web.post(run, data={"csrf": csrf, "args": '{"user_id": 1}', "delay": "soon"}),
+            await web.post("/functions/mail:count/run", data={"csrf": csrf, "args": "{}"}),
+        ]
+        assert [r.status_code for r in refused] == [400] * 6 + [404]
+        assert "user_id: Input should be a valid integer" in refused[0].text
+        assert "(got &#39;ann&#39;)" in refused[0].text
+        assert "nothing was scheduled" in refused[0].text
+        assert "missing a required argument: &#39;user_id&#39;" in refused[1].text
+        assert "unexpected keyword argument &#39;x&#39;" in refused[2].text
+        assert "one JSON object naming the parameters" in refused[3].text
+        assert "not JSON" in refused[4].text and "not a number" in refused[5].text
+        assert (await app.list(name="mail:welcome")).items == []
+        done = await web.post(run, data={"csrf": csrf, "args": '{"user_id": "7"}', "delay": "30"})
+        assert done.status_code == 303
+        shown = await web.get(done.headers["location"])
+    row = (await app.list(name="mail:welcome")).items[0]
+    assert done.headers["location"].startswith(f"/rows/{row.id}?")
+    assert row.args == {"user_id": 7, "note": "hi"}  # as from Python: lax, defaults filled
+    assert row.scheduled_time.timestamp() == pytest.approx(clock.now() + 30)
+    assert f"scheduled mail:welcome to run in 30 s: row {row.id}" in shown.text
+    entry = (await app.audit_log())[0]
+    assert (entry.action, entry.target, entry.rows) == ("run", "mail:welcome", 1)
+    async with client(app.dashboard(read_only=True)) as web:
+        page = await web.get("/functions")
+        assert "mail:welcome(" in page.text and 'class="run"' not in page.text
+        no = await web.post(run, data={"csrf": csrf_of(page), "args": '{"user_id": 1}'})
+    assert no.status_code == 403 and "read-only" in no.text
+    async with client(app.dashboard()) as web:
+        no_csrf = await web.post(run, data={"args": '{"user_id": 1}'})
+    assert no_csrf.status_code == 403 and len((await app.list(name="mail:welcome")).items) == 1
