@@ -69,6 +69,8 @@ if _typing.TYPE_CHECKING:  # (mypy knows the condition by this spelling, not an 
         ScheduledFunction,
         Stats,
         WorkerInfo,
+        Workflow,
+        WorkflowNode,
     )
     from ._options import JobOptions, Queue
     from ._registry import ActionRef, Call, FunctionRef, MutationRef, QueryRef, SchedulableRef
@@ -184,6 +186,8 @@ __all__ = [
     "Watch",
     "WorkerInfo",
     "WorkerLostError",
+    "Workflow",
+    "WorkflowNode",
     "json_log_formatter",
     "metadata",
     "scheduled_functions",

@@ -33,6 +33,7 @@ from ._retries import Retry, check_retry
 from ._runtime import Backoff, Health, Limits, Runtime
 from ._scheduler import Scheduler
 from ._store import driver_for_url
+from ._workflow import WorkflowReads
 from ._writers import DirectWriter, JoinedWriter
 
 if TYPE_CHECKING:
@@ -70,7 +71,15 @@ def _database_url(url: str | None) -> str:
     return _blank(from_env, "DURAFN_DATABASE_URL is set, but it")
 
 
-class App(Registration, Operator, Operations, Console, CronDeclarations, CronRegistry):
+class App(
+    Registration,
+    Operator,
+    Operations,
+    WorkflowReads,
+    Console,
+    CronDeclarations,
+    CronRegistry,
+):
     """A durafn application: register functions on it, run them, schedule them.
 
     ``App()`` uses a SQLite file (``DURAFN_DATABASE_URL`` or ``./durafn.sqlite3``);

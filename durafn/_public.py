@@ -97,6 +97,8 @@ PUBLIC: dict[str, str] = {
     "Watch": "_watch",
     "json_log_formatter": "_telemetry.logs",
     "WorkerInfo": "_models",
+    "Workflow": "_models",
+    "WorkflowNode": "_models",
     "WorkerLostError": "_errors",
     "metadata": "_store",
     "scheduled_functions": "_store",

@@ -236,3 +236,49 @@ async def test_a_function_is_run_from_its_form_with_its_arguments_validated(
     async with client(app.dashboard()) as web:
         no_csrf = await web.post(run, data={"args": '{"user_id": 1}'})
     assert no_csrf.status_code == 403 and len((await app.list(name="mail:welcome")).items) == 1
+
+
+async def test_a_rows_page_draws_its_workflow_bounded(app: durafn.App) -> None:
+    @app.mutation(name="flow:step")
+    async def step(ctx: MutationCtx, n: int) -> None:
+        pass
+
+    @app.mutation(name="flow:done")
+    async def summary(ctx: MutationCtx, group: durafn.GroupCompletion) -> None:
+        pass
+
+    @app.action(name="flow:send", batch=durafn.Batch(max_size=50, max_wait=60, key=lambda n: "all"))
+    async def send(ctx: ActionCtx, items: list[int]) -> list[None]:
+        return [None for _ in items]
+
+    sched = app.scheduler()
+    first = await sched.run_many([step.call(n).after(60) for n in range(25)])
+    joined = await sched.run_after(0, step.options(after=first[:3]), 99)
+    group = await sched.group(first, on_complete=summary)
+    mailed = await sched.run_many([send.call(n).after(60) for n in range(3)])
+    flow = await app.workflow(first[0], limit=5)
+    assert [(n.id, n.name) for n in flow.waited_by] == sorted(
+        [(joined, "flow:step"), (group, "durafn:group_complete")]
+    )
+    assert flow.waits_for == [] and flow.batch_key is None and not flow.waited_by_more
+    async with client(app.dashboard()) as web:
+        waiting = await web.get(f"/rows/{joined}")
+        completes = await web.get(f"/rows/{group}")
+        dependency = await web.get(f"/rows/{first[0]}")
+        batched = await web.get(f"/rows/{mailed[0]}")
+        alone = await web.get(f"/rows/{first[5]}")
+    waits = re.search(r'<ul id="waits-for">(.*?)</ul>', waiting.text, re.DOTALL)
+    assert waits is not None and waits.group(1).count("state-Pending") == 3
+    assert all(f'href="/rows/{i}"' in waits.group(1) for i in first[:3])
+    members = re.search(r'<ul id="group">(.*?)</ul>', completes.text, re.DOTALL)
+    assert members is not None and members.group(1).count("<li><a") == 20  # bounded
+    assert "and 5 more" in members.group(1) and "The group it completes (25 rows)" in (
+        completes.text
+    )
+    assert f'href="/rows/{joined}"' in dependency.text and 'id="waited-by"' in dependency.text
+    batch = re.search(r'<ul id="batch">(.*?)</ul>', batched.text, re.DOTALL)
+    assert batch is not None and batch.group(1).count(">flow:send</a>") == 3
+    assert "by key <code>all</code>" in batched.text
+    assert 'id="workflow"' in alone.text  # waited for by the group's row
+    with pytest.raises(durafn.NotFoundError):
+        await app.workflow("0191d3a8-0000-7000-8000-000000000000")

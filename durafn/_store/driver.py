@@ -33,6 +33,7 @@ from .operations import OperationStatements
 from .queues import QueueStatements
 from .read.explain import ExplainStatements, FlowKeyStatements
 from .read.listing import ReadStatements
+from .read.workflow import WorkflowStatements
 from .rows import NewRow
 from .schema.tables import sf
 from .workers import WorkerStatements
@@ -62,6 +63,7 @@ class Driver(
     WorkerStatements,
     AuditStatements,
     OperationStatements,
+    WorkflowStatements,
     EngineDriver,
 ):
     """Dialect-neutral statements on the system tables."""

@@ -35,6 +35,7 @@ from .._models import (
     QueueInfo,
     ScheduledFunction,
     WorkerInfo,
+    WorkflowNode,
 )
 from .claim.batched import BatchClaim, BatchSpec
 from .claim.columns import StartTime
@@ -401,6 +402,20 @@ class Store(Protocol):
     # Ended before the retention period (ix_durafn_operations_finished).
     async def delete_operations(self, conn: Conn, *, older_than: float, limit: int) -> int: ...
     async def count_up_to(self, conn: Conn, where: RowFilter, bound: int) -> int: ...
+    # -- a row's workflow (read/workflow.py) ----------------------------------------------
+    # What it still waits for (ix_durafn_dependencies_row); what waits for it (primary key).
+    async def waits_for(
+        self, conn: Conn, id: ScheduledFunctionId, limit: int
+    ) -> builtins.list[WorkflowNode]: ...
+    async def waited_by(
+        self, conn: Conn, id: ScheduledFunctionId, limit: int
+    ) -> builtins.list[WorkflowNode]: ...
+    async def nodes(self, conn: Conn, ids: Ids) -> builtins.list[WorkflowNode]: ...  # (pk)
+    async def batch_key_of(self, conn: Conn, id: ScheduledFunctionId) -> str | None: ...
+    # A batch key's waiting rows (ix_scheduled_functions_batch).
+    async def batch_waiting(
+        self, conn: Conn, name: str, key: str, limit: int
+    ) -> builtins.list[WorkflowNode]: ...
     # Failed rows among the last that ended, grouped (ix_scheduled_functions_completed).
     async def failure_groups(
         self, conn: Conn, *, scan: int, limit: int
