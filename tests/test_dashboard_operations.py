@@ -7,6 +7,7 @@ refusals of the new POSTs (CSRF, read-only, unknown groups and operations)."""
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime
 
 import pytest
 
@@ -282,3 +283,25 @@ async def test_a_rows_page_draws_its_workflow_bounded(app: durafn.App) -> None:
     assert 'id="workflow"' in alone.text  # waited for by the group's row
     with pytest.raises(durafn.NotFoundError):
         await app.workflow("0191d3a8-0000-7000-8000-000000000000")
+
+
+async def test_a_cron_fire_in_the_hour_the_clocks_skip_is_marked_skipped(
+    app: durafn.App, clock: FakeClock
+) -> None:
+    @app.mutation(name="reports:early")
+    async def early(ctx: MutationCtx) -> None:
+        pass
+
+    # Paris jumps from 02:00 to 03:00 on 2030-03-31: that night has no 02:30.
+    clock.set(datetime(2030, 3, 29, 12, tzinfo=UTC))
+    app.cron("early", "30 2 * * *", early, timezone="Europe/Paris")
+    await app.executor().run_until_idle()
+    async with client(app.dashboard()) as web:
+        page = await web.get("/crons")
+    assert "2030-03-30T02:30:00+01:00</td><td></td>" in page.text
+    assert "2030-03-31T02:30" not in page.text
+    assert (
+        "2030-04-01T02:30:00+02:00</td><td>DST: clocks changed since the previous fire "
+        "(UTC+01:00 → UTC+02:00); the 02:30 of 2030-03-31 did not exist (clocks went from "
+        "02:00 to 03:00): skipped</td>" in page.text
+    )
