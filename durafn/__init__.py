@@ -85,6 +85,7 @@ if _typing.TYPE_CHECKING:  # (mypy knows the condition by this spelling, not an 
         Snooze,
     )
     from ._scheduler import Scheduler
+    from ._search import SearchResult
     from ._store import SCHEMA_VERSION, metadata, scheduled_functions
     from ._sync_app import SyncApp
     from ._sync_functions import SyncMutationCtx
@@ -170,6 +171,7 @@ __all__ = [
     "SchedulingError",
     "SchedulingLimitError",
     "SchemaError",
+    "SearchResult",
     "Snooze",
     "SnoozeLimitError",
     "State",

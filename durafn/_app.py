@@ -32,6 +32,7 @@ from ._registry import ActionRef, MutationRef, QueryRef, Registry
 from ._retries import Retry, check_retry
 from ._runtime import Backoff, Health, Limits, Runtime
 from ._scheduler import Scheduler
+from ._search import Search
 from ._store import driver_for_url
 from ._workflow import WorkflowReads
 from ._writers import DirectWriter, JoinedWriter
@@ -76,6 +77,7 @@ class App(
     Operator,
     Operations,
     WorkflowReads,
+    Search,
     Console,
     CronDeclarations,
     CronRegistry,

@@ -84,6 +84,7 @@ PUBLIC: dict[str, str] = {
     "SyncScheduler": "_sync_scheduler",
     "SchedulingLimitError": "_errors",
     "SchemaError": "_errors",
+    "SearchResult": "_search",
     "Snooze": "_retries",
     "SnoozeLimitError": "_errors",
     "State": "_kinds",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime
 
+import httpx2
 import pytest
 
 import durafn
@@ -305,3 +306,47 @@ async def test_a_cron_fire_in_the_hour_the_clocks_skip_is_marked_skipped(
         "(UTC+01:00 → UTC+02:00); the 02:30 of 2030-03-31 did not exist (clocks went from "
         "02:00 to 03:00): skipped</td>" in page.text
     )
+
+
+async def test_one_search_box_finds_a_row_by_id_job_key_or_argument_value(
+    app: durafn.App,
+) -> None:
+    @app.mutation(name="shop:order")
+    async def order(ctx: MutationCtx, customer: dict[str, object], total: int) -> None:
+        pass
+
+    sched = app.scheduler()
+    keyed = await sched.run_after(60, order.options(key="order-77"), {"name": "Ann"}, 1250)
+    other = await sched.run_after(60, order, {"name": "Bob", "tags": ["vip"]}, 77)
+    done = await sched.run_after(0, order.options(key="order-77-old"), {"name": "Cy"}, 5)
+    await app.executor().run_until_idle()  # done: Success, out of the key's index
+    async with client(app.dashboard()) as web:
+        page = await web.get("/")
+        assert 'action="/search"' in page.text
+        by_id = await web.get("/search", params={"q": other})
+        by_key = await web.get("/search", params={"q": "order-77"})
+        old_key = await web.get("/search", params={"q": "order-77-old"})
+        by_name = await web.get("/search", params={"q": "Ann"})
+        by_number = await web.get("/search", params={"q": "77"})
+        by_tag = await web.get("/search", params={"q": "vip"})
+        nothing = await web.get("/search", params={"q": "<nobody>"})
+        empty = await web.get("/search", params={"q": " "})
+    assert by_id.status_code == 303 and by_id.headers["location"] == f"/rows/{other}"
+
+    def section(response: httpx2.Response, id: str) -> str:
+        found = re.search(rf'<section id="{id}">(.*?)</section>', response.text, re.DOTALL)
+        assert found is not None
+        return found.group(1)
+
+    assert f"/rows/{keyed}" in section(by_key, "by-key")
+    assert f"/rows/{done}" in section(old_key, "by-key")  # a Success row, among the newest
+    assert f"/rows/{keyed}" in section(by_name, "by-argument")
+    assert f"/rows/{other}" not in section(by_name, "by-argument")
+    assert f"/rows/{other}" in section(by_number, "by-argument")  # total 77, not 1250
+    assert f"/rows/{keyed}" not in section(by_number, "by-argument")
+    assert f"/rows/{other}" in section(by_tag, "by-argument")  # an array's element
+    assert "among the newest 10,000 rows" in by_key.text
+    assert "None." in section(nothing, "by-key") and "&lt;nobody&gt;" in nothing.text
+    assert empty.status_code == 400
+    result = await app.search("order-77", limit=5)
+    assert [r.id for r in result.by_key] == [keyed] and result.scanned == 10_000

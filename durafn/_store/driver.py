@@ -33,6 +33,7 @@ from .operations import OperationStatements
 from .queues import QueueStatements
 from .read.explain import ExplainStatements, FlowKeyStatements
 from .read.listing import ReadStatements
+from .read.search import SearchStatements
 from .read.workflow import WorkflowStatements
 from .rows import NewRow
 from .schema.tables import sf
@@ -64,6 +65,7 @@ class Driver(
     AuditStatements,
     OperationStatements,
     WorkflowStatements,
+    SearchStatements,
     EngineDriver,
 ):
     """Dialect-neutral statements on the system tables."""

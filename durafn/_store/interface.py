@@ -416,6 +416,16 @@ class Store(Protocol):
     async def batch_waiting(
         self, conn: Conn, name: str, key: str, limit: int
     ) -> builtins.list[WorkflowNode]: ...
+    # -- search (read/search.py) ---------------------------------------------------------
+    # The row holding a job key (ix_scheduled_functions_key).
+    async def key_holder(self, conn: Conn, key: str) -> ScheduledFunction | None: ...
+    # Among the newest ``scan`` rows (ix_scheduled_functions_scheduled): a key, an argument.
+    async def with_key(
+        self, conn: Conn, key: str, scan: int, limit: int
+    ) -> builtins.list[ScheduledFunction]: ...
+    async def with_argument(
+        self, conn: Conn, tokens: Sequence[str], scan: int, limit: int
+    ) -> builtins.list[ScheduledFunction]: ...
     # Failed rows among the last that ended, grouped (ix_scheduled_functions_completed).
     async def failure_groups(
         self, conn: Conn, *, scan: int, limit: int

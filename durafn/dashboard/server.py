@@ -2,9 +2,9 @@
 ``hosts``), how a page and an action are answered, and the routes of its parts
 (``rows``: the scheduled functions and a row; ``bulk``: every row a filter matches;
 ``failures``: failures by function and error type; ``operations``: the tracked bulk
-changes; ``functions``: run one from a form; ``crons``; ``queues``: queues, flow keys
-and workers). Pages are server-rendered (Jinja2, every value escaped) over the same
-``App`` methods the command line calls (``surface.App``).
+changes; ``functions``: run one from a form; ``search``: the header's box; ``crons``;
+``queues``: queues, flow keys and workers). Pages are server-rendered (Jinja2, every
+value escaped) over the same ``App`` methods the command line calls (``surface.App``).
 
 Every request's ``Host`` is checked first (``hosts.HostCheck``). Every action is a POST,
 checked in this order: a visitor (``access``), not read-only (403), not cross-origin
@@ -37,6 +37,7 @@ from . import (
     operations,
     queues,
     rows,
+    search,
     values,
 )
 from .access import LOGGED_IN, SESSION_COOKIE, Access, cross_origin
@@ -78,6 +79,7 @@ class Dashboard:
                 *failures.routes(self),
                 *operations.routes(self),
                 *functions.routes(self),
+                *search.routes(self),
                 *queues.routes(self),
                 *live.routes(self),
                 Route("/metrics", self.metrics),
