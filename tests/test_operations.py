@@ -6,15 +6,26 @@ removed by retention; and the failure groups it is started from."""
 
 from __future__ import annotations
 
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
 import anyio
 import pytest
+from click.testing import CliRunner, Result
 
 import durafn
 from durafn import ActionCtx, MutationCtx, State
 from durafn._operations import PAGE
+from durafn.cli import main
 from durafn.testing import FakeClock
 
-from .support.helpers import wait_until
+from .support.helpers import CEILING, wait_until
+from .support.processes import owned
+
+ROOT = Path(__file__).resolve().parent.parent
 
 pytestmark = pytest.mark.anyio
 
@@ -76,6 +87,36 @@ async def test_an_operation_left_by_a_process_is_resumed_by_another_where_it_sto
     assert (await app.operation(op.id)).done == ROWS
     rows = (await app.list(queue="bulk", limit=ROWS)).items
     assert len(rows) == ROWS and {r.priority for r in rows} == {-4}
+
+
+async def test_a_page_whose_process_is_killed_before_its_commit_is_done_by_the_next(
+    app: durafn.App, db_url: str
+) -> None:
+    """A real process takes the first page, changes its rows, and is ``kill -9``-ed
+    before it commits: its page is rolled back, and the next runner does it, once."""
+    await pending(app)
+    op = await app.start_operation("cancel", who="ann", queue="bulk")
+    async with owned() as owner:
+        proc = await owner.start(
+            [sys.executable, "-m", "tests.apps.operation_killed", db_url],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+        )
+        assert proc.stdout is not None
+        said = b""
+        with anyio.fail_after(CEILING):
+            while not said.endswith(b"\n"):
+                said += await proc.stdout.receive()
+        assert said.decode().strip() == f"changed {PAGE}"
+        proc.send_signal(signal.SIGKILL)
+        await proc.wait()
+    left = await app.operation(op.id)
+    assert (left.state, left.done, left.scanned) == ("Running", 0, 0)  # as before the page
+    assert await app.count(state=State.CANCELED) == 0
+    assert await app.run_operations() == 3
+    ended = await app.operation(op.id)
+    assert (ended.state, ended.done) == ("Done", ROWS)
+    assert await app.count(state=State.CANCELED) == ROWS
 
 
 async def test_two_runners_never_take_the_same_page(app: durafn.App) -> None:
@@ -169,3 +210,35 @@ async def test_failures_are_grouped_by_function_and_error_type_and_retried_as_on
     assert (await app.operation(op.id)).done == 3
     assert await app.count(state=State.PENDING, name="ops:fetch") == 3
     assert await app.count(state=State.FAILED, name="ops:fetch") == 6
+
+
+async def test_the_command_line_lists_shows_runs_and_cancels_operations(
+    app: durafn.App, db_url: str
+) -> None:
+    await pending(app, n=3)
+    op = await app.start_operation("cancel", who="ann", queue="bulk")
+    other = await app.start_operation("reschedule", who="bob", queue="bulk", priority=2)
+
+    async def invoke(*args: str) -> Result:
+        runner = CliRunner()
+        env: dict[str, str | None] = {"DURAFN_APP": None, "DURAFN_DATABASE_URL": None}
+        return await anyio.to_thread.run_sync(
+            lambda: runner.invoke(main, [*args, "--url", db_url], env=env)
+        )
+
+    ran = await invoke("operations", "run", str(op.id))
+    assert ran.exit_code == 0 and f"operation {op.id}: Done, 3 rows changed" in ran.output
+    stopped = await invoke("operations", "cancel", str(other.id))
+    assert stopped.exit_code == 0 and "canceled" in stopped.output
+    listed = await invoke("operations", "ls", "--json")
+    assert [(o["id"], o["state"]) for o in json.loads(listed.output)] == [
+        (other.id, "Canceled"),
+        (op.id, "Done"),
+    ]
+    shown = await invoke("operations", "show", str(op.id))
+    assert shown.exit_code == 0 and "queue=bulk" in shown.output and "Done" in shown.output
+    missing = await invoke("operations", "show", "999999")
+    assert missing.exit_code == 1 and "no operation has id 999999" in missing.output
+    assert [(e.action, e.target) for e in await app.audit_log()] == [
+        ("cancel operation", str(other.id))
+    ]
