@@ -98,8 +98,14 @@ class Operations:
         now = self._rt.clock.now()
         rt = self._rt
 
+        async def _count(conn: AsyncConnection) -> int:
+            return await rt.driver.count_up_to(conn, where, TOTAL_BOUND)
+
+        # Counted in a read of its own: on SQLite, a write transaction would hold the one
+        # writer's lock for as long as the count takes.
+        total = await rt.transaction(_count, read_only=True, doing="counting an operation's rows")
+
         async def _write(conn: AsyncConnection) -> int:
-            total = await rt.driver.count_up_to(conn, where, TOTAL_BOUND)
             return await rt.driver.insert_operation(
                 conn, kind=kind, filter=stored, change=change, who=who, now=now, total=total
             )
