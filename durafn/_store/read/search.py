@@ -29,9 +29,9 @@ class SearchStatements:
         Success ones the key's index leaves out)."""
         newest = _newest(scan)
         query = (
-            select(sf)
-            .where(sf.c.id.in_(select(newest.c.id)), sf.c.job_key == key)
-            .order_by(sf.c.scheduled_time.desc(), sf.c.id.desc())
+            select(newest)
+            .where(newest.c.job_key == key)
+            .order_by(newest.c.scheduled_time.desc(), newest.c.id.desc())
             .limit(limit)
         )
         return [to_model(r) for r in await conn.execute(query)]
@@ -42,18 +42,19 @@ class SearchStatements:
         """Up to ``limit`` rows among the newest ``scan`` whose stored arguments (compact
         JSON text) hold one of ``tokens``, newest first."""
         newest = _newest(scan)
-        holds = or_(*(sf.c.args.contains(t, autoescape=True) for t in tokens))
+        holds = or_(*(newest.c.args.contains(t, autoescape=True) for t in tokens))
         query = (
-            select(sf)
-            .where(sf.c.id.in_(select(newest.c.id)), holds)
-            .order_by(sf.c.scheduled_time.desc(), sf.c.id.desc())
+            select(newest)
+            .where(holds)
+            .order_by(newest.c.scheduled_time.desc(), newest.c.id.desc())
             .limit(limit)
         )
         return [to_model(r) for r in await conn.execute(query)]
 
 
 def _newest(scan: int) -> Subquery:
-    """The ids of the newest ``scan`` rows (ix_scheduled_functions_scheduled, backwards)."""
-    return (
-        select(sf.c.id).order_by(sf.c.scheduled_time.desc(), sf.c.id.desc()).limit(scan).subquery()
-    )
+    """The newest ``scan`` rows (ix_scheduled_functions_scheduled, read backwards). Their
+    whole rows, filtered outside: a LIMIT in a subquery keeps the filter out of it, so
+    the read stays that range (as ``id IN (...)`` the planner was free to scan the
+    table with the filter and join: 0.6 s at 10⁶ rows on PostgreSQL)."""
+    return select(sf).order_by(sf.c.scheduled_time.desc(), sf.c.id.desc()).limit(scan).subquery()
