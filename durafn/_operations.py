@@ -56,6 +56,8 @@ TOTAL_BOUND = 100_000
 OPERATIONS_POLL = 1.0
 """Seconds between a worker's looks for Running operations (a read of a partial index
 holding only the Running ones)."""
+MAX_ID = 2**63 - 1
+"""The largest id an operation can have (both engines' 64-bit integer)."""
 GROUP_SCAN = 10_000
 """Rows that ended last among which ``failure_groups`` groups the Failed ones."""
 
@@ -116,7 +118,7 @@ class Operations:
     async def operation(self, id: int) -> Operation:
         """An operation, as it stands; UnknownOperationError if there is none (or
         retention removed it)."""
-        id = integer("id", id, low=1)
+        id = integer("id", id, low=1, high=MAX_ID)
 
         async def _read(conn: AsyncConnection) -> tuple[Operation, str] | None:
             return await self._rt.driver.get_operation(conn, id, TOTAL_BOUND)
@@ -143,7 +145,7 @@ class Operations:
     async def cancel_operation(self, id: int) -> bool:
         """Stop a Running operation: no page starts after this (one under way finishes);
         the rows it changed stay changed. False if it had ended."""
-        await self.operation(id)  # UnknownOperationError for an unknown one
+        id = (await self.operation(id)).id  # checked; UnknownOperationError if unknown
         now = self._rt.clock.now()
 
         async def _end(conn: AsyncConnection) -> bool:
@@ -161,6 +163,7 @@ class Operations:
         """Run operation ``id`` a page at a time until it ends (or after ``pages``
         pages); returns it as it then stands. Safe alongside the workers running it."""
         limit = optional(integer, "pages", pages, low=1)
+        id = (await self.operation(id)).id  # checked; UnknownOperationError if unknown
         tried = 0
         while limit is None or tried < limit:
             op = await self.operation(id)

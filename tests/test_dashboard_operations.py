@@ -60,6 +60,7 @@ async def test_failures_are_grouped_and_a_group_is_retried_after_a_confirmation(
             confirm.text
         )
         assert "3 of them among the 10,000 rows that ended last" in confirm.text
+        assert "Every Failed row of ops:fetch whose error is KeyError goes back" in confirm.text
         assert await app.count(state=State.PENDING, name="ops:fetch") == 0  # nothing yet
         done = await web.post(
             "/failures/retry",

@@ -25,12 +25,12 @@ from .surface import COUNT_BOUND, Done, Pages, Refused
 VERBS = {
     "retry": (
         "Retry",
-        "every Failed row of {name} whose error is {error_type} goes back to Pending, due "
+        "Every Failed row of {name} whose error is {error_type} goes back to Pending, due "
         "now, for a fresh set of attempts (its history kept)",
     ),
     "cancel": (
         "Cancel the retries of",
-        "every Pending row of {name} whose last error was {error_type} (waiting to be "
+        "Every Pending row of {name} whose last error was {error_type} (waiting to be "
         "tried again) is canceled; Failed rows stay as they are",
     ),
 }
