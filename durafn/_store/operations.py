@@ -168,7 +168,9 @@ class OperationStatements:
         return result.rowcount
 
     async def count_up_to(self, conn: AsyncConnection, where: RowFilter, bound: int) -> int:
-        """How many rows match ``where``, counting no further than ``bound``."""
+        """How many rows match ``where``, counting no further than ``bound``: the rows
+        its filter leaves to read, until ``bound`` match (an operation's total when it
+        starts; at most the cost of the bulk confirmation's exact count, ``count_rows``)."""
         matching = select(literal(1)).select_from(sf).where(*where.where()).limit(bound)
         stmt = select(func.count()).select_from(matching.subquery())
         return int((await conn.execute(stmt)).scalar_one())
