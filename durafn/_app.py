@@ -30,11 +30,11 @@ from ._public import publish
 from ._registration import Registration
 from ._registry import ActionRef, MutationRef, QueryRef, Registry
 from ._retries import Retry, check_retry
+from ._row_links import RowLinksReads
 from ._runtime import Backoff, Health, Limits, Runtime
 from ._scheduler import Scheduler
 from ._search import Search
 from ._store import driver_for_url
-from ._workflow import WorkflowReads
 from ._writers import DirectWriter, JoinedWriter
 
 if TYPE_CHECKING:
@@ -76,7 +76,7 @@ class App(
     Registration,
     Operator,
     Operations,
-    WorkflowReads,
+    RowLinksReads,
     Search,
     Console,
     CronDeclarations,

@@ -378,8 +378,8 @@ class FailureGroup(BaseModel):
     """The message of one of them (the greatest: any one is a sample)."""
 
 
-class WorkflowNode(BaseModel):
-    """A row as a workflow view draws it (``app.workflow()``)."""
+class LinkedRow(BaseModel):
+    """A row as a workflow view draws it (``app.row_links()``)."""
 
     model_config = FROZEN
 
@@ -388,25 +388,25 @@ class WorkflowNode(BaseModel):
     state: State
 
 
-class Workflow(BaseModel):
-    """A row's place in a workflow (``app.workflow(id)``), each list bounded by the
+class RowLinks(BaseModel):
+    """A row's place in a workflow (``app.row_links(id)``), each list bounded by the
     call's ``limit`` (``*_more``: there are more)."""
 
     model_config = FROZEN
 
-    waits_for: list[WorkflowNode]
+    waits_for: list[LinkedRow]
     """Rows it still waits for (``after=``): an edge is gone once its row finishes."""
     waits_for_more: bool
-    waited_by: list[WorkflowNode]
+    waited_by: list[LinkedRow]
     """Rows still waiting for it (a group's completion row among them)."""
     waited_by_more: bool
-    group: list[WorkflowNode]
+    group: list[LinkedRow]
     """For a group's completion row (``durafn:group_complete``): the group's rows."""
     group_size: int
     """How many rows the group has (``group`` shows the first of them)."""
     batch_key: str | None
     """A batched action's key ('' : its function batches without one); None otherwise."""
-    batch: list[WorkflowNode]
+    batch: list[LinkedRow]
     """Rows of its function and batch key still waiting, in the order a batch takes them."""
     batch_more: bool
 

@@ -259,7 +259,7 @@ async def test_a_rows_page_draws_its_workflow_bounded(app: durafn.App) -> None:
     joined = await sched.run_after(0, step.options(after=first[:3]), 99)
     group = await sched.group(first, on_complete=summary)
     mailed = await sched.run_many([send.call(n).after(60) for n in range(3)])
-    flow = await app.workflow(first[0], limit=5)
+    flow = await app.row_links(first[0], limit=5)
     assert [(n.id, n.name) for n in flow.waited_by] == sorted(
         [(joined, "flow:step"), (group, "durafn:group_complete")]
     )
@@ -282,9 +282,9 @@ async def test_a_rows_page_draws_its_workflow_bounded(app: durafn.App) -> None:
     batch = re.search(r'<ul id="batch">(.*?)</ul>', batched.text, re.DOTALL)
     assert batch is not None and batch.group(1).count(">flow:send</a>") == 3
     assert "by key <code>all</code>" in batched.text
-    assert 'id="workflow"' in alone.text  # waited for by the group's row
+    assert 'id="links"' in alone.text  # waited for by the group's row
     with pytest.raises(durafn.NotFoundError):
-        await app.workflow("0191d3a8-0000-7000-8000-000000000000")
+        await app.row_links("0191d3a8-0000-7000-8000-000000000000")
 
 
 async def test_a_cron_fire_in_the_hour_the_clocks_skip_is_marked_skipped(

@@ -123,7 +123,7 @@ async def test_ids(app: durafn.App, id: Any) -> None:
     await refused_cleanly(app, lambda: app.retry([id]))
     await refused_cleanly(app, lambda: app.reschedule(id, priority=1))
     await refused_cleanly(app, lambda: app.reschedule([id], max_attempts=id))
-    await refused_cleanly(app, lambda: app.workflow(id))
+    await refused_cleanly(app, lambda: app.row_links(id))
     await refused_cleanly(app, lambda: app.search(id))
     await refused_cleanly(app, lambda: app.operation(id))
     await refused_cleanly(app, lambda: app.cancel_operation(id))

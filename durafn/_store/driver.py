@@ -33,8 +33,8 @@ from .operations import OperationStatements
 from .queues import QueueStatements
 from .read.explain import ExplainStatements, FlowKeyStatements
 from .read.listing import ReadStatements
+from .read.row_links import RowLinksStatements
 from .read.search import SearchStatements
-from .read.workflow import WorkflowStatements
 from .rows import NewRow
 from .schema.tables import sf
 from .workers import WorkerStatements
@@ -64,7 +64,7 @@ class Driver(
     WorkerStatements,
     AuditStatements,
     OperationStatements,
-    WorkflowStatements,
+    RowLinksStatements,
     SearchStatements,
     EngineDriver,
 ):

@@ -29,13 +29,13 @@ from .._kinds import FunctionKind, ScheduledFunctionId, State
 from .._models import (
     AuditEntry,
     FailureGroup,
+    LinkedRow,
     LostWorker,
     Operation,
     Page,
     QueueInfo,
     ScheduledFunction,
     WorkerInfo,
-    WorkflowNode,
 )
 from .claim.batched import BatchClaim, BatchSpec
 from .claim.columns import StartTime
@@ -402,20 +402,20 @@ class Store(Protocol):
     # Ended before the retention period (ix_durafn_operations_finished).
     async def delete_operations(self, conn: Conn, *, older_than: float, limit: int) -> int: ...
     async def count_up_to(self, conn: Conn, where: RowFilter, bound: int) -> int: ...
-    # -- a row's workflow (read/workflow.py) ----------------------------------------------
+    # -- a row's links (read/row_links.py) -------------------------------------------
     # What it still waits for (ix_durafn_dependencies_row); what waits for it (primary key).
     async def waits_for(
         self, conn: Conn, id: ScheduledFunctionId, limit: int
-    ) -> builtins.list[WorkflowNode]: ...
+    ) -> builtins.list[LinkedRow]: ...
     async def waited_by(
         self, conn: Conn, id: ScheduledFunctionId, limit: int
-    ) -> builtins.list[WorkflowNode]: ...
-    async def nodes(self, conn: Conn, ids: Ids) -> builtins.list[WorkflowNode]: ...  # (pk)
+    ) -> builtins.list[LinkedRow]: ...
+    async def nodes(self, conn: Conn, ids: Ids) -> builtins.list[LinkedRow]: ...  # (pk)
     async def batch_key_of(self, conn: Conn, id: ScheduledFunctionId) -> str | None: ...
     # A batch key's waiting rows (ix_scheduled_functions_batch).
     async def batch_waiting(
         self, conn: Conn, name: str, key: str, limit: int
-    ) -> builtins.list[WorkflowNode]: ...
+    ) -> builtins.list[LinkedRow]: ...
     # -- search (read/search.py) ---------------------------------------------------------
     # The row holding a job key (ix_scheduled_functions_key).
     async def key_holder(self, conn: Conn, key: str) -> ScheduledFunction | None: ...

@@ -1,4 +1,4 @@
-"""What a row's workflow view reads (``app.workflow``): the rows it still waits for and
+"""What a row's linked rows view reads (``app.row_links``): the rows it still waits for and
 the rows still waiting for it (``_durafn_dependencies``: an edge lives until its
 dependency finishes for good), the members of a group (a group's completion row holds
 their ids), and the rows of its batch key still waiting. Each read is bounded (``limit``)
@@ -13,23 +13,23 @@ from sqlalchemy import literal_column, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ..._kinds import ScheduledFunctionId, State
-from ..._models import WorkflowNode
+from ..._models import LinkedRow
 from ..schema.tables import dependencies, sf
 
 _COLUMNS = (sf.c.id, sf.c.name, sf.c.state)
 
 
-def _nodes(rows: Sequence[Any]) -> list[WorkflowNode]:
+def _nodes(rows: Sequence[Any]) -> list[LinkedRow]:
     return [
-        WorkflowNode(id=ScheduledFunctionId(str(r.id)), name=r.name, state=State(r.state))
+        LinkedRow(id=ScheduledFunctionId(str(r.id)), name=r.name, state=State(r.state))
         for r in rows
     ]
 
 
-class WorkflowStatements:
+class RowLinksStatements:
     async def waits_for(
         self, conn: AsyncConnection, id: ScheduledFunctionId, limit: int
-    ) -> list[WorkflowNode]:
+    ) -> list[LinkedRow]:
         """Up to ``limit`` rows ``id`` still waits for (ix_durafn_dependencies_row)."""
         query = (
             select(*_COLUMNS)
@@ -42,7 +42,7 @@ class WorkflowStatements:
 
     async def waited_by(
         self, conn: AsyncConnection, id: ScheduledFunctionId, limit: int
-    ) -> list[WorkflowNode]:
+    ) -> list[LinkedRow]:
         """Up to ``limit`` rows still waiting for ``id`` (the primary key's ``dep_id``)."""
         query = (
             select(*_COLUMNS)
@@ -55,7 +55,7 @@ class WorkflowStatements:
 
     async def nodes(
         self, conn: AsyncConnection, ids: Sequence[ScheduledFunctionId]
-    ) -> list[WorkflowNode]:
+    ) -> list[LinkedRow]:
         """These rows (the primary key), in the order given; removed ones left out."""
         found = {
             n.id: n
@@ -69,7 +69,7 @@ class WorkflowStatements:
 
     async def batch_waiting(
         self, conn: AsyncConnection, name: str, key: str, limit: int
-    ) -> list[WorkflowNode]:
+    ) -> list[LinkedRow]:
         """Up to ``limit`` Pending rows of a function's batch key, in the order a batch
         takes them (ix_scheduled_functions_batch)."""
         query = (
