@@ -44,6 +44,7 @@ if _typing.TYPE_CHECKING:  # (mypy knows the condition by this spelling, not an 
         SnoozeLimitError,
         TransactionError,
         UnknownFunctionError,
+        UnknownOperationError,
         WorkerLostError,
     )
     from ._executor import Executor, ExecutorConfig, ExecutorOptions, RunawayError
@@ -60,9 +61,13 @@ if _typing.TYPE_CHECKING:  # (mypy knows the condition by this spelling, not an 
         CronTick,
         ErrorInfo,
         FailedAttempt,
+        FailureGroup,
+        LinkedRow,
         LostWorker,
+        Operation,
         Page,
         QueueInfo,
+        RowLinks,
         ScheduledFunction,
         Stats,
         WorkerInfo,
@@ -80,6 +85,7 @@ if _typing.TYPE_CHECKING:  # (mypy knows the condition by this spelling, not an 
         Snooze,
     )
     from ._scheduler import Scheduler
+    from ._search import SearchResult
     from ._store import SCHEMA_VERSION, metadata, scheduled_functions
     from ._sync_app import SyncApp
     from ._sync_functions import SyncMutationCtx
@@ -125,6 +131,7 @@ __all__ = [
     "Explanation",
     "Exponential",
     "FailedAttempt",
+    "FailureGroup",
     "Fixed",
     "Flow",
     "FlowError",
@@ -137,12 +144,14 @@ __all__ = [
     "HookEvent",
     "ItemFailed",
     "JobOptions",
+    "LinkedRow",
     "LostWorker",
     "MutationCtx",
     "MutationRef",
     "NamedBackoff",
     "NonRetryableError",
     "NotFoundError",
+    "Operation",
     "OptionError",
     "Page",
     "QueryCtx",
@@ -154,6 +163,7 @@ __all__ = [
     "RegistrationError",
     "Retention",
     "Retry",
+    "RowLinks",
     "RunawayError",
     "SCHEMA_VERSION",
     "SchedulableRef",
@@ -163,6 +173,7 @@ __all__ = [
     "SchedulingError",
     "SchedulingLimitError",
     "SchemaError",
+    "SearchResult",
     "Snooze",
     "SnoozeLimitError",
     "State",
@@ -175,6 +186,7 @@ __all__ = [
     "Throttle",
     "TransactionError",
     "UnknownFunctionError",
+    "UnknownOperationError",
     "Watch",
     "WorkerInfo",
     "WorkerLostError",

@@ -36,6 +36,7 @@ from .tables import (
     ix_running,
     leases,
     lost_workers,
+    operations,
     queues,
     scheduled_functions,
     workers,
@@ -416,6 +417,18 @@ def _step_24(conn: Connection, dialect: SchemaDialect) -> None:
     dialect.set_autovacuum(conn)
 
 
+def _step_25(conn: Connection, dialect: SchemaDialect) -> None:
+    """Version 25: a placeholder of this branch (another branch's step has the number;
+    renumbered at merge)."""
+
+
+def _step_26(conn: Connection, dialect: SchemaDialect) -> None:
+    """Version 26: ``_durafn_operations``, an operator's change of every row a filter
+    matches, run a page at a time by the workers' maintenance and resumed where it stopped
+    (``durafn/_operations.py``)."""
+    operations.create(conn, checkfirst=True)  # and its indexes
+
+
 def install_functions(conn: Connection, dialect: SchemaDialect) -> None:
     """What the migrations install besides tables: the release trigger (with, where the
     dialect has them, the hot finish's functions) and the SQL ``durafn.schedule``."""
@@ -447,5 +460,7 @@ MIGRATIONS: dict[int, Callable[[Connection, SchemaDialect], None]] = {
     22: _step_22,
     23: _step_23,
     24: _step_24,
+    25: _step_25,
+    26: _step_26,
 }
 """Steps from version N-1 to N. A fresh database gets the latest tables in one go."""
