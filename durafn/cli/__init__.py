@@ -12,8 +12,8 @@ system tables nor a SQLite file where a path was mistyped.
 
 One module per command group (``worker``; ``database``: migrate, stats; ``rows``: ls,
 show, clear; ``changes``: cancel, reschedule, retry; ``queues``: queue ls, pause, resume; ``cron``:
-crons, cron check, enable, disable, remove, trigger; ``audit``; ``workflows``: ls, show,
-cancel, resume), each a plain ``click.command`` (or
+crons, cron check, enable, disable, remove, trigger; ``audit``; ``operations``: ls, show,
+run, cancel; ``workflows``: ls, show, explain, cancel, resume), each a plain ``click.command`` (or
 group) that ``main`` imports when it is invoked (``COMMANDS``). What they share:
 ``running`` (the app, the async body, errors), ``options`` and ``output``.
 """
@@ -47,6 +47,7 @@ COMMANDS = {
     "queue": "queues:queue",
     "dashboard": "dashboard:dashboard",
     "audit": "audit:audit",
+    "operations": "operations:operations",
     "workflows": "workflows:workflows",
 }
 """Each command's module and attribute in this package. A command imports only its own

@@ -1,9 +1,10 @@
 """The dashboard's core: who may see it (``access``; the host names it answers to,
 ``hosts``), how a page and an action are answered, and the routes of its parts
 (``rows``: the scheduled functions and a row; ``bulk``: every row a filter matches;
-``crons``; ``queues``: queues, flow keys and workers). Pages are server-rendered
-(Jinja2, every value escaped) over the same ``App`` methods the command line calls
-(``surface.App``).
+``failures``: failures by function and error type; ``operations``: the tracked bulk
+changes; ``functions``: run one from a form; ``search``: the header's box; ``crons``;
+``queues``: queues, flow keys and workers). Pages are server-rendered (Jinja2, every
+value escaped) over the same ``App`` methods the command line calls (``surface.App``).
 
 Every request's ``Host`` is checked first (``hosts.HostCheck``). Every action is a POST,
 checked in this order: a visitor (``access``), not read-only (403), not cross-origin
@@ -26,7 +27,20 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from .._errors import DurafnError
-from . import activity, bulk, crons, live, queues, rows, values, workflows
+from . import (
+    activity,
+    bulk,
+    crons,
+    failures,
+    functions,
+    live,
+    operations,
+    queues,
+    rows,
+    search,
+    values,
+    workflows,
+)
 from .access import LOGGED_IN, SESSION_COOKIE, Access, cross_origin
 from .hosts import HostCheck
 from .surface import COUNT_BOUND, Act, App, Body, Refused
@@ -63,6 +77,10 @@ class Dashboard:
                 *bulk.routes(self),  # before rows': /rows/cancel-matching is not a row
                 *rows.routes(self),
                 *crons.routes(self),
+                *failures.routes(self),
+                *operations.routes(self),
+                *functions.routes(self),
+                *search.routes(self),
                 *queues.routes(self),
                 *workflows.routes(self),
                 *live.routes(self),

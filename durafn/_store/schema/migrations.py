@@ -36,6 +36,7 @@ from .tables import (
     ix_running,
     leases,
     lost_workers,
+    operations,
     queues,
     scheduled_functions,
     workers,
@@ -419,9 +420,16 @@ def _step_24(conn: Connection, dialect: SchemaDialect) -> None:
     dialect.set_autovacuum(conn)
 
 
-def _step_taken_by_another_branch(conn: Connection, dialect: SchemaDialect) -> None:
-    """Versions 25 and 26 are other branches' steps, in flight as this one is written;
-    the merge renumbers (this stand-in keeps an upgrade through them running meanwhile)."""
+def _step_25(conn: Connection, dialect: SchemaDialect) -> None:
+    """Version 25: a placeholder of this branch (another branch's step has the number;
+    renumbered at merge)."""
+
+
+def _step_26(conn: Connection, dialect: SchemaDialect) -> None:
+    """Version 26: ``_durafn_operations``, an operator's change of every row a filter
+    matches, run a page at a time by the workers' maintenance and resumed where it stopped
+    (``durafn/_operations.py``)."""
+    operations.create(conn, checkfirst=True)  # and its indexes
 
 
 def _step_27(conn: Connection, dialect: SchemaDialect) -> None:
@@ -464,8 +472,8 @@ MIGRATIONS: dict[int, Callable[[Connection, SchemaDialect], None]] = {
     22: _step_22,
     23: _step_23,
     24: _step_24,
-    25: _step_taken_by_another_branch,
-    26: _step_taken_by_another_branch,
+    25: _step_25,
+    26: _step_26,
     27: _step_27,
 }
 """Steps from version N-1 to N. A fresh database gets the latest tables in one go."""
