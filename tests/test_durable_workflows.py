@@ -709,3 +709,41 @@ async def test_a_replay_that_ends_before_its_journal_does_stops_the_workflow(
     wf = await harness.finish_workflow(id)
     assert wf.state is WorkflowState.STOPPED and wf.error is not None
     assert "ended its replay after step 1, but its journal holds step 2" in wf.error.message
+
+
+async def test_synchronous_code_starts_workflows_and_sends_events_in_its_transaction(
+    app: durafn.App, clock: FakeClock
+) -> None:
+    """Django, Flask, sync SQLAlchemy: ``app.sync.scheduler(session)`` starts a workflow
+    and sends it an event in the caller's transaction (a rollback unsends it)."""
+    from sqlalchemy import create_engine
+    from sqlalchemy.orm import Session
+
+    from .test_sync import _busy, sync_url
+
+    @app.workflow(name="wf21")
+    async def waits(step: WorkflowCtx, n: int) -> int:
+        return int(await step.wait_for_event("e")) + n
+
+    engine = create_engine(sync_url(app), connect_args=_busy(app))
+
+    def start() -> str:
+        with Session(engine) as session, session.begin():
+            return app.sync.scheduler(session).start_workflow(waits, 1)
+
+    def send(id: str, value: int, keep: bool) -> bool:
+        with Session(engine) as session, session.begin():
+            sent = app.sync.scheduler(session).send_event(id, "e", value)
+            if not keep:
+                session.rollback()
+            return sent
+
+    try:
+        harness = kit(app, clock)
+        id = await anyio.to_thread.run_sync(start)
+        assert await anyio.to_thread.run_sync(send, id, 99, False)
+        assert (await harness.finish_workflow(id)).state is WorkflowState.RUNNING
+        assert await anyio.to_thread.run_sync(send, id, 41, True)
+        assert (await harness.finish_workflow(id)).result == 42
+    finally:
+        engine.dispose()
