@@ -747,3 +747,39 @@ async def test_synchronous_code_starts_workflows_and_sends_events_in_its_transac
         assert (await harness.finish_workflow(id)).result == 42
     finally:
         engine.dispose()
+
+
+async def test_steps_asked_for_by_tasks_the_body_made_start_in_the_same_turn(
+    app: durafn.App, clock: FakeClock
+) -> None:
+    """A TaskGroup whose tasks gather steps two levels down, while the body's own task
+    waits for an event: the turn waits until every task of the body is blocked, so the
+    actions run before the event comes, not after."""
+    ran: list[int] = []
+
+    @app.action(name="wf22:part")
+    async def part(ctx: ActionCtx, n: int) -> int:
+        ran.append(n)
+        return n
+
+    async def two(step: WorkflowCtx, base: int) -> int:
+        got = await asyncio.gather(step.run_action(part, base), step.run_action(part, base + 1))
+        return sum(got)
+
+    async def nested(step: WorkflowCtx) -> int:
+        return sum(await asyncio.gather(two(step, 0), two(step, 10)))
+
+    @app.workflow(name="wf22")
+    async def grouped(step: WorkflowCtx) -> list[Any]:
+        async with asyncio.TaskGroup() as tg:
+            parts = tg.create_task(nested(step))
+            event = await step.wait_for_event("go")
+        return [event, parts.result()]
+
+    harness = kit(app, clock)
+    id = await app.start_workflow(grouped)
+    await harness.finish_all()
+    assert sorted(ran) == [0, 1, 10, 11]  # before any event
+    assert await harness.send_event(id, "go", "now")
+    done = await harness.finish_workflow(id)
+    assert (done.state, done.result) == (WorkflowState.SUCCESS, ["now", 22])
