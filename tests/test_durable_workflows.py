@@ -550,6 +550,8 @@ async def test_the_command_line_lists_shows_cancels_and_resumes(
 
     harness = kit(app, clock)
     ids = [await app.start_workflow(waits, n) for n in range(2)]
+    turn = (await app.list(name="durafn:workflow_turn")).items[0]
+    assert turn.max_attempts == 8  # a failed turn is tried again: never no turn at all
     await harness.run_until_idle()
 
     def cli(*args: str) -> Any:

@@ -23,6 +23,7 @@ from .._context import MutationCtx
 from .._errors import ArgumentError, NotFoundError
 from .._kinds import State
 from .._models import Completion
+from .._options import JobOptions
 from .._public import publish
 from .._registry import FunctionRef, MutationRef, Registry
 from .._retries import Exponential, Retry
@@ -65,10 +66,15 @@ def register_internals(registry: Registry) -> None:
     """durafn's workflow mutations, on an app that declares a workflow (so every worker
     importing it runs them)."""
     if registry.find(TURN) is None:
-        registry.add(MutationRef(workflow_turn, name=TURN, timeout=None, ctx_types=(MutationCtx,)))
-        registry.add(
-            MutationRef(workflow_step_done, name=STEP_DONE, timeout=None, ctx_types=(MutationCtx,))
-        )
+        for fn, name in ((workflow_turn, TURN), (workflow_step_done, STEP_DONE)):
+            ref: MutationRef[Any, Any] = MutationRef(
+                fn, name=name, timeout=None, ctx_types=(MutationCtx,)
+            )
+            # A turn that fails (past its time limit, a mutation step slower than it; a
+            # database fault that outlived the batch's own retries) is rolled back and
+            # tried again later, so a passing fault never leaves a workflow without one.
+            ref.job_options = JobOptions(retry=TURN_RETRY)
+            registry.add(ref)
 
 
 # -- the turns ---------------------------------------------------------------------------
