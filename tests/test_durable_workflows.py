@@ -785,3 +785,37 @@ async def test_steps_asked_for_by_tasks_the_body_made_start_in_the_same_turn(
     assert await harness.send_event(id, "go", "now")
     done = await harness.finish_workflow(id)
     assert (done.state, done.result) == (WorkflowState.SUCCESS, ["now", 22])
+
+
+async def test_a_turn_that_fails_is_rolled_back_and_tried_again(
+    app: durafn.App, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fault in a turn (here: the first run of every turn raises) rolls back what it
+    did (the mutation step's write too) and the turn runs again after its backoff: the
+    workflow ends, each step once."""
+    from durafn._workflow import turns
+
+    real = turns.play
+    failed: list[str] = []
+
+    async def flaky(*args: Any) -> None:
+        await real(*args)
+        if len(failed) < 2:
+            failed.append("once")
+            raise RuntimeError("a fault after the turn's work")
+
+    monkeypatch.setattr(turns, "play", flaky)
+
+    @app.mutation(name="wf23:m")
+    async def m(ctx: MutationCtx) -> None:
+        ctx.db.add(Effect(key="m"))
+
+    @app.workflow(name="wf23")
+    async def two(step: WorkflowCtx) -> str:
+        await step.run_mutation(m)
+        await step.sleep(5)
+        return "done"
+
+    wf = await kit(app, clock).run_workflow(two)
+    assert (wf.state, wf.result, failed) == (WorkflowState.SUCCESS, "done", ["once", "once"])
+    assert await effects(app) == ["m"]
