@@ -29,6 +29,7 @@ from .._registry import FunctionRef, MutationRef, Registry
 from .._retries import Exponential, Retry
 from .._store import StepRow, WorkflowRow, new_id
 from .._store import workflow_sql as store
+from .api import MAX_RESULT_BYTES
 from .begin import begin_workflow
 from .names import STEP_DONE, TURN, turn_ref
 
@@ -106,8 +107,6 @@ async def workflow_step_done(ctx: MutationCtx, completion: Completion) -> None:
     if completion.state is State.SUCCESS:
         text = None if completion.result is None else json.dumps(completion.result)
         size = 0 if text is None else len(text.encode())
-        from .api import MAX_RESULT_BYTES
-
         if size > MAX_RESULT_BYTES:
             error = (
                 "durafn.WorkflowLimitError",

@@ -23,11 +23,19 @@ from .._errors import (
     WorkflowError,
     WorkflowLimitError,
     WorkflowStepError,
+    WorkflowTimeoutError,
 )
 from .._registry import FunctionRef
 from .._store import StepRow, WorkflowRow
 from .._store import workflow_sql as store
-from .api import INLINE_SECONDS, MAX_RESULT_BYTES, MAX_STEPS, StepFuture, WorkflowRef
+from .api import (
+    INLINE_SECONDS,
+    MAX_JOURNAL_BYTES,
+    MAX_RESULT_BYTES,
+    MAX_STEPS,
+    StepFuture,
+    WorkflowRef,
+)
 
 if TYPE_CHECKING:
     from .._context import MutationCtx
@@ -154,8 +162,6 @@ class Turn:
         size = 0 if text is None else len(text.encode())
         if size > MAX_RESULT_BYTES:
             return f"its result is {size} bytes as JSON; a step's bound is {MAX_RESULT_BYTES}"
-        from .api import MAX_JOURNAL_BYTES
-
         if self.row.journal_bytes + size > MAX_JOURNAL_BYTES:
             return (
                 f"it would bring the journal to {self.row.journal_bytes + size} bytes; a "
@@ -176,8 +182,6 @@ def settle_future(req: Request) -> None:
     error_type = entry.error_type or "durafn.WorkflowError"
     message = entry.error_message or ""
     if error_type == "durafn.WorkflowTimeoutError":
-        from .._errors import WorkflowTimeoutError
-
         req.future.set_exception(WorkflowTimeoutError(message))
     elif error_type == "durafn.WorkflowLimitError":
         req.future.set_exception(WorkflowLimitError(message))

@@ -18,12 +18,11 @@ The guarantee of each kind comes from where its outcome is journaled:
 
 from __future__ import annotations
 
-import json
 import time
 from typing import TYPE_CHECKING, Any
 
 from .._context import MutationCtx, MutationParts, QueryCtx, SystemTable, read_only_session
-from .._errors import WorkflowError
+from .._errors import WorkflowLimitError
 from .._registry import ActionRef, MutationRef, QueryRef
 from .._retries import type_name
 from .._store import StepRow
@@ -94,8 +93,6 @@ def _done(turn: Turn, req: Request, result: Any) -> StepRow:
         return _failed(turn, req, type(exc), str(exc))
     problem = turn.count_result(text)
     if problem is not None:
-        from .._errors import WorkflowLimitError
-
         return _failed(turn, req, WorkflowLimitError, f"step {req.step_no}: {problem}")
     return _entry(turn, req, state="Success", result=text, ended_at=turn.now)
 
@@ -222,8 +219,6 @@ async def _take_event(turn: Turn, req: Request, *, started: bool) -> bool:
     else:
         problem = turn.count_result(payload)
         if problem is not None:
-            from .._errors import WorkflowLimitError
-
             entry = _failed(turn, req, WorkflowLimitError, f"the event's payload: {problem}")
         else:
             entry = _entry(turn, req, state="Success", result=payload, ended_at=turn.now)
@@ -256,10 +251,3 @@ async def wake_turn(turn: Turn, at: float) -> None:
 
 def _conn(turn: Turn) -> Any:
     return turn.ctx._parts._conn
-
-
-def decode(text: str | None) -> Any:
-    return None if text is None else json.loads(text)
-
-
-__all__ = ["WorkflowError", "advance", "decode", "wake_turn"]
