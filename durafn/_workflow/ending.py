@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 
 async def conclude(turn: Turn, body: asyncio.Task[Any]) -> None:
-    conn = turn.ctx._parts._conn
+    conn = turn.conn
     row, now = turn.row, turn.now
     await store.insert_steps(conn, turn.new_entries)
     if turn.mismatch is not None:
@@ -65,7 +65,7 @@ async def conclude(turn: Turn, body: asyncio.Task[Any]) -> None:
 
 
 async def _ended(turn: Turn, body: asyncio.Task[Any]) -> None:
-    conn = turn.ctx._parts._conn
+    conn = turn.conn
     row, now = turn.row, turn.now
     if body.cancelled():  # pragma: no cover - only the turn cancels the body
         return

@@ -29,6 +29,7 @@ from .._registry import FunctionRef, MutationRef, Registry
 from .._retries import Exponential, Retry
 from .._store import StepRow, WorkflowRow, new_id
 from .._store import workflow_sql as store
+from . import seams
 from .api import MAX_RESULT_BYTES
 from .begin import begin_workflow
 from .names import STEP_DONE, TURN, turn_ref
@@ -85,7 +86,7 @@ async def workflow_turn(ctx: MutationCtx, workflow_id: str, generation: int) -> 
     """``durafn:workflow_turn``: replay the workflow, start what it asks next. A turn of
     another generation (before a cancel or a resume), or of an ended workflow, does
     nothing."""
-    conn = ctx._parts._conn
+    conn = seams.connection(ctx)
     row = await store.lock_workflow(conn, workflow_id)
     if row is None or row.state != store.RUNNING or row.generation != generation:
         return
@@ -96,14 +97,14 @@ async def workflow_step_done(ctx: MutationCtx, completion: Completion) -> None:
     """``durafn:workflow_step_done``: an action step's row finished for good. Journal its
     outcome, once (a second or late completion finds the step finished, or the workflow
     ended, and is dropped), then run the workflow's turn in this same transaction."""
-    conn = ctx._parts._conn
+    conn = seams.connection(ctx)
     found = await store.lock_workflow_of_row(conn, completion.id)
     if found is None or found[0].state != store.RUNNING:
         return
     row = found[0]
     journal = await store.journal(conn, row.id)
     step = next(s for s in journal if s.step_no == found[1])
-    now = ctx._rt.clock.now()
+    now = seams.runtime_of(ctx).clock.now()
     if completion.state is State.SUCCESS:
         text = None if completion.result is None else json.dumps(completion.result)
         size = 0 if text is None else len(text.encode())
@@ -132,7 +133,7 @@ async def run_turn(
 ) -> None:
     from .turns import play
 
-    rt = ctx._rt
+    rt = seams.runtime_of(ctx)
     ref = rt.registry.workflows.get(row.name)
     if ref is None:
         # Deployed code without it: stop for an operator rather than fail the run.
@@ -142,12 +143,12 @@ async def run_turn(
             "deploy code that has it and resume it (app.resume_workflow)",
         )
         await store.end_workflow(
-            ctx._parts._conn, row, state=store.STOPPED, now=rt.clock.now(), error=error
+            seams.connection(ctx), row, state=store.STOPPED, now=rt.clock.now(), error=error
         )
         return
     # A workflow's first turn has no journal to read (one statement fewer per start).
     if journal is None:
-        journal = await store.journal(ctx._parts._conn, row.id) if row.steps else []
+        journal = await store.journal(seams.connection(ctx), row.id) if row.steps else []
     await play(rt, ctx, row, journal, ref)
 
 
@@ -162,12 +163,11 @@ async def _on_connection(
     from .._scheduler import Scheduler as _Scheduler
     from .._writers import BufferedWriter
 
-    joining = getattr(scheduler._writer, "transaction_connection", None)
-    joined = joining() if joining is not None else None
+    joined = seams.joined(scheduler)
     if joined is not None:
         async with joined as conn:
             return await body(conn, scheduler)
-    rt = scheduler._rt
+    rt = seams.runtime_of(scheduler)
     woken: set[Any] = set()
 
     async def _body(conn: AsyncConnection) -> T:
@@ -186,7 +186,7 @@ async def _on_connection(
 async def start(
     scheduler: Scheduler, ref: FunctionRef[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> str:
-    rt = scheduler._rt
+    rt = seams.runtime_of(scheduler)
     registered: FunctionRef[Any, Any] | None = rt.registry.workflows.get(getattr(ref, "name", ""))
     if registered is None or registered is not getattr(ref, "registered", None):
         raise ArgumentError(f"start_workflow takes a workflow (@app.workflow), not {ref!r}")
@@ -221,7 +221,7 @@ async def send_event(scheduler: Scheduler, workflow_id: str, name: str, payload:
     except (TypeError, ValueError) as exc:
         raise ArgumentError(f"an event's payload must be JSON: {exc}") from None
     workflow_id = canonical_id(workflow_id)
-    rt = scheduler._rt
+    rt = seams.runtime_of(scheduler)
 
     async def _body(conn: AsyncConnection, scheduler: Scheduler) -> bool:
         # Locked: a turn deciding to wait and this send are ordered, the later one seeing
@@ -245,7 +245,7 @@ async def cancel(scheduler: Scheduler, workflow_id: str) -> bool:
     """Cancel a workflow, its action steps' rows and its children; its parent's step
     fails. False if it had ended."""
     workflow_id = canonical_id(workflow_id)
-    rt = scheduler._rt
+    rt = seams.runtime_of(scheduler)
 
     async def _body(conn: AsyncConnection, scheduler: Scheduler) -> bool:
         return await _cancel_in(rt, conn, scheduler, workflow_id)
@@ -277,7 +277,7 @@ async def _cancel_in(rt: Runtime, conn: AsyncConnection, scheduler: Scheduler, i
 async def resume(scheduler: Scheduler, workflow_id: str) -> bool:
     """A Stopped workflow runs again (a new generation), from its journal."""
     workflow_id = canonical_id(workflow_id)
-    rt = scheduler._rt
+    rt = seams.runtime_of(scheduler)
 
     async def _body(conn: AsyncConnection, scheduler: Scheduler) -> bool:
         generation = await store.resume_workflow(conn, workflow_id, rt.clock.now())

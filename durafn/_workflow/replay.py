@@ -28,6 +28,7 @@ from .._errors import (
 from .._registry import FunctionRef
 from .._store import StepRow, WorkflowRow
 from .._store import workflow_sql as store
+from . import seams
 from .api import (
     INLINE_SECONDS,
     MAX_JOURNAL_BYTES,
@@ -72,6 +73,8 @@ class Turn:
     ) -> None:
         self.rt = rt
         self.ctx = ctx
+        self.conn = seams.connection(ctx)
+        """The turn's transaction's connection."""
         self.row = row
         self.ref = ref
         self.now = rt.clock.now()

@@ -27,6 +27,7 @@ from .._registry import ActionRef, MutationRef, QueryRef
 from .._retries import type_name
 from .._store import StepRow
 from .._store import workflow_sql as store
+from . import seams
 from .api import INLINE_STEPS_PER_TURN, step_row_id
 from .begin import begin_workflow
 from .names import step_done_ref, turn_ref
@@ -111,7 +112,7 @@ def _failed(turn: Turn, req: Request, cls: type[BaseException], message: str) ->
 async def _mutation(turn: Turn, req: Request) -> bool:
     ref = req.ref
     assert isinstance(ref, MutationRef) and req.values is not None
-    parts: MutationParts = turn.ctx._parts
+    parts = seams.parts(turn.ctx)
     turn.ctx.scheduler  # noqa: B018 - the turn's writer, which the step's rows join
     own = MutationParts(
         turn.rt, parts._conn, parts.db, parts._new_writer, parent_id=turn.ctx.run_id
@@ -142,8 +143,8 @@ async def _mutation(turn: Turn, req: Request) -> bool:
 async def _query(turn: Turn, req: Request) -> bool:
     ref = req.ref
     assert isinstance(ref, QueryRef) and req.values is not None
-    conn = _conn(turn)
-    await turn.ctx._parts.db.flush()  # the turn's own writes, visible to the query
+    conn = turn.conn
+    await seams.parts(turn.ctx).db.flush()  # the turn's own writes, visible to the query
     session = read_only_session(conn)
     try:
         result = await ref.fn(QueryCtx(turn.rt, session, SystemTable(turn.rt, conn)), **req.values)
@@ -162,10 +163,8 @@ async def _action(turn: Turn, req: Request) -> bool:
     scheduler = turn.ctx.scheduler
     assert isinstance(req.ref, ActionRef)
     ref = req.ref.options(on_complete=step_done_ref(turn.rt))
-    now = turn.rt.clock.now()
-    row = scheduler._row(now, now, ref, (), dict(req.values))
-    row["id"] = row_id = step_row_id(turn.row.id, req.step_no)  # type: ignore[typeddict-item]
-    await scheduler._writer.add([row])
+    row_id = step_row_id(turn.row.id, req.step_no)
+    await seams.schedule_as(scheduler, row_id, ref, req.values)
     await _record(turn, req, _entry(turn, req, state=store.STARTED, row_id=row_id))
     return False
 
@@ -192,12 +191,12 @@ async def _finish_started(turn: Turn, req: Request) -> bool:
         return True
     due = entry.wake_at is not None and entry.wake_at <= turn.now
     if entry.kind == "sleep" and due:
-        await store.finish_step(_conn(turn), entry, state="Success", now=turn.now)
+        await store.finish_step(turn.conn, entry, state="Success", now=turn.now)
         settle_future(req)
         return True
     if entry.kind == "event" and due:
         error = ("durafn.WorkflowTimeoutError", f"no event {entry.name!r} came in time")
-        await store.finish_step(_conn(turn), entry, state="Failed", now=turn.now, error=error)
+        await store.finish_step(turn.conn, entry, state="Failed", now=turn.now, error=error)
         settle_future(req)
         return True
     if entry.kind == "event":
@@ -206,14 +205,12 @@ async def _finish_started(turn: Turn, req: Request) -> bool:
 
 
 async def _take_event(turn: Turn, req: Request, *, started: bool) -> bool:
-    found, payload = await store.take_event(_conn(turn), turn.row.id, req.name, req.step_no)
+    found, payload = await store.take_event(turn.conn, turn.row.id, req.name, req.step_no)
     if not found:
         return False
     if started:
         assert req.entry is not None
-        await store.finish_step(
-            _conn(turn), req.entry, state="Success", now=turn.now, result=payload
-        )
+        await store.finish_step(turn.conn, req.entry, state="Success", now=turn.now, result=payload)
         turn.row.journal_bytes += 0 if payload is None else len(payload.encode())
         settle_future(req)
     else:
@@ -231,7 +228,7 @@ async def _child(turn: Turn, req: Request) -> bool:
     child_id = step_row_id(turn.row.id, -req.step_no)
     await begin_workflow(
         turn.rt,
-        _conn(turn),
+        turn.conn,
         turn.ctx.scheduler,
         child,
         req.args,
@@ -247,7 +244,3 @@ async def wake_turn(turn: Turn, at: float) -> None:
     await turn.ctx.scheduler.run_at(
         max(at, 0.0), turn_ref(turn.rt), workflow_id=turn.row.id, generation=turn.row.generation
     )
-
-
-def _conn(turn: Turn) -> Any:
-    return turn.ctx._parts._conn
