@@ -39,6 +39,7 @@ from . import (
     rows,
     search,
     values,
+    workflows,
 )
 from .access import LOGGED_IN, SESSION_COOKIE, Access, cross_origin
 from .hosts import HostCheck
@@ -81,6 +82,7 @@ class Dashboard:
                 *functions.routes(self),
                 *search.routes(self),
                 *queues.routes(self),
+                *workflows.routes(self),
                 *live.routes(self),
                 Route("/metrics", self.metrics),
                 Route("/login", self.login, methods=["GET", "POST"]),
