@@ -216,6 +216,95 @@ async def test_five_parallel_steps_one_failing_start_in_one_turn(
     assert {s.started_at for s in wf.steps} == {wf.created_at}  # all started at once
 
 
+async def test_branches_that_go_on_at_different_times_replay_in_the_same_order(
+    app: durafn.App, clock: FakeClock
+) -> None:
+    """Three branches of a gather, each a chain of steps that end at different times (an
+    action, a sleep, an event): every turn replays the body, and a branch whose steps
+    are journaled must not run ahead of the others on replay (its next step would get
+    a number another branch had the first time). Each outcome is handed over again in
+    the round it was first handed over in, so the body asks for the same steps in the
+    same order every time, and each step runs once."""
+    ran: list[str] = []
+
+    @app.action(name="br:fetch")
+    async def fetch(ctx: ActionCtx, n: int) -> int:
+        ran.append(f"fetch {n}")
+        return n
+
+    @app.mutation(name="br:note")
+    async def note(ctx: MutationCtx, what: str) -> str:
+        ran.append(f"note {what}")
+        return what
+
+    async def quick(step: WorkflowCtx) -> str:
+        a = await step.run_action(fetch, 1)
+        b = await step.run_mutation(note, f"quick {a}")
+        c = await step.run_action(fetch, 2)
+        return f"{b} {c}"
+
+    async def slow(step: WorkflowCtx) -> str:
+        await step.sleep(60)
+        return await step.run_mutation(note, "slow")
+
+    async def told(step: WorkflowCtx) -> str:
+        said = await step.wait_for_event("go")
+        return await step.run_mutation(note, f"told {said}")
+
+    @app.workflow(name="br")
+    async def branches(step: WorkflowCtx) -> list[str]:
+        return list(await asyncio.gather(quick(step), slow(step), told(step)))
+
+    harness = kit(app, clock)
+    id = await app.start_workflow(branches)
+    await harness.run_until_idle()  # quick's chain runs to its end meanwhile
+    await harness.advance(timedelta(seconds=60))  # the sleep ends: slow's note
+    await harness.send_event(id, "go", "yes")
+    wf = await harness.finish_workflow(id)
+    assert (wf.state, wf.error) == (WorkflowState.SUCCESS, None)
+    assert wf.result == ["quick 1 2", "slow", "told yes"]
+    assert sorted(ran) == ["fetch 1", "fetch 2", "note quick 1", "note slow", "note told yes"]
+    assert [(s.kind, s.name) for s in wf.steps] == [
+        ("action", "br:fetch"),
+        ("sleep", "sleep"),
+        ("event", "go"),
+        ("mutation", "br:note"),
+        ("action", "br:fetch"),
+        ("mutation", "br:note"),
+        ("mutation", "br:note"),
+    ]
+
+
+async def test_a_replay_that_asks_for_fewer_steps_before_an_outcome_stops_the_workflow(
+    app: durafn.App, clock: FakeClock
+) -> None:
+    """Two steps asked for at once had their outcomes handed over together; code that now
+    asks for only one of them before that point cannot be given the same history: the
+    workflow is Stopped, its error naming the step it no longer asks for in time."""
+    code = {"version": 1}
+
+    @app.mutation(name="fewer:m")
+    async def m(ctx: MutationCtx, n: int) -> int:
+        return n
+
+    @app.workflow(name="fewer")
+    async def fewer(step: WorkflowCtx) -> None:
+        if code["version"] == 1:
+            await asyncio.gather(step.run_mutation(m, 1), step.run_mutation(m, 2))
+        else:
+            await step.run_mutation(m, 1)
+        await step.sleep(10)
+
+    harness = kit(app, clock)
+    id = await app.start_workflow(fewer)
+    await harness.run_until_idle()
+    code["version"] = 2
+    wf = await harness.finish_workflow(id)
+    assert wf.state is WorkflowState.STOPPED and wf.error is not None
+    assert wf.error.type == "durafn.WorkflowDeterminismError"
+    assert "before its journal's step 2 (mutation 'fewer:m')" in wf.error.message
+
+
 async def test_a_child_workflow_returns_its_result_to_its_parent(
     app: durafn.App, clock: FakeClock
 ) -> None:

@@ -14,7 +14,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy import bindparam, delete, func, insert, select, update
 from sqlalchemy.engine import CursorResult
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -68,6 +68,8 @@ class StepRow:
     wake_at: float | None = None
     started_at: float = 0.0
     ended_at: float | None = None
+    delivered: int | None = None
+    """The round in which its outcome was first handed to the body (``Turn.deliver``)."""
 
 
 def _rowcount(result: Any) -> int:
@@ -108,6 +110,25 @@ async def insert_steps(conn: AsyncConnection, steps: Sequence[StepRow]) -> None:
     """A turn's new journal entries, in one statement (executemany)."""
     if steps:
         await conn.execute(insert(ws), [dataclasses.asdict(s) for s in steps])
+
+
+async def mark_delivered(
+    conn: AsyncConnection, workflow_id: str, rounds: Sequence[tuple[int, int]]
+) -> None:
+    """Entries written by earlier transactions whose outcomes this turn handed to the body
+    first, as (step number, round): one statement (executemany, by the primary key),
+    each guarded by the entry's having had no round yet."""
+    if rounds:
+        await conn.execute(
+            update(ws)
+            .where(
+                ws.c.workflow_id == workflow_id,
+                ws.c.step_no == bindparam("b_step"),
+                ws.c.delivered.is_(None),
+            )
+            .values(delivered=bindparam("b_round")),
+            [{"b_step": step, "b_round": round} for step, round in rounds],
+        )
 
 
 async def finish_step(

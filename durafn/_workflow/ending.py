@@ -25,6 +25,7 @@ async def conclude(turn: Turn, body: asyncio.Task[Any]) -> None:
     conn = turn.conn
     row, now = turn.row, turn.now
     await store.insert_steps(conn, turn.new_entries)
+    await store.mark_delivered(conn, row.id, turn.delivered_now)
     if turn.mismatch is not None:
         error = (type_name(type(turn.mismatch)), str(turn.mismatch))
         await store.end_workflow(conn, row, state=store.STOPPED, now=now, error=error)

@@ -79,6 +79,14 @@ class Turn:
         self.ref = ref
         self.now = rt.clock.now()
         self.journal = {s.step_no: s for s in journal}
+        self.rounds: dict[int, list[int]] = {}
+        """The steps whose outcomes earlier turns handed to the body, by round, in order:
+        this turn hands them over again in the same rounds (``turns.play``)."""
+        for s in journal:
+            if s.delivered is not None:
+                self.rounds.setdefault(s.delivered, []).append(s.step_no)
+        self.round = max(self.rounds, default=0)
+        self.delivered_now: list[tuple[int, int]] = []  # (step, round) to write at the end
         self.requests: list[Request] = []
         self.todo: list[Request] = []
         self.workflow_time = row.created_at
@@ -154,9 +162,49 @@ class Turn:
             return future  # never resolved: the turn stops the workflow
         if entry.state == store.STARTED:
             self.todo.append(req)  # a sleep or a wait may end in this turn
-        else:
-            settle_future(req)
+        # A finished step's outcome is handed over in its round (``deliver``), never as
+        # it is asked for: at once, its branch would go on ahead of the others, and ask
+        # for its next step under a number another branch had the first time.
         return future
+
+    def undelivered(self) -> list[Request]:
+        """Steps asked for whose outcomes are journaled and not yet handed to the body."""
+        return [
+            r
+            for r in self.requests
+            if r.entry is not None and r.entry.state != store.STARTED and not r.future.done()
+        ]
+
+    def deliver(self, reqs: list[Request]) -> None:
+        """Hand these outcomes to the body, in a new round (recorded on their entries)."""
+        self.round += 1
+        new = {id(e) for e in self.new_entries}
+        for req in sorted(reqs, key=lambda r: r.step_no):
+            entry = req.entry
+            assert entry is not None and entry.delivered is None
+            entry.delivered = self.round
+            if id(entry) not in new:
+                self.delivered_now.append((entry.step_no, self.round))
+            settle_future(req)
+
+    def redeliver(self, round: int) -> bool:
+        """Hand over again the outcomes an earlier turn handed over in ``round``; False
+        (and the turn's mismatch set) where the body has not asked for each of them."""
+        steps = self.rounds[round]
+        if any(n > len(self.requests) for n in steps):
+            missing = min(n for n in steps if n > len(self.requests))
+            entry = self.journal[missing]
+            self.mismatch = WorkflowDeterminismError(
+                f"workflow {self.row.id} ({self.row.name!r}) asked for {len(self.requests)} "
+                f"steps before its journal's step {missing} ({entry.kind} {entry.name!r}) "
+                "was handed to it the first time, and this replay asked for fewer: its code "
+                "changed under it. It is Stopped: deploy code that matches and resume it "
+                "(app.resume_workflow), or cancel it"
+            )
+            return False
+        for n in steps:
+            settle_future(self.requests[n - 1])
+        return True
 
     # -- bookkeeping the steps share ----------------------------------------------------
 

@@ -31,14 +31,15 @@ from . import seams
 from .api import INLINE_STEPS_PER_TURN, step_row_id
 from .begin import begin_workflow
 from .names import step_done_ref, turn_ref
-from .replay import Request, settle_future
+from .replay import Request
 
 if TYPE_CHECKING:
     from .replay import Turn
 
 
 async def advance(turn: Turn, req: Request) -> bool:
-    """Start or finish ``req``'s step; True if its future resolved in this turn."""
+    """Start or finish ``req``'s step; True if it finished in this turn (its outcome is
+    handed to the body in the turn's next round: ``Turn.deliver``)."""
     if req.entry is not None:  # Started by an earlier turn: a sleep or a wait may end
         return await _finish_started(turn, req)
     if req.kind in ("mutation", "query"):
@@ -74,15 +75,13 @@ def _entry(turn: Turn, req: Request, **values: Any) -> StepRow:
 
 
 async def _record(turn: Turn, req: Request, entry: StepRow) -> None:
-    """Journal a step (its outcome, or that it started), and resolve it if finished.
-    Written with the turn's other new entries, at its end (``ending.conclude``): one
-    statement a turn, not one a step; nothing in the turn reads them back."""
+    """Journal a step (its outcome, or that it started). Written with the turn's other
+    new entries, at its end (``ending.conclude``): one statement a turn, not one a step;
+    nothing in the turn reads them back."""
     turn.new_entries.append(entry)
     turn.row.steps += 1
     turn.journal[req.step_no] = entry
     req.entry = entry
-    if entry.state != store.STARTED:
-        settle_future(req)
 
 
 def _done(turn: Turn, req: Request, result: Any) -> StepRow:
@@ -192,12 +191,10 @@ async def _finish_started(turn: Turn, req: Request) -> bool:
     due = entry.wake_at is not None and entry.wake_at <= turn.now
     if entry.kind == "sleep" and due:
         await store.finish_step(turn.conn, entry, state="Success", now=turn.now)
-        settle_future(req)
         return True
     if entry.kind == "event" and due:
         error = ("durafn.WorkflowTimeoutError", f"no event {entry.name!r} came in time")
         await store.finish_step(turn.conn, entry, state="Failed", now=turn.now, error=error)
-        settle_future(req)
         return True
     if entry.kind == "event":
         turn.waiting_events.add(entry.name)
@@ -212,7 +209,6 @@ async def _take_event(turn: Turn, req: Request, *, started: bool) -> bool:
         assert req.entry is not None
         await store.finish_step(turn.conn, req.entry, state="Success", now=turn.now, result=payload)
         turn.row.journal_bytes += 0 if payload is None else len(payload.encode())
-        settle_future(req)
     else:
         problem = turn.count_result(payload)
         if problem is not None:

@@ -36,10 +36,21 @@ async def play(
     before = asyncio.all_tasks()
     body = asyncio.get_running_loop().create_task(ref.fn(WorkflowCtx(turn, row.id), **values))
     try:
-        while True:
-            await _settle(turn, body, before)
-            if turn.mismatch is not None or body.done():
+        await _settle(turn, body, before)
+        # The outcomes earlier turns handed over, in their rounds: the body goes where it
+        # went then, asking for the same steps in the same order.
+        for round in sorted(turn.rounds):
+            if turn.mismatch is not None or body.done() or not turn.redeliver(round):
                 break
+            await _settle(turn, body, before)
+        # Then what is new: outcomes journaled since (an action's, a sleep's end) or in
+        # this turn (its mutation steps), each batch a round; and the steps to start.
+        while turn.mismatch is None and not body.done():
+            fresh = turn.undelivered()
+            if fresh:
+                turn.deliver(fresh)
+                await _settle(turn, body, before)
+                continue
             todo, turn.todo = turn.todo, []
             moved = False
             for req in todo:

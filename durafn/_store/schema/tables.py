@@ -545,6 +545,10 @@ workflow_steps = Table(
     Column("wake_at", Double),  # a sleep's end, an event wait's timeout
     Column("started_at", Double, nullable=False),
     Column("ended_at", Double),
+    # The round in which its outcome was first handed to the body: a replay hands the
+    # outcomes over in the same rounds, so concurrent branches (gather) go on in the same
+    # order and ask for their steps in the same order (``_workflow/turns.py``).
+    Column("delivered", Integer),
 )
 # An action step's completion finds its step by the row that ran it.
 Index(
