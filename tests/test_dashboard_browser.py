@@ -258,7 +258,7 @@ async def test_a_token_is_asked_for_and_read_only_refuses(
         async with page.expect_navigation():
             await page.click("#login")
         await page.goto(f"{url}/rows/{rows['failed']}")
-        assert "(read-only)" in (await page.text_content("nav") or "")
+        assert "(read-only)" in (await page.text_content("header.top") or "")
         assert await page.query_selector("#retry") is None
         # A POST all the same (a form of another page, say) is refused: read-only, and
         # without this page's CSRF token.

@@ -26,7 +26,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from .._errors import DurafnError
-from . import activity, bulk, crons, live, queues, rows, values
+from . import activity, bulk, crons, live, look, queues, rows, values
 from .access import LOGGED_IN, SESSION_COOKIE, Access, cross_origin
 from .hosts import HostCheck
 from .surface import COUNT_BOUND, Act, App, Body, Refused
@@ -65,6 +65,7 @@ class Dashboard:
                 *crons.routes(self),
                 *queues.routes(self),
                 *live.routes(self),
+                *look.routes(),
                 Route("/metrics", self.metrics),
                 Route("/login", self.login, methods=["GET", "POST"]),
                 Route("/logout", self.logout, methods=["POST"]),
@@ -191,6 +192,8 @@ class Dashboard:
             hide_args=self.hide_args,
             bound=COUNT_BOUND,
             root=root(request),
+            theme=look.theme(request),
+            static_version=look.VERSION,
             **context,
         )
         response = HTMLResponse(html, status_code=status)
