@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, ParamSpec, TypeVar
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from typing_extensions import Unpack
 
+from ._activity import ActivityReads
 from ._checks import flag, integer, optional, positive_seconds, text
 from ._clock import Clock, SystemClock
 from ._console import Console
@@ -69,7 +70,7 @@ def _database_url(url: str | None) -> str:
     return _blank(from_env, "DURAFN_DATABASE_URL is set, but it")
 
 
-class App(Registration, Operator, Console, CronDeclarations, CronRegistry):
+class App(Registration, Operator, ActivityReads, Console, CronDeclarations, CronRegistry):
     """A durafn application: register functions on it, run them, schedule them.
 
     ``App()`` uses a SQLite file (``DURAFN_DATABASE_URL`` or ``./durafn.sqlite3``);

@@ -1,10 +1,12 @@
 """Maintenance: the periodic work that keeps ``_scheduled_functions`` in shape.
 
-Today that is retention: finished rows older than their period (the executor's
+Retention: finished rows older than their period (the executor's
 ``retention``, a number or a ``Retention`` per state, or their function's own) are
 deleted in bounded batches (``ix_scheduled_functions_completed``), so no pass holds locks
 for long; so are the audit trail's entries older than the longest of the executor's
-periods (``ix_durafn_audit_at``). Every worker runs it; the batches make concurrent
+periods (``ix_durafn_audit_at``). Then the rollups: what ended in each closed minute and
+hour, for the dashboard's charts, kept as long as the longest period (``rollups.py``).
+Every worker runs it; the batches make concurrent
 passes harmless. Recurring (cron) ticks have a loop of their own, which one leader runs
 (``crons.py``).
 """
@@ -23,6 +25,7 @@ from .._kinds import State
 from .._retention import FINISHED, periods
 from .._runtime import Runtime
 from .config import ExecutorConfig
+from .rollups import RollUps
 from .tasks import first_of
 
 logger = logging.getLogger("durafn.executor")
@@ -32,6 +35,7 @@ class Maintenance:
     def __init__(self, runtime: Runtime, config: ExecutorConfig) -> None:
         self._rt = runtime
         self._config = config
+        self._rollups = RollUps(runtime)
 
     async def run_once(self) -> int:
         """Delete finished rows older than their retention periods; returns how many."""
@@ -55,6 +59,7 @@ class Maintenance:
         # The audit trail is kept as long as the longest of the executor's periods: an
         # operator's action outlives none of the rows it changed.
         await self._prune_audit(now - max(default.values()))
+        await self._rollups.run_once(now, max(default.values()))
         return deleted
 
     async def _prune_audit(self, cutoff: float) -> None:

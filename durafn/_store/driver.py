@@ -32,6 +32,7 @@ from .filters import RowFilter
 from .queues import QueueStatements
 from .read.explain import ExplainStatements, FlowKeyStatements
 from .read.listing import ReadStatements
+from .rollups import RollupStatements
 from .rows import NewRow
 from .schema.tables import sf
 from .workers import WorkerStatements
@@ -60,6 +61,7 @@ class Driver(
     FlowKeyStatements,
     WorkerStatements,
     AuditStatements,
+    RollupStatements,
     EngineDriver,
 ):
     """Dialect-neutral statements on the system tables."""

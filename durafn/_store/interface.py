@@ -34,6 +34,7 @@ from .claim.take import ClaimFilter
 from .crons import CronChange, CronMove, NewCron, StoredCron
 from .filters import RowFilter
 from .read.explain import Facts, KeyCounts
+from .rollups import RollupRow
 from .rows import Claimed, LostAction, NewRow, NewRowColumns, Outcome, RetryState
 
 Ids = Sequence[ScheduledFunctionId]
@@ -358,6 +359,27 @@ class Store(Protocol):
     # Entries older than the retention period (ix_durafn_audit_at).
     async def delete_audit(self, conn: Conn, *, older_than: float, limit: int) -> int: ...
 
+    # -- the rollups (rollups.py; _durafn_rollups' primary key unless named) ----------------
+    async def roll_up_minutes(
+        self, conn: Conn, start: int, end: int
+    ) -> int: ...  # INSERT ... SELECT ... GROUP BY (ix_scheduled_functions_completed)
+    async def roll_up_hours(self, conn: Conn, start: int, end: int) -> int: ...  # from minutes
+    async def rollup_marks(self, conn: Conn) -> tuple[int | None, int | None]: ...  # latest
+    async def oldest_rollup(self, conn: Conn, span: int) -> int | None: ...
+    async def oldest_finished(self, conn: Conn) -> float | None: ...  # (_completed's first)
+    async def delete_rollups(self, conn: Conn, span: int, start: int, end: int) -> int: ...
+    async def read_rollups(
+        self,
+        conn: Conn,
+        span: int,
+        start: int,
+        end: int,
+        *,
+        name: str | None,
+        queue: str | None,
+        by_function: bool = ...,
+    ) -> builtins.list[RollupRow]: ...
+
 
 class Dialect(Protocol):
     """What an engine's driver (a subclass of ``Driver``) provides beyond the statements
@@ -381,7 +403,7 @@ class Dialect(Protocol):
     def install_release_trigger(self, conn: Connection) -> None: ...  # schema/dependencies.py
     def add_seq_column(self, conn: Connection) -> None: ...  # migration step 11
 
-    # and SQL for Within, NextSeq, ArgEquals, ArgContains (sql.py; sqlite/sql.py)
+    # and SQL for Within, NextSeq, ArgEquals, ArgContains, MinuteStart (sql.py; sqlite/sql.py)
 
     # -- may provide (engine.py has the neutral form) --------------------------------------
     lateral_claims: ClassVar[bool]  # LATERAL joins: the fast claim reads every level

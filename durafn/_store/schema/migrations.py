@@ -37,6 +37,7 @@ from .tables import (
     leases,
     lost_workers,
     queues,
+    rollups,
     scheduled_functions,
     workers,
 )
@@ -416,6 +417,13 @@ def _step_24(conn: Connection, dialect: SchemaDialect) -> None:
     dialect.set_autovacuum(conn)
 
 
+def _step_25(conn: Connection, dialect: SchemaDialect) -> None:
+    """Version 25: ``_durafn_rollups``, what ended per minute and per hour, for the
+    dashboard's charts (a new table: rows that ended before it are rolled up by the
+    next maintenance pass, as far back as retention keeps them)."""
+    rollups.create(conn, checkfirst=True)
+
+
 def install_functions(conn: Connection, dialect: SchemaDialect) -> None:
     """What the migrations install besides tables: the release trigger (with, where the
     dialect has them, the hot finish's functions) and the SQL ``durafn.schedule``."""
@@ -447,5 +455,6 @@ MIGRATIONS: dict[int, Callable[[Connection, SchemaDialect], None]] = {
     22: _step_22,
     23: _step_23,
     24: _step_24,
+    25: _step_25,
 }
 """Steps from version N-1 to N. A fresh database gets the latest tables in one go."""

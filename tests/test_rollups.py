@@ -1,0 +1,154 @@
+"""The rollups (``_durafn_rollups``): what ended in each closed minute and hour, written
+by the executor's maintenance pass once, read by ``app.activity`` for the dashboard's
+charts, removed with the rows retention removes."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import anyio
+import pytest
+from sqlalchemy import func, select
+
+import durafn
+from durafn import MutationCtx, State
+from durafn._store.schema.tables import rollups
+from durafn.testing import FakeClock
+
+pytestmark = pytest.mark.anyio
+
+T0 = 1_800_000_000.0
+"""A whole hour (and so a whole minute), in epoch seconds."""
+
+
+def _functions(app: durafn.App) -> tuple[durafn.MutationRef, durafn.MutationRef]:  # type: ignore[type-arg]
+    @app.mutation
+    async def ok(ctx: MutationCtx) -> None:
+        pass
+
+    @app.mutation
+    async def bad(ctx: MutationCtx) -> None:
+        raise ValueError("no")
+
+    return ok, bad
+
+
+async def _end(app: durafn.App, fn: object, n: int, *, lag: float = 0.0) -> None:
+    """``n`` rows of ``fn`` due now, run ``lag`` seconds later (so they end then)."""
+    clock = app.clock
+    assert isinstance(clock, FakeClock)
+    for _ in range(n):
+        await app.scheduler().run_after(0, fn)  # type: ignore[call-overload]
+    clock.advance(lag)
+    await app.executor().run_until_idle()
+
+
+async def _rollup_rows(app: durafn.App) -> int:
+    async with app.engine.connect() as conn:
+        return int((await conn.execute(select(func.count()).select_from(rollups))).scalar_one())
+
+
+async def test_rows_ended_in_known_minutes_are_counted_once_their_minute_has_closed(
+    app: durafn.App, clock: FakeClock
+) -> None:
+    ok, bad = _functions(app)
+    clock.set(T0 + 5)
+    await _end(app, ok, 3, lag=2.0)  # minute 0: 3 Success, started 2 s late
+    await _end(app, bad, 1)  # and 1 Failed
+    clock.set(T0 + 65)
+    await _end(app, ok, 2)  # minute 1: 2 Success, 1 Canceled
+    canceled = await app.scheduler().run_after(0, ok)
+    await app.cancel(canceled)
+    executor = app.executor()
+    # At 2:30 minute 1 ended 30 s ago: within the grace a late commit may still land in.
+    clock.set(T0 + 150)
+    await executor.run_maintenance()
+    seen = await app.activity(within=3600)
+    assert seen.step == 60 and len(seen.points) == 60
+    assert seen.until == durafn._clock.to_datetime(T0 + 60)
+    last = seen.points[-1]
+    assert last.start == durafn._clock.to_datetime(T0)
+    assert last.ended == {State.SUCCESS: 3, State.FAILED: 1, State.CANCELED: 0}
+    assert sum(p.ended[State.SUCCESS] for p in seen.points) == 3
+    # The three rows that started 2 s late: their median lag is within 1-2.5 s (its
+    # bucket); the Failed one started at once.
+    assert last.lag.total == 4
+    assert last.lag.counts[0] == 1
+    p50 = last.lag.percentile(0.75)
+    assert p50 is not None and 1.0 <= p50 <= 2.5
+    # A minute later, minute 1 is in too; a second pass adds nothing.
+    clock.set(T0 + 181)
+    await executor.run_maintenance()
+    groups = await _rollup_rows(app)
+    await executor.run_maintenance()
+    assert await _rollup_rows(app) == groups
+    seen = await app.activity(within=3600)
+    assert seen.points[-1].ended == {State.SUCCESS: 2, State.FAILED: 0, State.CANCELED: 1}
+    assert seen.ended == {State.SUCCESS: 5, State.FAILED: 1, State.CANCELED: 1}
+    by_name = {f.name: f.ended for f in seen.functions}
+    assert by_name[bad.name] == {State.SUCCESS: 0, State.FAILED: 1, State.CANCELED: 0}
+    only = await app.activity(within=3600, name=bad.name)
+    assert only.ended == {State.SUCCESS: 0, State.FAILED: 1, State.CANCELED: 0}
+    assert (await app.activity(within=3600, queue="none such")).ended[State.SUCCESS] == 0
+    assert (await app.activity(within=3600, queue="")).ended[State.SUCCESS] == 5
+
+
+async def test_two_workers_passes_at_once_roll_a_minute_up_once(
+    app: durafn.App, clock: FakeClock
+) -> None:
+    ok, _ = _functions(app)
+    clock.set(T0 + 1)
+    await _end(app, ok, 4)
+    clock.set(T0 + 600)
+    other = durafn.App(app.engine.url.render_as_string(hide_password=False), clock=clock)
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(app.executor().run_maintenance)
+            tg.start_soon(other.executor().run_maintenance)
+        # Again, a minute rolled up already adds nothing, from either.
+        async with app.engine.begin() as conn:
+            assert await app._rt.driver.roll_up_minutes(conn, int(T0), int(T0) + 60) == 0
+        assert (await app.activity(within=3600)).ended[State.SUCCESS] == 4
+        assert (await other.activity(within=3600)).ended[State.SUCCESS] == 4
+    finally:
+        await other.aclose()
+
+
+async def test_a_day_and_a_week_read_hours_and_the_minutes_of_the_hour_under_way(
+    app: durafn.App, clock: FakeClock
+) -> None:
+    ok, bad = _functions(app)
+    clock.set(T0 + 30)
+    await _end(app, ok, 2)  # hour 0
+    clock.set(T0 + 3600 + 30)
+    await _end(app, bad, 1)  # hour 1, its first minute
+    clock.set(T0 + 3600 + 300)
+    await app.executor().run_maintenance()
+    async with app.engine.connect() as conn:
+        spans = (await conn.execute(select(rollups.c.span, rollups.c.start))).all()
+    assert (3600, int(T0)) in spans  # hour 0 rolled into an hour
+    assert all(start >= T0 + 3600 for span, start in spans if span == 60 and start > T0 + 3599)
+    for within in (timedelta(days=1), timedelta(days=7)):
+        seen = await app.activity(within=within)
+        assert seen.step == 3600
+        assert len(seen.points) in (within // timedelta(hours=1), within // timedelta(hours=1) + 1)
+        assert seen.points[-2].ended[State.SUCCESS] == 2
+        assert seen.points[-1].ended[State.FAILED] == 1  # from the minutes of hour 1
+        assert seen.ended == {State.SUCCESS: 2, State.FAILED: 1, State.CANCELED: 0}
+    with pytest.raises(durafn.ArgumentError):
+        await app.activity(within=timedelta(days=8))
+
+
+async def test_rollups_are_removed_with_the_rows_retention_removes(
+    app: durafn.App, clock: FakeClock
+) -> None:
+    ok, _ = _functions(app)
+    clock.set(T0 + 30)
+    await _end(app, ok, 2)
+    executor = app.executor()
+    clock.set(T0 + 7200)
+    await executor.run_maintenance()
+    assert await _rollup_rows(app) == 2  # the minute and its hour
+    clock.set(T0 + 8 * 86400)
+    await executor.run_maintenance()
+    assert await _rollup_rows(app) == 0
