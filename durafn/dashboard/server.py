@@ -26,7 +26,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from .._errors import DurafnError
-from . import activity, bulk, crons, live, look, queues, rows, values
+from . import activity, bulk, charts, crons, functions, live, look, queues, rows, values
 from .access import LOGGED_IN, SESSION_COOKIE, Access, cross_origin
 from .hosts import HostCheck
 from .surface import COUNT_BOUND, Act, App, Body, Refused
@@ -63,6 +63,8 @@ class Dashboard:
                 *bulk.routes(self),  # before rows': /rows/cancel-matching is not a row
                 *rows.routes(self),
                 *crons.routes(self),
+                *charts.routes(self),
+                *functions.routes(self),
                 *queues.routes(self),
                 *live.routes(self),
                 *look.routes(),
