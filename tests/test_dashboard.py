@@ -37,8 +37,14 @@ async def test_the_pages_show_rows_with_their_text_escaped(
         overview = await web.get("/")
         assert overview.status_code == 200
         assert '>Pending</a></td><td id="count-Pending">1<' in overview.text
-        # The last hour: a bar for the two rows that ended this minute, the failure.
-        assert 'height="60.0" fill="#3e7cb1"><title>2 rows ended in minute -1' in overview.text
+        # The last hour: a bar for the two rows that ended this minute (a Success on a
+        # Failed), the failure.
+        runs = re.search(r'<figure class="chart" id="runs">(.*?)</figure>', overview.text)
+        assert runs is not None and ">rows / minute</text>" in runs.group(1)
+        bars = re.findall(
+            r'<rect class="s-(\w+)"[^>]*><title>[^<]*: 1 (\w+)</title>', runs.group(1)
+        )
+        assert bars == [("Success", "Success"), ("Failed", "Failed")]
         assert ">mail:broken</a></td><td>1<" in overview.text
         assert "From the 2 rows that ended last." in overview.text
         listing = await web.get("/rows", params={"state": "Failed"})

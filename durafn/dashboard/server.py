@@ -84,8 +84,11 @@ class Dashboard:
             audit = await self.app.audit_log(
                 limit=AUDIT_SHOWN + 1, before=None if before is None else int(before)
             )
+            now = self.app.clock.now()
+            lately = activity.summarize(recent, now)
             return {
-                "activity": activity.summarize(recent, self.app.clock.now()),
+                "activity": lately,
+                "activity_chart": activity.chart(lately, now),
                 "stats": await self.app.stats(bound=COUNT_BOUND),
                 "queues": await self.app.queues(bound=COUNT_BOUND),
                 "workers": await self.app.workers(),
