@@ -370,6 +370,7 @@ async def test_a_row_streams_its_state_until_it_has_ended(
     async with client(app.dashboard(token="t")) as web:
         assert (await web.get(f"/rows/{rows['done']}/events")).status_code == 403
         assert (await web.get("/events/counts")).status_code == 403
+        assert (await web.get("/rows/live")).status_code == 403
 
 
 async def test_a_row_shows_what_it_scheduled(app: durafn.App) -> None:

@@ -26,7 +26,19 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from .._errors import DurafnError
-from . import activity, bulk, charts, crons, functions, live, look, queues, rows, values
+from . import (
+    activity,
+    bulk,
+    charts,
+    crons,
+    functions,
+    live,
+    live_rows,
+    look,
+    queues,
+    rows,
+    values,
+)
 from .access import LOGGED_IN, SESSION_COOKIE, Access, cross_origin
 from .hosts import HostCheck
 from .surface import COUNT_BOUND, Act, App, Body, Refused
@@ -61,6 +73,7 @@ class Dashboard:
             routes=[
                 Route("/", self.overview),
                 *bulk.routes(self),  # before rows': /rows/cancel-matching is not a row
+                *live_rows.routes(self),  # and /rows/live
                 *rows.routes(self),
                 *crons.routes(self),
                 *charts.routes(self),
