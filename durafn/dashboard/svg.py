@@ -14,7 +14,7 @@ from datetime import datetime
 from markupsafe import Markup, escape
 
 WIDTH, HEIGHT = 720, 220
-LEFT, RIGHT, TOP, BOTTOM = 56, 12, 12, 30
+LEFT, RIGHT, TOP, BOTTOM = 64, 12, 12, 32
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,10 @@ def _number(v: float) -> str:
 
 
 def seconds(v: float) -> str:
-    """A duration for a label: 850 ms, 1.2 s, 3.5 min."""
+    """A duration for a label: 850 ms, 1.2 s, 3.5 min; "< 1 ms" for the histograms'
+    first bucket (``_latency.EDGES``), which holds every value below it."""
+    if v < 0.001:
+        return "< 1 ms"
     if v < 1:
         return f"{v * 1000:.3g} ms"
     if v < 120:
@@ -143,8 +146,9 @@ def log_lines(
     """A line per series on a log scale of seconds (a point without a value: a gap)."""
     inner_w, inner_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
     seen = [x for v in values for x in v.values() if x is not None and x > 0]
-    low = 10 ** math.floor(math.log10(min(seen))) if seen else 0.001
-    high = 10 ** math.ceil(math.log10(max(seen))) if seen else 1.0
+    # The axis starts at 1 ms: the histograms' first bucket holds everything below it.
+    low = max(10 ** math.floor(math.log10(min(seen))), 0.001) if seen else 0.001
+    high = max(10 ** math.ceil(math.log10(max(seen))), low * 10) if seen else 1.0
     if high <= low:
         high = low * 10
     span = math.log10(high) - math.log10(low)
