@@ -87,7 +87,8 @@ class Activity(BaseModel):
     points: list[ActivityPoint]
     """Every minute or hour of the window, oldest first, zeros included."""
     functions: list[FunctionActivity]
-    """Per function and queue, most rows first."""
+    """Every function and queue with rows ended in the window, whatever ``name`` and
+    ``queue`` chose (a filter's choices, a function's queues), most rows first."""
 
     @property
     def ended(self) -> dict[State, int]:
@@ -138,9 +139,7 @@ class ActivityReads:
                 if start >= end:
                     continue
                 rows += await driver.read_rollups(conn, span, start, end, name=name, queue=queue)
-                functions += await driver.read_rollups(
-                    conn, span, start, end, name=name, queue=queue, by_function=True
-                )
+                functions += await driver.rollup_functions(conn, span, start, end)
             return rows, functions
 
         rows, functions = await self._rt.transaction(

@@ -443,7 +443,6 @@ async def test_charts_a_function_page_dark_mode_keys_and_the_live_list(
         assert await page.get_attribute("html", "data-theme") == "dark"
         dark = await page.evaluate("getComputedStyle(document.body).backgroundColor")
         assert dark != light
-        await _shot(page, tmp_path, "function-dark")
         # The system's preference alone (no cookie) gives dark too.
         other = await (await browser.new_context(color_scheme="dark")).new_page()
         other.set_default_timeout(CEILING * 1000)
@@ -469,6 +468,6 @@ async def test_charts_a_function_page_dark_mode_keys_and_the_live_list(
             "document.getElementById('live-status').textContent.includes('1 new row')"
         )
         assert await page.locator(f"tr[data-id='{held}']").count() == 0
+        await _shot(page, tmp_path, "rows-live")
         await page.click("#show-new")
         await page.wait_for_selector(f"tr[data-id='{held}']")
-        await _shot(page, tmp_path, "rows-live")

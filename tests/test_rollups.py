@@ -152,3 +152,20 @@ async def test_rollups_are_removed_with_the_rows_retention_removes(
     clock.set(T0 + 8 * 86400)
     await executor.run_maintenance()
     assert await _rollup_rows(app) == 0
+
+
+def test_a_percentile_is_placed_in_the_bucket_that_holds_it() -> None:
+    """Pure: the histograms' buckets (1-2.5-5 steps), and a quantile within its bucket."""
+    from durafn._latency import BUCKETS, EDGES, bucket_of, percentile
+
+    assert [bucket_of(v) for v in (-1.0, 0.0, 0.001, 0.3, 1.0, 499.9, 500.0, 1e9)] == [
+        *(0, 0, 1, 8, 10, BUCKETS - 2, BUCKETS - 1, BUCKETS - 1),
+    ]
+    counts = [0] * BUCKETS
+    for v in [0.2] * 98 + [3.0, 30.0]:
+        counts[bucket_of(v)] += 1
+    p50, p99, top = percentile(counts, 0.5), percentile(counts, 0.99), percentile(counts, 1)
+    assert p50 is not None and EDGES[6] <= p50 <= EDGES[7]  # 0.1-0.25 s holds 0.2
+    assert p99 is not None and EDGES[10] <= p99 <= EDGES[11]  # 2.5-5 s holds 3.0
+    assert top is not None and EDGES[13] <= top <= EDGES[14]  # 25-50 s holds 30
+    assert percentile([0] * BUCKETS, 0.5) is None

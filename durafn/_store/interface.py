@@ -377,8 +377,10 @@ class Store(Protocol):
         *,
         name: str | None,
         queue: str | None,
-        by_function: bool = ...,
-    ) -> builtins.list[RollupRow]: ...
+    ) -> builtins.list[RollupRow]: ...  # per start and state, with the histograms
+    async def rollup_functions(
+        self, conn: Conn, span: int, start: int, end: int
+    ) -> builtins.list[RollupRow]: ...  # per function, queue and state: counts only
 
 
 class Dialect(Protocol):

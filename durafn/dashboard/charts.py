@@ -29,6 +29,8 @@ ENDED = [
 ]
 LAG = [Series("p50", "p50"), Series("p99", "p99")]
 FAILED = [Series(State.FAILED.value, "Failed")]
+SHOWN = 50
+"""Functions (with a queue) in the table by function, most rows first."""
 
 
 def routes(d: Pages) -> list[Route]:
@@ -39,17 +41,18 @@ def routes(d: Pages) -> list[Route]:
             queue = request.query_params.get("queue")
             queue = None if queue in (None, "*") else queue
             seen = await d.app.activity(within=RANGES[chosen], name=name, queue=queue)
-            # The filter's choices: what ended over the week (its hours' rows).
-            week = seen if chosen == "week" and not name and queue is None else None
-            if week is None:
-                week = await d.app.activity(within=RANGES["week"])
             return {
                 "range": chosen,
                 "ranges": list(RANGES),
                 "name": name,
                 "queue": queue,
-                "names": sorted({f.name for f in week.functions}),
-                "queues": sorted({f.queue or "" for f in week.functions}),
+                "names": sorted({f.name for f in seen.functions}),
+                "queues": sorted({f.queue or "" for f in seen.functions}),
+                "by_function": [
+                    f
+                    for f in seen.functions
+                    if name in (None, f.name) and queue in (None, f.queue or "")
+                ][:SHOWN],
                 "figures": figures(seen, chosen),
                 "seen": seen,
                 "summary": summary(seen),

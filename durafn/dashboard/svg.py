@@ -84,7 +84,7 @@ def _frame(
     out.append(f'<line x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{bottom}" y2="{bottom}"/>')
     n = len(starts)
     every = max(1, math.ceil(n / 6))
-    for i in range(0, n, every):
+    for i in range(every // 2, n, every):  # not at the corner, where the y axis's 0 is
         x = LEFT + inner_w * (i + 0.5) / n
         out.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{bottom}" y2="{bottom + 4}"/>')
         out.append(
