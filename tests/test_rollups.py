@@ -148,7 +148,7 @@ async def test_rollups_are_removed_with_the_rows_retention_removes(
     executor = app.executor()
     clock.set(T0 + 7200)
     await executor.run_maintenance()
-    assert await _rollup_rows(app) == 2  # the minute and its hour
+    assert await _rollup_rows(app) == 4  # the minute and its hour, each with its sum
     clock.set(T0 + 8 * 86400)
     await executor.run_maintenance()
     assert await _rollup_rows(app) == 0

@@ -77,6 +77,19 @@ _PER_HOUR = select(
     *(func.sum(rollups.c[name]) for name in _MEASURES),
 ).group_by(_HOUR, rollups.c.function_name, rollups.c.queue, rollups.c.state)
 _COLUMNS = ["span", "start", "function_name", "queue", "state", "count", *_MEASURES]
+EVERY = ""
+"""``function_name`` (and ``queue``) of the rows that sum every function's: a chart of
+all of them reads a row per minute or hour and state, however many functions ran (a
+durable name is never empty)."""
+_TOTALS = select(
+    literal(MINUTE),
+    rollups.c.start,
+    literal(EVERY),
+    literal(EVERY),
+    rollups.c.state,
+    func.sum(rollups.c.count),
+    *(func.sum(rollups.c[name]) for name in _MEASURES),
+).group_by(rollups.c.start, rollups.c.state)
 
 
 class RollupStatements:
@@ -84,17 +97,28 @@ class RollupStatements:
 
     async def roll_up_minutes(self, conn: AsyncConnection, start: int, end: int) -> int:
         """Roll up the rows that ended in the minutes from ``start`` to ``end`` (epoch
-        seconds, multiples of 60): a range of ix_scheduled_functions_completed; the
-        groups written (a minute already rolled up adds none)."""
+        seconds, multiples of 60): a range of ix_scheduled_functions_completed; then
+        each minute's sum over every function (``EVERY``), from the rows just written
+        (the primary key's range). The groups written (a minute already rolled up adds
+        none)."""
         source = _PER_MINUTE.where(
             sf.c.completed_time >= float(start),
             sf.c.completed_time < float(end),
             sf.c.state.in_(ENDED),
         )
-        stmt = self.dialect_insert(rollups).from_select(_COLUMNS, source).on_conflict_do_nothing()
-        result = await conn.execute(stmt)
-        assert isinstance(result, CursorResult)
-        return max(result.rowcount, 0)
+        totals = _TOTALS.where(
+            rollups.c.span == MINUTE,
+            rollups.c.start >= start,
+            rollups.c.start < end,
+            rollups.c.function_name != EVERY,
+        )
+        written = 0
+        for select_ in (source, totals):
+            stmt = self.dialect_insert(rollups).from_select(_COLUMNS, select_)
+            result = await conn.execute(stmt.on_conflict_do_nothing())
+            assert isinstance(result, CursorResult)
+            written += max(result.rowcount, 0)
+        return written
 
     async def roll_up_hours(self, conn: AsyncConnection, start: int, end: int) -> int:
         """Sum the minutes of the hours from ``start`` to ``end`` (multiples of 3600)
@@ -153,7 +177,8 @@ class RollupStatements:
         queue: str | None,
     ) -> list[RollupRow]:
         """The rollups of ``span`` from ``start`` to ``end`` (the primary key's range),
-        of one function or queue if given, summed per start and state."""
+        of one function or queue if given, else the sums of every function (``EVERY``),
+        per start and state."""
         keys = [rollups.c.start, rollups.c.state]
         query = (
             select(*keys, func.sum(rollups.c.count), *(func.sum(rollups.c[m]) for m in _MEASURES))
@@ -162,6 +187,10 @@ class RollupStatements:
         )
         if name is not None:
             query = query.where(rollups.c.function_name == name)
+        elif queue is not None:
+            query = query.where(rollups.c.function_name != EVERY)
+        else:
+            query = query.where(rollups.c.function_name == EVERY)
         if queue is not None:
             query = query.where(rollups.c.queue == queue)
         width = len(LAG_COLUMNS)
@@ -182,6 +211,7 @@ class RollupStatements:
         query = (
             select(*keys, func.sum(rollups.c.count))
             .where(rollups.c.span == span, rollups.c.start >= start, rollups.c.start < end)
+            .where(rollups.c.function_name != EVERY)
             .group_by(*keys)
         )
         return [
