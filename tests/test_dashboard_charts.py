@@ -34,7 +34,7 @@ async def test_the_charts_page_draws_what_ended_with_axes_units_and_a_legend(
     await _rolled_up(app, clock)
     async with client(app.dashboard()) as web:
         page = await web.get("/charts")
-        assert page.status_code == 200
+        assert page.status_code == 200 and 'id="empty"' not in page.text
         for chart in ("chart-ended", "chart-lag", "chart-failures"):
             figure = re.search(rf'<figure class="chart" id="{chart}">(.*?)</figure>', page.text)
             assert figure is not None, chart
@@ -108,6 +108,8 @@ async def test_the_look_is_served_from_the_package_and_the_theme_is_a_form(
     app: durafn.App,
 ) -> None:
     async with client(app.dashboard()) as web:
+        empty = await web.get("/charts")  # nothing ended, nothing rolled up: it says so
+        assert 'id="empty"' in empty.text and "no executor has rolled it up yet" in empty.text
         page = await web.get("/")
         found = re.search(r'href="(/static/dashboard\.css\?v=\w+)"', page.text)
         assert found is not None
