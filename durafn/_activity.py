@@ -131,9 +131,14 @@ class ActivityReads:
         async def _read(conn: AsyncConnection) -> tuple[list[RollupRow], list[RollupRow]]:
             rows: list[RollupRow] = []
             functions: list[RollupRow] = []
-            # An hour view reads minutes; a longer one reads the closed hours, then the
-            # minutes of the hour under way (not rolled into an hour yet).
-            split = until // HOUR * HOUR if step == HOUR else since
+            # An hour view reads minutes; a longer one reads the hours rolled up, then
+            # the minutes after them (the hour under way's, and an hour's whose pass has
+            # not run yet: its minutes are in, its sum not).
+            split = since
+            if step == HOUR:
+                _, last_hour = await driver.rollup_marks(conn)
+                if last_hour is not None:
+                    split = max(since, min(until // HOUR * HOUR, last_hour + HOUR))
             parts = [(HOUR, since, split), (MINUTE, split, until)]
             for span, start, end in parts:
                 if start >= end:

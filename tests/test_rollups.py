@@ -139,6 +139,27 @@ async def test_a_day_and_a_week_read_hours_and_the_minutes_of_the_hour_under_way
         await app.activity(within=timedelta(days=8))
 
 
+async def test_an_hour_whose_sum_is_not_written_yet_is_read_from_its_minutes(
+    app: durafn.App, clock: FakeClock
+) -> None:
+    """The last pass ran before the hour closed: its minutes are rolled up, its hour's
+    sum is not, and a day's chart reads those minutes rather than show the hour empty."""
+    ok, _ = _functions(app)
+    clock.set(T0 + 30)
+    await _end(app, ok, 2)
+    clock.set(T0 + 3500)
+    await app.executor().run_maintenance()
+    clock.set(T0 + 3600 + 90)  # the hour has closed; no pass since
+    seen = await app.activity(within=timedelta(days=1))
+    assert seen.points[-1].start == durafn._clock.to_datetime(T0)
+    assert seen.points[-1].ended[State.SUCCESS] == 2
+    clock.set(T0 + 7200 + 90)  # an hour later, its sum written by a pass: the same figure
+    await app.executor().run_maintenance()
+    seen = await app.activity(within=timedelta(days=1))
+    assert seen.points[-2].ended[State.SUCCESS] == 2
+    assert seen.ended[State.SUCCESS] == 2
+
+
 async def test_rollups_are_removed_with_the_rows_retention_removes(
     app: durafn.App, clock: FakeClock
 ) -> None:
