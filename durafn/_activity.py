@@ -122,34 +122,33 @@ class ActivityReads:
         name = optional(text, "name", name)
         queue = optional(text, "queue", queue)
         step = MINUTE if seconds <= HOUR else HOUR
-        until = int((self._rt.clock.now() - GRACE) // MINUTE) * MINUTE
-        since = (until - seconds) // step * step
-        if step == MINUTE:
-            since = until - seconds // MINUTE * MINUTE
+        closed = int((self._rt.clock.now() - GRACE) // MINUTE) * MINUTE
         driver = self._rt.driver
 
-        async def _read(conn: AsyncConnection) -> tuple[list[RollupRow], list[RollupRow]]:
+        async def _read(conn: AsyncConnection) -> tuple[int, list[RollupRow], list[RollupRow]]:
+            minutes, hours = await driver.rollup_marks(conn)
+            # Up to the last minute rolled up (a pass runs every retention_interval): a
+            # closed minute it has not reached yet is not shown as empty.
+            until = closed if minutes is None else min(closed, minutes)
+            since = _since(until, seconds, step)
+            # An hour view reads minutes; a longer one reads the hours rolled up, then
+            # the minutes after them (the hour under way's, and an hour's whose sum a
+            # pass has not written yet).
+            split = since if hours is None or step == MINUTE else max(since, min(until, hours))
             rows: list[RollupRow] = []
             functions: list[RollupRow] = []
-            # An hour view reads minutes; a longer one reads the hours rolled up, then
-            # the minutes after them (the hour under way's, and an hour's whose pass has
-            # not run yet: its minutes are in, its sum not).
-            split = since
-            if step == HOUR:
-                _, last_hour = await driver.rollup_marks(conn)
-                if last_hour is not None:
-                    split = max(since, min(until // HOUR * HOUR, last_hour + HOUR))
-            parts = [(HOUR, since, split), (MINUTE, split, until)]
-            for span, start, end in parts:
-                if start >= end:
-                    continue
-                rows += await driver.read_rollups(conn, span, start, end, name=name, queue=queue)
-                functions += await driver.rollup_functions(conn, span, start, end)
-            return rows, functions
+            for span, start, end in ((HOUR, since, split), (MINUTE, split, until)):
+                if start < end:
+                    rows += await driver.read_rollups(
+                        conn, span, start, end, name=name, queue=queue
+                    )
+                    functions += await driver.rollup_functions(conn, span, start, end)
+            return until, rows, functions
 
-        rows, functions = await self._rt.transaction(
+        until, rows, functions = await self._rt.transaction(
             _read, read_only=True, doing="reading the rollups"
         )
+        since = _since(until, seconds, step)
         return Activity(
             since=to_datetime(float(since)),
             until=to_datetime(float(until)),
@@ -159,6 +158,14 @@ class ActivityReads:
             points=_points(rows, since, until, step),
             functions=_functions(functions),
         )
+
+
+def _since(until: int, seconds: int, step: int) -> int:
+    """The window's first point: ``seconds`` before ``until``, whole minutes, or the
+    start of the hour that holds it (a day or a week by hour)."""
+    if step == HOUR:
+        return (until - seconds) // HOUR * HOUR
+    return until - seconds // MINUTE * MINUTE
 
 
 def _points(rows: Sequence[RollupRow], since: int, until: int, step: int) -> list[ActivityPoint]:

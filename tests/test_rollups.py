@@ -76,7 +76,11 @@ async def test_rows_ended_in_known_minutes_are_counted_once_their_minute_has_clo
     assert last.lag.counts[0] == 1
     p50 = last.lag.percentile(0.75)
     assert p50 is not None and 1.0 <= p50 <= 2.5
-    # A minute later, minute 1 is in too; a second pass adds nothing.
+    # Minutes that closed since, with no pass yet, are not shown (as empty): the window
+    # ends where the rollups' mark is.
+    clock.set(T0 + 180)  # minute 1 closed, the last pass before it
+    assert (await app.activity(within=3600)).until == durafn._clock.to_datetime(T0 + 60)
+    # A pass later, minute 1 is in too; a second pass adds nothing.
     clock.set(T0 + 181)
     await executor.run_maintenance()
     groups = await _rollup_rows(app)
@@ -105,9 +109,16 @@ async def test_two_workers_passes_at_once_roll_a_minute_up_once(
         async with anyio.create_task_group() as tg:
             tg.start_soon(app.executor().run_maintenance)
             tg.start_soon(other.executor().run_maintenance)
-        # Again, a minute rolled up already adds nothing, from either.
+        # Again, a minute rolled up already adds nothing, from either; and the mark of
+        # what is rolled up never moves back (a pass with a clock behind).
+        driver = app._rt.driver
         async with app.engine.begin() as conn:
-            assert await app._rt.driver.roll_up_minutes(conn, int(T0), int(T0) + 60) == 0
+            assert await driver.roll_up_minutes(conn, int(T0), int(T0) + 60) == 0
+            mark = (await driver.rollup_marks(conn))[0]
+            assert mark == int(T0) + 540  # the passes' time (T0 + 600) less the grace
+            assert not await driver.advance_rollup_mark(conn, 60, int(T0) + 60)
+            assert not await driver.advance_rollup_mark(conn, 60, mark)
+            assert (await driver.rollup_marks(conn))[0] == mark
         assert (await app.activity(within=3600)).ended[State.SUCCESS] == 4
         assert (await other.activity(within=3600)).ended[State.SUCCESS] == 4
     finally:

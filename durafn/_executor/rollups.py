@@ -7,10 +7,13 @@ Nothing here runs on a job's path: a pass reads the rows that ended since the la
 is closed ``GRACE`` seconds after it ends: a row's end time is read from the clock before
 its transaction commits, and the pass must not roll up a minute whose rows are still
 being written. Two workers' passes at once write the same rows, and the second's are
-dropped by the primary key (``_store/rollups.py``)."""
+dropped by the primary key (``_store/rollups.py``). A pass starts where the marks say
+the last one ended (``_durafn_rollup_marks``, moved forward with each batch, in its
+transaction); the first, at the earliest row kept."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -37,31 +40,29 @@ class RollUps:
     async def run_once(self, now: float, keep: float) -> int:
         """Roll up the closed minutes and hours not rolled up yet (none older than
         ``keep`` seconds), then prune the older rollups; the groups written."""
+        driver = self._rt.driver
         closed = int((now - GRACE) // MINUTE) * MINUTE
         oldest_kept = int((now - keep) // HOUR) * HOUR
-        last_minute, last_hour = await self._read(lambda c: self._rt.driver.rollup_marks(c))
-        if last_minute is not None:
-            start = last_minute + MINUTE
-        else:
-            first = await self._read(self._rt.driver.oldest_finished)
-            start = closed if first is None else int(first // MINUTE) * MINUTE
-        start = max(start, oldest_kept)
+        minutes, hours = await self._read(driver.rollup_marks)
+        if minutes is None:  # the first pass: from the earliest kept row's minute
+            first = await self._read(driver.oldest_finished)
+            minutes = closed if first is None else int(first // MINUTE) * MINUTE
         written = 0
+        start = max(minutes, oldest_kept)
         while start < closed:
             end = min(start + BATCH_MINUTES * MINUTE, closed)
-            written += await self._write(self._rt.driver.roll_up_minutes, start, end)
+            written += await self._write(driver.roll_up_minutes, MINUTE, start, end)
             start = end
             await anyio.lowlevel.checkpoint()
         # The hours whose every minute is rolled up now.
-        if last_hour is not None:
-            hour = last_hour + HOUR
-        else:
-            first_minute = await self._read(lambda c: self._rt.driver.oldest_rollup(c, MINUTE))
-            hour = closed if first_minute is None else first_minute // HOUR * HOUR
-        hour = max(hour, oldest_kept)
-        while hour + HOUR <= closed:
-            end = min(hour + 24 * HOUR, closed // HOUR * HOUR)
-            written += await self._write(self._rt.driver.roll_up_hours, hour, end)
+        last_hour = closed // HOUR * HOUR
+        if hours is None:  # the first pass: from the earliest minute's hour
+            first = await self._read(lambda c: driver.oldest_rollup(c, MINUTE))
+            hours = last_hour if first is None else first // HOUR * HOUR
+        hour = max(hours, oldest_kept)
+        while hour < last_hour:
+            end = min(hour + 24 * HOUR, last_hour)
+            written += await self._write(driver.roll_up_hours, HOUR, hour, end)
             hour = end
         await self._prune(oldest_kept)
         return written
@@ -81,15 +82,22 @@ class RollUps:
             oldest = await self._read(_oldest)
             while oldest is not None and oldest < before:
                 end = min(oldest + page, before)
-                await self._write(_delete, oldest, end)
+                await self._rt.transaction(
+                    functools.partial(_delete, start=oldest, end=end), doing="pruning rollups"
+                )
                 oldest = end
                 await anyio.lowlevel.checkpoint()
 
     async def _read(self, read: Callable[[AsyncConnection], Awaitable[T]]) -> T:
         return await self._rt.transaction(read, read_only=True, doing="reading the rollups")
 
-    async def _write(self, step: Step, start: int, end: int) -> int:
+    async def _write(self, step: Step, span: int, start: int, end: int) -> int:
+        """``step`` over ``start`` to ``end``, and the span's mark moved to ``end``, in
+        one transaction: the mark never names a minute whose rows are not in."""
+
         async def _run(conn: AsyncConnection) -> int:
-            return await step(conn, start, end)
+            written = await step(conn, start, end)
+            await self._rt.driver.advance_rollup_mark(conn, span, end)
+            return written
 
         return await self._rt.transaction(_run, doing="rolling up what ended")

@@ -5,7 +5,9 @@ Writes are ``INSERT ... SELECT ... GROUP BY ... ON CONFLICT DO NOTHING``: a minu
 hour) rolled up twice, by two workers' passes at once, keeps the first rows written and
 the second adds nothing (the primary key is the guard). Only closed minutes are rolled
 up (``_executor/rollups.py`` says which): a finished row does not change its end time,
-so a second pass over the same minutes computes the same rows."""
+so a second pass over the same minutes computes the same rows. With them, in the same
+transaction, the span's mark (``_durafn_rollup_marks``) moves forward to the end of what
+was written, never back: a reader knows which minutes are in, the empty ones too."""
 
 from __future__ import annotations
 
@@ -13,13 +15,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from sqlalchemy import CursorResult, and_, case, delete, func, literal, select
+from sqlalchemy import CursorResult, and_, case, delete, func, literal, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import ColumnElement
 
 from .._kinds import State
 from .._latency import EDGES
-from .schema.tables import DURATION_COLUMNS, LAG_COLUMNS, rollups, sf
+from .schema.tables import DURATION_COLUMNS, LAG_COLUMNS, rollup_marks, rollups, sf
 from .sql import MinuteStart
 
 MINUTE, HOUR = 60, 3600
@@ -132,16 +134,28 @@ class RollupStatements:
         return max(result.rowcount, 0)
 
     async def rollup_marks(self, conn: AsyncConnection) -> tuple[int | None, int | None]:
-        """The latest minute and the latest hour rolled up (the primary key's last
-        entries), None where there is none."""
-        found = []
-        for span in (MINUTE, HOUR):
-            latest = select(func.max(rollups.c.start)).where(rollups.c.span == span)
-            found.append((await conn.execute(latest)).scalar())
-        return (
-            None if found[0] is None else int(found[0]),
-            None if found[1] is None else int(found[1]),
+        """Up to when the minutes and the hours are rolled up (epoch seconds; None: not
+        yet), from ``_durafn_rollup_marks`` (two rows)."""
+        marks = await conn.execute(select(rollup_marks.c.span, rollup_marks.c.until))
+        found = {int(span): int(until) for span, until in marks}
+        minutes, hours = found.get(MINUTE), found.get(HOUR)
+        return minutes, hours
+
+    async def advance_rollup_mark(self, conn: AsyncConnection, span: int, until: int) -> bool:
+        """Move the mark of ``span`` forward to ``until`` (made at first); False if it is
+        there or beyond already (another pass's): a guarded UPDATE, never backwards."""
+        made = self.dialect_insert(rollup_marks).values(span=span, until=until)
+        result = await conn.execute(made.on_conflict_do_nothing())
+        assert isinstance(result, CursorResult)
+        if result.rowcount == 1:
+            return True
+        moved = await conn.execute(
+            update(rollup_marks)
+            .where(rollup_marks.c.span == span, rollup_marks.c.until < until)
+            .values(until=until)
         )
+        assert isinstance(moved, CursorResult)
+        return moved.rowcount == 1
 
     async def oldest_rollup(self, conn: AsyncConnection, span: int) -> int | None:
         """The earliest start of ``span`` kept (the primary key's first entry)."""

@@ -37,6 +37,7 @@ from .tables import (
     leases,
     lost_workers,
     queues,
+    rollup_marks,
     rollups,
     scheduled_functions,
     workers,
@@ -419,9 +420,11 @@ def _step_24(conn: Connection, dialect: SchemaDialect) -> None:
 
 def _step_25(conn: Connection, dialect: SchemaDialect) -> None:
     """Version 25: ``_durafn_rollups``, what ended per minute and per hour, for the
-    dashboard's charts (a new table: rows that ended before it are rolled up by the
-    next maintenance pass, as far back as retention keeps them)."""
+    dashboard's charts, and ``_durafn_rollup_marks``, how far each is rolled up (new
+    tables: rows that ended before them are rolled up by the next maintenance pass, as
+    far back as retention keeps them)."""
     rollups.create(conn, checkfirst=True)
+    rollup_marks.create(conn, checkfirst=True)
 
 
 def install_functions(conn: Connection, dialect: SchemaDialect) -> None:

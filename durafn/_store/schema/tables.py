@@ -351,6 +351,14 @@ rollups = Table(
     *(Column(name, Integer, nullable=False) for name in (*LAG_COLUMNS, *DURATION_COLUMNS)),
 )
 # The primary key (span, start, ...) is the index every read and the pruning range over.
+# How far each span is rolled up: every minute (hour) before ``until`` is in, rows or
+# none. Moved forward only, by a guarded UPDATE in the transaction that wrote them.
+rollup_marks = Table(
+    "_durafn_rollup_marks",
+    metadata,
+    Column("span", Integer, primary_key=True),
+    Column("until", BigInteger, nullable=False),
+)
 
 dependencies = Table(
     "_durafn_dependencies",
