@@ -443,6 +443,15 @@ async def test_charts_a_function_page_dark_mode_keys_and_the_live_list(
         assert await page.get_attribute("html", "data-theme") == "dark"
         dark = await page.evaluate("getComputedStyle(document.body).backgroundColor")
         assert dark != light
+        # A phone's width: the page does not scroll sideways (a wide table scrolls in
+        # its own box), on the function's page and the rows list.
+        phone = await (await browser.new_context(viewport={"width": 390, "height": 800})).new_page()
+        phone.set_default_timeout(CEILING * 1000)
+        for path in (page.url, url + "/rows", url + "/"):
+            await phone.goto(path)
+            wide = "document.documentElement.scrollWidth - document.documentElement.clientWidth"
+            assert await phone.evaluate(wide) <= 0, path
+        await _shot(phone, tmp_path, "phone")
         # The system's preference alone (no cookie) gives dark too.
         other = await (await browser.new_context(color_scheme="dark")).new_page()
         other.set_default_timeout(CEILING * 1000)
