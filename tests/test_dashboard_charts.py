@@ -127,6 +127,8 @@ async def test_the_look_is_served_from_the_package_and_the_theme_is_a_form(
         assert '<html lang="en" data-theme="dark">' in dark.text
         away = await web.post("/theme", data={"theme": "auto", "back": "//evil.example/"})
         assert away.headers["location"] == "/"  # never a redirect elsewhere
+        tab = await web.post("/theme", data={"theme": "auto", "back": "/\t/evil.example/"})
+        assert tab.headers["location"] == "/"  # a browser drops the tab: "//evil..."
         assert '<html lang="en">' in (await web.get("/")).text
         other_site = await web.post(
             "/theme", data={"theme": "dark"}, headers={"sec-fetch-site": "cross-site"}

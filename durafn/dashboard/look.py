@@ -52,7 +52,8 @@ def routes() -> list[Route]:
             return PlainTextResponse(f"a cross-origin request is refused ({why})\n", 403)
         form = await request.form()
         back = str(form.get("back") or "/")
-        if not back.startswith("/") or back.startswith("//") or "\\" in back:
+        unsafe = back.startswith("//") or "\\" in back or any(ord(c) < 32 for c in back)
+        if not back.startswith("/") or unsafe:
             back = "/"  # a path under the dashboard only: never a redirect elsewhere
         mount = str(request.scope.get("root_path") or "").rstrip("/")
         done = RedirectResponse(mount + back, status_code=303)
