@@ -1,7 +1,9 @@
 """The dashboard's core: who may see it (``access``; the host names it answers to,
 ``hosts``), how a page and an action are answered, and the routes of its parts
-(``rows``: the scheduled functions and a row; ``bulk``: every row a filter matches;
-``crons``; ``queues``: queues, flow keys and workers). Pages are server-rendered
+(``rows``: the scheduled functions and a row; ``live_rows``: the list kept live;
+``bulk``: every row a filter matches; ``crons``; ``queues``: queues, flow keys and
+workers; ``charts`` and ``functions``: what ended, drawn by ``svg``; ``look``: the
+stylesheet, the script and the theme). Pages are server-rendered
 (Jinja2, every value escaped) over the same ``App`` methods the command line calls
 (``surface.App``).
 
