@@ -32,7 +32,9 @@ MAX_WITHIN = 7 * 86400
 
 
 class Latency(BaseModel):
-    """A histogram of seconds over the buckets of ``durafn._latency.EDGES``."""
+    """A histogram of seconds: ``counts[i]`` values in bucket ``i`` of fixed edges, 1 ms
+    to 500 s in 1-2.5-5 steps (the first holds everything below 1 ms, the last
+    everything from 500 s)."""
 
     model_config = FROZEN
 
@@ -40,6 +42,7 @@ class Latency(BaseModel):
 
     @property
     def total(self) -> int:
+        """How many values (rows that started) it holds."""
         return sum(self.counts)
 
     def percentile(self, q: float) -> float | None:
@@ -92,14 +95,17 @@ class Activity(BaseModel):
 
     @property
     def ended(self) -> dict[State, int]:
+        """Rows ended over the whole window, by state."""
         return {s: sum(p.ended[s] for p in self.points) for s in ENDED}
 
     @property
     def lag(self) -> Latency:
+        """Start lag over the whole window."""
         return Latency(counts=merged([p.lag.counts for p in self.points]))
 
     @property
     def duration(self) -> Latency:
+        """Run time over the whole window."""
         return Latency(counts=merged([p.duration.counts for p in self.points]))
 
 
