@@ -50,6 +50,7 @@ async def test_the_pages_show_rows_with_their_text_escaped(
         listing = await web.get("/rows", params={"state": "Failed"})
         assert listing.status_code == 200 and rows["failed"] in listing.text
         assert '<span id="count-Failed">1</span>' in listing.text  # live counts, bounded
+        assert "<title>durafn: scheduled functions</title>" in listing.text
         assert rows["pending"] not in listing.text
         assert XSS not in listing.text and "&lt;script&gt;" in listing.text
         page = await web.get(f"/rows/{rows['failed']}")
