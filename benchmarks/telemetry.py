@@ -4,8 +4,9 @@ each in a process of its own, interleaved round by round:
 * ``absent``: opentelemetry and prometheus-client cannot be imported (the ``otel`` extra
   not installed);
 * ``unused``: installed, and the host uses neither (durafn then imports neither);
-* ``on``: an OpenTelemetry SDK with an in-memory span exporter (every span recorded) and
-  an in-memory metric reader, and durafn's Prometheus metrics kept;
+* ``on``: an OpenTelemetry SDK with every span recorded and given to an exporter that
+  counts them (each run's span is checked for) and keeps none, as a deployment's sends
+  them away; an in-memory metric reader, and durafn's Prometheus metrics kept;
 * ``sampled``: the same with a sampler that keeps one trace in ten
   (``ParentBased(TraceIdRatioBased(0.1))``, a common production setting);
 * ``head``: the SDK's default sampler kind, ``ParentBased(TraceIdRatioBased(0.01))``,
@@ -23,6 +24,8 @@ attributes durafn sets on a no-op run's span. A run that makes one can keep at m
 ``t / (t + span)`` of a drain whose rows cost ``t`` each: both ceilings are printed
 beside the ratio. ``--baseline PATH``: also a checkout of durafn before this feature (a
 ``git worktree``), as one more setting.
+Also the worker's CPU per row in each setting, as the same ratios (a busy machine sways
+them less). ``--micro``: what the telemetry calls alone cost a run, per setting.
 Run: ``python -m benchmarks.telemetry [--rows 20000] [--rounds 5] [--kind mutation]``.
 """
 
@@ -55,9 +58,17 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 provider = TracerProvider()
-spans = InMemorySpanExporter()
+# Counts the spans it is given and keeps none, as a deployment's exporter sends them
+# away: 20,000 spans kept in memory (InMemorySpanExporter) cost 14 us a run more, in the
+# garbage collector's passes over them, which no deployment pays.
+class Counted(SpanExporter):
+    exported = 0
+    def export(self, spans):
+        Counted.exported += len(spans)
+        return SpanExportResult.SUCCESS
+spans = Counted()
 provider.add_span_processor(SimpleSpanProcessor(spans))
 trace.set_tracer_provider(provider)
 metrics.set_meter_provider(MeterProvider(metric_readers=[InMemoryMetricReader()]))
@@ -87,6 +98,7 @@ from benchmarks import telemetry, throughput
 async def main():
     stamp = telemetry.stamp_requests if {head!r} else None
     result = await throughput.drain({url!r}, {rows}, {kind!r}, scheduled=stamp)
+    print("cpu", result["worker_cpu_ms_per_1000"] / 1000)
     print(result["drained_per_s"])
 anyio.run(main)
 """
@@ -163,7 +175,7 @@ def _child(
     }[setting]
     code = prelude + _DRAIN.format(url=url, rows=rows, kind=kind, head=setting == "head")
     if setting == "on":
-        code += _BARE_SPAN
+        code += 'print("exported", Counted.exported)\n' + _BARE_SPAN
     root = baseline if setting == "baseline" and baseline is not None else HERE
     env = {k: v for k, v in os.environ.items() if not k.startswith("DURAFN_")}
     env["PYTHONPATH"] = str(root)
@@ -185,12 +197,16 @@ async def measure(
     settings = (*SETTINGS, "baseline") if baseline is not None else SETTINGS
     rates: dict[str, list[float]] = {s: [] for s in settings}
     spans: dict[str, list[float]] = {"span": [], "attributed": []}
+    cpu: dict[str, list[float]] = {s: [] for s in settings}
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(rounds):
             for setting in settings:
                 url = await throughput.fresh_url(engine, tmp, f"otel-{i}-{setting}")
                 rate, timed = _child(setting, url, rows, kind, baseline)
                 rates[setting].append(rate)
+                cpu[setting].append(timed.pop("cpu"))
+                if setting == "on" and timed.pop("exported") < rows:
+                    raise SystemExit("on: a run's span was not recorded")
                 for what, seconds in timed.items():
                     spans[what].append(seconds)
     medians = {s: statistics.median(r) for s, r in rates.items()}
@@ -215,9 +231,84 @@ async def measure(
     print(f"  api / unused    {medians['api'] / unused:.3f}")
     print(f"  metrics / unused {medians['metrics'] / unused:.3f}")
     print(f"  unused / absent {unused / absent:.3f}  (target >= 0.98)")
+    # The worker's own CPU per row, as the same ratios (less swayed by a busy machine than
+    # the rates: another process's work takes no CPU time from this one's count).
+    c = {s: statistics.median(found) for s, found in cpu.items()}
+    print(
+        f"  worker CPU per row, us: {', '.join(f'{s} {c[s] * 1e3:.1f}' for s in settings)};"
+        f" as rate ratios: metrics/absent {c['absent'] / c['metrics']:.3f},"
+        f" head/unused {c['unused'] / c['head']:.3f}, on/unused {c['unused'] / c['on']:.3f}"
+    )
     if baseline is not None:
         print(f"  absent / before {absent / medians['baseline']:.3f}")
     return medians
+
+
+_MICRO = """
+import json, secrets, time
+from dataclasses import dataclass
+from durafn._kinds import FunctionKind, State
+from durafn._store.rows import Outcome
+from durafn._telemetry import Telemetry
+
+@dataclass
+class Row:
+    id: str
+    name: str
+    trace_context: str | None
+    attempts: int = 0
+    available_at: float = 1.0
+    priority: int = 0
+    queue_name: str | None = None
+    flow_key: str | None = None
+    job_key: str | None = None
+
+async def gauges():
+    raise AssertionError("not read")
+
+telemetry = Telemetry(gauges)
+def context(n):
+    flags = "01" if n % 100 == 0 else "00"
+    header = f"00-{{secrets.token_hex(16)}}-{{secrets.token_hex(8)}}-{{flags}}"
+    return json.dumps({{"traceparent": header}}, separators=(",", ":"))
+rows = [Row(f"{{n}}", "bench:noop", context(n) if {stamped} else None) for n in range(20_000)]
+ended = [Outcome(id=r.id, state=State.SUCCESS, name=r.name) for r in rows]
+best = 1.0
+for _ in range(7):
+    started = time.process_time()  # this process's CPU: other processes' work aside
+    for at in range(0, len(rows), 50):  # a batch of 50, as a mutation batch commits them
+        for row in rows[at : at + 50]:
+            with telemetry.running(FunctionKind.MUTATION, row, 2.0, "host:1"):
+                pass
+        telemetry.ended(FunctionKind.MUTATION, ended[at : at + 50])
+    best = min(best, (time.process_time() - started) / len(rows))
+print(best)
+"""
+
+
+def micro(setting: str) -> float:
+    """What durafn's telemetry costs a run, by itself: ``running`` around a call that does
+    nothing and ``ended`` per batch of 50, for 20,000 rows like the drain's (``head``: 1
+    in 100 stored contexts sampled), best of 7 (in a process of its own)."""
+    prelude = {"absent": _BLOCK, "metrics": _METRICS, "head": _HEAD, "on": _SDK}[setting]
+    code = prelude + _MICRO.format(stamped=setting == "head")
+    if setting == "on":  # the SDK's own span with a run's attributes, in the same process
+        code += "print(best)\n" + _BARE_SPAN.replace("time.perf_counter", "time.process_time")
+    env = {**os.environ, "PYTHONPATH": str(HERE)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"{setting}: {done.stderr}")
+    lines = done.stdout.split()
+    seconds = float(lines[lines.index("span") - 1] if setting == "on" else lines[-1])
+    said = f"  {setting:8} {seconds * 1e6:5.2f} us a run"
+    if setting == "on":
+        attributed = float(lines[lines.index("attributed") + 1])
+        said += (
+            f" (the SDK's span with a run's attributes alone {attributed * 1e6:.2f} us: durafn's"
+            f" own {(seconds - attributed) / seconds:.0%} of it)"
+        )
+    print(said)
+    return seconds
 
 
 def cli() -> None:
@@ -227,7 +318,12 @@ def cli() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--kind", default="mutation", choices=["mutation", "action"])
     parser.add_argument("--baseline", type=Path, default=None)
+    parser.add_argument("--micro", action="store_true", help="per-run cost only (below)")
     args = parser.parse_args()
+    if args.micro:
+        for setting in ("absent", "metrics", "head", "on"):
+            micro(setting)
+        return
     for engine in args.engines.split(","):
         anyio.run(measure, engine, args.rows, args.rounds, args.kind, args.baseline)
 

@@ -45,6 +45,7 @@ if _typing.TYPE_CHECKING:  # (mypy knows the condition by this spelling, not an 
         SnoozeLimitError,
         TransactionError,
         UnknownFunctionError,
+        UnknownOperationError,
         WorkerLostError,
     )
     from ._executor import Executor, ExecutorConfig, ExecutorOptions, RunawayError
@@ -61,9 +62,13 @@ if _typing.TYPE_CHECKING:  # (mypy knows the condition by this spelling, not an 
         CronTick,
         ErrorInfo,
         FailedAttempt,
+        FailureGroup,
+        LinkedRow,
         LostWorker,
+        Operation,
         Page,
         QueueInfo,
+        RowLinks,
         ScheduledFunction,
         Stats,
         WorkerInfo,
@@ -81,6 +86,7 @@ if _typing.TYPE_CHECKING:  # (mypy knows the condition by this spelling, not an 
         Snooze,
     )
     from ._scheduler import Scheduler
+    from ._search import SearchResult
     from ._store import SCHEMA_VERSION, metadata, scheduled_functions
     from ._sync_app import SyncApp
     from ._sync_functions import SyncMutationCtx
@@ -128,6 +134,7 @@ __all__ = [
     "Explanation",
     "Exponential",
     "FailedAttempt",
+    "FailureGroup",
     "Fixed",
     "Flow",
     "FlowError",
@@ -142,12 +149,14 @@ __all__ = [
     "ItemFailed",
     "JobOptions",
     "Latency",
+    "LinkedRow",
     "LostWorker",
     "MutationCtx",
     "MutationRef",
     "NamedBackoff",
     "NonRetryableError",
     "NotFoundError",
+    "Operation",
     "OptionError",
     "Page",
     "QueryCtx",
@@ -159,6 +168,7 @@ __all__ = [
     "RegistrationError",
     "Retention",
     "Retry",
+    "RowLinks",
     "RunawayError",
     "SCHEMA_VERSION",
     "SchedulableRef",
@@ -168,6 +178,7 @@ __all__ = [
     "SchedulingError",
     "SchedulingLimitError",
     "SchemaError",
+    "SearchResult",
     "Snooze",
     "SnoozeLimitError",
     "State",
@@ -180,6 +191,7 @@ __all__ = [
     "Throttle",
     "TransactionError",
     "UnknownFunctionError",
+    "UnknownOperationError",
     "Watch",
     "WorkerInfo",
     "WorkerLostError",

@@ -24,14 +24,17 @@ from ._executor import Executor, ExecutorOptions, make_config
 from ._invoke import Invoker, Timeouts
 from ._kinds import FunctionKind, ScheduledFunctionId, State
 from ._models import CancelResult, Page, ScheduledFunction
+from ._operations import Operations
 from ._operator import Operator
 from ._options import Queue, check_name
 from ._public import publish
 from ._registration import Registration
 from ._registry import ActionRef, MutationRef, QueryRef, Registry
 from ._retries import Retry, check_retry
+from ._row_links import RowLinksReads
 from ._runtime import Backoff, Health, Limits, Runtime
 from ._scheduler import Scheduler
+from ._search import Search
 from ._store import driver_for_url
 from ._writers import DirectWriter, JoinedWriter
 
@@ -70,7 +73,17 @@ def _database_url(url: str | None) -> str:
     return _blank(from_env, "DURAFN_DATABASE_URL is set, but it")
 
 
-class App(Registration, Operator, ActivityReads, Console, CronDeclarations, CronRegistry):
+class App(
+    Registration,
+    Operator,
+    Operations,
+    ActivityReads,
+    RowLinksReads,
+    Search,
+    Console,
+    CronDeclarations,
+    CronRegistry,
+):
     """A durafn application: register functions on it, run them, schedule them.
 
     ``App()`` uses a SQLite file (``DURAFN_DATABASE_URL`` or ``./durafn.sqlite3``);

@@ -13,6 +13,7 @@ builtin a caller would naturally catch, so ``except LookupError`` finds an unkno
     │   ├── SchedulingLimitError           too many functions / too many bytes in one run
     │   └── CancelOwnRunError              a mutation tried to cancel its own run
     ├── NotFoundError (LookupError)        no scheduled function has that id
+    ├── UnknownOperationError (LookupError) no operation has that id
     ├── ReadOnlyError                      a query tried to write
     ├── TransactionError                   a mutation committed or rolled back ctx.db itself
     ├── FunctionTimeoutError (TimeoutError) a function outlived its time limit
@@ -92,6 +93,11 @@ class SchedulingLimitError(SchedulingError):
 
 class CancelOwnRunError(SchedulingError):
     """A mutation tried to cancel the scheduled run it is executing in."""
+
+
+class UnknownOperationError(DurafnError, LookupError):
+    """No operation (``app.start_operation``) has the given id: it never existed, or it
+    ended longer ago than the retention period."""
 
 
 class NotFoundError(DurafnError, LookupError):

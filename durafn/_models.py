@@ -264,6 +264,10 @@ class QueueInfo(BaseModel):
     """Actions InProgress."""
     capped: bool = False
     """A count stopped at the bound it was read with (``app.queues(bound=)``)."""
+    oldest_due_at: float | None = None
+    """When its longest-waiting due row was due (None: none is due): the earliest among
+    the first ``bound`` due rows in claim order when counts are bounded, so a lower bound
+    of the wait where ``capped``."""
 
 
 class CronInfo(BaseModel):
@@ -328,6 +332,87 @@ class CronTick(BaseModel):
     triggered: bool = False
     """A run started by hand (``trigger_cron``, ``durafn cron trigger``) at ``ts``, not by
     the schedule."""
+
+
+class Operation(BaseModel):
+    """A change of every row a filter matches, tracked (``app.start_operation()``, the
+    dashboard's bulk and failure-group actions): run a page at a time by the workers'
+    maintenance (or ``app.run_operations()``), resumed where it stopped by any process."""
+
+    model_config = FROZEN
+
+    id: int
+    kind: str
+    """``cancel`` (Pending rows), ``retry`` (Failed rows) or ``reschedule`` (Pending rows)."""
+    filter: dict[str, Any]
+    """The rows it selects: ``state``, and any of ``name``, ``queue``, ``key``, ``flag``,
+    ``error_type``."""
+    change: dict[str, Any]
+    """A reschedule's new values (``run_at``, ``priority``); empty for the others."""
+    who: str
+    created_at: datetime
+    updated_at: datetime
+    """When its last page ran (its start, before the first)."""
+    total: int
+    """Rows it matched when it started, counted up to a bound (``total_bounded``)."""
+    total_bounded: bool
+    """The count stopped at its bound: there were at least ``total`` rows."""
+    done: int
+    """Rows changed so far."""
+    scanned: int
+    """Rows read so far (in id order: it reads the table once, a page at a time)."""
+    state: str
+    """``Running``, ``Done``, ``Failed`` (``error`` says why) or ``Canceled``."""
+    finished_at: datetime | None
+    error: str | None
+
+
+class FailureGroup(BaseModel):
+    """Failed rows of one function with one error type (``app.failure_groups()``)."""
+
+    model_config = FROZEN
+
+    name: str
+    error_type: str
+    count: int
+    """Among the rows that ended last (``app.failure_groups(scan=)``)."""
+    first_seen: datetime
+    last_seen: datetime
+    sample: str
+    """The message of one of them (the greatest: any one is a sample)."""
+
+
+class LinkedRow(BaseModel):
+    """A row as a workflow view draws it (``app.row_links()``)."""
+
+    model_config = FROZEN
+
+    id: ScheduledFunctionId
+    name: str
+    state: State
+
+
+class RowLinks(BaseModel):
+    """A row's place in a workflow (``app.row_links(id)``), each list bounded by the
+    call's ``limit`` (``*_more``: there are more)."""
+
+    model_config = FROZEN
+
+    waits_for: list[LinkedRow]
+    """Rows it still waits for (``after=``): an edge is gone once its row finishes."""
+    waits_for_more: bool
+    waited_by: list[LinkedRow]
+    """Rows still waiting for it (a group's completion row among them)."""
+    waited_by_more: bool
+    group: list[LinkedRow]
+    """For a group's completion row (``durafn:group_complete``): the group's rows."""
+    group_size: int
+    """How many rows the group has (``group`` shows the first of them)."""
+    batch_key: str | None
+    """A batched action's key ('' : its function batches without one); None otherwise."""
+    batch: list[LinkedRow]
+    """Rows of its function and batch key still waiting, in the order a batch takes them."""
+    batch_more: bool
 
 
 publish(globals())

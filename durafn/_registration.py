@@ -248,6 +248,12 @@ class Registration:
         """The durable names registered on this app."""
         return self._rt.registry.names()
 
+    def function(self, name: str) -> FunctionRef[Any, Any]:
+        """The function registered as ``name`` (a durable name); UnknownFunctionError if
+        none is: to schedule by name from a tool (``scheduler().run_after(0, name, ...)``
+        validates the arguments the same way)."""
+        return self._rt.registry.get(name)
+
 
 def _plain_def(
     fn: Callable[..., Any], ctx_types: tuple[type, ...], batched: bool

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import socket
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import anyio
@@ -141,8 +141,12 @@ def test_the_cli_lists_pauses_resumes_and_filters_queues(db_url: str) -> None:
         1,
         2,
     )
+    # The longest-waiting due row of each queue: "mail"'s first (its second is not due).
+    due = datetime.fromisoformat(invoke_json("show", ids[0], "--url", db_url)["due_time"])
+    assert queues["mail"]["oldest_due_at"] == pytest.approx(due.timestamp())
     listing = invoke("queue", "ls", "--url", db_url).stdout
     assert "mail" in listing and "paused" in listing and "reports" in listing
+    assert "waited" in listing
     stats = invoke_json("stats", "--url", db_url)
     assert {q["name"] for q in stats["queues"]} == {"mail", "reports"}
     assert "queues" in invoke("stats", "--url", db_url).stdout

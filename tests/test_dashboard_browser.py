@@ -382,6 +382,53 @@ async def test_a_page_of_another_site_can_neither_read_nor_act(
     assert await app.audit_log() == []
 
 
+async def test_a_failure_group_is_retried_and_an_operation_followed_and_canceled(
+    browser: Browser, seeded: tuple[str, dict[str, str], App], tmp_path: Path
+) -> None:
+    """Failures grouped by error type, a group retried after its confirmation; then an
+    operation too large for one page followed on its page, which reloads itself (no
+    script) as a worker's page lands, and canceled from it."""
+    db_url, rows, app = seeded
+    bulk = dashboard_app.send.options(queue="bulk")
+    await app.scheduler().run_many([bulk.call(f"u{n}").after(60) for n in range(1200)])
+    op = await app.start_operation("cancel", who="test", queue="bulk")
+    async with owned() as owner:
+        url = await _serve(owner, db_url, tmp_path / "dashboard.log")
+        page = await _new_page(browser)
+        page.on("dialog", lambda dialog: pytest.fail(f"a script ran: {dialog.message}"))
+        await page.goto(url + "/")
+        await page.click("text=Failures")
+        group = page.locator("tr.failure-group", has_text="mail:broken")
+        assert "ValueError" in (await group.text_content() or "")
+        assert XSS in (await group.locator("code").text_content() or "")  # text, not a script
+        await _shot(page, tmp_path, "failures")
+        await group.locator("a.retry-group").click()
+        assert "Retry mail:broken failing with ValueError?" in (await page.text_content("h1") or "")
+        await page.click("#confirm")
+        said = await page.text_content("#done") or ""
+        assert "put back to Pending: 1 Failed rows of mail:broken failing with ValueError" in said
+        assert (await app.get(rows["failed"])).state is State.PENDING  # type: ignore[union-attr]
+        # The operation's page: Running, nothing done; a worker's page lands and the page,
+        # reloading itself, shows it; then it is canceled from there.
+        await page.goto(f"{url}/operations/{op.id}")
+        assert await page.text_content("#op-state") == "Running"
+        assert await page.text_content("#op-done") == "0"
+        # It follows with no script of its own (the dashboard's shared one only adds keys
+        # and the rows list's updates: it reloads no page).
+        others = "document.querySelectorAll(\"script:not([src*='/static/dashboard.js'])\").length"
+        assert await page.evaluate(others) == 0
+        assert await app.run_operations(pages=1) == 1
+        await page.wait_for_function("document.getElementById('op-done').textContent === '500'")
+        await _shot(page, tmp_path, "operation")
+        await page.click("#cancel-operation")
+        assert f"operation {op.id} canceled" in (await page.text_content("#done") or "")
+        assert await page.text_content("#op-state") == "Canceled"
+        await page.click("text=All operations")
+        assert "Canceled" in (await page.text_content("#operations") or "")
+    assert (await app.operation(op.id)).done == 500
+    assert await app.count(state=State.CANCELED, queue="bulk") == 500
+
+
 async def _ended_a_while_ago(app: App) -> None:
     """Rows that ended ten minutes ago (Success, and Failed with two error types' worth of
     messages), rolled up by a maintenance pass now: the charts' last hour holds them."""

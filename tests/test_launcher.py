@@ -14,7 +14,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from .support.helpers import CEILING, wait_until
+from .support.helpers import CEILING, true, wait_until
 from .support.launched import LaunchedProcess, launcher
 from .support.processes import TOKEN, alive, carrying, owned, tagged
 
@@ -116,6 +116,8 @@ async def test_a_failing_test_ends_its_launched_process_and_that_ones_child() ->
             with anyio.fail_after(CEILING):
                 while b"started" not in await parent.stdout.receive():
                     pass
+            # Its child, once /proc shows it (a loaded machine once showed none yet).
+            await wait_until(lambda: true(bool(carrying(owner.token))), "the child is seen")
             children = set(carrying(owner.token))
             assert len(children) == 1 and parent.pid not in children
             tree = {parent.pid, *children}

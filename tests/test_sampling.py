@@ -29,6 +29,7 @@ from durafn._telemetry.tracing import (
     Tracing,
     drops_unsampled_remote_parents,
     unsampled_parent,
+    unsampled_stored,
 )
 
 TRACE_ID = 0x4BF92F3577B34DA6A3CE929D0E0E4736
@@ -60,8 +61,10 @@ def _tracing(sampler: Any) -> tuple[Tracing, InMemorySpanExporter]:
     return tracing, exporter
 
 
-def _run(tracing: Tracing, carrier: dict[str, str], attempt: int = 1) -> Any:
-    span, _ = tracing.start(FunctionKind.ACTION, "f", attempt, json.dumps(carrier), "f")
+def _run(tracing: Tracing, carrier: dict[str, str], attempt: int = 1, compact: bool = False) -> Any:
+    """A run of a row storing ``carrier`` (``compact``: as ``capture`` writes it)."""
+    stored = json.dumps(carrier, separators=(",", ":") if compact else None)
+    span, _ = tracing.start(FunctionKind.ACTION, "f", attempt, stored, "f")
     tracing.end(span, "success", {})
     return span
 
@@ -88,10 +91,32 @@ def test_only_a_plain_unsampled_traceparent_is_read_here() -> None:
     assert unsampled_parent({}) is None
 
 
+def test_a_stored_context_in_captures_form_is_read_as_its_carrier_would_be() -> None:
+    """``unsampled_stored`` reads the stored text of a lone ``traceparent`` (as
+    ``capture`` writes it) without parsing JSON: the same answer as ``unsampled_parent``
+    of its carrier; any other form is left to the propagators (None)."""
+
+    def compact(carrier: dict[str, str]) -> str:
+        return json.dumps(carrier, separators=(",", ":"))
+
+    plain = [_carrier(flags) for flags in ("00", "01", "02", "03")]
+    bad = ["01-00", f"00-{TRACE_ID:032x}-{0:016x}-00", f"00-{0:032x}-{SPAN_ID:016x}-00"]
+    for carrier in [*plain, *({"traceparent": b} for b in bad)]:
+        assert unsampled_stored(compact(carrier)) == unsampled_parent(carrier)
+    assert unsampled_stored(compact(_carrier("00"))) == (TRACE_ID, SPAN_ID)
+    others = [
+        compact(_carrier("00", tracestate="k=v")),
+        compact(_carrier("00", cron="c")),
+        json.dumps(_carrier("00")),  # spaced: not capture's form
+    ]
+    assert [unsampled_stored(stored) for stored in others] == [None, None, None]
+
+
 def test_an_unsampled_parent_under_the_default_sampler_costs_no_sdk_call() -> None:
     tracing, exporter = _tracing(ParentBased(sampling.ALWAYS_ON))
     ParentBased.asked = 0
-    span = _run(tracing, _carrier("00"))
+    assert not _run(tracing, _carrier("00"), compact=True).is_recording()  # read as text
+    span = _run(tracing, _carrier("00"))  # through its carrier
     assert ParentBased.asked == 0 and exporter.get_finished_spans() == ()
     # The function runs under its scheduler's own context: its spans are that parent's
     # children (and sampled out by the same rule), its log lines carry that trace's id.
@@ -104,8 +129,8 @@ def test_an_unsampled_parent_under_the_default_sampler_costs_no_sdk_call() -> No
     )
     # A sampled parent, a retry (a root linked to its first trace), and a cron's tick go
     # through the sampler as before.
-    _run(tracing, _carrier("01"))
-    _run(tracing, _carrier("00"), attempt=2)
+    _run(tracing, _carrier("01"), compact=True)
+    _run(tracing, _carrier("00"), attempt=2, compact=True)
     assert ParentBased.asked == 2
     [recorded, retry] = exporter.get_finished_spans()
     assert recorded.parent is not None and recorded.parent.span_id == SPAN_ID
@@ -116,7 +141,7 @@ def test_a_sampler_told_to_keep_unsampled_parents_children_is_asked() -> None:
     keep = ParentBased(sampling.ALWAYS_ON, remote_parent_not_sampled=sampling.ALWAYS_ON)
     tracing, exporter = _tracing(keep)
     ParentBased.asked = 0
-    span = _run(tracing, _carrier("00"))
+    span = _run(tracing, _carrier("00"), compact=True)
     assert ParentBased.asked == 1 and span.is_recording() is False  # ended
     [recorded] = exporter.get_finished_spans()
     assert recorded.parent is not None and recorded.parent.span_id == SPAN_ID

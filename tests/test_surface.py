@@ -123,6 +123,11 @@ async def test_ids(app: durafn.App, id: Any) -> None:
     await refused_cleanly(app, lambda: app.retry([id]))
     await refused_cleanly(app, lambda: app.reschedule(id, priority=1))
     await refused_cleanly(app, lambda: app.reschedule([id], max_attempts=id))
+    await refused_cleanly(app, lambda: app.row_links(id))
+    await refused_cleanly(app, lambda: app.search(id))
+    await refused_cleanly(app, lambda: app.operation(id))
+    await refused_cleanly(app, lambda: app.cancel_operation(id))
+    await refused_cleanly(app, lambda: app.start_operation("cancel", who="t", name=id))
 
 
 POLICIES: list[tuple[Callable[..., Any], str]] = [

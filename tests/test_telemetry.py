@@ -33,7 +33,7 @@ import durafn
 from durafn import ActionCtx, MutationCtx
 from durafn.testing import FakeClock
 
-from .support.helpers import has_beaten, true, wait_until
+from .support.helpers import CEILING, has_beaten, true, wait_until
 from .test_heartbeats import OPTIONS as HEARTBEATS
 from .test_heartbeats import _dead_worker_claims
 
@@ -298,12 +298,100 @@ async def test_counters_and_histograms_move_by_the_runs_and_gauges_match_the_tab
     assert samples[("durafn_due_rows", ())] == due == 1
     assert samples[("durafn_queue_pending_rows", (("queue", "later"),))] == 2
     assert samples[("durafn_queue_due_rows", (("queue", "now"),))] == 1
+    waited = "durafn_queue_oldest_due_age_seconds"
+    assert samples[(waited, (("queue", "now"),))] == pytest.approx(1.0)
+    assert samples[(waited, (("queue", "later"),))] == 0  # none due yet
     assert samples[("durafn_running_rows", ())] == 0
     assert samples[("durafn_workers_alive", ())] == 0
     assert samples[("durafn_oldest_due_age_seconds", ())] == pytest.approx(1.0)
     # Labels: function names, kinds, outcomes, queues, crons; never an id.
     for (_, labels), _value in samples.items():
         assert {k for k, _ in labels} <= {"function", "kind", "outcome", "queue", "cron", "le"}
+
+
+async def test_with_metrics_alone_a_running_action_cancelled_is_counted_with_its_duration(
+    app: durafn.App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Metrics without spans or JSON logs keep no run's fields (``_Timed``): a running
+    action's cancel is still counted, as canceled, with the time it ran."""
+    from durafn._telemetry import Telemetry, _Timed
+
+    # A host with no tracer provider (another test of this process may have set one).
+    monkeypatch.setattr(Telemetry, "tracing", property(lambda self: None))
+    started = anyio.Event()
+
+    @app.action(name="a:waits")
+    async def waits(ctx: ActionCtx) -> None:
+        started.set()
+        await ctx.wait_for_cancel()
+
+    asgi = app.metrics_app()
+    id = await app.scheduler().run_after(0, waits)
+    async with app.run_executor():
+        with anyio.fail_after(CEILING):
+            await started.wait()
+        assert [type(run) for run in app._rt.telemetry._runs.values()] == [_Timed]
+        assert await app.cancel(id)
+        await wait_until(lambda: true(_counted(app, "a:waits") == 1), "the cancel counted")
+    samples = _samples(await _scrape(asgi))
+    labels = (("function", "a:waits"), ("kind", "action"), ("outcome", "canceled"))
+    assert samples[("durafn_runs_total", labels)] == 1
+    by = (("function", "a:waits"), ("kind", "action"))
+    assert samples[("durafn_run_duration_seconds_count", by)] == 1
+    assert samples[("durafn_start_lag_seconds_count", by)] == 1
+
+
+def _counted(app: durafn.App, name: str) -> float:
+    metrics = app._rt.telemetry.metrics
+    assert metrics is not None
+    return sum(v for labels, v in metrics._runs.values.items() if labels[0] == name)
+
+
+def test_a_histogram_counts_every_value_across_its_folds_and_threads() -> None:
+    """Observations wait in a list and are counted into buckets a few hundred at a time
+    (``Histogram.FOLD_AT``): a collection between folds counts the waiting ones, and
+    collections from another thread while values keep coming never go back (a value
+    counted twice, or not at all, for a moment would read as a counter reset)."""
+    import threading
+
+    from durafn._telemetry.metrics import SECONDS, Histogram
+
+    histogram = Histogram("h_seconds", "test", ("function",))
+    labels = ("f",)
+
+    def read() -> tuple[float, float, float]:
+        [family] = histogram.collect()
+        by = {s.name: s.value for s in family.samples if s.labels.get("le") in (None, "0.01")}
+        return by["h_seconds_count"], by["h_seconds_sum"], by["h_seconds_bucket"]
+
+    values = [0.002, 0.02, 7.0, -1.0]  # a negative duration counts as 0 (a clock step)
+    total = Histogram.FOLD_AT * 2 + 3
+    for n in range(total):
+        histogram.observe(labels, values[n % 4])
+    count, summed, small = read()
+    expected = [values[n % 4] for n in range(total)]
+    assert count == total
+    assert summed == pytest.approx(sum(max(0.0, v) for v in expected))
+    assert small == sum(1 for v in expected if v <= 0.01)  # 0.002 and the clamped -1
+    assert SECONDS[2] == 0.01
+
+    readings: list[float] = []
+    stop = threading.Event()
+
+    def scrape() -> None:
+        while not stop.is_set():
+            readings.append(read()[0])
+
+    scraper = threading.Thread(target=scrape)
+    scraper.start()
+    try:
+        for n in range(Histogram.FOLD_AT * 20):
+            histogram.observe(labels, values[n % 4])
+    finally:
+        stop.set()
+        scraper.join()
+    assert readings == sorted(readings), "a collection went back"
+    assert read()[0] == total + Histogram.FOLD_AT * 20
 
 
 async def test_the_queue_gauges_cover_the_declared_queues_and_a_bounded_number_of_others(
@@ -614,6 +702,8 @@ async def test_the_counters_and_gauges_reach_the_opentelemetry_metrics_api(
     database: built after the SDK, as a host builds it.)"""
     import uuid
 
+    from durafn._telemetry.metrics import SECONDS
+
     url, ready = app_url
     app = durafn.App(url)
     name = f"otel:{uuid.uuid4().hex[:8]}"  # the provider is the process's: a name of its own
@@ -646,6 +736,17 @@ async def test_the_counters_and_gauges_reach_the_opentelemetry_metrics_api(
         assert from_reader[("durafn.due_rows", ())] == 1  # the row due now, counted
         assert from_reader[("durafn.workers_alive", ())] == 0
         assert from_reader[("durafn.oldest_due_age", ())] >= 0
+        # The histograms, as Prometheus's classic form: a counter per bucket bound.
+        buckets = {
+            dict(attributes)["le"]: value
+            for (metric, attributes), value in from_reader.items()
+            if metric == "durafn.run_duration.bucket" and dict(attributes).get(labels[0][0]) == name
+        }
+        assert buckets["+Inf"] == 2 and len(buckets) == len(SECONDS) + 1
+        assert sorted(buckets.values()) == [buckets[b] for b in sorted(buckets, key=float)]
+        assert from_reader[("durafn.run_duration.count", labels)] == 2
+        assert from_reader[("durafn.start_lag.count", labels)] == 2
+        assert from_reader[("durafn.run_duration.sum", labels)] > 0
         await app.scheduler().run_after(0, noted)
         gauges = app._rt.telemetry.metrics.gauges  # type: ignore[union-attr]
         gauges.reading = None  # as if older than GAUGE_TTL, with nothing read before

@@ -273,6 +273,7 @@ class Executor:
                 tg.start_soon(self._actions.dispatch)
                 tg.start_soon(self._actions.watch.run)
                 tg.start_soon(self._maintenance.loop, wakeups.stopping)
+                tg.start_soon(self._maintenance.operations_loop, wakeups.stopping)
                 tg.start_soon(poll_cancels, self._rt, wakeups.poll_interval)
                 tg.start_soon(self._freed.run)
                 await self._crons.reconcile()

@@ -4,11 +4,12 @@ Retention: finished rows older than their period (the executor's
 ``retention``, a number or a ``Retention`` per state, or their function's own) are
 deleted in bounded batches (``ix_scheduled_functions_completed``), so no pass holds locks
 for long; so are the audit trail's entries older than the longest of the executor's
-periods (``ix_durafn_audit_at``). Then the rollups: what ended in each closed minute and
-hour, for the dashboard's charts, kept as long as the longest period (``rollups.py``).
-Every worker runs it; the batches make concurrent
-passes harmless. Recurring (cron) ticks have a loop of their own, which one leader runs
-(``crons.py``).
+periods (``ix_durafn_audit_at``) and the operations that ended before it. Then the
+rollups: what ended in each closed minute and hour, for the dashboard's charts, kept as
+long as the longest period (``rollups.py``). And operations (``durafn/_operations.py``):
+a loop of their own runs them a page at a time. Every worker runs them all; the batches
+make concurrent passes harmless. Recurring (cron) ticks have a loop of their own, which
+one leader runs (``crons.py``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from .._errors import DatabaseError
 from .._kinds import State
+from .._operations import OPERATIONS_POLL, run_operations
 from .._retention import FINISHED, periods
 from .._runtime import Runtime
 from .config import ExecutorConfig
@@ -58,18 +60,24 @@ class Maintenance:
             logger.debug("retention deleted %d finished rows", deleted)
         # The audit trail is kept as long as the longest of the executor's periods: an
         # operator's action outlives none of the rows it changed.
-        await self._prune_audit(now - max(default.values()))
+        await self._prune(now - max(default.values()))
         await self._rollups.run_once(now, max(default.values()))
         return deleted
 
-    async def _prune_audit(self, cutoff: float) -> None:
+    async def _prune(self, cutoff: float) -> None:
+        """The audit trail's entries, and the operations that ended, before ``cutoff``."""
         limit = self._config.retention_batch
+        driver = self._rt.driver
 
-        async def _batch(conn: AsyncConnection) -> int:
-            return await self._rt.driver.delete_audit(conn, older_than=cutoff, limit=limit)
+        async def _audit(conn: AsyncConnection) -> int:
+            return await driver.delete_audit(conn, older_than=cutoff, limit=limit)
 
-        while await self._rt.transaction(_batch, doing="deleting old audit entries") == limit:
-            await anyio.lowlevel.checkpoint()
+        async def _operations(conn: AsyncConnection) -> int:
+            return await driver.delete_operations(conn, older_than=cutoff, limit=limit)
+
+        for batch, doing in ((_audit, "audit entries"), (_operations, "operations")):
+            while await self._rt.transaction(batch, doing=f"deleting old {doing}") == limit:
+                await anyio.lowlevel.checkpoint()
 
     async def _delete(
         self, cutoff: float, states: list[State], names: list[str] | None, excluded: list[str]
@@ -99,4 +107,16 @@ class Maintenance:
                 await self.run_once()
             except DatabaseError as exc:
                 logger.warning("retention pass failed (%s); trying again next interval", exc)
+            await first_of(stopping.wait, functools.partial(self._rt.clock.sleep_until, deadline))
+
+    async def operations_loop(self, stopping: anyio.Event) -> None:
+        """Run the Running operations (``durafn/_operations.py``) a page at a time, looking
+        for new ones every ``OPERATIONS_POLL`` seconds on the clock, until ``stopping``.
+        Every worker runs it: each page is taken by one of them."""
+        while not stopping.is_set():
+            deadline = self._rt.clock.now() + OPERATIONS_POLL
+            try:
+                await run_operations(self._rt, stopping=stopping)
+            except DatabaseError as exc:
+                logger.warning("an operation's page failed (%s); trying again", exc)
             await first_of(stopping.wait, functools.partial(self._rt.clock.sleep_until, deadline))

@@ -29,9 +29,12 @@ from .claim.statements import ClaimStatements
 from .crons import CronStatements
 from .engine import EngineDriver
 from .filters import RowFilter
+from .operations import OperationStatements
 from .queues import QueueStatements
 from .read.explain import ExplainStatements, FlowKeyStatements
 from .read.listing import ReadStatements
+from .read.row_links import RowLinksStatements
+from .read.search import SearchStatements
 from .rollups import RollupStatements
 from .rows import NewRow
 from .schema.tables import sf
@@ -61,7 +64,10 @@ class Driver(
     FlowKeyStatements,
     WorkerStatements,
     AuditStatements,
+    OperationStatements,
     RollupStatements,
+    RowLinksStatements,
+    SearchStatements,
     EngineDriver,
 ):
     """Dialect-neutral statements on the system tables."""

@@ -27,6 +27,8 @@ class RowFilter:
     key: str | None = None
     flag: str | None = None
     """Rows carrying this flag."""
+    error_type: str | None = None
+    """Rows whose last error is of this type (a failure group, ``app.failure_groups()``)."""
     after: float | None = None
     """``scheduled_time >= after``."""
     before: float | None = None
@@ -61,6 +63,8 @@ class RowFilter:
             terms.append(sf.c.job_key == self.key)
         if self.flag is not None:
             terms.append(carries(self.flag))
+        if self.error_type is not None:
+            terms.append(sf.c.error_type == self.error_type)
         if self.after is not None:
             terms.append(sf.c.scheduled_time >= self.after)
         if self.before is not None:

@@ -26,13 +26,24 @@ from typing_extensions import Unpack
 
 from .._errors import DatabaseError
 from .._kinds import FunctionKind, ScheduledFunctionId, State
-from .._models import AuditEntry, LostWorker, Page, QueueInfo, ScheduledFunction, WorkerInfo
+from .._models import (
+    AuditEntry,
+    FailureGroup,
+    LinkedRow,
+    LostWorker,
+    Operation,
+    Page,
+    QueueInfo,
+    ScheduledFunction,
+    WorkerInfo,
+)
 from .claim.batched import BatchClaim, BatchSpec
 from .claim.columns import StartTime
 from .claim.hints import FastPathHint, LevelFloor
 from .claim.take import ClaimFilter
 from .crons import CronChange, CronMove, NewCron, StoredCron
 from .filters import RowFilter
+from .operations import WindowRow
 from .read.explain import Facts, KeyCounts
 from .rollups import RollupRow
 from .rows import Claimed, LostAction, NewRow, NewRowColumns, Outcome, RetryState
@@ -358,6 +369,68 @@ class Store(Protocol):
     ) -> builtins.list[AuditEntry]: ...  # newest first (primary key)
     # Entries older than the retention period (ix_durafn_audit_at).
     async def delete_audit(self, conn: Conn, *, older_than: float, limit: int) -> int: ...
+
+    # -- operations (operations.py; durafn/_operations.py runs them) ----------------------
+    async def insert_operation(
+        self,
+        conn: Conn,
+        *,
+        kind: str,
+        filter: dict[str, Any],
+        change: dict[str, Any],
+        who: str,
+        now: float,
+        total: int,
+    ) -> int: ...
+    async def get_operation(
+        self, conn: Conn, id: int, bound: int
+    ) -> tuple[Operation, str] | None: ...  # and its cursor (primary key)
+    async def list_operations(
+        self, conn: Conn, *, limit: int, before: int | None, bound: int
+    ) -> builtins.list[Operation]: ...  # newest first (primary key)
+    # The oldest Running ones (ix_durafn_operations_running).
+    async def running_operations(self, conn: Conn, limit: int) -> builtins.list[int]: ...
+    async def operation_window(
+        self, conn: Conn, where: RowFilter, after: str | None, scan: int
+    ) -> builtins.list[WindowRow]: ...  # a page's range of the primary key, each row matched
+    async def advance_operation(
+        self, conn: Conn, id: int, *, expected: str, cursor: str, scanned: int, now: float
+    ) -> bool: ...  # take a page: guarded by the cursor expected
+    async def count_operation(self, conn: Conn, id: int, changed: int) -> None: ...
+    async def end_operation(
+        self, conn: Conn, id: int, state: str, now: float, error: str | None = ...
+    ) -> bool: ...  # Running -> state
+    # Ended before the retention period (ix_durafn_operations_finished).
+    async def delete_operations(self, conn: Conn, *, older_than: float, limit: int) -> int: ...
+    async def count_up_to(self, conn: Conn, where: RowFilter, bound: int) -> int: ...
+    # -- a row's links (read/row_links.py) -------------------------------------------
+    # What it still waits for (ix_durafn_dependencies_row); what waits for it (primary key).
+    async def waits_for(
+        self, conn: Conn, id: ScheduledFunctionId, limit: int
+    ) -> builtins.list[LinkedRow]: ...
+    async def waited_by(
+        self, conn: Conn, id: ScheduledFunctionId, limit: int
+    ) -> builtins.list[LinkedRow]: ...
+    async def nodes(self, conn: Conn, ids: Ids) -> builtins.list[LinkedRow]: ...  # (pk)
+    async def batch_key_of(self, conn: Conn, id: ScheduledFunctionId) -> str | None: ...
+    # A batch key's waiting rows (ix_scheduled_functions_batch).
+    async def batch_waiting(
+        self, conn: Conn, name: str, key: str, limit: int
+    ) -> builtins.list[LinkedRow]: ...
+    # -- search (read/search.py) ---------------------------------------------------------
+    # The row holding a job key (ix_scheduled_functions_key).
+    async def key_holder(self, conn: Conn, key: str) -> ScheduledFunction | None: ...
+    # Among the newest ``scan`` rows (ix_scheduled_functions_scheduled): a key, an argument.
+    async def with_key(
+        self, conn: Conn, key: str, scan: int, limit: int
+    ) -> builtins.list[ScheduledFunction]: ...
+    async def with_argument(
+        self, conn: Conn, tokens: Sequence[str], scan: int, limit: int
+    ) -> builtins.list[ScheduledFunction]: ...
+    # Failed rows among the last that ended, grouped (ix_scheduled_functions_completed).
+    async def failure_groups(
+        self, conn: Conn, *, scan: int, limit: int
+    ) -> builtins.list[FailureGroup]: ...
 
     # -- the rollups (rollups.py; _durafn_rollups' primary key unless named) ----------------
     async def roll_up_minutes(

@@ -98,6 +98,18 @@ class QueueStatements:
             in_queue = sf.c.queue_name == queues.c.name
             return at_most(bound, in_queue, *where, outer=queues)
 
+        def oldest(*where: ColumnElement[bool]) -> ScalarSelect[float | None]:
+            # The earliest due time among the first ``bound`` matching entries of the
+            # same ranges as the counts: bounded as they are.
+            some = (
+                select(sf.c.available_at)
+                .where(sf.c.queue_name == queues.c.name, *where)
+                .correlate(queues)
+                .limit(bound)
+                .subquery()
+            )
+            return select(func.min(some.c.available_at)).scalar_subquery()
+
         due = sf.c.available_at <= now
         # Per queue, each count a range of a partial index: ix_scheduled_functions_queue
         # (queue_name first) for its unkeyed Pending rows; ix_scheduled_functions_running
@@ -111,6 +123,8 @@ class QueueStatements:
                 count(QUEUED),
                 count(KEYED),
                 count(RUNNING_ROWS),
+                oldest(QUEUED, due),
+                oldest(KEYED, due),
             )
             .where(*([] if names is None else [queues.c.name.in_(list(names))]))
             .order_by(queues.c.name)
@@ -119,6 +133,7 @@ class QueueStatements:
         infos = []
         for r in rows:
             due_now, pending, running = r[4] + r[5], r[6] + r[7], r[8]
+            waited = [at for at in (r[9], r[10]) if at is not None]
             capped = bound is not None and max(r[4:9]) >= bound
             if bound is not None:
                 due_now, pending = min(due_now, bound), min(pending, bound)
@@ -131,6 +146,7 @@ class QueueStatements:
                     pending=pending,
                     running=running,
                     capped=capped,
+                    oldest_due_at=min(waited, default=None),
                 )
             )
         return infos

@@ -31,6 +31,30 @@ __all__ = ["Reading", "Telemetry"]
 _NOTHING = nullcontext()
 
 
+class _Timed:
+    """A run between its start and its committed outcome, where only metrics are kept
+    (no span, no log line's fields): its name, kind and times, nothing else.
+
+    With metrics alone, ``begin``'s ``_Run`` and a histogram's bucket found per value
+    cost 3.4 us a run (``python -m benchmarks.telemetry --micro``, less the 0.5 us of
+    the calls without telemetry), a sixth of a no-op mutation's 20 us of CPU; this, the
+    histograms' gathered values (``metrics.Histogram``) and a batch's outcomes counted in
+    one loop (``Metrics.ended_many``), 1.0 us."""
+
+    __slots__ = ("ended_at", "kind", "name", "started")
+
+    def __init__(self, name: str, kind: FunctionKind) -> None:
+        self.name, self.kind = name, kind
+        self.started = time.perf_counter()
+        self.ended_at: float | None = None
+
+    def __enter__(self) -> None:
+        pass
+
+    def __exit__(self, *_: object) -> None:
+        self.ended_at = time.perf_counter()
+
+
 class _Run:
     """A run between its start and its committed outcome."""
 
@@ -62,6 +86,10 @@ class _Run:
             self.token = None
 
 
+def _unobserved(labels: tuple[str, ...], value: float) -> None:
+    """The lag histogram's ``observe`` before metrics are kept (never called then)."""
+
+
 class Telemetry:
     """One app's traces and metrics (``Runtime.telemetry``)."""
 
@@ -73,9 +101,10 @@ class Telemetry:
         """Counters, histograms and gauges: kept from the first ``measure()`` on (the
         Prometheus endpoint asks for it), or from the start where the process uses the
         OpenTelemetry metrics API."""
+        self._observe_lag: Callable[[tuple[str, ...], float], None] = _unobserved
         if "opentelemetry.metrics" in sys.modules:
             self.measure()
-        self._runs: dict[str, _Run] = {}
+        self._runs: dict[str, _Run | _Timed] = {}
 
     @property
     def tracing(self) -> Tracing | None:
@@ -105,6 +134,7 @@ class Telemetry:
             if prometheus is not None:
                 self.metrics = Metrics(prometheus, self._read_gauges)
                 self.metrics.gauges.loop = self._loop
+                self._observe_lag = self.metrics.observe_lag
         return self.metrics
 
     def bind_loop(self) -> None:
@@ -134,8 +164,14 @@ class Telemetry:
         ``Claimed``; ``now``: when its run started): ``begin`` where anything is
         recorded, else a context that does nothing."""
         tracing = self.tracing
-        if tracing is None and self.metrics is None and not logs.in_use:
-            return _NOTHING
+        if tracing is None and not logs.in_use:
+            metrics = self.metrics
+            if metrics is None:
+                return _NOTHING
+            name = row.name
+            timed = self._runs[row.id] = _Timed(name, kind)
+            self._observe_lag((name, kind), 0.0 if now is None else now - row.available_at)
+            return timed
         return self.begin(kind, row, now, worker, tracing)
 
     def begin(
@@ -151,7 +187,7 @@ class Telemetry:
         attempt = row.attempts if kind is FunctionKind.ACTION else row.attempts + 1
         run = _Run(row.name, kind, attempt, tracing)
         stale = self._runs.pop(row.id, None)
-        if stale is not None and stale.span is not None and tracing is not None:
+        if isinstance(stale, _Run) and stale.span is not None and tracing is not None:
             tracing.end(stale.span, "rerun", {})  # its batch was run again
         self._runs[row.id] = run
         lag = run.lag = 0.0 if now is None else now - row.available_at
@@ -187,7 +223,7 @@ class Telemetry:
         """A run's fields for its log line (``logs``), while its outcome is being
         recorded: the same as its span's, the trace's id among them."""
         run = self._runs.get(id)
-        if run is None:
+        if not isinstance(run, _Run):
             return {}
         found: dict[str, Any] = {"durafn_attempt": run.attempt, "durafn_lag": run.lag}
         if run.ended_at is not None:
@@ -203,8 +239,10 @@ class Telemetry:
 
     def ended(self, kind: FunctionKind, outcomes: Sequence[Any]) -> None:
         """Outcomes committed (the store's ``Outcome``s): count them, end their spans."""
+        metrics, runs = self.metrics, self._runs
+        counted: list[tuple[str, str, float | None]] = []
         for o in outcomes:
-            run = self._runs.pop(o.id, None)
+            run = runs.pop(o.id, None)
             if o.unwritten or o.state is State.CANCELED:
                 outcome = "canceled"
             elif o.snoozed:
@@ -218,23 +256,29 @@ class Telemetry:
             duration = None
             if run is not None and run.ended_at is not None:
                 duration = run.ended_at - run.started
-            if self.metrics is not None:
-                self.metrics.ended(o.name, kind, outcome, duration)
-            if run is not None and run.span is not None:
-                tracing = run.tracing
-                assert tracing is not None
-                if outcome == "retried":
-                    tracing.event(
-                        run.span,
-                        "durafn.retry",
-                        {"durafn.attempt": run.attempt, "durafn.retry_at": o.retry_at},
-                    )
-                extra: dict[str, Any] = {}
-                if o.error_type is not None:
-                    extra["error.type"] = o.error_type
-                if duration is not None:
-                    extra["durafn.duration"] = duration
-                tracing.end(run.span, outcome, extra)
+            counted.append((o.name, outcome, duration))
+            if isinstance(run, _Run) and run.span is not None and run.span.is_recording():
+                self._end_span(run, o, outcome, duration)
+        if metrics is not None:
+            metrics.ended_many(kind, counted)
+
+    @staticmethod
+    def _end_span(run: _Run, o: Any, outcome: str, duration: float | None) -> None:
+        """A recording span's end (a sampled-out run's span records nothing: not called)."""
+        tracing = run.tracing
+        assert tracing is not None
+        if outcome == "retried":
+            tracing.event(
+                run.span,
+                "durafn.retry",
+                {"durafn.attempt": run.attempt, "durafn.retry_at": o.retry_at},
+            )
+        extra: dict[str, Any] = {}
+        if o.error_type is not None:
+            extra["error.type"] = o.error_type
+        if duration is not None:
+            extra["durafn.duration"] = duration
+        tracing.end(run.span, outcome, extra)
 
     def cancelled(self, ids: Iterable[str]) -> None:
         """Running actions whose rows were cancelled (the cancel wrote their end)."""
@@ -245,7 +289,7 @@ class Telemetry:
             if self.metrics is not None:
                 duration = run.ended_at - run.started if run.ended_at is not None else None
                 self.metrics.ended(run.name, run.kind, "canceled", duration)
-            if run.span is not None and run.tracing is not None:
+            if isinstance(run, _Run) and run.span is not None and run.tracing is not None:
                 run.tracing.event(run.span, "durafn.cancel", {})
                 run.tracing.end(run.span, "canceled", {})
 

@@ -20,6 +20,7 @@ import concurrent.futures
 import itertools
 import logging
 import sys
+import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Sequence
@@ -66,8 +67,8 @@ class Reading:
     oldest_due_age: float
     running: int
     workers: int
-    queues: list[tuple[str, int, int, bool]] = field(default_factory=list)
-    """(queue, due, pending, paused)."""
+    queues: list[tuple[str, int, int, bool, float]] = field(default_factory=list)
+    """(queue, due, pending, paused, how long its longest-waiting due row has waited)."""
     crons: list[tuple[str, float | None]] = field(default_factory=list)
     """(cron, seconds since its last tick, None: never ticked)."""
 
@@ -114,8 +115,25 @@ class Metrics:
         if duration is not None:
             self._duration.observe((name, kind), duration)
 
+    def ended_many(
+        self, kind: FunctionKind, ended: Iterable[tuple[str, str, float | None]]
+    ) -> None:
+        """``ended`` for each (name, outcome, duration) of a batch, in one loop: a no-op
+        mutation's row cost 20 us of CPU, and a call per run per metric was 5% of it."""
+        counts, observe = self._runs.values, self._duration.observe
+        for name, outcome, duration in ended:
+            labels = (name, kind, outcome)  # kind: a StrEnum, its own label value
+            counts[labels] = counts.get(labels, 0) + 1
+            if duration is not None:
+                observe((name, kind), duration)
+
     def started(self, name: str, kind: FunctionKind, lag: float) -> None:
         self._lag.observe((name, kind), lag)
+
+    @property
+    def observe_lag(self) -> Callable[[tuple[str, ...], float], None]:
+        """``started`` without its call: the lag histogram's ``observe``."""
+        return self._lag.observe
 
     def scheduled(self, names: Iterable[str]) -> None:
         for name in names:
@@ -152,19 +170,34 @@ class Counter:
 
 class Histogram:
     """A histogram family with the ``SECONDS`` buckets, kept as ``Counter`` keeps its
-    values: per label set, each bucket's own count (not cumulative), then the sum."""
+    values: per label set, each bucket's own count (not cumulative), then the sum.
+
+    An observation is appended to its label set's list, and the lists are counted into
+    buckets in one loop when ``FOLD_AT`` have gathered: 0.15 us a value where finding each
+    one's bucket as it came was 0.6 us, and a run makes two (its start lag and its
+    duration). A collection, from any thread, counts the waiting values into its copy;
+    the lock keeps it from seeing a fold half done (a value in both places or neither),
+    so each collection's counts are at least the last one's."""
+
+    FOLD_AT: ClassVar[int] = 512
 
     def __init__(self, name: str, documentation: str, labels: Sequence[str]) -> None:
         self.name, self.documentation, self.labels = name, documentation, list(labels)
         self.series: dict[tuple[str, ...], list[float]] = {}
+        self._waiting: dict[tuple[str, ...], list[float]] = {}
+        self._lock = threading.Lock()
 
     def observe(self, labels: tuple[str, ...], value: float) -> None:
-        counts = self.series.get(labels)
-        if counts is None:
-            counts = self.series[labels] = [0] * (len(SECONDS) + 2)
-        value = max(0.0, value)
-        counts[bisect.bisect_left(SECONDS, value)] += 1  # the first bucket with value <= le
-        counts[-1] += value
+        waiting = self._waiting.get(labels)
+        if waiting is None:
+            self.series.setdefault(labels, [0] * (len(SECONDS) + 2))
+            waiting = self._waiting.setdefault(labels, [])
+        waiting.append(value)
+        if len(waiting) >= self.FOLD_AT:
+            with self._lock:
+                folded = len(waiting)  # appended meanwhile (another thread): left waiting
+                _count(self.series[labels], waiting[:folded])
+                del waiting[:folded]
 
     def collect(self) -> Iterable[Any]:
         from prometheus_client.core import HistogramMetricFamily
@@ -172,11 +205,26 @@ class Histogram:
 
         bounds = [*map(floatToGoString, SECONDS), "+Inf"]
         family = HistogramMetricFamily(self.name, self.documentation, labels=self.labels)
-        for labels, counts in list(self.series.items()):
-            counts = counts[:]  # one moment's copy
+        with self._lock:  # one moment's copy
+            copies = [
+                (labels, counts[:], self._waiting.get(labels, [])[:])
+                for labels, counts in list(self.series.items())
+            ]
+        for labels, counts, waiting in copies:
+            _count(counts, waiting)
             cumulative = list(itertools.accumulate(counts[:-1]))
             family.add_metric(labels, list(zip(bounds, cumulative, strict=True)), counts[-1])
         yield family
+
+
+def _count(counts: list[float], values: list[float]) -> None:
+    """Add ``values`` to a histogram's bucket counts (each bucket its own, the sum last)."""
+    bucket, total = bisect.bisect_left, 0.0
+    for value in values:
+        value = value if value > 0.0 else 0.0
+        counts[bucket(SECONDS, value)] += 1  # the first bucket with value <= le
+        total += value
+    counts[-1] += total
 
 
 class Gauges:
@@ -260,11 +308,18 @@ class Gauges:
         due = gauge("durafn_queue_due_rows", "Pending rows due now, per queue.", labels=["queue"])
         pending = gauge("durafn_queue_pending_rows", "Pending rows, per queue.", labels=["queue"])
         paused = gauge("durafn_queue_paused", "1 if the queue is paused.", labels=["queue"])
-        for name, d, p, stopped in r.queues:
+        oldest = gauge(
+            "durafn_queue_oldest_due_age_seconds",
+            "How long a queue's longest-waiting due row has waited (0: nothing due; among "
+            f"its first {GAUGE_BOUND} due rows in claim order).",
+            labels=["queue"],
+        )
+        for name, d, p, stopped, waited in r.queues:
             due.add_metric([name], d)
             pending.add_metric([name], p)
             paused.add_metric([name], 1 if stopped else 0)
-        yield from (due, pending, paused)
+            oldest.add_metric([name], waited)
+        yield from (due, pending, paused, oldest)
         age = gauge(
             "durafn_cron_last_tick_age_seconds",
             "Seconds since a cron's last tick (absent: it never ticked).",
@@ -280,8 +335,13 @@ class _Mirror:
     """The same metrics through the OpenTelemetry metrics API, read from the registries
     when the host's SDK collects (observable instruments): nothing on the hot path. A
     counter and a histogram recorded per run through the SDK cost 25 us a run, more than
-    a no-op mutation's own 20 to 40. The histograms reach an OpenTelemetry pipeline as
-    Prometheus text (the Collector's ``prometheus`` receiver scrapes ``/metrics``).
+    a no-op mutation's own 20 to 40.
+
+    The API has no observable histogram, so each histogram goes as Prometheus's classic
+    form does: ``<name>.bucket`` (runs at or under each bound, attribute ``le``, ``+Inf``
+    last), ``<name>.count`` and ``<name>.sum``, each an observable counter; a backend
+    computes quantiles from the buckets as it would from Prometheus's. (Native OTel
+    histograms: the Collector's ``prometheus`` receiver scraping ``/metrics`` makes them.)
 
     One set of instruments per process (a meter keeps the first instrument of a name),
     observing every app's metrics that is alive."""
@@ -319,6 +379,34 @@ class _Mirror:
                 ]
 
             return observe
+
+        def histogram(which: Callable[[Metrics], Any], part: str) -> Callable[[Any], list[Any]]:
+            def observe(_: Any) -> list[Any]:
+                return [
+                    Observation(s.value, {names.get(k, k): v for k, v in s.labels.items()})
+                    for app in list(cls._apps)
+                    for family in which(app).collect()
+                    for s in family.samples
+                    if s.name.endswith(part)
+                ]
+
+            return observe
+
+        for name, which, what in (
+            ("durafn.run_duration", lambda m: m._duration, "How long runs took"),
+            ("durafn.start_lag", lambda m: m._lag, "From when rows were due to their start"),
+        ):
+            for part, unit, said in (
+                ("bucket", "1", "runs at or under each bound (le, seconds)"),
+                ("count", "1", "runs"),
+                ("sum", "s", "seconds in all"),
+            ):
+                meter.create_observable_counter(
+                    f"{name}.{part}",
+                    [histogram(which, f"_{part}")],
+                    unit=unit,
+                    description=f"{what}: {said}.",
+                )
 
         def gauge(value: Callable[[Reading], float]) -> Callable[[Any], list[Any]]:
             def observe(_: Any) -> list[Any]:

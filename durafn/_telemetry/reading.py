@@ -50,10 +50,12 @@ async def read_gauges(rt: _Runtime) -> Reading:
             at=0.0,
             due=due,
             due_capped=capped,
-            oldest_due_age=0.0 if oldest is None else max(0.0, now - oldest),
+            oldest_due_age=_age(now, oldest),
             running=counts[State.IN_PROGRESS],
             workers=len(workers),
-            queues=[(q.name, q.due, q.pending, q.paused) for q in queues],
+            queues=[
+                (q.name, q.due, q.pending, q.paused, _age(now, q.oldest_due_at)) for q in queues
+            ],
             # Never negative: a host whose clock is behind the tick's (skew, a fake clock)
             # reads 0, not a tick from the future.
             crons=[
@@ -64,3 +66,8 @@ async def read_gauges(rt: _Runtime) -> Reading:
 
     found: Reading = await rt.transaction(_read, read_only=True, doing="reading the gauges")
     return found
+
+
+def _age(now: float, due_at: float | None) -> float:
+    """How long a row due at ``due_at`` has waited (0: none is due; never negative)."""
+    return 0.0 if due_at is None else max(0.0, now - due_at)

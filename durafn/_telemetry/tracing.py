@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -50,6 +51,22 @@ def drops_unsampled_remote_parents(sampler: Any) -> bool:
     not_sampled = getattr(sampler, "_remote_parent_not_sampled", None)
     describe = getattr(not_sampled, "get_description", None)
     return callable(describe) and describe() == "AlwaysOffSampler"
+
+
+_STORED = re.compile(r'\{"traceparent":"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})"\}')
+"""A stored context as ``capture`` writes it when a W3C ``traceparent`` is all there is
+to carry: read without ``json.loads`` and a carrier's dictionary (2 us a run)."""
+
+
+def unsampled_stored(stored: str) -> tuple[int, int] | None:
+    """``unsampled_parent`` of a stored context, where it has ``_STORED``'s form: the
+    (trace id, span id) of a parent not sampled; None otherwise (sampled, or another
+    form: the caller reads those through the propagators)."""
+    found = _STORED.fullmatch(stored)
+    if found is None or int(found[3], 16) & 1:
+        return None
+    trace_id, span_id = int(found[1], 16), int(found[2], 16)
+    return (trace_id, span_id) if trace_id and span_id else None
 
 
 def unsampled_parent(carrier: dict[str, str]) -> tuple[int, int] | None:
@@ -104,6 +121,7 @@ class Tracing:
         self._skips: bool | None = None  # drops_unsampled_remote_parents, read once
         self._defaults = (ProxyTracerProvider, NoOpTracerProvider)
         self._provided = False
+        self._off = trace.TraceFlags(0)  # not sampled
         # The API keeps the provider set in a module global (None: none set yet), which
         # an environment variable can also name: then the API call decides.
         self._by_env = "OTEL_PYTHON_TRACER_PROVIDER" in os.environ
@@ -162,6 +180,10 @@ class Tracing:
         the span records. The SDK copies and checks attributes given at the start twice
         (its sampler's result, then the span's), ~2.5 us each: 11 at the start were half
         of what a recorded run's span cost (``benchmarks.telemetry``)."""
+        if stored is not None and attempt <= 1 and self.skips_unsampled:
+            ids = unsampled_stored(stored)
+            if ids is not None:
+                return self._unsampled(*ids)
         attributes: dict[str, Any] = {
             "messaging.system": "durafn",
             "messaging.operation.type": "process",
@@ -200,9 +222,7 @@ class Tracing:
         the user's spans are children of that parent and sampled out too, and log lines
         carry its trace id. (It has no span id of its own: nothing records it.)"""
         trace = self._trace
-        context = trace.SpanContext(
-            trace_id, span_id, is_remote=True, trace_flags=trace.TraceFlags(0)
-        )
+        context = trace.SpanContext(trace_id, span_id, is_remote=True, trace_flags=self._off)
         span = trace.NonRecordingSpan(context)
         return span, trace.set_span_in_context(span, self._context.Context())
 

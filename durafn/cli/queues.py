@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -9,7 +10,7 @@ import click
 from rich.table import Column
 
 from .options import app_options, output_options
-from .output import Output, plural
+from .output import Output, duration, plural
 from .running import Audited, run_with_app
 
 if TYPE_CHECKING:
@@ -25,7 +26,8 @@ def queue() -> None:
 @app_options
 @output_options
 def list_queues(app_ref: str | None, url: str | None, as_json: bool, verbose: bool) -> None:
-    """Every named queue: its concurrency, whether paused, its rows due, Pending, running."""
+    """Every named queue: its concurrency, whether paused, its rows due, Pending, running,
+    and how long its longest-waiting due row has waited."""
     found = run_with_app(app_ref, url, lambda app: app.queues(), verbose=verbose)
     out = Output(as_json)
     if as_json:
@@ -37,12 +39,13 @@ def list_queues(app_ref: str | None, url: str | None, as_json: bool, verbose: bo
 
 
 def print_queues(out: Output, queues: Sequence[QueueInfo], title: str = "") -> None:
+    now = time.time()  # the rows' times are the wall clock's (the app's own clock)
     out.table(
         [
             Column("queue", no_wrap=True),
             Column("concurrency", justify="right"),
             "paused",
-            *(Column(name, justify="right") for name in ("due", "pending", "running")),
+            *(Column(name, justify="right") for name in ("due", "pending", "running", "waited")),
         ],
         [
             (
@@ -52,6 +55,7 @@ def print_queues(out: Output, queues: Sequence[QueueInfo], title: str = "") -> N
                 q.due,
                 q.pending,
                 q.running,
+                "" if q.oldest_due_at is None else duration(max(0.0, now - q.oldest_due_at)),
             )
             for q in queues
         ],

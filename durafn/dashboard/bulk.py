@@ -1,6 +1,7 @@
 """Every row a filter matches, changed at once: cancel every Pending row, retry every
 Failed one, reschedule every Pending one; each after a confirmation that says how many,
-and run in batches of 1,000 rows, each its own transaction."""
+and run as an operation (``operations.py``): a page of at most 500 rows a transaction,
+what the request does not finish done by the workers, its progress on a page."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from .._kinds import State
+from . import operations
 from .rows import text_filters
 from .surface import Done, Pages, Refused
 
@@ -53,30 +55,28 @@ def routes(d: Pages) -> list[Route]:
             return await d.page(request, "confirm.html", body)
 
         async def act(user: str, form: Any) -> Done:
-            return await _change(d, verb, bulk, form)
+            return await _change(d, user, verb, bulk, form)
 
         return await d.act(request, act)
 
     return [Route("/rows/{verb}-matching", act_on_matching, methods=["GET", "POST"])]
 
 
-async def _change(d: Pages, verb: str, bulk: Bulk, form: Any) -> Done:
+async def _change(d: Pages, user: str, verb: str, bulk: Bulk, form: Any) -> Done:
     chosen = _required(text_filters(form))
     shown_filters = {k: v for k, v in chosen.items() if v}
     shown = ", ".join(f"{k}={v}" for k, v in shown_filters.items())
-    # In batches of 1,000 rows, each its own transaction (``cancel_where``,
-    # ``retry_where``, ``reschedule``): a million rows never hold one transaction.
-    if verb == "cancel":
-        count = await d.app.cancel_where(**chosen)
-    elif verb == "retry":
-        count = await d.app.retry_where(**chosen)
-    else:
-        run_at, priority = _new_time_and_priority(form)
-        count = await d.app.reschedule(run_at=run_at, priority=priority, **chosen)
-        shown += f" to {_said_change(run_at, priority)}"
+    change: dict[str, Any] = {}
+    if verb == "reschedule":
+        change["run_at"], change["priority"] = _new_time_and_priority(form)
+        shown += f" to {_said_change(change['run_at'], change['priority'])}"
     query = urlencode({**shown_filters, "state": bulk.after.value})
-    said = f"{bulk.done} {count} {bulk.state.value} rows where {shown}"
-    return Done(said, "/rows?" + query, f"{verb} every {bulk.state.value} row", shown, count)
+    said = f"{bulk.done} {{n}} {bulk.state.value} rows where {shown}"
+    action = f"{verb} every {bulk.state.value} row"
+    # An operation (``operations.py``): its first pages in this request, the rest (of a
+    # table too large for them) by the workers, a page of 500 rows a transaction.
+    started = operations.Started(said, "/rows?" + query, action, shown)
+    return await operations.run(d, user, verb, started, **chosen, **change)
 
 
 def _required(chosen: dict[str, Any]) -> dict[str, Any]:

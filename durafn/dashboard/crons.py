@@ -118,10 +118,35 @@ def _clock_note(fire: datetime, previous: datetime) -> str | None:
     if first != second:
         return "DST: the first pass of a repeated hour"
     if previous.utcoffset() != fire.utcoffset():
-        return (
+        said = (
             f"DST: clocks changed since the previous fire ({_offset(previous)} → {_offset(fire)})"
         )
+        skipped = _skipped(previous, fire)
+        return said if skipped is None else f"{said}; {skipped}"
     return None
+
+
+def _skipped(previous: datetime, fire: datetime) -> str | None:
+    """Where the clocks jumped forward between two fires and this fire's time of day fell
+    in the hour that did not exist that day: the fire of that day was skipped."""
+    before, after = previous.utcoffset() or timedelta(0), fire.utcoffset() or timedelta(0)
+    if after <= before:
+        return None
+    low, high = previous.timestamp(), fire.timestamp()
+    while high - low > 1:  # the instant of the change, to the second
+        middle = (low + high) / 2
+        if datetime.fromtimestamp(middle, fire.tzinfo).utcoffset() == before:
+            low = middle
+        else:
+            high = middle
+    jump = datetime.fromtimestamp(round(high), fire.tzinfo)  # the first wall time after it
+    start = (jump - (after - before)).replace(tzinfo=None).time()
+    if not start <= fire.time() < jump.time():
+        return None
+    return (
+        f"the {fire.strftime('%H:%M')} of {jump.date().isoformat()} did not exist "
+        f"(clocks went from {start.strftime('%H:%M')} to {jump.strftime('%H:%M')}): skipped"
+    )
 
 
 def _offset(t: datetime) -> str:

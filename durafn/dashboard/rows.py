@@ -24,6 +24,8 @@ page then says how far it searched and links to the next stretch. A filter with 
 of its own (a parent) reads only its matches and has no bound."""
 CHILDREN_SHOWN = 20
 """A row's page lists the first rows it scheduled; the rest are a link away."""
+LINKS_SHOWN = 20
+"""Rows of each part of a row's linked rows (``row_links.html``); the rest are counted."""
 TEXT_FILTERS = ("name", "queue", "key", "flag")
 
 
@@ -85,7 +87,8 @@ class RowPages:
             app = self.d.app
             why = await app.explain(found.id) if found.state is State.PENDING else None
             children = await app.list(parent=found.id, limit=CHILDREN_SHOWN)
-            return {"row": found, "explain": why, "children": children}
+            flow = await app.row_links(found.id, limit=LINKS_SHOWN)
+            return {"row": found, "explain": why, "children": children, "links": flow}
 
         return await self.d.page(request, "row.html", body)
 

@@ -1,10 +1,12 @@
 """The dashboard's core: who may see it (``access``; the host names it answers to,
 ``hosts``), how a page and an action are answered, and the routes of its parts
 (``rows``: the scheduled functions and a row; ``live_rows``: the list kept live;
-``bulk``: every row a filter matches; ``crons``; ``queues``: queues, flow keys and
-workers; ``charts`` and ``functions``: what ended, drawn by ``svg``; ``look``: the
-stylesheet, the script and the theme). Pages are server-rendered
-(Jinja2, every value escaped) over the same ``App`` methods the command line calls
+``bulk``: every row a filter matches; ``failures``: failures by function and error type;
+``operations``: the tracked bulk changes; ``functions``: run one from a form;
+``function_page``: what a function did; ``charts``: what ended, drawn by ``svg``;
+``search``: the header's box; ``crons``; ``queues``: queues, flow keys and workers;
+``look``: the stylesheet, the script and the theme). Pages are server-rendered (Jinja2,
+every value escaped) over the same ``App`` methods the command line calls
 (``surface.App``).
 
 Every request's ``Host`` is checked first (``hosts.HostCheck``). Every action is a POST,
@@ -33,12 +35,16 @@ from . import (
     bulk,
     charts,
     crons,
+    failures,
+    function_page,
     functions,
     live,
     live_rows,
     look,
+    operations,
     queues,
     rows,
+    search,
     values,
 )
 from .access import LOGGED_IN, SESSION_COOKIE, Access, cross_origin
@@ -78,8 +84,12 @@ class Dashboard:
                 *live_rows.routes(self),  # and /rows/live
                 *rows.routes(self),
                 *crons.routes(self),
+                *failures.routes(self),
+                *operations.routes(self),
+                *functions.routes(self),  # /functions and its POSTs, before a function's page
+                *function_page.routes(self),
                 *charts.routes(self),
-                *functions.routes(self),
+                *search.routes(self),
                 *queues.routes(self),
                 *live.routes(self),
                 *look.routes(),

@@ -22,19 +22,28 @@ from .._models import (
     AuditEntry,
     CancelResult,
     CronInfo,
+    FailureGroup,
     LostWorker,
+    Operation,
     Page,
     QueueInfo,
+    RowLinks,
     ScheduledFunction,
     Stats,
     WorkerInfo,
 )
+from .._registry import FunctionRef
+from .._scheduler import Scheduler
+from .._search import SearchResult
 from .._watch import Watch
 
 
 class App(Protocol):
     @property
     def clock(self) -> Clock: ...
+    def functions(self) -> builtins.list[str]: ...
+    def function(self, name: str) -> FunctionRef[Any, Any]: ...
+    def scheduler(self) -> Scheduler: ...
     async def stats(self, *, bound: int | None = None) -> Stats: ...
     async def queues(self, *, bound: int | None = None) -> builtins.list[QueueInfo]: ...
     async def flow_keys(self, *, limit: int = 100) -> builtins.list[FlowKeyInfo]: ...
@@ -82,6 +91,8 @@ class App(Protocol):
     ) -> int: ...
     async def get(self, id: ScheduledFunctionId | str) -> ScheduledFunction | None: ...
     async def explain(self, id: ScheduledFunctionId | str) -> Explanation: ...
+    async def row_links(self, id: ScheduledFunctionId | str, *, limit: int = 20) -> RowLinks: ...
+    async def search(self, query: str, *, scan: int = 10_000, limit: int = 20) -> SearchResult: ...
     async def cancel(self, id: ScheduledFunctionId | str) -> CancelResult: ...
     async def cancel_where(
         self,
@@ -125,6 +136,28 @@ class App(Protocol):
     async def audit_log(
         self, *, limit: int = 50, before: int | None = None
     ) -> builtins.list[AuditEntry]: ...
+    async def start_operation(
+        self,
+        kind: str,
+        *,
+        who: str,
+        name: str | None = None,
+        queue: str | None = None,
+        key: str | None = None,
+        flag: str | None = None,
+        error_type: str | None = None,
+        run_at: datetime | None = None,
+        priority: int | None = None,
+    ) -> Operation: ...
+    async def operation(self, id: int) -> Operation: ...
+    async def operations(
+        self, *, limit: int = 50, before: int | None = None
+    ) -> builtins.list[Operation]: ...
+    async def run_operation(self, id: int, *, pages: int | None = None) -> Operation: ...
+    async def cancel_operation(self, id: int) -> bool: ...
+    async def failure_groups(
+        self, *, scan: int = 10_000, limit: int = 100
+    ) -> builtins.list[FailureGroup]: ...
 
 
 COUNT_BOUND = 10_000

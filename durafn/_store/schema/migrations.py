@@ -36,6 +36,7 @@ from .tables import (
     ix_running,
     leases,
     lost_workers,
+    operations,
     queues,
     rollup_marks,
     rollups,
@@ -427,6 +428,13 @@ def _step_25(conn: Connection, dialect: SchemaDialect) -> None:
     rollup_marks.create(conn, checkfirst=True)
 
 
+def _step_26(conn: Connection, dialect: SchemaDialect) -> None:
+    """Version 26: ``_durafn_operations``, an operator's change of every row a filter
+    matches, run a page at a time by the workers' maintenance and resumed where it stopped
+    (``durafn/_operations.py``)."""
+    operations.create(conn, checkfirst=True)  # and its indexes
+
+
 def install_functions(conn: Connection, dialect: SchemaDialect) -> None:
     """What the migrations install besides tables: the release trigger (with, where the
     dialect has them, the hot finish's functions) and the SQL ``durafn.schedule``."""
@@ -459,5 +467,6 @@ MIGRATIONS: dict[int, Callable[[Connection, SchemaDialect], None]] = {
     23: _step_23,
     24: _step_24,
     25: _step_25,
+    26: _step_26,
 }
 """Steps from version N-1 to N. A fresh database gets the latest tables in one go."""

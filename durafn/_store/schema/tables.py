@@ -31,7 +31,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from ..._latency import BUCKETS
 
-SCHEMA_VERSION = 25
+SCHEMA_VERSION = 26
 """Bump with a new step in ``migrations.MIGRATIONS`` whenever the tables change."""
 
 metadata = MetaData()
@@ -358,6 +358,47 @@ rollup_marks = Table(
     metadata,
     Column("span", Integer, primary_key=True),
     Column("until", BigInteger, nullable=False),
+)
+
+# Version 26: operations, an operator's change of every row a filter matches (a failure
+# group's retry, a bulk cancel of a million rows), run a page at a time by any process
+# (the workers' maintenance, ``app.run_operations()``) from where the last page stopped
+# (``cursor``: the last row id it read), each page an UPDATE of this row guarded by the
+# cursor it expects: two runners never both take a page, and one killed mid-way leaves
+# nothing to clean up (its page's transaction is rolled back; the cursor says where the
+# next runner starts). Kept for the retention period, like the audit trail.
+operations = Table(
+    "_durafn_operations",
+    metadata,
+    Column("id", BigInteger().with_variant(Integer(), "sqlite"), primary_key=True),
+    Column("kind", String(16), nullable=False),  # "cancel", "retry", "reschedule"
+    Column("filter", Text, nullable=False),  # the rows it selects, JSON (RowFilter's fields)
+    Column("change", Text, nullable=False),  # a reschedule's new values, JSON ({} else)
+    Column("who", Text, nullable=False),
+    Column("created_at", Double, nullable=False),
+    Column("updated_at", Double, nullable=False),  # its last page
+    Column("total", Integer, nullable=False),  # matching rows when it started (bounded)
+    Column("done", Integer, nullable=False, server_default="0"),  # rows changed so far
+    Column("scanned", BigInteger, nullable=False, server_default="0"),  # rows read so far
+    Column("cursor", Text, nullable=False, server_default=""),  # '' : from the first id
+    Column("state", String(16), nullable=False),
+    Column("finished_at", Double),
+    Column("error", Text),
+    CheckConstraint(
+        "state IN ('Running', 'Done', 'Failed', 'Canceled')", name="ck_durafn_operations_state"
+    ),
+)
+# What is left to run: as few entries as operations running (the workers poll it).
+Index(
+    "ix_durafn_operations_running",
+    operations.c.id,
+    **partial(operations.c.state == literal_column("'Running'")),
+)
+# The retention pass removes the ended ones oldest first.
+Index(
+    "ix_durafn_operations_finished",
+    operations.c.finished_at,
+    **partial(operations.c.finished_at.is_not(None)),
 )
 
 dependencies = Table(

@@ -44,7 +44,8 @@
     if (e.key === "g") {
       pending = setTimeout(() => { pending = null; }, 1500);
     } else if (e.key === "/") {
-      const field = document.querySelector("form.filters input, form.filters select");
+      const field = document.querySelector(
+        "form.filters input, form.filters select, header form.search input");
       if (field) { e.preventDefault(); field.focus(); }
     } else if (e.key === "?") {
       e.preventDefault();
