@@ -91,6 +91,7 @@ async def test_a_function_page_shows_its_figures_errors_crons_and_queues(
         assert groups == [("ValueError", "2"), ("KeyError", "1")]
         assert 'id="chart-duration"' in page.text and 'id="chart-lag"' in page.text
         assert "100.0 %" in page.text  # every run failed
+        assert 'id="run-it" href="/functions#function-mail:worse"' in page.text  # its form
         crons = await web.get("/functions/mail:digest")
         assert "nightly-digest" in crons.text
         queues = re.search(r'<table id="function-queues">(.*?)</table>', crons.text, re.DOTALL)

@@ -18,6 +18,7 @@ from starlette.routing import Route
 from .._kinds import State
 from .._models import ScheduledFunction
 from .charts import RANGES, chosen_range, figures, summary
+from .functions import runnable
 from .rows import SCAN
 from .surface import COUNT_BOUND, Pages
 
@@ -63,6 +64,7 @@ def routes(d: Pages) -> list[Route]:
                 "crons": crons,
                 "queues": queues,
                 "per_queue": [f for f in seen.functions if f.name == name],
+                "runnable": name in runnable(d),
                 "states": State,
             }
 
