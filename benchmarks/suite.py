@@ -31,6 +31,7 @@ from . import (
     charts,
     crons,
     dashboard,
+    durable_workflows,
     flow,
     options,
     peers,
@@ -251,6 +252,17 @@ async def run(sizes: Sizes, engines: list[str]) -> dict[str, Any]:
                 )
 
             r["workflows"] = await step(f"{engine}: a fan-in against a plain drain", 1, _workflows)
+
+            async def _durable(_: Any, engine: str = engine) -> Any:
+                # Ten-step workflows against the same chains of scheduled functions; the
+                # database's CPU and WAL per step on PostgreSQL (benchmarks/pgcost.py).
+                count = 100 if sizes.quick else 300
+                cost = engine == "postgres"  # where pg_wal can be read (else: without it)
+                return await durable_workflows.measure(engine, count, sizes.repeats, cost)
+
+            r["durable_workflows"] = await step(
+                f"{engine}: ten-step durable workflows against chains", 1, _durable
+            )
 
             async def _batches(_: Any, engine: str = engine) -> Any:
                 return await batches.measure(

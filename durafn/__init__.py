@@ -47,6 +47,12 @@ if _typing.TYPE_CHECKING:  # (mypy knows the condition by this spelling, not an 
         UnknownFunctionError,
         UnknownOperationError,
         WorkerLostError,
+        WorkflowCanceledError,
+        WorkflowDeterminismError,
+        WorkflowError,
+        WorkflowLimitError,
+        WorkflowStepError,
+        WorkflowTimeoutError,
     )
     from ._executor import Executor, ExecutorConfig, ExecutorOptions, RunawayError
     from ._explain import Explanation, FlowKeyInfo
@@ -93,6 +99,9 @@ if _typing.TYPE_CHECKING:  # (mypy knows the condition by this spelling, not an 
     from ._sync_scheduler import SyncScheduler
     from ._telemetry.logs import json_log_formatter
     from ._watch import Watch
+    from ._workflow.api import WorkflowCtx, WorkflowRef
+    from ._workflow.lifecycle import WorkflowNotFoundError
+    from ._workflow.models import Workflow, WorkflowState, WorkflowStep
 
 __version__ = "0.1.0"
 
@@ -195,6 +204,18 @@ __all__ = [
     "Watch",
     "WorkerInfo",
     "WorkerLostError",
+    "Workflow",
+    "WorkflowCanceledError",
+    "WorkflowCtx",
+    "WorkflowDeterminismError",
+    "WorkflowError",
+    "WorkflowLimitError",
+    "WorkflowNotFoundError",
+    "WorkflowRef",
+    "WorkflowState",
+    "WorkflowStep",
+    "WorkflowStepError",
+    "WorkflowTimeoutError",
     "json_log_formatter",
     "metadata",
     "scheduled_functions",

@@ -36,6 +36,7 @@ from ._runtime import Backoff, Health, Limits, Runtime
 from ._scheduler import Scheduler
 from ._search import Search
 from ._store import driver_for_url
+from ._workflow.app import Workflows
 from ._writers import DirectWriter, JoinedWriter
 
 if TYPE_CHECKING:
@@ -83,6 +84,7 @@ class App(
     Console,
     CronDeclarations,
     CronRegistry,
+    Workflows,
 ):
     """A durafn application: register functions on it, run them, schedule them.
 

@@ -20,7 +20,13 @@ builtin a caller would naturally catch, so ``except LookupError`` finds an unkno
     ├── ExecutorShutdownError              an action was cut short by the executor stopping
     ├── WorkerLostError                    an action's worker died (recorded on its row)
     ├── SchemaError                        the system tables are missing or too new
-    └── DatabaseError                      the database failed and retrying did not help
+    ├── DatabaseError                      the database failed and retrying did not help
+    └── WorkflowError                      a durable workflow's step, replay or bound
+        ├── WorkflowStepError              a step failed (raised where it is awaited)
+        ├── WorkflowDeterminismError       a replay asked for another step than journaled
+        ├── WorkflowLimitError (ValueError) a step would exceed a workflow's bound
+        ├── WorkflowTimeoutError (TimeoutError) an event did not come in time
+        └── WorkflowCanceledError          the workflow (or a child) was cancelled
 
 and one warning, ``DurableNameWarning`` (a ``UserWarning``): a durable name no worker
 will find, registered from ``__main__``.
@@ -173,6 +179,45 @@ class DatabaseError(DurafnError):
     def __init__(self, message: str, *, transient: bool = False) -> None:
         super().__init__(message)
         self.transient = transient
+
+
+class WorkflowError(DurafnError):
+    """Base class of the errors of durable workflows (``@app.workflow``)."""
+
+
+class WorkflowStepError(WorkflowError):
+    """A workflow's step failed: raised in the workflow's body where the step is awaited,
+    the same on every replay (the step's own exception ran elsewhere, perhaps in another
+    process; ``error_type`` and ``error_message`` are what its row recorded)."""
+
+    def __init__(self, step_no: int, kind: str, name: str, error_type: str, message: str) -> None:
+        super().__init__(f"step {step_no} ({kind} {name!r}) failed: {error_type}: {message}")
+        self.step_no = step_no
+        self.kind = kind
+        self.name = name
+        self.error_type = error_type
+        self.error_message = message
+
+
+class WorkflowDeterminismError(WorkflowError):
+    """A replay asked for a different step than the journal holds at that number (the
+    workflow's code changed under it, or it branches on something not journaled). The
+    workflow is Stopped for an operator: deploy code that matches and
+    ``app.resume_workflow(id)``, or ``app.cancel_workflow(id)``."""
+
+
+class WorkflowLimitError(WorkflowError, ValueError):
+    """A step would take a workflow past one of its bounds (steps, a result's size, the
+    journal's size): that step fails with it, the workflow goes on."""
+
+
+class WorkflowTimeoutError(WorkflowError, TimeoutError):
+    """``wait_for_event(..., timeout=...)`` ended with no event of that name."""
+
+
+class WorkflowCanceledError(WorkflowError):
+    """The workflow was cancelled (``app.cancel_workflow``): recorded on it, and on a
+    parent's step that waited for it as a child."""
 
 
 class DurableNameWarning(UserWarning):

@@ -369,6 +369,12 @@ class ActionRef(SchedulableRef[P, R]):
     """How a run learns of its row's cancel (its decorator's ``cancel=``)."""
 
 
+class StartableRef(FunctionRef[P, R]):
+    """A durable workflow's reference (``durafn.WorkflowRef``, ``_workflow``) as the
+    scheduler sees it: what ``start_workflow`` takes, so that mypy checks its
+    arguments."""
+
+
 RefT = TypeVar("RefT", bound="FunctionRef[Any, Any]")
 
 
@@ -381,6 +387,13 @@ class Registry:
         """How many functions were registered: what was read of it may be stale."""
         self.origin = origin
         """Where its app was made (``file:line``): errors name the app a function is on."""
+        self.workflows: dict[str, Any] = {}
+        """Durable workflows by name (``@app.workflow``, ``_workflow``): not rows'
+        functions, so kept apart from them."""
+        self.workflow_ops: Any = None
+        """What starts and signals workflows (``_workflow.lifecycle``), set by the first
+        ``@app.workflow``: the scheduler reaches it here, not by importing it (which
+        would import the scheduler back)."""
         # durafn's own mutation that completes a group (``_groups``): every worker runs it.
         self.add(MutationRef(complete_group, name=GROUP_COMPLETE, timeout=None, ctx_types=()))
 

@@ -26,7 +26,7 @@ from ._groups import GROUP_COMPLETE, GroupCompletion, check_group_callback, grou
 from ._kinds import ScheduledFunctionId, State
 from ._models import CancelResult
 from ._public import publish
-from ._registry import Call, MutationRef, SchedulableRef
+from ._registry import Call, MutationRef, SchedulableRef, StartableRef
 from ._runtime import Limits, Runtime
 from ._store import NewRow, new_id, new_row
 
@@ -149,6 +149,30 @@ class Scheduler:
         if rows:
             ref = ref.options(after=rows)
         return await self.run_after(0, ref, callback=on_complete.name, ids=rows)
+
+    async def start_workflow(
+        self, workflow: StartableRef[P, Any], /, *args: P.args, **kwargs: P.kwargs
+    ) -> str:
+        """Start a durable workflow (``@app.workflow``) in this scheduler's transaction:
+        its row and its first turn commit with the caller's writes, or not at all.
+        Returns the workflow's id (``app.get_workflow``)."""
+        return str(await self._workflows().start(self, workflow, args, kwargs))
+
+    async def send_event(self, workflow_id: str, name: str, payload: Any = None) -> bool:
+        """Send ``payload`` (JSON) as event ``name`` to a workflow, in this scheduler's
+        transaction (a rollback unsends it). A ``wait_for_event(name)`` takes it, now or
+        when it starts waiting, each event once. False if the workflow has ended (nothing
+        is kept); ``WorkflowNotFoundError`` if there is no such workflow."""
+        return bool(await self._workflows().send_event(self, workflow_id, name, payload))
+
+    def _workflows(self) -> Any:
+        """``_workflow.lifecycle``, once a workflow is registered on the app."""
+        found = self._rt.registry.workflow_ops
+        if found is None:
+            raise SchedulingError(
+                "no durable workflow is registered on this app: declare one with @app.workflow"
+            )
+        return found
 
     async def cancel(self, id: ScheduledFunctionId | str) -> CancelResult:
         """Cancel a scheduled function.

@@ -16,7 +16,7 @@ from ._groups import GroupCompletion
 from ._kinds import ScheduledFunctionId
 from ._models import CancelResult
 from ._public import publish
-from ._registry import Call, MutationRef, SchedulableRef
+from ._registry import Call, MutationRef, SchedulableRef, StartableRef
 from ._scheduler import Scheduler
 from ._sync_bridge import run_now
 
@@ -105,6 +105,18 @@ class SyncScheduler:
         """Call ``on_complete`` once every row of ``ids`` has finished for good
         (``Scheduler.group``)."""
         return self._run(self._scheduler.group(ids, on_complete=on_complete))  # type: ignore[no-any-return]
+
+    def start_workflow(
+        self, workflow: StartableRef[P, Any], /, *args: P.args, **kwargs: P.kwargs
+    ) -> str:
+        """Start a durable workflow in this scheduler's transaction; its id
+        (``Scheduler.start_workflow``)."""
+        return self._run(self._scheduler.start_workflow(workflow, *args, **kwargs))  # type: ignore[no-any-return]
+
+    def send_event(self, workflow_id: str, name: str, payload: Any = None) -> bool:
+        """Send an event to a workflow in this scheduler's transaction
+        (``Scheduler.send_event``)."""
+        return self._run(self._scheduler.send_event(workflow_id, name, payload))  # type: ignore[no-any-return]
 
     def cancel(self, id: ScheduledFunctionId | str) -> CancelResult:
         """Cancel a scheduled function (``Scheduler.cancel``)."""

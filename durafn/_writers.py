@@ -123,6 +123,16 @@ class BufferedWriter:
         if self._rt.inline is not None:
             self.inline += self._rt.inline_calls(rows, ids)
 
+    def transaction_connection(self) -> AbstractAsyncContextManager[AsyncConnection] | None:
+        """The mutation's connection, what it buffered written first (durable workflows
+        write their rows beside the scheduled ones, ``_workflow/lifecycle.py``)."""
+        return self._flushed()
+
+    @contextlib.asynccontextmanager
+    async def _flushed(self) -> AsyncIterator[AsyncConnection]:
+        await self.flush()
+        yield self._conn
+
     def discard(self) -> None:
         self._rows.clear()
         self.woken.clear()
@@ -277,6 +287,10 @@ class DirectWriter:
             await rt.run_inline(rt.inline_calls(rows, ids))
         return ids
 
+    def transaction_connection(self) -> None:
+        """None: each call commits on its own, so there is no transaction to join."""
+        return None
+
     async def cancel(self, id: ScheduledFunctionId, now: float) -> State | None:
         async def _body(conn: AsyncConnection) -> State | None:
             return await self._rt.driver.cancel(conn, id, now)
@@ -351,6 +365,10 @@ class JoinedWriter:
             self._target.after_commit(self._wake)
         self._to_wake |= kinds
         return ids
+
+    def transaction_connection(self) -> AbstractAsyncContextManager[AsyncConnection]:
+        """The caller's connection, inside its transaction."""
+        return self._conn()
 
     def _wake(self) -> None:
         kinds, self._to_wake = self._to_wake, set()

@@ -396,6 +396,8 @@ async def test_a_version_1_database_is_upgraded_in_place(
             await conn.execute(text("DROP TABLE _durafn_flow_keys"))
             await conn.execute(text("DROP TABLE _durafn_flow_windows"))
             await conn.execute(text("DROP TABLE _durafn_queues"))
+            for table in ("workflows", "workflow_steps", "workflow_events"):  # version 27
+                await conn.execute(text(f"DROP TABLE _durafn_{table}"))
             await conn.execute(text("ALTER TABLE _scheduled_functions DROP COLUMN flags"))
             for column in ("retry", "failures", "errors", "seq", "trace_context", "batch_key"):
                 await conn.execute(text(f"ALTER TABLE _scheduled_functions DROP COLUMN {column}"))
@@ -435,6 +437,9 @@ async def test_a_version_1_database_is_upgraded_in_place(
             "_durafn_flow_keys",
             "_durafn_flow_windows",
             "_durafn_lost_workers",
+            "_durafn_workflows",
+            "_durafn_workflow_steps",
+            "_durafn_workflow_events",
         } <= tables
         assert "_durafn_failed_attempts" not in tables  # version 5 made it, 10 dropped it
         assert "ix_scheduled_functions_due" not in indexes

@@ -81,16 +81,22 @@ def durafn_command(*args: str) -> list[str]:
 
 @asynccontextmanager
 async def worker_processes(
-    url: str, count: int, logs: Path, *args: str, app: str = "tests.apps.worker_app:app"
+    url: str,
+    count: int,
+    logs: Path,
+    *args: str,
+    app: str = "tests.apps.worker_app:app",
+    env: dict[str, str] | None = None,
 ) -> AsyncIterator[list[anyio.abc.Process]]:
-    """``count`` worker processes of ``app``, each logging to ``logs/worker<i>.log``;
-    they, and any process they started, are killed at the end if still running."""
+    """``count`` worker processes of ``app``, each logging to ``logs/worker<i>.log``
+    (``env``: their environment, default this process's); they, and any process they
+    started, are killed at the end if still running."""
     async with owned() as owner:
         procs = []
         for i in range(count):
             with (logs / f"worker{i}.log").open("w") as log:
                 command = durafn_command("worker", "--app", app, "--url", url, *args)
-                procs.append(await owner.start(command, cwd=ROOT, stdout=log, stderr=log))
+                procs.append(await owner.start(command, cwd=ROOT, stdout=log, stderr=log, env=env))
         yield procs
 
 

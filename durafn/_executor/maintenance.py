@@ -4,7 +4,8 @@ Retention: finished rows older than their period (the executor's
 ``retention``, a number or a ``Retention`` per state, or their function's own) are
 deleted in bounded batches (``ix_scheduled_functions_completed``), so no pass holds locks
 for long; so are the audit trail's entries older than the longest of the executor's
-periods (``ix_durafn_audit_at``) and the operations that ended before it. Then the
+periods (``ix_durafn_audit_at``), the operations that ended before it, and the durable
+workflows that did, with their journals (``ix_durafn_workflows_ended``). Then the
 rollups: what ended in each closed minute and hour, for the dashboard's charts, kept as
 long as the longest period (``rollups.py``). And operations (``durafn/_operations.py``):
 a loop of their own runs them a page at a time. Every worker runs them all; the batches
@@ -26,6 +27,7 @@ from .._kinds import State
 from .._operations import OPERATIONS_POLL, run_operations
 from .._retention import FINISHED, periods
 from .._runtime import Runtime
+from .._store import workflow_sql
 from .config import ExecutorConfig
 from .rollups import RollUps
 from .tasks import first_of
@@ -65,7 +67,8 @@ class Maintenance:
         return deleted
 
     async def _prune(self, cutoff: float) -> None:
-        """The audit trail's entries, and the operations that ended, before ``cutoff``."""
+        """The audit trail's entries, and the operations and durable workflows (with their
+        journals and events) that ended, before ``cutoff``."""
         limit = self._config.retention_batch
         driver = self._rt.driver
 
@@ -75,7 +78,14 @@ class Maintenance:
         async def _operations(conn: AsyncConnection) -> int:
             return await driver.delete_operations(conn, older_than=cutoff, limit=limit)
 
-        for batch, doing in ((_audit, "audit entries"), (_operations, "operations")):
+        async def _workflows(conn: AsyncConnection) -> int:
+            return await workflow_sql.remove_ended(conn, cutoff, limit)
+
+        for batch, doing in (
+            (_audit, "audit entries"),
+            (_operations, "operations"),
+            (_workflows, "ended workflows"),
+        ):
             while await self._rt.transaction(batch, doing=f"deleting old {doing}") == limit:
                 await anyio.lowlevel.checkpoint()
 

@@ -8,6 +8,7 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError as _SAArgumentError
 
 from .._errors import DatabaseError
+from . import workflows as workflow_sql  # durable workflows' statements (``_workflow``)
 from .after_commit import AfterCommit, take_notes
 from .claim.batched import BatchClaim, BatchSpec
 from .claim.columns import StartTime
@@ -43,8 +44,12 @@ from .rows import (
 )
 from .schema.tables import SCHEMA_VERSION, metadata, scheduled_functions, schema_version
 from .sqlite.driver import SQLiteDriver
+from .workflows import StepRow, WorkflowRow
 
 __all__ = [
+    "StepRow",
+    "WorkflowRow",
+    "workflow_sql",
     "DEBOUNCE_KEY",
     "HELD_SHOWN",
     "Facts",

@@ -13,7 +13,7 @@ system tables nor a SQLite file where a path was mistyped.
 One module per command group (``worker``; ``database``: migrate, stats; ``rows``: ls,
 show, clear; ``changes``: cancel, reschedule, retry; ``queues``: queue ls, pause, resume; ``cron``:
 crons, cron check, enable, disable, remove, trigger; ``audit``; ``operations``: ls, show,
-run, cancel), each a plain ``click.command`` (or
+run, cancel; ``workflows``: ls, show, explain, cancel, resume), each a plain ``click.command`` (or
 group) that ``main`` imports when it is invoked (``COMMANDS``). What they share:
 ``running`` (the app, the async body, errors), ``options`` and ``output``.
 """
@@ -48,6 +48,7 @@ COMMANDS = {
     "dashboard": "dashboard:dashboard",
     "audit": "audit:audit",
     "operations": "operations:operations",
+    "workflows": "workflows:workflows",
 }
 """Each command's module and attribute in this package. A command imports only its own
 module: ``durafn worker`` starts without the tables' renderer (rich) and the other

@@ -46,6 +46,7 @@ from . import (
     rows,
     search,
     values,
+    workflows,
 )
 from .access import LOGGED_IN, SESSION_COOKIE, Access, cross_origin
 from .hosts import HostCheck
@@ -91,6 +92,7 @@ class Dashboard:
                 *charts.routes(self),
                 *search.routes(self),
                 *queues.routes(self),
+                *workflows.routes(self),
                 *live.routes(self),
                 *look.routes(),
                 Route("/metrics", self.metrics),

@@ -14,6 +14,8 @@ from .._executor import Executor
 from .._kinds import State
 from .._models import ScheduledFunction
 from .._registry import ActionRef, FunctionRef, MutationRef, QueryRef
+from .._workflow.api import WorkflowRef
+from .._workflow.models import Workflow
 from .clock import FakeClock
 from .running import advance, all_rows, finish_all
 
@@ -66,6 +68,30 @@ class Harness:
         if isinstance(fn, QueryRef):
             return await self.app.run_query(fn, *args, **kwargs)
         raise TypeError(f"perform() takes a durafn function, not {fn!r}")
+
+    async def run_workflow(
+        self, workflow: WorkflowRef[P, Any], /, *args: P.args, **kwargs: P.kwargs
+    ) -> Workflow:
+        """Start a durable workflow and run it as far as it goes on the fake clock
+        (``finish_all``: its sleeps and event timeouts pass at their times); the
+        workflow, with its journal. One that waits for an event without a timeout is
+        returned Running: send it (``send_event``) and ``finish_workflow``."""
+        id = await self.app.start_workflow(workflow, *args, **kwargs)
+        return await self.finish_workflow(id)
+
+    async def send_event(self, workflow_id: str, name: str, payload: Any = None) -> bool:
+        """Send an event to a workflow (``app.send_event``) and run what it wakes."""
+        sent = await self.app.send_event(workflow_id, name, payload)
+        await self.run_until_idle()
+        return sent
+
+    async def finish_workflow(self, workflow_id: str, *, max_steps: int = 100) -> Workflow:
+        """Run everything scheduled (``finish_all``); the workflow, with its journal."""
+        await self.finish_all(max_steps=max_steps)
+        found = await self.app.get_workflow(workflow_id)
+        if found is None:
+            raise AssertionError(f"no workflow {workflow_id}")
+        return found
 
     # -- reading and asserting ------------------------------------------------------------
 

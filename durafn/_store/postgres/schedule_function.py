@@ -28,6 +28,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
 from ..._options import MAX_FLAG, MAX_FLAGS, MAX_NAME, PRIORITY_RANGE
+from .send_event_function import install_send_event_function
 
 CHANNEL = "durafn_wakeup"
 """The executors' NOTIFY channel (``postgres/multirow.py``'s; a test keeps them one)."""
@@ -159,3 +160,4 @@ def install_schedule_function(conn: Connection) -> None:
     conn.execute(text("CREATE SCHEMA IF NOT EXISTS durafn"))
     conn.execute(text(RANDOM_BYTES))
     conn.execute(text(FUNCTION))
+    install_send_event_function(conn)  # durable workflows' events, scheduling through it

@@ -42,6 +42,9 @@ from .tables import (
     rollups,
     scheduled_functions,
     workers,
+    workflow_events,
+    workflow_steps,
+    workflows,
 )
 
 
@@ -435,6 +438,15 @@ def _step_26(conn: Connection, dialect: SchemaDialect) -> None:
     operations.create(conn, checkfirst=True)  # and its indexes
 
 
+def _step_27(conn: Connection, dialect: SchemaDialect) -> None:
+    """Version 27: durable workflows (``durafn/_workflow``): three new tables and their
+    indexes, nothing else read or rewritten; on PostgreSQL, ``durafn.send_event`` (with
+    ``durafn.schedule``, made again)."""
+    for table in (workflows, workflow_steps, workflow_events):
+        table.create(conn, checkfirst=True)
+    dialect.install_schedule_function(conn)
+
+
 def install_functions(conn: Connection, dialect: SchemaDialect) -> None:
     """What the migrations install besides tables: the release trigger (with, where the
     dialect has them, the hot finish's functions) and the SQL ``durafn.schedule``."""
@@ -468,5 +480,6 @@ MIGRATIONS: dict[int, Callable[[Connection, SchemaDialect], None]] = {
     24: _step_24,
     25: _step_25,
     26: _step_26,
+    27: _step_27,
 }
 """Steps from version N-1 to N. A fresh database gets the latest tables in one go."""
