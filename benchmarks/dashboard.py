@@ -2,7 +2,10 @@
 and an executor's drain with the dashboard open, against without it (``--drain``).
 
 The rows are written by one ``INSERT ... SELECT`` (90% Success, 5% Failed, 4% Pending,
-1% Canceled; 20 function names; a tenth in 50 queues). Each page is then loaded
+1% Canceled; 20 function names; a tenth in 50 queues; one ending every second, so 10^6
+rows are 11.6 days of them), and rolled up once as the executor's maintenance would
+(``_durafn_rollups``: the last 7 days, what the charts and function pages read; the
+dashboard's clock is set two minutes after the last row ended). Each page is then loaded
 ``--loads`` times through the dashboard's ASGI app in this process (no network: what is
 measured is the page's own work, its queries first) and its median and p95 reported.
 Run: ``python -m benchmarks.dashboard [--rows 1000000] [--loads 50]``.
@@ -30,6 +33,8 @@ import httpx2
 from sqlalchemy import text
 
 import durafn
+from durafn._executor.rollups import RollUps
+from durafn.testing import FakeClock
 
 from . import throughput
 
@@ -40,17 +45,18 @@ _STATE = (
     "WHEN {g} % 100 < 99 THEN 'Pending' ELSE 'Canceled' END"
 )
 _ENDED = "CASE WHEN {g} % 100 < 95 OR {g} % 100 = 99 THEN {t0} + {g} + 1 END"
+_STARTED = "CASE WHEN {g} % 100 < 95 THEN {t0} + {g} + ({g} % 7) * 0.1 END"
 _QUEUE = "CASE WHEN {g} % 10 = 0 THEN 'q' || ({g} % 50) END"
 _COLUMNS = (
     "id, name, kind, args, state, scheduled_time, available_at, completed_time, attempts, "
-    "priority, queue_name"
+    "priority, queue_name, started_time"
 )
 
 POSTGRES_FILL = f"""
 INSERT INTO _scheduled_functions ({_COLUMNS})
 SELECT gen_random_uuid(), 'bench:f' || (g % 20), 'mutation', '{{"n": ' || g || '}}',
        {_STATE.format(g="g")}, {T0} + g, {T0} + g + 3600, {_ENDED.format(g="g", t0=T0)},
-       1, 0, {_QUEUE.format(g="g")}
+       1, 0, {_QUEUE.format(g="g")}, {_STARTED.format(g="g", t0=T0)}
 FROM generate_series(1, :n) AS g
 """
 
@@ -61,7 +67,7 @@ SELECT lower(substr(h, 1, 8) || '-' || substr(h, 9, 4) || '-7' || substr(h, 14, 
              || substr(h, 18, 3) || '-' || substr(h, 21, 12)),
        'bench:f' || (x % 20), 'mutation', '{{"n": ' || x || '}}',
        {_STATE.format(g="x")}, {T0} + x, {T0} + x + 3600, {_ENDED.format(g="x", t0=T0)},
-       1, 0, {_QUEUE.format(g="x")}, x
+       1, 0, {_QUEUE.format(g="x")}, {_STARTED.format(g="x", t0=T0)}, x
 FROM (SELECT x, hex(randomblob(16)) AS h FROM g)
 """
 
@@ -84,6 +90,13 @@ PAGES = [
     "/operations",
     "/search?q=777",
     "/search?q={row}",
+    "/charts",
+    "/charts?range=day",
+    "/charts?range=week",
+    "/charts?range=week&name=bench:f7",
+    "/charts?range=day&queue=q30",
+    "/functions/bench:f7",
+    "/functions/bench:f7?range=week",
 ]
 
 
@@ -91,7 +104,10 @@ async def measure(engine: str, rows: int, loads: int) -> dict[str, tuple[float, 
     """Page -> (median, p95) in ms."""
     with tempfile.TemporaryDirectory() as tmp:
         url = await throughput.fresh_url(engine, tmp, "dashboard")
-        app = durafn.App(url)
+        # The clock two minutes after the last row ended: the charts' hour, day and week
+        # are the synthetic rows' last ones (a row ends every second).
+        clock = FakeClock(T0 + rows + 120)
+        app = durafn.App(url, clock=clock)
         await app.migrate()
         started = time.perf_counter()
         async with app.engine.begin() as conn:
@@ -100,6 +116,11 @@ async def measure(engine: str, rows: int, loads: int) -> dict[str, tuple[float, 
         async with app.engine.begin() as conn:
             await conn.execute(text("ANALYZE"))
         print(f"{engine}: {rows:,} rows written in {time.perf_counter() - started:.1f} s")
+        # The rollups of the charts and function pages: the maintenance pass's step, once
+        # (retention itself is left out: it would delete the rows older than 7 days).
+        started = time.perf_counter()
+        groups = await RollUps(app._rt).run_once(clock.now(), keep=7 * 86400)
+        print(f"  rollups: {groups:,} groups written in {time.perf_counter() - started:.1f} s")
         some = (await app.list(limit=1, state=durafn.State.FAILED)).items[0]
         transport = httpx2.ASGITransport(app=app.dashboard())
         out: dict[str, tuple[float, float]] = {}

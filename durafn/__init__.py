@@ -16,6 +16,7 @@ import typing as _typing
 from ._public import PUBLIC as _PUBLIC
 
 if _typing.TYPE_CHECKING:  # (mypy knows the condition by this spelling, not an alias)
+    from ._activity import Activity, ActivityPoint, FunctionActivity, Latency
     from ._app import DEFAULT_URL, App
     from ._batching import Batch, BatchActionRef, ItemFailed
     from ._clock import Clock, SystemClock
@@ -109,6 +110,8 @@ logging.getLogger("durafn").addHandler(logging.NullHandler())
 __all__ = [
     "ActionCtx",
     "ActionRef",
+    "Activity",
+    "ActivityPoint",
     "App",
     "ArgumentError",
     "AuditEntry",
@@ -145,6 +148,7 @@ __all__ = [
     "Flow",
     "FlowError",
     "FlowKeyInfo",
+    "FunctionActivity",
     "FunctionKind",
     "FunctionRef",
     "FunctionTimeoutError",
@@ -153,6 +157,7 @@ __all__ = [
     "HookEvent",
     "ItemFailed",
     "JobOptions",
+    "Latency",
     "LinkedRow",
     "LostWorker",
     "MutationCtx",

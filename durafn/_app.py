@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, ParamSpec, TypeVar
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from typing_extensions import Unpack
 
+from ._activity import ActivityReads
 from ._checks import flag, integer, optional, positive_seconds, text
 from ._clock import Clock, SystemClock
 from ._console import Console
@@ -77,6 +78,7 @@ class App(
     Registration,
     Operator,
     Operations,
+    ActivityReads,
     RowLinksReads,
     Search,
     Console,

@@ -9,6 +9,8 @@ from typing import Any, NewType
 
 PUBLIC: dict[str, str] = {
     "ActionCtx": "_context",
+    "Activity": "_activity",
+    "ActivityPoint": "_activity",
     "ActionRef": "_registry",
     "App": "_app",
     "AuditEntry": "_models",
@@ -46,6 +48,7 @@ PUBLIC: dict[str, str] = {
     "Flow": "_flow",
     "FlowError": "_flow",
     "FlowKeyInfo": "_explain",
+    "FunctionActivity": "_activity",
     "FunctionKind": "_kinds",
     "FunctionRef": "_registry",
     "FunctionTimeoutError": "_errors",
@@ -65,6 +68,7 @@ PUBLIC: dict[str, str] = {
     "QueryCtx": "_context",
     "QueryRef": "_registry",
     "Queue": "_options",
+    "Latency": "_activity",
     "LostWorker": "_models",
     "QueueInfo": "_models",
     "Rate": "_flow",

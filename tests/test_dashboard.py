@@ -37,13 +37,20 @@ async def test_the_pages_show_rows_with_their_text_escaped(
         overview = await web.get("/")
         assert overview.status_code == 200
         assert '>Pending</a></td><td id="count-Pending">1<' in overview.text
-        # The last hour: a bar for the two rows that ended this minute, the failure.
-        assert 'height="60.0" fill="#3e7cb1"><title>2 rows ended in minute -1' in overview.text
+        # The last hour: a bar for the two rows that ended this minute (a Success on a
+        # Failed), the failure.
+        runs = re.search(r'<figure class="chart" id="runs">(.*?)</figure>', overview.text)
+        assert runs is not None and ">rows / minute</text>" in runs.group(1)
+        bars = re.findall(
+            r'<rect class="s-(\w+)"[^>]*><title>[^<]*: 1 (\w+)</title>', runs.group(1)
+        )
+        assert bars == [("Success", "Success"), ("Failed", "Failed")]
         assert ">mail:broken</a></td><td>1<" in overview.text
         assert "From the 2 rows that ended last." in overview.text
         listing = await web.get("/rows", params={"state": "Failed"})
         assert listing.status_code == 200 and rows["failed"] in listing.text
         assert '<span id="count-Failed">1</span>' in listing.text  # live counts, bounded
+        assert "<title>durafn: scheduled functions</title>" in listing.text
         assert rows["pending"] not in listing.text
         assert XSS not in listing.text and "&lt;script&gt;" in listing.text
         page = await web.get(f"/rows/{rows['failed']}")
@@ -364,6 +371,7 @@ async def test_a_row_streams_its_state_until_it_has_ended(
     async with client(app.dashboard(token="t")) as web:
         assert (await web.get(f"/rows/{rows['done']}/events")).status_code == 403
         assert (await web.get("/events/counts")).status_code == 403
+        assert (await web.get("/rows/live")).status_code == 403
 
 
 async def test_a_row_shows_what_it_scheduled(app: durafn.App) -> None:

@@ -42,6 +42,7 @@ async def test_a_foreign_host_is_refused_before_any_page_is_built(
         for path in (
             *("/", "/rows", f"/rows/{pending}", f"/rows/{pending}/args.json", "/crons"),
             *("/events/counts", f"/rows/{pending}/events", "/metrics", "/login"),
+            *("/rows/live", "/charts", "/functions/mail:send", "/static/dashboard.css"),
         ):
             refused = await web.get(path, headers={"host": FOREIGN})
             assert refused.status_code == 400, path
@@ -106,11 +107,12 @@ async def test_links_and_redirects_are_paths_under_the_mount_never_from_the_host
     web_app = Starlette(routes=[Mount("/ops", app.dashboard(allowed_hosts=["*"]))])
     async with client(web_app, "http://evil.example") as web:
         page = await web.get(f"/ops/rows/{pending}")
+        listing = await web.get("/ops/rows")
         confirm = await web.get(f"/ops/rows/{pending}/cancel")
         done = await web.post(f"/ops/rows/{pending}/cancel", data={"csrf": csrf_of(confirm)})
-    for shown in (page, confirm):
+    for shown in (page, listing, confirm):
         assert shown.status_code == 200 and "evil.example" not in shown.text
-        links = re.findall(r'(?:href|action)="([^"#]+)"', shown.text)
+        links = re.findall(r'(?:href|action|src|data-live)="([^"#]+)"', shown.text)
         links += re.findall(r'EventSource\("([^"]+)"\)', shown.text)
         assert links and all(link.startswith("/ops/") for link in links), links
     assert 'action="/ops/rows/' in confirm.text

@@ -258,7 +258,7 @@ async def test_a_token_is_asked_for_and_read_only_refuses(
         async with page.expect_navigation():
             await page.click("#login")
         await page.goto(f"{url}/rows/{rows['failed']}")
-        assert "(read-only)" in (await page.text_content("nav") or "")
+        assert "(read-only)" in (await page.text_content("header.top") or "")
         assert await page.query_selector("#retry") is None
         # A POST all the same (a form of another page, say) is refused: read-only, and
         # without this page's CSRF token.
@@ -413,7 +413,10 @@ async def test_a_failure_group_is_retried_and_an_operation_followed_and_canceled
         await page.goto(f"{url}/operations/{op.id}")
         assert await page.text_content("#op-state") == "Running"
         assert await page.text_content("#op-done") == "0"
-        assert await page.evaluate("document.scripts.length") == 0  # it follows with no script
+        # It follows with no script of its own (the dashboard's shared one only adds keys
+        # and the rows list's updates: it reloads no page).
+        others = "document.querySelectorAll(\"script:not([src*='/static/dashboard.js'])\").length"
+        assert await page.evaluate(others) == 0
         assert await app.run_operations(pages=1) == 1
         await page.wait_for_function("document.getElementById('op-done').textContent === '500'")
         await _shot(page, tmp_path, "operation")
@@ -424,3 +427,103 @@ async def test_a_failure_group_is_retried_and_an_operation_followed_and_canceled
         assert "Canceled" in (await page.text_content("#operations") or "")
     assert (await app.operation(op.id)).done == 500
     assert await app.count(state=State.CANCELED, queue="bulk") == 500
+
+
+async def _ended_a_while_ago(app: App) -> None:
+    """Rows that ended ten minutes ago (Success, and Failed with two error types' worth of
+    messages), rolled up by a maintenance pass now: the charts' last hour holds them."""
+    clock = app.clock
+    assert isinstance(clock, FakeClock)
+    now = clock.now()
+    clock.set(now - 600)
+    sched = app.scheduler()
+    for n in range(6):
+        await sched.run_after(0, dashboard_app.send, f"user{n}")
+    for n in range(2):
+        await sched.run_after(0, dashboard_app.broken, f"host{n}")
+    await app.executor().run_until_idle()
+    clock.set(now)
+    await app.executor().run_maintenance()
+
+
+async def test_charts_a_function_page_dark_mode_keys_and_the_live_list(
+    browser: Browser, seeded: tuple[str, dict[str, str], App], tmp_path: Path
+) -> None:
+    db_url, _, app = seeded
+    await _ended_a_while_ago(app)
+    async with owned() as owner:
+        url = await _serve(owner, db_url, tmp_path / "dashboard.log")
+        page = await _new_page(browser)
+        page.on("dialog", lambda dialog: pytest.fail(f"a script ran: {dialog.message}"))
+        # Keyboard: the first Tab reaches the skip link, which moves to the content; the
+        # focus ring shows; "g" then "a" opens the charts.
+        await page.goto(url + "/")
+        await page.keyboard.press("Tab")
+        assert await page.evaluate("document.activeElement.className") == "skip"
+        outline = await page.evaluate("getComputedStyle(document.activeElement).outlineStyle")
+        assert outline == "solid"
+        await page.keyboard.press("Enter")
+        assert await page.evaluate("document.activeElement.id") == "main"
+        async with page.expect_navigation():
+            await page.keyboard.press("g")
+            await page.keyboard.press("a")
+        assert page.url.endswith("/charts")
+        # The charts: axes, units, a legend; what ended ten minutes ago is drawn.
+        for chart in ("#chart-ended", "#chart-lag", "#chart-failures"):
+            assert await page.locator(f"{chart} .x-axis text").count() >= 3
+            assert await page.locator(f"{chart} .y-axis text").count() >= 2
+            assert await page.locator(f"{chart} ul.legend li").count() >= 1
+        ended = await page.locator("#chart-ended rect.s-Success title").all_text_contents()
+        assert any(t.endswith(": 6 Success") for t in ended), ended
+        await _shot(page, tmp_path, "charts")
+        # A function's page, from the table by function: its errors by type.
+        async with page.expect_navigation():
+            await page.click("#by-function a:text('mail:broken')")
+        assert await page.text_content("#function-name") == "mail:broken"
+        assert "ValueError" in (await page.text_content("#errors") or "")
+        assert await page.locator("#chart-duration").count() == 1
+        await _shot(page, tmp_path, "function")
+        # Dark mode: the toggle is a form (no script needed); the colours follow.
+        light = await page.evaluate("getComputedStyle(document.body).backgroundColor")
+        async with page.expect_navigation():
+            await page.click("#theme")
+        assert await page.get_attribute("html", "data-theme") == "dark"
+        dark = await page.evaluate("getComputedStyle(document.body).backgroundColor")
+        assert dark != light
+        # A phone's width: the page does not scroll sideways (a wide table scrolls in
+        # its own box), on the function's page and the rows list.
+        phone = await (await browser.new_context(viewport={"width": 390, "height": 800})).new_page()
+        phone.set_default_timeout(CEILING * 1000)
+        for path in (page.url, url + "/rows", url + "/"):
+            await phone.goto(path)
+            wide = "document.documentElement.scrollWidth - document.documentElement.clientWidth"
+            assert await phone.evaluate(wide) <= 0, path
+        await _shot(phone, tmp_path, "phone")
+        # The system's preference alone (no cookie) gives dark too.
+        other = await (await browser.new_context(color_scheme="dark")).new_page()
+        other.set_default_timeout(CEILING * 1000)
+        await other.goto(url + "/charts")
+        assert await other.evaluate("getComputedStyle(document.body).backgroundColor") == dark
+        await _shot(other, tmp_path, "charts-dark")
+        # The rows list follows new rows live; held while the tab is hidden.
+        await page.goto(url + "/rows?name=mail:send")
+        await page.wait_for_function(
+            "document.getElementById('live-status').textContent.startsWith('live')"
+        )
+        new = await app.scheduler().run_after(3600, dashboard_app.send, "fresh")
+        await page.wait_for_selector(f"tr[data-id='{new}']")
+        await page.evaluate(
+            """() => {
+                Object.defineProperty(
+                    document, "visibilityState", {value: "hidden", configurable: true});
+                document.dispatchEvent(new Event("visibilitychange"));
+            }"""
+        )
+        held = await app.scheduler().run_after(3600, dashboard_app.send, "held")
+        await page.wait_for_function(
+            "document.getElementById('live-status').textContent.includes('1 new row')"
+        )
+        assert await page.locator(f"tr[data-id='{held}']").count() == 0
+        await _shot(page, tmp_path, "rows-live")
+        await page.click("#show-new")
+        await page.wait_for_selector(f"tr[data-id='{held}']")

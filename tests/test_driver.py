@@ -967,7 +967,8 @@ def test_a_dialect_without_what_durafn_needs_is_refused_naming_what_it_lacks() -
         "durafn cannot run on mysql: its driver Half lacks default_poll_interval, "
         "auto_migrate, default_max_connections, dialect_insert, create_engine, insert_rows, "
         "install_release_trigger, add_seq_column, SQL for within, SQL for next_seq, "
-        "SQL for arg_equals, SQL for arg_contains (interface.Dialect lists what a dialect "
+        "SQL for arg_equals, SQL for arg_contains, SQL for minute_start (interface.Dialect "
+        "lists what a dialect "
         "must provide)"
     )
     for element, name in ((carries("x"), "within"), (next_seq(), "next_seq")):

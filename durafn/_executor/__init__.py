@@ -24,7 +24,8 @@ How a row travels, and which task owns each step (every box is a module here)::
               outcomes.py: Tally.record (stats, one log line per row, progress signal)
 
     Beside them: wakeups.py (what wakes the claiming loops, the idle wait), membership.py
-    (heartbeat task, lost-worker rescue), maintenance.py (retention task), crons.py (the
+    (heartbeat task, lost-worker rescue), maintenance.py (retention task, and rollups.py:
+    what ended per minute and hour, for the dashboard's charts), crons.py (the
     cron task: while it leads, each due tick written once as a Pending row above),
     config.py, tasks.py (Signal, Pace, shielded, first_of). executor.py builds the parts,
     starts the tasks in one task group, and runs the stop sequence.

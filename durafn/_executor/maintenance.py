@@ -5,11 +5,12 @@ Retention: finished rows older than their period (the executor's
 deleted in bounded batches (``ix_scheduled_functions_completed``), so no pass holds locks
 for long; so are the audit trail's entries older than the longest of the executor's
 periods (``ix_durafn_audit_at``), the operations that ended before it, and the durable
-workflows that did, with their journals (``ix_durafn_workflows_ended``). And operations
-(``durafn/_operations.py``): a loop of their own runs them a page at a time. Every worker
-runs both; the batches make concurrent
-passes harmless. Recurring (cron) ticks have a loop of their own, which one leader runs
-(``crons.py``).
+workflows that did, with their journals (``ix_durafn_workflows_ended``). Then the
+rollups: what ended in each closed minute and hour, for the dashboard's charts, kept as
+long as the longest period (``rollups.py``). And operations (``durafn/_operations.py``):
+a loop of their own runs them a page at a time. Every worker runs them all; the batches
+make concurrent passes harmless. Recurring (cron) ticks have a loop of their own, which
+one leader runs (``crons.py``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from .._retention import FINISHED, periods
 from .._runtime import Runtime
 from .._store import workflow_sql
 from .config import ExecutorConfig
+from .rollups import RollUps
 from .tasks import first_of
 
 logger = logging.getLogger("durafn.executor")
@@ -37,6 +39,7 @@ class Maintenance:
     def __init__(self, runtime: Runtime, config: ExecutorConfig) -> None:
         self._rt = runtime
         self._config = config
+        self._rollups = RollUps(runtime)
 
     async def run_once(self) -> int:
         """Delete finished rows older than their retention periods; returns how many."""
@@ -60,6 +63,7 @@ class Maintenance:
         # The audit trail is kept as long as the longest of the executor's periods: an
         # operator's action outlives none of the rows it changed.
         await self._prune(now - max(default.values()))
+        await self._rollups.run_once(now, max(default.values()))
         return deleted
 
     async def _prune(self, cutoff: float) -> None:

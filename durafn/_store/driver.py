@@ -35,6 +35,7 @@ from .read.explain import ExplainStatements, FlowKeyStatements
 from .read.listing import ReadStatements
 from .read.row_links import RowLinksStatements
 from .read.search import SearchStatements
+from .rollups import RollupStatements
 from .rows import NewRow
 from .schema.tables import sf
 from .workers import WorkerStatements
@@ -64,6 +65,7 @@ class Driver(
     WorkerStatements,
     AuditStatements,
     OperationStatements,
+    RollupStatements,
     RowLinksStatements,
     SearchStatements,
     EngineDriver,

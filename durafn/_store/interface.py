@@ -45,6 +45,7 @@ from .crons import CronChange, CronMove, NewCron, StoredCron
 from .filters import RowFilter
 from .operations import WindowRow
 from .read.explain import Facts, KeyCounts
+from .rollups import RollupRow
 from .rows import Claimed, LostAction, NewRow, NewRowColumns, Outcome, RetryState
 
 Ids = Sequence[ScheduledFunctionId]
@@ -431,6 +432,31 @@ class Store(Protocol):
         self, conn: Conn, *, scan: int, limit: int
     ) -> builtins.list[FailureGroup]: ...
 
+    # -- the rollups (rollups.py; _durafn_rollups' primary key unless named) ----------------
+    async def roll_up_minutes(
+        self, conn: Conn, start: int, end: int
+    ) -> int: ...  # INSERT ... SELECT ... GROUP BY (ix_scheduled_functions_completed)
+    async def roll_up_hours(self, conn: Conn, start: int, end: int) -> int: ...  # from minutes
+    # Up to when minutes and hours are rolled up (_durafn_rollup_marks), and its advance.
+    async def rollup_marks(self, conn: Conn) -> tuple[int | None, int | None]: ...
+    async def advance_rollup_mark(self, conn: Conn, span: int, until: int) -> bool: ...
+    async def oldest_rollup(self, conn: Conn, span: int) -> int | None: ...
+    async def oldest_finished(self, conn: Conn) -> float | None: ...  # (_completed's first)
+    async def delete_rollups(self, conn: Conn, span: int, start: int, end: int) -> int: ...
+    async def read_rollups(
+        self,
+        conn: Conn,
+        span: int,
+        start: int,
+        end: int,
+        *,
+        name: str | None,
+        queue: str | None,
+    ) -> builtins.list[RollupRow]: ...  # per start and state, with the histograms
+    async def rollup_functions(
+        self, conn: Conn, span: int, start: int, end: int
+    ) -> builtins.list[RollupRow]: ...  # per function, queue and state: counts only
+
 
 class Dialect(Protocol):
     """What an engine's driver (a subclass of ``Driver``) provides beyond the statements
@@ -454,7 +480,7 @@ class Dialect(Protocol):
     def install_release_trigger(self, conn: Connection) -> None: ...  # schema/dependencies.py
     def add_seq_column(self, conn: Connection) -> None: ...  # migration step 11
 
-    # and SQL for Within, NextSeq, ArgEquals, ArgContains (sql.py; sqlite/sql.py)
+    # and SQL for Within, NextSeq, ArgEquals, ArgContains, MinuteStart (sql.py; sqlite/sql.py)
 
     # -- may provide (engine.py has the neutral form) --------------------------------------
     lateral_claims: ClassVar[bool]  # LATERAL joins: the fast claim reads every level

@@ -1,6 +1,7 @@
 """SQL that each engine writes its own way, and the literals partial indexes match: a
 row's new ``seq`` (``next_seq``), "carries this flag" (``carries``), an argument equals or
-contains a value (``argument_is``, ``argument_contains``), the states a claim's partial
+contains a value (``argument_is``, ``argument_contains``), the minute a time falls in
+(``MinuteStart``), the states a claim's partial
 indexes name (``PENDING``, ``RUNNING``).
 
 Each element here is only a name and its operands: what it compiles to is the dialect's
@@ -103,7 +104,19 @@ def argument_is(path: str, value: str | int | float | bool) -> ColumnElement[boo
     return ArgEquals(sf.c.args, literal(path, Text), literal(json.dumps(value), Text))
 
 
-ELEMENTS: tuple[type[FunctionElement[Any]], ...] = (Within, NextSeq, ArgEquals, ArgContains)
+class MinuteStart(FunctionElement[int]):
+    """The start of the minute a time (float epoch seconds, not negative) falls in, as
+    whole seconds: SQLite truncates a CAST to INTEGER, PostgreSQL rounds it (so it takes
+    ``floor`` first). The per-minute rollups group by it (``rollups.py``)."""
+
+    type = BigInteger()
+    name = "minute_start"
+    inherit_cache = True
+
+
+ELEMENTS: tuple[type[FunctionElement[Any]], ...] = (
+    *(Within, NextSeq, ArgEquals, ArgContains, MinuteStart),
+)
 """Every element a dialect must compile."""
 
 
@@ -111,6 +124,7 @@ ELEMENTS: tuple[type[FunctionElement[Any]], ...] = (Within, NextSeq, ArgEquals, 
 @compiles(NextSeq)
 @compiles(ArgEquals)
 @compiles(ArgContains)
+@compiles(MinuteStart)
 def _refuse(element: FunctionElement[Any], compiler: SQLCompiler, **kw: Any) -> str:
     raise CompileError(
         f"durafn has no SQL for {element.name!r} on {compiler.dialect.name}: durafn runs on "

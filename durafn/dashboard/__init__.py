@@ -6,6 +6,8 @@ forms, uvicorn for the command): the core install does not carry it. The overvie
 scheduled functions with filters and cursor pages, a row with cancel and retry, crons,
 queues and workers; the access rules every page keeps: the host names it answers to, a
 token or the host's auth, a session per visitor with CSRF on every POST, read-only mode.
+Charts of what ended (from the rollups, ``app.activity``) and a page per function; a
+stylesheet of its own with a dark mode, and the keyboard (``look``).
 """
 
 from __future__ import annotations

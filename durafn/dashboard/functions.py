@@ -53,6 +53,12 @@ def routes(d: Pages) -> list[Route]:
     ]
 
 
+def runnable(d: Pages) -> list[str]:
+    """The registered mutations and actions: what the form can schedule (a function's
+    page links to its form)."""
+    return _schedulable(d)
+
+
 def _schedulable(d: Pages) -> list[str]:
     return [n for n in d.app.functions() if str(d.app.function(n).kind) in SCHEDULABLE]
 

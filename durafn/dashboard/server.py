@@ -1,10 +1,13 @@
 """The dashboard's core: who may see it (``access``; the host names it answers to,
 ``hosts``), how a page and an action are answered, and the routes of its parts
-(``rows``: the scheduled functions and a row; ``bulk``: every row a filter matches;
-``failures``: failures by function and error type; ``operations``: the tracked bulk
-changes; ``functions``: run one from a form; ``search``: the header's box; ``crons``;
-``queues``: queues, flow keys and workers). Pages are server-rendered (Jinja2, every
-value escaped) over the same ``App`` methods the command line calls (``surface.App``).
+(``rows``: the scheduled functions and a row; ``live_rows``: the list kept live;
+``bulk``: every row a filter matches; ``failures``: failures by function and error type;
+``operations``: the tracked bulk changes; ``functions``: run one from a form;
+``function_page``: what a function did; ``charts``: what ended, drawn by ``svg``;
+``search``: the header's box; ``crons``; ``queues``: queues, flow keys and workers;
+``look``: the stylesheet, the script and the theme). Pages are server-rendered (Jinja2,
+every value escaped) over the same ``App`` methods the command line calls
+(``surface.App``).
 
 Every request's ``Host`` is checked first (``hosts.HostCheck``). Every action is a POST,
 checked in this order: a visitor (``access``), not read-only (403), not cross-origin
@@ -30,10 +33,14 @@ from .._errors import DurafnError
 from . import (
     activity,
     bulk,
+    charts,
     crons,
     failures,
+    function_page,
     functions,
     live,
+    live_rows,
+    look,
     operations,
     queues,
     rows,
@@ -75,15 +82,19 @@ class Dashboard:
             routes=[
                 Route("/", self.overview),
                 *bulk.routes(self),  # before rows': /rows/cancel-matching is not a row
+                *live_rows.routes(self),  # and /rows/live
                 *rows.routes(self),
                 *crons.routes(self),
                 *failures.routes(self),
                 *operations.routes(self),
-                *functions.routes(self),
+                *functions.routes(self),  # /functions and its POSTs, before a function's page
+                *function_page.routes(self),
+                *charts.routes(self),
                 *search.routes(self),
                 *queues.routes(self),
                 *workflows.routes(self),
                 *live.routes(self),
+                *look.routes(),
                 Route("/metrics", self.metrics),
                 Route("/login", self.login, methods=["GET", "POST"]),
                 Route("/logout", self.logout, methods=["POST"]),
@@ -100,8 +111,11 @@ class Dashboard:
             audit = await self.app.audit_log(
                 limit=AUDIT_SHOWN + 1, before=None if before is None else int(before)
             )
+            now = self.app.clock.now()
+            lately = activity.summarize(recent, now)
             return {
-                "activity": activity.summarize(recent, self.app.clock.now()),
+                "activity": lately,
+                "activity_chart": activity.chart(lately, now),
                 "stats": await self.app.stats(bound=COUNT_BOUND),
                 "queues": await self.app.queues(bound=COUNT_BOUND),
                 "workers": await self.app.workers(),
@@ -210,6 +224,8 @@ class Dashboard:
             hide_args=self.hide_args,
             bound=COUNT_BOUND,
             root=root(request),
+            theme=look.theme(request),
+            static_version=look.VERSION,
             **context,
         )
         response = HTMLResponse(html, status_code=status)

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 from starlette.requests import Request
 from starlette.responses import Response
 
+from .._activity import Activity
 from .._clock import Clock
 from .._explain import Explanation, FlowKeyInfo
 from .._kinds import ScheduledFunctionId, State
@@ -57,6 +58,13 @@ class App(Protocol):
         self, *, within: float | timedelta = 3600.0, limit: int = 5000
     ) -> builtins.list[ScheduledFunction]: ...
     async def crons(self, *, enabled: bool | None = None) -> builtins.list[CronInfo]: ...
+    async def activity(
+        self,
+        *,
+        within: float | timedelta = 3600.0,
+        name: str | None = None,
+        queue: str | None = None,
+    ) -> Activity: ...
     async def list(
         self,
         *,

@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 
-from ..sql import ArgContains, ArgEquals, NextSeq, Within
+from ..sql import ArgContains, ArgEquals, MinuteStart, NextSeq, Within
 
 
 @compiles(Within, "postgresql")
@@ -41,3 +41,9 @@ def _jsonb_contains(element: ArgContains, compiler: SQLCompiler, **kw: Any) -> s
         f"OR (jsonb_typeof({found}) = 'string' AND jsonb_typeof({wanted}) = 'string' "
         f"AND strpos({found} #>> '{{}}', {wanted} #>> '{{}}') > 0))"
     )
+
+
+@compiles(MinuteStart, "postgresql")
+def _minute_start(element: MinuteStart, compiler: SQLCompiler, **kw: Any) -> str:
+    (at,) = (compiler.process(c, **kw) for c in element.clauses)
+    return f"(CAST(floor(({at}) / 60) AS BIGINT) * 60)"

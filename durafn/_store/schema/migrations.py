@@ -38,6 +38,8 @@ from .tables import (
     lost_workers,
     operations,
     queues,
+    rollup_marks,
+    rollups,
     scheduled_functions,
     workers,
     workflow_events,
@@ -421,8 +423,12 @@ def _step_24(conn: Connection, dialect: SchemaDialect) -> None:
 
 
 def _step_25(conn: Connection, dialect: SchemaDialect) -> None:
-    """Version 25: a placeholder of this branch (another branch's step has the number;
-    renumbered at merge)."""
+    """Version 25: ``_durafn_rollups``, what ended per minute and per hour, for the
+    dashboard's charts, and ``_durafn_rollup_marks``, how far each is rolled up (new
+    tables: rows that ended before them are rolled up by the next maintenance pass, as
+    far back as retention keeps them)."""
+    rollups.create(conn, checkfirst=True)
+    rollup_marks.create(conn, checkfirst=True)
 
 
 def _step_26(conn: Connection, dialect: SchemaDialect) -> None:

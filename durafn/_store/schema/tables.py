@@ -29,6 +29,8 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.sql.elements import ColumnElement
 
+from ..._latency import BUCKETS
+
 SCHEMA_VERSION = 27
 """Bump with a new step in ``migrations.MIGRATIONS`` whenever the tables change."""
 
@@ -328,6 +330,35 @@ audit = Table(
 )
 # The pages, newest first, read the primary key; the retention pass ranges over ``at``.
 Index("ix_durafn_audit_at", audit.c.at)
+
+# Version 25: what ended, per closed minute (``span`` 60) and per hour (3600), by
+# function, queue ('' for none) and state: a count, and the start lag's and the
+# duration's histograms (``_latency.py``: bucket i in ``lag_i``, ``dur_i``). Written by
+# the executor's maintenance pass from the rows that ended in those minutes
+# (``_executor/rollups.py``), never on a job's path; read by the dashboard's charts, at
+# most a minute or an hour's rows per point. Kept as long as finished rows are.
+LAG_COLUMNS = tuple(f"lag_{i:02d}" for i in range(BUCKETS))
+DURATION_COLUMNS = tuple(f"dur_{i:02d}" for i in range(BUCKETS))
+rollups = Table(
+    "_durafn_rollups",
+    metadata,
+    Column("span", Integer, primary_key=True),  # 60: a minute; 3600: an hour
+    Column("start", BigInteger, primary_key=True),  # epoch seconds, a multiple of span
+    Column("function_name", Text, primary_key=True),
+    Column("queue", Text, primary_key=True),
+    Column("state", String(16), primary_key=True),
+    Column("count", Integer, nullable=False),
+    *(Column(name, Integer, nullable=False) for name in (*LAG_COLUMNS, *DURATION_COLUMNS)),
+)
+# The primary key (span, start, ...) is the index every read and the pruning range over.
+# How far each span is rolled up: every minute (hour) before ``until`` is in, rows or
+# none. Moved forward only, by a guarded UPDATE in the transaction that wrote them.
+rollup_marks = Table(
+    "_durafn_rollup_marks",
+    metadata,
+    Column("span", Integer, primary_key=True),
+    Column("until", BigInteger, nullable=False),
+)
 
 # Version 26: operations, an operator's change of every row a filter matches (a failure
 # group's retry, a bulk cancel of a million rows), run a page at a time by any process

@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 
-from ..sql import ArgContains, ArgEquals, NextSeq, Within
+from ..sql import ArgContains, ArgEquals, MinuteStart, NextSeq, Within
 
 
 @compiles(Within, "sqlite")
@@ -42,3 +42,9 @@ def _json_contains(element: ArgContains, compiler: SQLCompiler, **kw: Any) -> st
         f"OR (json_type({args}, {at}) = 'text' AND json_type({value}, '$') = 'text' "
         f"AND instr(json_extract({args}, {at}), {wanted}) > 0))"
     )
+
+
+@compiles(MinuteStart, "sqlite")
+def _minute_start(element: MinuteStart, compiler: SQLCompiler, **kw: Any) -> str:
+    (at,) = (compiler.process(c, **kw) for c in element.clauses)
+    return f"(CAST(({at}) / 60 AS INTEGER) * 60)"
