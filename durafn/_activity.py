@@ -23,7 +23,7 @@ from ._latency import BUCKETS, merged, percentile
 from ._models import FROZEN
 from ._public import publish
 from ._runtime import Runtime
-from ._store.rollups import HOUR, MINUTE, RollupRow
+from ._store import HOUR, MINUTE, RollupRow
 
 ENDED = (State.SUCCESS, State.FAILED, State.CANCELED)
 GRACE = 60

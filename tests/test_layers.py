@@ -23,6 +23,7 @@ VALUES = {
     "durafn._retries",
     "durafn._completions",
     "durafn._options",
+    "durafn._latency",
 }
 """What the store may import from outside itself: values and their checks, no behaviour."""
 

@@ -5,8 +5,6 @@ Each hot query names the index it relies on; keep the two in step.
 
 from __future__ import annotations
 
-from typing import Any
-
 from sqlalchemy import (
     JSON,
     BigInteger,
@@ -17,34 +15,32 @@ from sqlalchemy import (
     Identity,
     Index,
     Integer,
-    MetaData,
     String,
     Table,
     Text,
-    Uuid,
     and_,
     false,
     literal_column,
 )
 from sqlalchemy.dialects.postgresql import JSONB
-from sqlalchemy.sql.elements import ColumnElement
 
-from ..._latency import BUCKETS
+# What every table module shares, and the side tables, declared on the same metadata in
+# modules of their own: named here too, as what imports the schema imports them from here.
+from .base import ID_TYPE as ID_TYPE
+from .base import metadata as metadata
+from .base import partial as partial
+from .operator_tables import DURATION_COLUMNS as DURATION_COLUMNS
+from .operator_tables import LAG_COLUMNS as LAG_COLUMNS
+from .operator_tables import audit as audit
+from .operator_tables import operations as operations
+from .operator_tables import rollup_marks as rollup_marks
+from .operator_tables import rollups as rollups
+from .workflow_tables import workflow_events as workflow_events
+from .workflow_tables import workflow_steps as workflow_steps
+from .workflow_tables import workflows as workflows
 
 SCHEMA_VERSION = 27
 """Bump with a new step in ``migrations.MIGRATIONS`` whenever the tables change."""
-
-metadata = MetaData()
-
-
-def partial(where: ColumnElement[bool]) -> dict[str, Any]:
-    """An index's predicate, for both engines (SQLAlchemy takes it per dialect): the one
-    place the schema names them."""
-    return {"postgresql_where": where, "sqlite_where": where}
-
-
-# Native uuid on PostgreSQL (16 bytes, cheap to compare); readable text on SQLite.
-ID_TYPE = Uuid(as_uuid=False).with_variant(String(36), "sqlite")
 
 ERROR_KEYS = ("attempt", "at", "worker", "type", "message", "traceback", "retry_at")
 """An entry of a row's ``errors``: which failed run of the row it was (1 for the first,
@@ -312,95 +308,6 @@ lost_workers = Table(
 # The newest first, and the pruning of the oldest.
 Index("ix_durafn_lost_workers_lost_at", lost_workers.c.lost_at)
 
-# Version 22: what operators did (the dashboard's actions and the command line's
-# changes): when, who, through what, which action on what, how many rows, and what came
-# of it. Written in the action's own statement after it; kept for the retention period
-# (the executor's retention pass removes the older entries, in pages).
-audit = Table(
-    "_durafn_audit",
-    metadata,
-    Column("id", BigInteger().with_variant(Integer(), "sqlite"), primary_key=True),
-    Column("at", Double, nullable=False),
-    Column("who", Text, nullable=False),  # the visitor: "local", "token", the host's user
-    Column("via", String(16), nullable=False),  # "dashboard" or "cli"
-    Column("action", Text, nullable=False),  # "cancel", "retry", "cron remove", ...
-    Column("target", Text, nullable=False),  # a row's id, a filter, a cron or queue name
-    Column("rows", Integer, nullable=False),  # how many rows it changed
-    Column("outcome", Text, nullable=False),  # what was said on the page
-)
-# The pages, newest first, read the primary key; the retention pass ranges over ``at``.
-Index("ix_durafn_audit_at", audit.c.at)
-
-# Version 25: what ended, per closed minute (``span`` 60) and per hour (3600), by
-# function, queue ('' for none) and state: a count, and the start lag's and the
-# duration's histograms (``_latency.py``: bucket i in ``lag_i``, ``dur_i``). Written by
-# the executor's maintenance pass from the rows that ended in those minutes
-# (``_executor/rollups.py``), never on a job's path; read by the dashboard's charts, at
-# most a minute or an hour's rows per point. Kept as long as finished rows are.
-LAG_COLUMNS = tuple(f"lag_{i:02d}" for i in range(BUCKETS))
-DURATION_COLUMNS = tuple(f"dur_{i:02d}" for i in range(BUCKETS))
-rollups = Table(
-    "_durafn_rollups",
-    metadata,
-    Column("span", Integer, primary_key=True),  # 60: a minute; 3600: an hour
-    Column("start", BigInteger, primary_key=True),  # epoch seconds, a multiple of span
-    Column("function_name", Text, primary_key=True),
-    Column("queue", Text, primary_key=True),
-    Column("state", String(16), primary_key=True),
-    Column("count", Integer, nullable=False),
-    *(Column(name, Integer, nullable=False) for name in (*LAG_COLUMNS, *DURATION_COLUMNS)),
-)
-# The primary key (span, start, ...) is the index every read and the pruning range over.
-# How far each span is rolled up: every minute (hour) before ``until`` is in, rows or
-# none. Moved forward only, by a guarded UPDATE in the transaction that wrote them.
-rollup_marks = Table(
-    "_durafn_rollup_marks",
-    metadata,
-    Column("span", Integer, primary_key=True),
-    Column("until", BigInteger, nullable=False),
-)
-
-# Version 26: operations, an operator's change of every row a filter matches (a failure
-# group's retry, a bulk cancel of a million rows), run a page at a time by any process
-# (the workers' maintenance, ``app.run_operations()``) from where the last page stopped
-# (``cursor``: the last row id it read), each page an UPDATE of this row guarded by the
-# cursor it expects: two runners never both take a page, and one killed mid-way leaves
-# nothing to clean up (its page's transaction is rolled back; the cursor says where the
-# next runner starts). Kept for the retention period, like the audit trail.
-operations = Table(
-    "_durafn_operations",
-    metadata,
-    Column("id", BigInteger().with_variant(Integer(), "sqlite"), primary_key=True),
-    Column("kind", String(16), nullable=False),  # "cancel", "retry", "reschedule"
-    Column("filter", Text, nullable=False),  # the rows it selects, JSON (RowFilter's fields)
-    Column("change", Text, nullable=False),  # a reschedule's new values, JSON ({} else)
-    Column("who", Text, nullable=False),
-    Column("created_at", Double, nullable=False),
-    Column("updated_at", Double, nullable=False),  # its last page
-    Column("total", Integer, nullable=False),  # matching rows when it started (bounded)
-    Column("done", Integer, nullable=False, server_default="0"),  # rows changed so far
-    Column("scanned", BigInteger, nullable=False, server_default="0"),  # rows read so far
-    Column("cursor", Text, nullable=False, server_default=""),  # '' : from the first id
-    Column("state", String(16), nullable=False),
-    Column("finished_at", Double),
-    Column("error", Text),
-    CheckConstraint(
-        "state IN ('Running', 'Done', 'Failed', 'Canceled')", name="ck_durafn_operations_state"
-    ),
-)
-# What is left to run: as few entries as operations running (the workers poll it).
-Index(
-    "ix_durafn_operations_running",
-    operations.c.id,
-    **partial(operations.c.state == literal_column("'Running'")),
-)
-# The retention pass removes the ended ones oldest first.
-Index(
-    "ix_durafn_operations_finished",
-    operations.c.finished_at,
-    **partial(operations.c.finished_at.is_not(None)),
-)
-
 dependencies = Table(
     "_durafn_dependencies",
     metadata,
@@ -509,104 +416,6 @@ leases = Table(
     Column("holder", Text, nullable=False),
     Column("expires_at", Double, nullable=False),
 )
-
-# Version 27, durable workflows (``durafn/_workflow``): one row per workflow run, its
-# journal of steps, and the events sent to it. A workflow's state changes only through
-# UPDATEs guarded by its state and its ``generation`` (bumped by a cancel or a resume, so
-# that a turn or a completion of the run before is dropped: ``_store/workflows.py``).
-workflows = Table(
-    "_durafn_workflows",
-    metadata,
-    Column("id", ID_TYPE, primary_key=True),
-    Column("name", Text, nullable=False),
-    Column("args", Text, nullable=False),
-    # Running (which includes sleeping and waiting: ``waiting`` says on what), Success,
-    # Failed, Canceled, or Stopped: a replay met a journal its code no longer matches,
-    # and the workflow waits for an operator (``resume_workflow`` or ``cancel_workflow``).
-    Column("state", String(16), nullable=False),
-    Column("generation", Integer, nullable=False, server_default="0"),
-    Column("result", Text),
-    Column("error_type", Text),
-    Column("error_message", Text),
-    Column("waiting", Text),  # "steps 3, 4", "sleep until ...", "event 'paid'": for people
-    Column("waiting_event", Text),  # the event name a wait_for_event blocks on, or None
-    Column("steps", Integer, nullable=False, server_default="0"),
-    Column("journal_bytes", BigInteger, nullable=False, server_default="0"),
-    Column("parent_id", ID_TYPE),  # a child workflow's parent, and its step there
-    Column("parent_step", Integer),
-    Column("created_at", Double, nullable=False),
-    Column("updated_at", Double, nullable=False),
-    Column("ended_at", Double),
-    CheckConstraint(
-        "state IN ('Running', 'Success', 'Failed', 'Canceled', 'Stopped')",
-        name="ck_durafn_workflows_state",
-    ),
-)
-# Listing, newest first, per state (``durafn workflows ls``, the dashboard).
-Index("ix_durafn_workflows_state", workflows.c.state, workflows.c.created_at)
-# Retention removes the oldest finished workflows first, a page at a time.
-Index(
-    "ix_durafn_workflows_ended",
-    workflows.c.ended_at,
-    **partial(workflows.c.ended_at.is_not(None)),
-)
-# A cancel walks a workflow's children.
-Index(
-    "ix_durafn_workflows_parent",
-    workflows.c.parent_id,
-    **partial(workflows.c.parent_id.is_not(None)),
-)
-
-workflow_steps = Table(
-    "_durafn_workflow_steps",
-    metadata,
-    Column("workflow_id", ID_TYPE, primary_key=True),
-    Column("step_no", Integer, primary_key=True),
-    # mutation, query, action, sleep, event, workflow (a child), and what it names:
-    # the function's durable name, the event's name, the child workflow's name.
-    Column("kind", String(16), nullable=False),
-    Column("name", Text, nullable=False),
-    Column("args", Text, nullable=False),  # compared on replay, with kind and name
-    Column("state", String(16), nullable=False),  # Started, Success, Failed
-    Column("result", Text),
-    Column("error_type", Text),
-    Column("error_message", Text),
-    # The row that runs it (an action's) or the child workflow's id.
-    Column("row_id", ID_TYPE),
-    Column("wake_at", Double),  # a sleep's end, an event wait's timeout
-    Column("started_at", Double, nullable=False),
-    Column("ended_at", Double),
-    # The round in which its outcome was first handed to the body: a replay hands the
-    # outcomes over in the same rounds, so concurrent branches (gather) go on in the same
-    # order and ask for their steps in the same order (``_workflow/turns.py``).
-    Column("delivered", Integer),
-)
-# An action step's completion finds its step by the row that ran it.
-Index(
-    "ix_durafn_workflow_steps_row",
-    workflow_steps.c.row_id,
-    **partial(workflow_steps.c.row_id.is_not(None)),
-)
-
-workflow_events = Table(
-    "_durafn_workflow_events",
-    metadata,
-    Column("id", BigInteger().with_variant(Integer(), "sqlite"), primary_key=True),
-    Column("workflow_id", ID_TYPE, nullable=False),
-    Column("name", Text, nullable=False),
-    Column("payload", Text),
-    Column("sent_at", Double, nullable=False),
-    Column("step_no", Integer),  # the wait that took it; None until one does
-)
-# A wait takes the oldest event of its name not yet taken.
-Index(
-    "ix_durafn_workflow_events_unread",
-    workflow_events.c.workflow_id,
-    workflow_events.c.name,
-    workflow_events.c.id,
-    **partial(workflow_events.c.step_no.is_(None)),
-)
-Index("ix_durafn_workflow_events_workflow", workflow_events.c.workflow_id)
 
 schema_version = Table(
     "_durafn_schema",
