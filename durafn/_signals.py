@@ -12,6 +12,7 @@ it had just arrived.
 from __future__ import annotations
 
 import signal
+import threading
 from types import FrameType
 from typing import Any
 
@@ -34,9 +35,15 @@ def _recorder() -> Any:
     return handler if isinstance(getattr(handler, "received", None), list) else None
 
 
+def _main_thread() -> bool:
+    """Whether handlers may be set here: only the main thread may (a command invoked from
+    another thread, by an embedding or a test runner, leaves the process's own alone)."""
+    return threading.current_thread() is threading.main_thread()
+
+
 def record() -> None:
     """Record SIGTERM and SIGINT from now on, unless they already are."""
-    if _recorder() is None:
+    if _recorder() is None and _main_thread():
         recorder = _Recorder()
         for signum in SIGNALS:
             signal.signal(signum, recorder)
@@ -52,7 +59,7 @@ def received() -> list[int]:
 def release() -> None:
     """Default handling again; the signals recorded are raised anew."""
     recorder = _recorder()
-    if recorder is None:
+    if recorder is None or not _main_thread():
         return
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)

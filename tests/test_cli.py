@@ -800,3 +800,29 @@ def test_unknown_ids_are_one_line_errors(db_url: str) -> None:
     )
     for code, stderr in results:
         assert_one_line_error(code, stderr, f"no scheduled function has id {UNKNOWN_ID!r}")
+
+
+def test_a_command_from_another_thread_leaves_the_processs_signal_handlers_alone(
+    tmp_path: Path,
+) -> None:
+    """Only the main thread may set signal handlers: a command invoked from another
+    thread (an embedding; a test's worker thread) runs, and leaves the recorder a worker
+    command left in this process as it was, rather than failing with ValueError."""
+    from durafn import _signals
+
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    _signals.record()  # as a worker command invoked in this process leaves them
+    try:
+        recorder = signal.getsignal(signal.SIGTERM)
+        assert _signals.received() == []
+        done: list[Result] = []
+        url = f"sqlite+aiosqlite:///{tmp_path}/threads.db"
+        thread = threading.Thread(target=lambda: done.append(invoke("migrate", "--url", url)))
+        thread.start()
+        thread.join()
+        [result] = done
+        assert result.exit_code == 0, result.output
+        assert signal.getsignal(signal.SIGTERM) is recorder
+    finally:
+        signal.signal(signal.SIGTERM, before[0])
+        signal.signal(signal.SIGINT, before[1])
