@@ -201,3 +201,34 @@ def test_a_percentile_is_placed_in_the_bucket_that_holds_it() -> None:
     assert p99 is not None and EDGES[10] <= p99 <= EDGES[11]  # 2.5-5 s holds 3.0
     assert top is not None and EDGES[13] <= top <= EDGES[14]  # 25-50 s holds 30
     assert percentile([0] * BUCKETS, 0.5) is None
+
+
+async def test_a_pass_after_a_long_quiet_stretch_counts_what_ended_on_both_sides(
+    app: durafn.App, clock: FakeClock
+) -> None:
+    """Rows that ended before and after three quiet days: one pass jumps over the empty
+    hours (the next row that ended says where), counting both minutes and their hours,
+    and writes nothing for the hours between."""
+    ok, _ = _functions(app)
+    clock.set(T0 + 5)
+    await _end(app, ok, 2)
+    executor = app.executor()
+    clock.set(T0 + 3 * 86_400 + 10)
+    await _end(app, ok, 1)
+    clock.set(T0 + 3 * 86_400 + 2 * 3600)
+    await executor.run_maintenance()
+    async with app.engine.connect() as conn:
+        found = (
+            await conn.execute(
+                select(rollups.c.span, rollups.c.start, rollups.c.count)
+                .where(rollups.c.function_name != "")
+                .order_by(rollups.c.span, rollups.c.start)
+            )
+        ).all()
+    later = int(T0) + 3 * 86_400
+    assert [tuple(r) for r in found] == [
+        (60, int(T0), 2),
+        (60, later, 1),
+        (3600, int(T0), 2),
+        (3600, later, 1),
+    ]

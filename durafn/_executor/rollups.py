@@ -50,6 +50,11 @@ class RollUps:
         written = 0
         start = max(minutes, oldest_kept)
         while start < closed:
+            # Over a stretch where nothing ended (a worker stopped for a while, a test's
+            # clock moved on by a year) in one step: the next row that ended says where
+            # the next batch begins (8,760 empty hours were 8,760 statements, 12 s).
+            found = await self._read(functools.partial(driver.oldest_finished, since=start))
+            start = closed if found is None else max(start, int(found // MINUTE) * MINUTE)
             end = min(start + BATCH_MINUTES * MINUTE, closed)
             written += await self._write(driver.roll_up_minutes, MINUTE, start, end)
             start = end
@@ -61,6 +66,10 @@ class RollUps:
             hours = last_hour if first is None else first // HOUR * HOUR
         hour = max(hours, oldest_kept)
         while hour < last_hour:
+            found = await self._read(
+                functools.partial(driver.oldest_rollup, span=MINUTE, since=hour)
+            )
+            hour = last_hour if found is None else max(hour, found // HOUR * HOUR)
             end = min(hour + 24 * HOUR, last_hour)
             written += await self._write(driver.roll_up_hours, HOUR, hour, end)
             hour = end
@@ -85,7 +94,9 @@ class RollUps:
                 await self._rt.transaction(
                     functools.partial(_delete, start=oldest, end=end), doing="pruning rollups"
                 )
-                oldest = end
+                # The next one kept, not the next page: across a gap, a probe, not a
+                # statement per empty page.
+                oldest = await self._read(_oldest)
                 await anyio.lowlevel.checkpoint()
 
     async def _read(self, read: Callable[[AsyncConnection], Awaitable[T]]) -> T:

@@ -440,8 +440,12 @@ class Store(Protocol):
     # Up to when minutes and hours are rolled up (_durafn_rollup_marks), and its advance.
     async def rollup_marks(self, conn: Conn) -> tuple[int | None, int | None]: ...
     async def advance_rollup_mark(self, conn: Conn, span: int, until: int) -> bool: ...
-    async def oldest_rollup(self, conn: Conn, span: int) -> int | None: ...
-    async def oldest_finished(self, conn: Conn) -> float | None: ...  # (_completed's first)
+    async def oldest_rollup(
+        self, conn: Conn, span: int, since: int | None = None
+    ) -> int | None: ...  # (pk)
+    async def oldest_finished(
+        self, conn: Conn, since: float | None = None
+    ) -> float | None: ...  # (ix_scheduled_functions_completed's first from since)
     async def delete_rollups(self, conn: Conn, span: int, start: int, end: int) -> int: ...
     async def read_rollups(
         self,

@@ -157,15 +157,25 @@ class RollupStatements:
         assert isinstance(moved, CursorResult)
         return moved.rowcount == 1
 
-    async def oldest_rollup(self, conn: AsyncConnection, span: int) -> int | None:
-        """The earliest start of ``span`` kept (the primary key's first entry)."""
+    async def oldest_rollup(
+        self, conn: AsyncConnection, span: int, since: int | None = None
+    ) -> int | None:
+        """The earliest start of ``span`` kept (at or after ``since``): one probe of the
+        primary key."""
         first = select(func.min(rollups.c.start)).where(rollups.c.span == span)
+        if since is not None:
+            first = first.where(rollups.c.start >= since)
         value = (await conn.execute(first)).scalar()
         return None if value is None else int(value)
 
-    async def oldest_finished(self, conn: AsyncConnection) -> float | None:
-        """When the earliest kept row ended (ix_scheduled_functions_completed's first)."""
+    async def oldest_finished(
+        self, conn: AsyncConnection, since: float | None = None
+    ) -> float | None:
+        """When the earliest kept row ended (at or after ``since``): one probe of
+        ix_scheduled_functions_completed."""
         first = select(func.min(sf.c.completed_time)).where(sf.c.completed_time.is_not(None))
+        if since is not None:
+            first = first.where(sf.c.completed_time >= since)
         value = (await conn.execute(first)).scalar()
         return None if value is None else float(value)
 
