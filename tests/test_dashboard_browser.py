@@ -138,7 +138,10 @@ async def _new_page(browser: Browser) -> Page:
 
 
 async def _shot(page: Page, folder: Path, name: str) -> None:
-    await page.screenshot(path=folder / f"{name}.png", full_page=True)
+    """The guide's screenshot of this page, where ``DURAFN_SCREENSHOTS`` names a folder
+    (``DURAFN_SCREENSHOTS=docs/images pytest tests/test_dashboard_browser.py``), else
+    none: 16 full-page shots an engine were a tenth of these tests' time, for pictures
+    no one looked at. (``folder``: the test's own, kept for a shot taken to debug.)"""
     if target := os.environ.get("DURAFN_SCREENSHOTS"):  # a folder that exists
         await page.screenshot(path=Path(target) / f"dashboard-{name}.png", full_page=True)
 
