@@ -92,8 +92,16 @@ async def _serve(
     return url
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
+def anyio_backend() -> str:
+    """One event loop for the module's tests, so that one Chromium serves them all."""
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
 async def browser() -> AsyncIterator[Browser]:
+    """Chromium, launched once for the module (0.7 to 1.7 s a launch); each test has a
+    page of its own, and contexts of its own where it needs them."""
     if async_playwright is None or CHROMIUM is None:
         if os.environ.get("CI"):
             pytest.fail("Chromium and Playwright are needed (.ci/run installs them)")
@@ -307,7 +315,7 @@ window.results = {{}};
 """
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 async def rebinding_browser() -> AsyncIterator[Browser]:
     """Chromium whose resolver sends two names of "other sites" to this machine, as an
     attacker's DNS would once it rebinds them (``--host-resolver-rules``)."""
