@@ -10,14 +10,12 @@ does. ``get``, ``list`` and ``explain`` read as ``app.get``, ``app.list`` and
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from datetime import datetime
-
 from sqlalchemy.ext.asyncio import AsyncConnection
+from typing_extensions import Unpack
 
-from ._context import SystemTable
+from ._context import ListFilters, SystemTable
 from ._explain import Explanation
-from ._kinds import ScheduledFunctionId, State
+from ._kinds import ScheduledFunctionId
 from ._models import Page, ScheduledFunction
 from ._operator import Operator
 from ._public import publish
@@ -64,43 +62,11 @@ class SyncApp(SyncScheduler):
         """The ``_scheduled_functions`` row with this id, or None (``App.get``)."""
         return run_now(SystemTable(self._srt, None).get(id))
 
-    def list(
-        self,
-        *,
-        state: State | Sequence[State] | None = None,
-        name: str | None = None,
-        scheduled_after: datetime | None = None,
-        scheduled_before: datetime | None = None,
-        limit: int = 100,
-        cursor: str | None = None,
-        newest_first: bool = False,
-        queue: str | None = None,
-        key: str | None = None,
-        flag: str | None = None,
-        parent: ScheduledFunctionId | str | None = None,
-        args: Mapping[str, str | int | float | bool] | None = None,
-        args_contain: Mapping[str, str | int | float | bool] | None = None,
-        scan: int | None = None,
-    ) -> Page:
-        """Rows in ``scheduled_time`` order, filtered and paginated (``App.list``)."""
-        return run_now(
-            SystemTable(self._srt, None).list(
-                state=state,
-                name=name,
-                scheduled_after=scheduled_after,
-                scheduled_before=scheduled_before,
-                limit=limit,
-                cursor=cursor,
-                newest_first=newest_first,
-                queue=queue,
-                key=key,
-                flag=flag,
-                parent=parent,
-                args=args,
-                args_contain=args_contain,
-                scan=scan,
-            )
-        )
+    def list(self, **filters: Unpack[ListFilters]) -> Page:
+        """Rows in ``scheduled_time`` order, filtered and paginated: ``App.list``'s
+        keywords (state, name, scheduled_after/before, limit, cursor, newest_first,
+        queue, key, flag, parent, args, args_contain, scan)."""
+        return run_now(SystemTable(self._srt, None).list(**filters))
 
     def explain(self, id: ScheduledFunctionId | str) -> Explanation:
         """Why this row is where it is (``App.explain``)."""

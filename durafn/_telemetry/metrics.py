@@ -368,19 +368,12 @@ class _Mirror:
         meter = metrics.get_meter("durafn")
         names = {"function": "durafn.function", "kind": "durafn.kind", "outcome": "durafn.outcome"}
 
-        def counted(which: Callable[[Metrics], Any]) -> Callable[[Any], list[Any]]:
-            def observe(_: Any) -> list[Any]:
-                return [
-                    Observation(s.value, {names.get(k, k): v for k, v in s.labels.items()})
-                    for app in list(cls._apps)
-                    for family in which(app).collect()
-                    for s in family.samples
-                    if s.name.endswith("_total")
-                ]
+        def counted(
+            which: Callable[[Metrics], Any], part: str = "_total"
+        ) -> Callable[[Any], list[Any]]:
+            """The samples of a family whose names end in ``part``: a counter's total, or
+            a histogram's buckets, count or sum."""
 
-            return observe
-
-        def histogram(which: Callable[[Metrics], Any], part: str) -> Callable[[Any], list[Any]]:
             def observe(_: Any) -> list[Any]:
                 return [
                     Observation(s.value, {names.get(k, k): v for k, v in s.labels.items()})
@@ -403,7 +396,7 @@ class _Mirror:
             ):
                 meter.create_observable_counter(
                     f"{name}.{part}",
-                    [histogram(which, f"_{part}")],
+                    [counted(which, f"_{part}")],
                     unit=unit,
                     description=f"{what}: {said}.",
                 )

@@ -74,7 +74,6 @@ class Turn(Protocol):
         values: dict[str, Any] | None = None,
         wait: float | None = None,
         until: float | None = None,
-        event: bool = False,
     ) -> StepFuture[Any]: ...
 
 
@@ -213,9 +212,7 @@ class WorkflowCtx:
         if timeout is not None:
             seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
             seconds = finite_seconds("timeout", seconds, error=SchedulingError)
-        return self._turn.request(
-            "event", name, json.dumps({"timeout": seconds}), wait=seconds, event=True
-        )
+        return self._turn.request("event", name, json.dumps({"timeout": seconds}), wait=seconds)
 
     def _call(
         self,

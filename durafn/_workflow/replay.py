@@ -130,7 +130,6 @@ class Turn:
         values: dict[str, Any] | None = None,
         wait: float | None = None,
         until: float | None = None,
-        event: bool = False,
     ) -> StepFuture[Any]:
         self.touched += 1
         step_no = len(self.requests) + 1
