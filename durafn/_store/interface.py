@@ -1,6 +1,7 @@
-"""The store on one page: every operation the runtime asks of the database (``Store``),
-grouped by room, one line each on what it does and the index it reads; then what an
-engine's dialect must or may provide (``Dialect``).
+"""The store on one page: every operation the runtime asks of the database (``Store``;
+the operators' tools' rooms on ``operator_interface.py``), grouped by room, one line
+each on what it does and the index it reads; then what an engine's dialect must or may
+provide (``Dialect``).
 
 The runtime and the executor type against ``Store`` (``Runtime.driver``); ``Driver``
 (``driver.py``: the statements both engines share, in the rooms named below) with
@@ -27,11 +28,7 @@ from typing_extensions import Unpack
 from .._errors import DatabaseError
 from .._kinds import FunctionKind, ScheduledFunctionId, State
 from .._models import (
-    AuditEntry,
-    FailureGroup,
-    LinkedRow,
     LostWorker,
-    Operation,
     Page,
     QueueInfo,
     ScheduledFunction,
@@ -43,17 +40,18 @@ from .claim.hints import FastPathHint, LevelFloor
 from .claim.take import ClaimFilter
 from .crons import CronChange, CronMove, NewCron, StoredCron
 from .filters import RowFilter
-from .operations import WindowRow
+from .operator_interface import OperatorStore
 from .read.explain import Facts, KeyCounts
-from .rollups import RollupRow
 from .rows import Claimed, LostAction, NewRow, NewRowColumns, Outcome, RetryState
 
 Ids = Sequence[ScheduledFunctionId]
 IdList = builtins.list[ScheduledFunctionId]
 
 
-class Store(Protocol):
-    """What the runtime asks of the database. ``conn`` is the caller's transaction."""
+class Store(OperatorStore, Protocol):
+    """What the runtime asks of the database. ``conn`` is the caller's transaction. The
+    operators' tools' rooms (the audit trail, operations, a row's links, search, the
+    rollups) are on a page of their own (``operator_interface.OperatorStore``)."""
 
     url: URL
     name: ClassVar[str]
@@ -350,116 +348,6 @@ class Store(Protocol):
         rescued: Mapping[str | None, tuple[int, int]],
     ) -> int: ...  # declared lost, recorded (ix_durafn_lost_workers_lost_at)
     async def list_lost_workers(self, conn: Conn, limit: int) -> builtins.list[LostWorker]: ...
-
-    # -- the audit trail (audit.py) -------------------------------------------------------
-    async def record_audit(
-        self,
-        conn: Conn,
-        *,
-        at: float,
-        who: str,
-        via: str,
-        action: str,
-        target: str,
-        rows: int,
-        outcome: str,
-    ) -> int: ...
-    async def list_audit(
-        self, conn: Conn, *, limit: int, before: int | None
-    ) -> builtins.list[AuditEntry]: ...  # newest first (primary key)
-    # Entries older than the retention period (ix_durafn_audit_at).
-    async def delete_audit(self, conn: Conn, *, older_than: float, limit: int) -> int: ...
-
-    # -- operations (operations.py; durafn/_operations.py runs them) ----------------------
-    async def insert_operation(
-        self,
-        conn: Conn,
-        *,
-        kind: str,
-        filter: dict[str, Any],
-        change: dict[str, Any],
-        who: str,
-        now: float,
-        total: int,
-    ) -> int: ...
-    async def get_operation(
-        self, conn: Conn, id: int, bound: int
-    ) -> tuple[Operation, str] | None: ...  # and its cursor (primary key)
-    async def list_operations(
-        self, conn: Conn, *, limit: int, before: int | None, bound: int
-    ) -> builtins.list[Operation]: ...  # newest first (primary key)
-    # The oldest Running ones (ix_durafn_operations_running).
-    async def running_operations(self, conn: Conn, limit: int) -> builtins.list[int]: ...
-    async def operation_window(
-        self, conn: Conn, where: RowFilter, after: str | None, scan: int
-    ) -> builtins.list[WindowRow]: ...  # a page's range of the primary key, each row matched
-    async def advance_operation(
-        self, conn: Conn, id: int, *, expected: str, cursor: str, scanned: int, now: float
-    ) -> bool: ...  # take a page: guarded by the cursor expected
-    async def count_operation(self, conn: Conn, id: int, changed: int) -> None: ...
-    async def end_operation(
-        self, conn: Conn, id: int, state: str, now: float, error: str | None = ...
-    ) -> bool: ...  # Running -> state
-    # Ended before the retention period (ix_durafn_operations_finished).
-    async def delete_operations(self, conn: Conn, *, older_than: float, limit: int) -> int: ...
-    async def count_up_to(self, conn: Conn, where: RowFilter, bound: int) -> int: ...
-    # -- a row's links (read/row_links.py) -------------------------------------------
-    # What it still waits for (ix_durafn_dependencies_row); what waits for it (primary key).
-    async def waits_for(
-        self, conn: Conn, id: ScheduledFunctionId, limit: int
-    ) -> builtins.list[LinkedRow]: ...
-    async def waited_by(
-        self, conn: Conn, id: ScheduledFunctionId, limit: int
-    ) -> builtins.list[LinkedRow]: ...
-    async def nodes(self, conn: Conn, ids: Ids) -> builtins.list[LinkedRow]: ...  # (pk)
-    async def batch_key_of(self, conn: Conn, id: ScheduledFunctionId) -> str | None: ...
-    # A batch key's waiting rows (ix_scheduled_functions_batch).
-    async def batch_waiting(
-        self, conn: Conn, name: str, key: str, limit: int
-    ) -> builtins.list[LinkedRow]: ...
-    # -- search (read/search.py) ---------------------------------------------------------
-    # The row holding a job key (ix_scheduled_functions_key).
-    async def key_holder(self, conn: Conn, key: str) -> ScheduledFunction | None: ...
-    # Among the newest ``scan`` rows (ix_scheduled_functions_scheduled): a key, an argument.
-    async def with_key(
-        self, conn: Conn, key: str, scan: int, limit: int
-    ) -> builtins.list[ScheduledFunction]: ...
-    async def with_argument(
-        self, conn: Conn, tokens: Sequence[str], scan: int, limit: int
-    ) -> builtins.list[ScheduledFunction]: ...
-    # Failed rows among the last that ended, grouped (ix_scheduled_functions_completed).
-    async def failure_groups(
-        self, conn: Conn, *, scan: int, limit: int
-    ) -> builtins.list[FailureGroup]: ...
-
-    # -- the rollups (rollups.py; _durafn_rollups' primary key unless named) ----------------
-    async def roll_up_minutes(
-        self, conn: Conn, start: int, end: int
-    ) -> int: ...  # INSERT ... SELECT ... GROUP BY (ix_scheduled_functions_completed)
-    async def roll_up_hours(self, conn: Conn, start: int, end: int) -> int: ...  # from minutes
-    # Up to when minutes and hours are rolled up (_durafn_rollup_marks), and its advance.
-    async def rollup_marks(self, conn: Conn) -> tuple[int | None, int | None]: ...
-    async def advance_rollup_mark(self, conn: Conn, span: int, until: int) -> bool: ...
-    async def oldest_rollup(
-        self, conn: Conn, span: int, since: int | None = None
-    ) -> int | None: ...  # (pk)
-    async def oldest_finished(
-        self, conn: Conn, since: float | None = None
-    ) -> float | None: ...  # (ix_scheduled_functions_completed's first from since)
-    async def delete_rollups(self, conn: Conn, span: int, start: int, end: int) -> int: ...
-    async def read_rollups(
-        self,
-        conn: Conn,
-        span: int,
-        start: int,
-        end: int,
-        *,
-        name: str | None,
-        queue: str | None,
-    ) -> builtins.list[RollupRow]: ...  # per start and state, with the histograms
-    async def rollup_functions(
-        self, conn: Conn, span: int, start: int, end: int
-    ) -> builtins.list[RollupRow]: ...  # per function, queue and state: counts only
 
 
 class Dialect(Protocol):
